@@ -1,0 +1,29 @@
+# Two entry points (see README "Quick start"):
+#   make check   set up .venv and run `flamia-verify check` with its defaults
+#   make test    set up .venv and run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch 2.13.0's CPU build is on local disk on the CI/developer machines; pinning it
+# here keeps pip from pulling a multi-GB CUDA build. The GPU machine ships torch 2.11.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: setup check test clean
+
+$(BIN)/flamia-verify: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_CPU)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(BIN)/flamia-verify
+
+check: setup
+	$(BIN)/flamia-verify check
+
+test: setup
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 -q
+
+clean:
+	rm -rf $(VENV) flamia-report .pytest_cache .hypothesis

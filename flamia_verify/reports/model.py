@@ -1,0 +1,157 @@
+"""The report model: what a run found, in the shape of report.json (schema flamia-verify/report/v1).
+
+    {"schema": "flamia-verify/report/v1", "kernel": ..., "recipe": ..., "suite": ..., "seed": ...,
+     "environment": {...},
+     "checks": [{"name", "family", "status", "metrics", "thresholds", "worst_case", ...}],
+     "summary": {...}}
+
+`name` is always ``family.check`` (e.g. ``causal.forward``). `status` is one of pass, fail, error, skip.
+Metrics and thresholds are flat dicts of JSON numbers, strings or booleans; `worst_case` carries enough
+to reproduce a finding (seed, packing, shapes, location, values). Extra fields per check: `message`
+(one line a person reads), `duration_s`, `details` (free-form data for plots, e.g. error per position).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flamia_verify.errors import ReportSchemaError
+
+__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report"]
+
+SCHEMA = "flamia-verify/report/v1"
+STATUSES = ("pass", "fail", "error", "skip")
+FAMILIES = (
+    "error",
+    "bound",
+    "bias",
+    "consistency",
+    "causal",
+    "isolation",
+    "special",
+    "determinism",
+    "interface",
+)
+
+
+def _jsonable(value: Any) -> Any:
+    """Make floats JSON-safe: NaN and +-Inf become strings "nan", "inf", "-inf"."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _jsonable(value.item())
+    return value
+
+
+@dataclass
+class CheckResult:
+    name: str
+    family: str
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    worst_case: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    duration_s: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if not self.name.startswith(self.family + "."):
+            raise ValueError(f"check name {self.name!r} must start with its family {self.family + '.'!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CheckResult":
+        missing = [k for k in ("name", "family", "status", "metrics", "thresholds", "worst_case") if k not in data]
+        if missing:
+            raise ReportSchemaError(f"check {data.get('name', '?')!r} lacks field(s) {', '.join(missing)}")
+        known = {f for f in cls.__dataclass_fields__}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (TypeError, ValueError) as exc:
+            raise ReportSchemaError(f"check {data.get('name', '?')!r}: {exc}") from exc
+
+
+@dataclass
+class Report:
+    kernel: str
+    recipe: str
+    suite: str
+    seed: int
+    environment: dict[str, Any] = field(default_factory=dict)
+    checks: list[CheckResult] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    @property
+    def passed(self) -> bool:
+        """True when no check failed or errored (skips do not fail a run)."""
+        return all(c.status in ("pass", "skip") for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in STATUSES}
+        for c in self.checks:
+            out[c.status] += 1
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        counts = self.counts()
+        return {
+            "total": len(self.checks),
+            **counts,
+            "passed": self.passed,
+            "failed_checks": [c.name for c in self.checks if c.status in ("fail", "error")],
+        }
+
+    def check(self, name: str) -> CheckResult:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "kernel": self.kernel,
+            "recipe": self.recipe,
+            "suite": self.suite,
+            "seed": self.seed,
+            "environment": _jsonable(self.environment),
+            "checks": [c.to_dict() for c in self.checks],
+            "summary": self.summary(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Report":
+        if not isinstance(data, dict):
+            raise ReportSchemaError(f"a report must be a JSON object, got {type(data).__name__}")
+        if data.get("schema") != SCHEMA:
+            raise ReportSchemaError(f"unknown report schema {data.get('schema')!r}; expected {SCHEMA!r}")
+        missing = [k for k in ("kernel", "recipe", "suite", "seed", "environment", "checks") if k not in data]
+        if missing:
+            raise ReportSchemaError(f"report lacks field(s) {', '.join(missing)}")
+        if not isinstance(data["checks"], list):
+            raise ReportSchemaError("report field 'checks' must be a list")
+        return cls(
+            kernel=str(data["kernel"]),
+            recipe=str(data["recipe"]),
+            suite=str(data["suite"]),
+            seed=int(data["seed"]),
+            environment=dict(data["environment"]),
+            checks=[CheckResult.from_dict(c) for c in data["checks"]],
+        )
