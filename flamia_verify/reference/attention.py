@@ -1,0 +1,410 @@
+"""Float64 attention in the varlen convention: forward (O, LSE) and the analytic backward.
+
+Every input is converted exactly to float64 and all arithmetic is float64. Documents are
+processed one at a time, and the queries of a document in chunks of ``chunk_size`` rows, so
+memory is linear in sequence length: the only quadratic object is one
+(chunk, nheads, seqlen_k) float64 score block (two in the backward).
+
+    causal, Lq = 3, Lk = 5 (offset Lk - Lq = 2)       x = visible
+               k0 k1 k2 k3 k4
+          q0 [ x  x  x  .  . ]
+          q1 [ x  x  x  x  . ]
+          q2 [ x  x  x  x  x ]
+
+    causal, Lq = 4, Lk = 2 (offset -2): q0 and q1 see no key -> out 0, lse -inf, gradient 0
+               k0 k1
+          q0 [ .  . ]
+          q1 [ .  . ]
+          q2 [ x  . ]
+          q3 [ x  x ]
+
+Reproducibility by construction: each document is copied into freshly allocated float64
+tensors, and chunk boundaries are counted from the document's first query, so a document
+gives bitwise the same out, lse and gradients whether it is alone or packed among others at
+any offset (same shapes, same alignment, same operation sequence into the BLAS).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from flamia_verify.errors import InputError
+from flamia_verify.kernels.convention import seqlens, validate_varlen_inputs
+
+__all__ = [
+    "SCORE_BLOCK_BYTES",
+    "visible_mask",
+    "query_chunk_size",
+    "attention_forward",
+    "attention_backward",
+    "reference_attention",
+    "ReferenceAttention",
+]
+
+SCORE_BLOCK_BYTES = 256 * 2**20
+"""Default budget of one (chunk, nheads, seqlen_k) float64 score block: 256 MiB.
+
+The forward holds one such block at a time, the backward two (P and dP/dS). At 32K keys and
+16 heads one query row of scores is 4 MiB, so the default chunk is 64 rows."""
+
+_F64_BYTES = 8
+
+
+def visible_mask(lq: int, lk: int, causal: bool, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (lq, lk) mask: key j is visible to query i iff not causal or j <= i + (lk - lq).
+
+    Bottom-right aligned, as in FlashAttention >= 2.1. With causal and lk < lq the first
+    lq - lk rows are all False (those queries see no key).
+    """
+    if lq < 0 or lk < 0:
+        raise InputError(f"visible_mask needs non-negative lengths, got lq={lq}, lk={lk}")
+    if not causal:
+        return torch.ones(lq, lk, dtype=torch.bool, device=device)
+    return _causal_block(0, lq, 0, lk, lk - lq, device)
+
+
+def _causal_block(r0: int, r1: int, c0: int, c1: int, offset: int, device) -> torch.Tensor:
+    """Visible mask of rows [r0, r1) x columns [c0, c1) for a causal document with the given offset."""
+    rows = torch.arange(r0, r1, device=device).unsqueeze(1)
+    cols = torch.arange(c0, c1, device=device).unsqueeze(0)
+    return cols <= rows + offset
+
+
+def query_chunk_size(nheads: int, seqlen_k: int, budget_bytes: int = SCORE_BLOCK_BYTES) -> int:
+    """Query rows per chunk so that a (chunk, nheads, seqlen_k) float64 block fits the budget (>= 1)."""
+    row_bytes = max(1, nheads * seqlen_k * _F64_BYTES)
+    return max(1, budget_bytes // row_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks beyond the calling convention
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_scale(softmax_scale) -> float:
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise InputError(
+            f"softmax_scale must be a real number (e.g. 1 / sqrt(headdim)), got {type(softmax_scale).__name__}"
+        )
+    if not math.isfinite(softmax_scale):
+        raise InputError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _check_causal(causal) -> bool:
+    if not isinstance(causal, bool):
+        raise InputError(f"causal must be True or False, got {causal!r}")
+    return causal
+
+
+def _check_chunk(chunk_size) -> int | None:
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise InputError(f"chunk_size must be a positive int or None (automatic), got {chunk_size!r}")
+    return chunk_size
+
+
+def _check_like(name: str, t, shape: tuple[int, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise InputError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise InputError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# One document
+# ---------------------------------------------------------------------------------------------
+
+
+def _f64_copy(t: torch.Tensor) -> torch.Tensor:
+    """An exact float64 copy in fresh contiguous memory (never a view of the caller's tensor)."""
+    return t.to(dtype=torch.float64, memory_format=torch.contiguous_format, copy=True)
+
+
+@dataclass(frozen=True)
+class _Doc:
+    """Shapes of one document and its query-chunk grid."""
+
+    lq: int
+    lk: int
+    nheads: int
+    nheads_k: int
+    headdim: int
+    causal: bool
+    chunk: int
+
+    @property
+    def group(self) -> int:
+        return self.nheads // self.nheads_k
+
+    @property
+    def offset(self) -> int:
+        return self.lk - self.lq
+
+    def chunks(self):
+        """Yield (a, b, kend): query rows [a, b) and the keys [0, kend) any of them can see."""
+        for a in range(0, self.lq, self.chunk):
+            b = min(a + self.chunk, self.lq)
+            kend = min(self.lk, max(0, b + self.offset)) if self.causal else self.lk
+            yield a, b, kend
+
+    def mask_invisible_(self, block: torch.Tensor, a: int, b: int, kend: int, fill: float) -> None:
+        """Fill the invisible entries of a (Hk, G, b - a, kend) block in place (causal only).
+
+        Only the columns right of the chunk's first row's horizon can be invisible, so only
+        that (b - a, kend - lo) corner is touched.
+        """
+        if not self.causal:
+            return
+        lo = min(kend, max(0, a + self.offset + 1))
+        if lo >= kend:
+            return
+        vis = _causal_block(a, b, lo, kend, self.offset, block.device)
+        block[..., lo:kend].masked_fill_(~vis, fill)
+
+
+def _heads_first(t: torch.Tensor, nheads_k: int) -> torch.Tensor:
+    """(L, H, D) -> (Hk, G, L, D) view, query head h = hk * G + g."""
+    L, H, D = t.shape
+    return t.view(L, nheads_k, H // nheads_k, D).permute(1, 2, 0, 3)
+
+
+def _rows(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Rows [a, b) of an (Hk, G, L, ...) view as a contiguous (Hk, G * (b - a), ...) tensor."""
+    hk, g = t.shape[0], t.shape[1]
+    return t[:, :, a:b].reshape(hk, g * (b - a), *t.shape[3:]).contiguous()
+
+
+def _to_rows_layout(t: torch.Tensor, nheads: int) -> torch.Tensor:
+    """(Hk, G * c, ...) -> (c, H, ...), inverse of :func:`_rows`."""
+    hk = t.shape[0]
+    g = nheads // hk
+    c = t.shape[1] // g
+    return t.view(hk, g, c, *t.shape[2:]).movedim(2, 0).reshape(c, nheads, *t.shape[2:])
+
+
+def _scores_(buf: torch.Tensor, qc: torch.Tensor, kh: torch.Tensor, kend: int, scale: float) -> torch.Tensor:
+    """S = scale * Q_c K^T into the work buffer: (Hk, G * c, kend)."""
+    hk, gc, _ = qc.shape
+    s = buf[: hk * gc * kend].view(hk, gc, kend)
+    torch.bmm(qc, kh[:, :kend].transpose(1, 2), out=s)
+    s.mul_(scale)
+    return s
+
+
+def _doc_forward(q, k, v, doc: _Doc, scale: float):
+    """q: (Lq, H, D), k, v: (Lk, Hk, D) fresh float64 -> out (Lq, H, D), lse (Lq, H)."""
+    H, Hk, G, D = doc.nheads, doc.nheads_k, doc.group, doc.headdim
+    out = torch.zeros(doc.lq, H, D, dtype=torch.float64, device=q.device)
+    lse = torch.full((doc.lq, H), -math.inf, dtype=torch.float64, device=q.device)
+    if doc.lq == 0 or doc.lk == 0:
+        return out, lse
+    qh = _heads_first(q, Hk)
+    kh = k.permute(1, 0, 2).contiguous()  # (Hk, Lk, D)
+    vh = v.permute(1, 0, 2).contiguous()
+    buf = torch.empty(Hk * G * min(doc.chunk, doc.lq) * doc.lk, dtype=torch.float64, device=q.device)
+    for a, b, kend in doc.chunks():
+        if kend == 0:
+            continue  # no row of this chunk sees a key
+        c = b - a
+        s = _scores_(buf, _rows(qh, a, b), kh, kend, scale)
+        doc.mask_invisible_(s.view(Hk, G, c, kend), a, b, kend, -math.inf)
+        m = s.amax(dim=-1, keepdim=True)
+        empty = m == -math.inf  # rows that see no key
+        m.masked_fill_(empty, 0.0)
+        p = s.sub_(m).exp_()  # exp(S - rowmax); invisible entries exactly 0
+        l = p.sum(dim=-1, keepdim=True)
+        o = torch.bmm(p, vh[:, :kend]).div_(l).masked_fill_(empty, 0.0)
+        out[a:b] = _to_rows_layout(o, H)
+        lse[a:b] = _to_rows_layout((m + torch.log(l)).squeeze(-1), H)
+    return out, lse
+
+
+def _doc_backward(dout, q, k, v, out, lse, doc: _Doc, scale: float):
+    """Analytic gradients of one document; all inputs fresh float64. Returns dq, dk, dv."""
+    H, Hk, G, D = doc.nheads, doc.nheads_k, doc.group, doc.headdim
+    dq = torch.zeros(doc.lq, H, D, dtype=torch.float64, device=q.device)
+    dkh = torch.zeros(Hk, doc.lk, D, dtype=torch.float64, device=q.device)
+    dvh = torch.zeros(Hk, doc.lk, D, dtype=torch.float64, device=q.device)
+    if doc.lq > 0 and doc.lk > 0:
+        qh, doh, oh = _heads_first(q, Hk), _heads_first(dout, Hk), _heads_first(out, Hk)
+        lseh = lse.view(doc.lq, Hk, G).permute(1, 2, 0).unsqueeze(-1)  # (Hk, G, Lq, 1)
+        kh = k.permute(1, 0, 2).contiguous()
+        vh = v.permute(1, 0, 2).contiguous()
+        n = Hk * G * min(doc.chunk, doc.lq) * doc.lk
+        buf_p = torch.empty(n, dtype=torch.float64, device=q.device)
+        buf_ds = torch.empty(n, dtype=torch.float64, device=q.device)
+        for a, b, kend in doc.chunks():
+            if kend == 0:
+                continue
+            c = b - a
+            qc, doc_c = _rows(qh, a, b), _rows(doh, a, b)
+            lse_c = _rows(lseh, a, b)  # (Hk, G * c, 1)
+            # A row that saw no key has lse = -inf and must get P = 0: exp(S - (+inf)) = 0.
+            lse_c.masked_fill_(lse_c == -math.inf, math.inf)
+            s = _scores_(buf_p, qc, kh, kend, scale)
+            doc.mask_invisible_(s.view(Hk, G, c, kend), a, b, kend, -math.inf)
+            p = s.sub_(lse_c).exp_()  # P = exp(S - lse)
+            dvh[:, :kend].baddbmm_(p.transpose(1, 2), doc_c)  # dV += P^T dO
+            dp = buf_ds[: p.numel()].view_as(p)
+            torch.bmm(doc_c, vh[:, :kend].transpose(1, 2), out=dp)  # dP = dO V^T
+            delta = (doc_c * _rows(oh, a, b)).sum(dim=-1, keepdim=True)  # D = rowsum(dO * O)
+            ds = dp.sub_(delta).mul_(p)  # dS = P * (dP - D)
+            dq[a:b] = _to_rows_layout(torch.bmm(ds, kh[:, :kend]).mul_(scale), H)  # dQ = scale dS K
+            dkh[:, :kend].baddbmm_(ds.transpose(1, 2), qc)  # dK += dS^T Q  (scale applied once below)
+        dkh.mul_(scale)
+    return dq, dkh.permute(1, 0, 2), dvh.permute(1, 0, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------------
+
+
+def _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal: bool, chunk_size: int | None):
+    """Yield (qs, qe, ks, ke, _Doc) for every document."""
+    H, Hk, D = q.shape[1], k.shape[1], q.shape[2]
+    cq = cu_seqlens_q.detach().cpu().tolist()
+    ck = cu_seqlens_k.detach().cpu().tolist()
+    for i, (lq, lk) in enumerate(zip(seqlens(cu_seqlens_q), seqlens(cu_seqlens_k))):
+        chunk = chunk_size if chunk_size is not None else query_chunk_size(H, lk)
+        yield cq[i], cq[i + 1], ck[i], ck[i + 1], _Doc(lq, lk, H, Hk, D, causal, chunk)
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 attention forward.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), any float dtype
+    (converted exactly). Query head h reads kv head h // (nheads // nheads_k).
+    cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,).
+
+    Returns out: float64 (total_q, nheads, headdim) and lse: float64 (total_q, nheads), the
+    natural log of sum_j exp(softmax_scale * q_i . k_j) over the keys row i sees. A row that
+    sees no key has out = 0 and lse = -inf. ``chunk_size`` is the number of query rows per
+    chunk (default: :func:`query_chunk_size`, a 256 MiB score block).
+    """
+    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    scale, causal, chunk_size = _check_scale(softmax_scale), _check_causal(causal), _check_chunk(chunk_size)
+    H, D = q.shape[1], q.shape[2]
+    out = torch.zeros(q.shape[0], H, D, dtype=torch.float64, device=q.device)
+    lse = torch.full((q.shape[0], H), -math.inf, dtype=torch.float64, device=q.device)
+    with torch.no_grad():
+        for qs, qe, ks, ke, doc in _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal, chunk_size):
+            if doc.lq == 0:
+                continue
+            o, l = _doc_forward(_f64_copy(q[qs:qe]), _f64_copy(k[ks:ke]), _f64_copy(v[ks:ke]), doc, scale)
+            out[qs:qe] = o
+            lse[qs:qe] = l
+    return out, lse
+
+
+def attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Analytic float64 attention backward (not autograd).
+
+    dout, out: (total_q, nheads, headdim); lse: (total_q, nheads), as returned by
+    :func:`attention_forward`; q, k, v, cu_seqlens as there. With S = scale Q K^T:
+
+        P = exp(S - lse)   dV = P^T dO   dP = dO V^T   D = rowsum(dO * O)
+        dS = P * (dP - D)  dQ = scale dS K   dK = scale dS^T Q
+
+    Returns dq: float64 (total_q, nheads, headdim) and dk, dv: float64
+    (total_k, nheads_k, headdim), summed over the query heads that share a kv head. Rows
+    that see no key get 0 gradient.
+    """
+    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    scale, causal, chunk_size = _check_scale(softmax_scale), _check_causal(causal), _check_chunk(chunk_size)
+    _check_like("dout", dout, tuple(q.shape))
+    _check_like("out", out, tuple(q.shape))
+    _check_like("lse", lse, tuple(q.shape[:2]))
+    dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
+    dv = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
+    with torch.no_grad():
+        for qs, qe, ks, ke, doc in _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal, chunk_size):
+            if doc.lq == 0 or doc.lk == 0:
+                continue
+            g = _doc_backward(
+                _f64_copy(dout[qs:qe]),
+                _f64_copy(q[qs:qe]),
+                _f64_copy(k[ks:ke]),
+                _f64_copy(v[ks:ke]),
+                _f64_copy(out[qs:qe]),
+                _f64_copy(lse[qs:qe]),
+                doc,
+                scale,
+            )
+            dq[qs:qe], dk[ks:ke], dv[ks:ke] = g
+    return dq, dk, dv
+
+
+class ReferenceAttention(torch.autograd.Function):
+    """Forward :func:`attention_forward`, backward :func:`attention_backward`; out is float64."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal):
+        out, lse = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=softmax_scale, causal=causal)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.softmax_scale, ctx.causal = softmax_scale, causal
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = attention_backward(
+            dout, q, k, v, out, lse, cu_q, cu_k, softmax_scale=ctx.softmax_scale, causal=ctx.causal
+        )
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """The float64 reference in the kernel calling convention.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32
+    (batch + 1,). Returns out: float64 (total_q, nheads, headdim); gradients reach q, k, v in
+    their own dtypes through the analytic backward. Raises InputError on a convention breach.
+    """
+    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _check_scale(softmax_scale)
+    _check_causal(causal)
+    return ReferenceAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
