@@ -1,0 +1,455 @@
+"""Block-scaled quantizers: MXFP8 / MXFP4 (E8M0 scales), NVFP4 (UE4M3 + fp32 scales), scaled FP8.
+
+Blocks
+------
+Blocks are runs of ``block_size`` consecutive positions along ``axis``. Without ``cu_seqlens``
+the blocks start at 0 and the last one may be short. With ``cu_seqlens`` (int32 ``(batch + 1,)``
+offsets along ``axis``, starting at 0, non-decreasing) the blocks restart at every document
+start; a document ``[s, e)`` is cut into ``[s, s + bs), [s + bs, s + 2 bs), ...`` and its last
+block may be short. A block never holds positions of two documents, so a document quantizes
+bit-identically alone or packed at any offset. Positions after ``cu_seqlens[-1]`` (padding)
+form one more segment of their own::
+
+    cu_seqlens = [0, 5, 12], block_size = 4, length 14
+    position     0 1 2 3 | 4 | 5 6 7 8 | 9 10 11 | 12 13
+    block_index  0 0 0 0 | 1 | 2 2 2 2 | 3  3  3 |  4  4
+                 doc 0     ^short       doc 1       padding
+
+``block_index`` (int64, one entry per position along ``axis``) maps positions to blocks; block
+amaxes are a ``scatter_reduce`` over it, scales go back to positions with ``index_select``.
+
+MX (OCP Microscaling v1.0), scale exponents
+--------------------------------------------
+The scale exponent is computed exactly from the fp32 (fp64 for float64 input) block amax,
+``amax = m * 2^E`` with ``m`` in [1, 2) taken from ``frexp``; no floating ``log2`` and no rounding of
+amax to bf16. With ``max_elem = c * 2^emax`` (c = 1.75 for E4M3/E5M2, 1.5 for E2M1):
+
+- FLOOR: ``floor(log2 amax) - emax = E - emax``.
+- RCEIL: ``ceil(log2(amax / max_elem)) = E - emax + (m > c)``, since ``m / c`` lies in (1/2, 2).
+  This equals NVIDIA's fp32 ``amax / max_elem`` followed by ``cvt.rp.ue8m0``: no fp32 amax has
+  a quotient that rounds down onto a power of two (the gap between fp32 values near
+  ``max_elem * 2^k`` is wider than the rounding interval), so the two never differ.
+
+Exponents are clamped to E8M0's [-127, 127] (bytes 0..254). Special blocks:
+
+- amax == 0: scale byte 0 (2^-127, the clamp of exponent -inf) and all-zero data (signed zeros
+  kept). Nothing divides 0 by 0: the scale is never 0.
+- any NaN or +-Inf in a block: scale byte 0xFF (NaN) and all-NaN data. Inf is treated like NaN
+  (as torchao does; TransformerEngine saturates instead): an Inf has no finite scale that
+  represents it, and NaN makes the damage visible downstream.
+
+Elements are ``round_to_format(x / X, elem, saturate=True)``: ``x / X`` divides by a power of two
+(exact), then one RNE rounding with saturation to +-max_elem (under FLOOR the largest elements of
+a block land in [max_elem, 2^(emax+1)) and saturate; under RCEIL nothing saturates).
+``MXTensor.dequantize()`` is ``data * X``, exact.
+
+NVFP4
+-----
+All in IEEE fp32 operations, in this order (float64 inputs are first rounded to fp32):
+
+1. ``amax`` = whole-tensor ``max |x|``, or ``global_amax`` (broadcastable to x, size 1 along
+   ``axis``, e.g. a per-row amax).
+2. ``s_global = amax / 2688`` (2688 = 448 * 6); ``amax == 0`` gives ``s_global = 1`` (an Inf
+   global scale would turn zeros into 0 * Inf = NaN); a non-finite amax gives NaN.
+3. ``s_block = round_to_format((block_amax / 6) / s_global, UE4M3, saturate=True)``: two fp32
+   divisions, then RNE onto UE4M3. Subnormal and zero block scales are allowed (as in
+   TransformerEngine; torchao instead clamps to [2^-6, 448]); the two are not interchangeable.
+4. ``data = round_to_format(x / (s_block * s_global), E2M1)``: the product first (fp32), then one
+   IEEE fp32 division, then RNE with saturation to +-6. A block whose product is 0 (``s_block``
+   rounded to 0, or underflow) encodes as zeros with the sign of x.
+5. A block holding NaN or +-Inf gets a NaN block scale and all-NaN data.
+
+``NVFP4Tensor.dequantize()`` is ``(data * s_block) * s_global`` in fp32, in that order.
+
+Scaled FP8 (per tensor, per row, per block)
+-------------------------------------------
+``scale = amax / max_elem`` (fp32 division; clamped below at 2^-126 so that 1/scale stays finite)
+or, with ``power_of_two``, ``2^ceil(log2(amax / max_elem))`` (the RCEIL exponent above, clamped to
+[-127, 127]). amax == 0 gives scale 1; a non-finite amax gives scale NaN and NaN data.
+``data = round_to_format(x / scale, elem, saturate=True)`` with an fp32 division (fp64 for
+float64 input); ``x ~= data * scale``. The returned ``scale`` always broadcasts against x.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from flamia_verify.errors import InputError
+from flamia_verify.formats import constants as C
+from flamia_verify.formats.elements import (
+    E2M1,
+    E4M3,
+    UE4M3,
+    ElementFormat,
+    _check_float,
+    _work_dtype,
+    e8m0_decode,
+    e8m0_from_exponent,
+    round_to_format,
+)
+
+__all__ = [
+    "ScaleRule",
+    "MXTensor",
+    "NVFP4Tensor",
+    "block_layout",
+    "mx_quantize",
+    "mx_fake_quantize",
+    "mx_scale_exponent",
+    "nvfp4_quantize",
+    "nvfp4_fake_quantize",
+    "fp8_tensor_quantize",
+    "fp8_row_quantize",
+    "fp8_block_quantize",
+]
+
+
+class ScaleRule(enum.Enum):
+    """How an MX block's E8M0 scale X is chosen from the block's amax."""
+
+    RCEIL = "rceil"
+    """X = 2^ceil(log2(amax / max_elem)). NVIDIA hardware (``cvt.rp.ue8m0``), cuDNN, torchao
+    training recipes. amax / X <= max_elem, so nothing saturates."""
+
+    FLOOR = "floor"
+    """X = 2^(floor(log2 amax) - emax_elem), emax_elem = 8 (E4M3), 15 (E5M2), 2 (E2M1). The OCP MX
+    v1.0 conversion rule, torchao ``to_mx`` default. amax / X lies in [2^emax, 2^(emax+1)), so
+    the largest elements saturate to max_elem (a block whose amax is 480 stores 448)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Block layout
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if ndim == 0:
+        raise InputError("a 0-d tensor has no axis to block; reshape it to at least 1-D")
+    if not -ndim <= axis < ndim:
+        raise InputError(f"axis {axis} is out of range for a tensor with {ndim} dimension(s)")
+    return axis % ndim
+
+
+def _check_block_size(block_size: int) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise InputError(f"block_size must be a positive int, got {block_size!r}")
+
+
+def block_layout(
+    length: int,
+    *,
+    block_size: int | None,
+    cu_seqlens: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Block number of every position along an axis of ``length``, and the number of blocks.
+
+    block_size: positions per block; ``None`` makes each document (or the whole axis) one block.
+    cu_seqlens: int ``(batch + 1,)`` document offsets along the axis: starts at 0, non-decreasing,
+    last entry <= length; blocks restart at each document start. Positions from
+    ``cu_seqlens[-1]`` to ``length`` form one more segment.
+    Returns ``(block_index, nblocks)``: int64 ``(length,)`` on ``device``, and an int.
+    """
+    if block_size is not None:
+        _check_block_size(block_size)
+    if cu_seqlens is None:
+        bounds = torch.tensor([0, length], dtype=torch.int64)
+    else:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+            raise InputError(f"cu_seqlens must be a 1-D integer tensor (batch + 1,), got {cu_seqlens!r}")
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool or cu_seqlens.numel() == 0:
+            raise InputError(f"cu_seqlens must be a non-empty integer tensor, got dtype {cu_seqlens.dtype}")
+        cu = cu_seqlens.detach().to("cpu", torch.int64)
+        if int(cu[0]) != 0:
+            raise InputError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {int(cu[0])}")
+        steps = cu.diff()
+        if bool((steps < 0).any()):
+            where = int(torch.nonzero(steps < 0)[0, 0])
+            raise InputError(
+                f"cu_seqlens must be non-decreasing: cu_seqlens[{where}] = {int(cu[where])} > "
+                f"cu_seqlens[{where + 1}] = {int(cu[where + 1])}"
+            )
+        if int(cu[-1]) > length:
+            raise InputError(
+                f"cu_seqlens[-1] = {int(cu[-1])} exceeds the length {length} of the quantized axis"
+            )
+        bounds = cu if int(cu[-1]) == length else torch.cat([cu, torch.tensor([length])])
+    lengths = bounds.diff()
+    if block_size is None:
+        blocks_per_doc = (lengths > 0).to(torch.int64)
+    else:
+        blocks_per_doc = (lengths + block_size - 1) // block_size
+    first_block = torch.cumsum(blocks_per_doc, 0) - blocks_per_doc
+    pos = torch.arange(length, dtype=torch.int64)
+    doc = torch.searchsorted(bounds[1:], pos, right=True)
+    offset = pos - bounds[doc]
+    within = torch.zeros_like(offset) if block_size is None else offset // block_size
+    block_index = first_block[doc] + within
+    return block_index.to(device), int(blocks_per_doc.sum())
+
+
+def _index_along(block_index: torch.Tensor, axis: int, like: torch.Tensor) -> torch.Tensor:
+    shape = [1] * like.dim()
+    shape[axis] = block_index.numel()
+    return block_index.view(shape).expand_as(like)
+
+
+def _block_amax(a: torch.Tensor, axis: int, block_index: torch.Tensor, nblocks: int) -> torch.Tensor:
+    """max |x| of every block (``a`` is already |x|); NaN propagates; shape: axis -> nblocks."""
+    shape = list(a.shape)
+    shape[axis] = nblocks
+    out = torch.zeros(shape, dtype=a.dtype, device=a.device)
+    return out.scatter_reduce(axis, _index_along(block_index, axis, a), a, reduce="amax", include_self=True)
+
+
+def _to_positions(per_block: torch.Tensor, axis: int, block_index: torch.Tensor) -> torch.Tensor:
+    """Broadcast per-block values back to every position along ``axis``."""
+    return per_block.index_select(axis, block_index)
+
+
+def mx_scale_exponent(amax: torch.Tensor, elem: ElementFormat, rule: ScaleRule) -> torch.Tensor:
+    """Unclamped scale exponent (int32) of each amax under ``rule``; amax == 0 gives -128.
+
+    -128 lies below E8M0's range, so ``e8m0_from_exponent`` clamps it to byte 0 (2^-127).
+
+    ``amax`` must be non-negative (float32 or float64); non-finite entries give meaningless
+    exponents (callers mark those blocks NaN). See the module docstring for the derivation.
+    """
+    mantissa, e = torch.frexp(amax)  # amax = mantissa * 2^e, mantissa in [0.5, 1)
+    floor_log2 = e - 1
+    exponent = floor_log2 - elem.emax
+    if rule is ScaleRule.RCEIL:
+        c = elem.max_finite / 2.0**elem.emax  # 1.75 or 1.5, exact
+        exponent = exponent + (2.0 * mantissa > c).to(torch.int32)
+    elif rule is not ScaleRule.FLOOR:
+        raise InputError(f"unknown scale rule {rule!r}; use ScaleRule.RCEIL or ScaleRule.FLOOR")
+    below = torch.full_like(exponent, C.E8M0_MIN_EXPONENT - 1)
+    return torch.where(amax == 0, below, exponent)
+
+
+# --------------------------------------------------------------------------------------------
+# MX
+
+
+@dataclass
+class MXTensor:
+    """An MX-quantized tensor.
+
+    data: float32, shape of x, values on ``elem``'s grid.
+    scales: uint8 E8M0 bytes, shape of x with ``axis`` replaced by the number of blocks.
+    axis: the blocked axis (non-negative). block_index: int64 ``(x.shape[axis],)``, the block of
+    every position along ``axis``.
+    """
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    axis: int
+    block_size: int
+    elem: ElementFormat
+    rule: ScaleRule
+    block_index: torch.Tensor
+
+    def scale_values(self) -> torch.Tensor:
+        """The scales as float32 powers of two (byte 0 is the fp32 subnormal 2^-127; 0xFF NaN)."""
+        return e8m0_decode(self.scales)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``data * 2^(scale exponent)``, exact (a product with a power of two)."""
+        return self.data * _to_positions(self.scale_values(), self.axis, self.block_index)
+
+
+def mx_quantize(
+    x: torch.Tensor,
+    *,
+    axis: int = -1,
+    block_size: int = C.MX_BLOCK_SIZE,
+    elem: ElementFormat = E4M3,
+    rule: ScaleRule = ScaleRule.RCEIL,
+    cu_seqlens: torch.Tensor | None = None,
+) -> MXTensor:
+    """Quantize ``x`` to MX: blocks of ``block_size`` along ``axis``, one E8M0 scale per block.
+
+    x: any shape, float64/float32/float16/bfloat16. cu_seqlens: optional int32 ``(batch + 1,)``
+    document offsets along ``axis`` (blocks restart at each document). See the module docstring
+    for the scale rules and special blocks.
+    """
+    _check_float(x, "x")
+    _check_block_size(block_size)
+    if not isinstance(rule, ScaleRule):
+        raise InputError(f"rule must be a ScaleRule (RCEIL or FLOOR), got {rule!r}")
+    ax = _normalize_axis(axis, x.dim())
+    xw = x.to(_work_dtype(x))
+    block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
+    amax = _block_amax(xw.abs(), ax, block_index, nblocks)
+    scales = e8m0_from_exponent(mx_scale_exponent(amax, elem, rule))
+    scales = torch.where(torch.isfinite(amax), scales, torch.full_like(scales, C.E8M0_NAN_BYTE))
+    scale_at = _to_positions(e8m0_decode(scales), ax, block_index).to(xw.dtype)
+    data = round_to_format(xw / scale_at, elem, saturate=True)  # power-of-two division: exact
+    return MXTensor(data=data, scales=scales, axis=ax, block_size=block_size, elem=elem, rule=rule,
+                    block_index=block_index)
+
+
+def mx_fake_quantize(x: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``mx_quantize(x, **kwargs).dequantize()``: float32, shape of x."""
+    return mx_quantize(x, **kwargs).dequantize()
+
+
+# --------------------------------------------------------------------------------------------
+# NVFP4
+
+
+@dataclass
+class NVFP4Tensor:
+    """An NVFP4-quantized tensor: ``x ~= data * block_scale * global_scale``.
+
+    data: float32, shape of x, values on the E2M1 grid.
+    block_scales: float32 on the UE4M3 grid, shape of x with ``axis`` replaced by the number of
+    blocks. global_scale: float32, 0-d (per tensor) or broadcastable to x with size 1 along
+    ``axis`` (per row). block_index: int64 ``(x.shape[axis],)``.
+    """
+
+    data: torch.Tensor
+    block_scales: torch.Tensor
+    global_scale: torch.Tensor
+    axis: int
+    block_size: int
+    block_index: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``(data * block_scale) * global_scale``, two fp32 products in that order."""
+        return (self.data * _to_positions(self.block_scales, self.axis, self.block_index)) * self.global_scale
+
+
+def _global_amax_shape(x: torch.Tensor, axis: int, global_amax: torch.Tensor) -> torch.Tensor:
+    ga = torch.as_tensor(global_amax, device=x.device).to(torch.float32)
+    target = list(x.shape)
+    target[axis] = 1
+    try:
+        if ga.dim() > x.dim():
+            raise RuntimeError
+        return ga.expand(target) if ga.dim() else ga
+    except RuntimeError:
+        raise InputError(
+            f"global_amax of shape {tuple(ga.shape)} must broadcast to x {tuple(x.shape)} with size 1 "
+            f"along axis {axis}, i.e. to {tuple(target)}"
+        ) from None
+
+
+def nvfp4_quantize(
+    x: torch.Tensor,
+    *,
+    axis: int = -1,
+    block_size: int = C.NVFP4_BLOCK_SIZE,
+    cu_seqlens: torch.Tensor | None = None,
+    global_amax: torch.Tensor | None = None,
+) -> NVFP4Tensor:
+    """Quantize ``x`` to NVFP4: E2M1 elements, a UE4M3 scale per block, an fp32 global scale.
+
+    x: any shape, floating. global_amax: None (whole-tensor amax) or a tensor broadcastable to x
+    with size 1 along ``axis``. The exact fp32 recipe is in the module docstring.
+    """
+    _check_float(x, "x")
+    _check_block_size(block_size)
+    ax = _normalize_axis(axis, x.dim())
+    xf = x.to(torch.float32)
+    a = xf.abs()
+    amax = a.amax() if global_amax is None else _global_amax_shape(x, ax, global_amax)
+    s_global = torch.where(amax == 0, torch.ones_like(amax), amax / C.NVFP4_GLOBAL_DIVISOR)
+    s_global = torch.where(torch.isfinite(amax), s_global, torch.full_like(s_global, math.nan))
+    block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
+    block_amax = _block_amax(a, ax, block_index, nblocks)
+    s_block = round_to_format((block_amax / C.E2M1_MAX) / s_global, UE4M3, saturate=True)
+    s_block = torch.where(torch.isfinite(block_amax), s_block, torch.full_like(s_block, math.nan))
+    denom = _to_positions(s_block, ax, block_index) * s_global
+    data = round_to_format(xf / denom, E2M1)
+    data = torch.where(denom == 0, torch.copysign(torch.zeros_like(xf), xf), data)
+    return NVFP4Tensor(data=data, block_scales=s_block, global_scale=s_global, axis=ax,
+                       block_size=block_size, block_index=block_index)
+
+
+def nvfp4_fake_quantize(x: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``nvfp4_quantize(x, **kwargs).dequantize()``: float32, shape of x."""
+    return nvfp4_quantize(x, **kwargs).dequantize()
+
+
+# --------------------------------------------------------------------------------------------
+# Scaled FP8
+
+
+def _fp8_scale(amax: torch.Tensor, elem: ElementFormat, power_of_two: bool) -> torch.Tensor:
+    """float32 scale from a non-negative amax (see the module docstring)."""
+    if power_of_two:
+        exponent = mx_scale_exponent(amax, elem, ScaleRule.RCEIL)
+        scale = e8m0_decode(e8m0_from_exponent(exponent))  # exact 2^e, e clamped to [-127, 127]
+    else:
+        scale = (amax.to(torch.float32) / elem.max_finite).clamp(min=C.FP32_MIN_NORMAL)
+    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+    return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, math.nan))
+
+
+def _fp8_apply(xw: torch.Tensor, scale: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
+    return round_to_format(xw / scale.to(xw.dtype), elem, saturate=True)
+
+
+def fp8_tensor_quantize(
+    x: torch.Tensor, *, elem: ElementFormat = E4M3, power_of_two: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor scaling: returns ``(data, scale)``, float32, ``x ~= data * scale``; scale is 0-d."""
+    _check_float(x, "x")
+    xw = x.to(_work_dtype(x))
+    scale = _fp8_scale(xw.abs().amax(), elem, power_of_two)
+    return _fp8_apply(xw, scale, elem), scale
+
+
+def fp8_row_quantize(
+    x: torch.Tensor,
+    *,
+    axis: int = -1,
+    elem: ElementFormat = E4M3,
+    power_of_two: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale shared along ``axis``: returns ``(data, scale)``, float32, ``x ~= data * scale``.
+
+    Without cu_seqlens the amax is reduced over ``axis`` (keepdim): scale has size 1 there. With
+    cu_seqlens each document along ``axis`` gets its own scale, returned at every position
+    (scale has the full size along ``axis``) so that it still broadcasts against x.
+    """
+    _check_float(x, "x")
+    ax = _normalize_axis(axis, x.dim())
+    xw = x.to(_work_dtype(x))
+    if cu_seqlens is None:
+        scale = _fp8_scale(xw.abs().amax(dim=ax, keepdim=True), elem, power_of_two)
+    else:
+        block_index, ndocs = block_layout(x.shape[ax], block_size=None, cu_seqlens=cu_seqlens, device=x.device)
+        per_doc = _fp8_scale(_block_amax(xw.abs(), ax, block_index, ndocs), elem, power_of_two)
+        scale = _to_positions(per_doc, ax, block_index)
+    return _fp8_apply(xw, scale, elem), scale
+
+
+def fp8_block_quantize(
+    x: torch.Tensor,
+    *,
+    axis: int,
+    block_size: int,
+    elem: ElementFormat = E4M3,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Power-of-two scale per block along ``axis`` (MX segmentation, RCEIL exponent).
+
+    Returns ``(data, scale)``, float32, ``x ~= data * scale``; ``scale`` holds each position's
+    block scale (same shape as x) so that it broadcasts. The per-block values are
+    ``scale.index_select(axis, first position of each block)``; ``block_layout`` gives the
+    blocks. Equals ``mx_quantize(..., rule=RCEIL)`` except that an all-zero block gets scale 1.
+    """
+    _check_float(x, "x")
+    _check_block_size(block_size)
+    ax = _normalize_axis(axis, x.dim())
+    xw = x.to(_work_dtype(x))
+    block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
+    per_block = _fp8_scale(_block_amax(xw.abs(), ax, block_index, nblocks), elem, power_of_two=True)
+    scale = _to_positions(per_block, ax, block_index)
+    return _fp8_apply(xw, scale, elem), scale
