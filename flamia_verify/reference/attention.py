@@ -73,8 +73,13 @@ def _causal_block(r0: int, r1: int, c0: int, c1: int, offset: int, device) -> to
     return cols <= rows + offset
 
 
-def query_chunk_size(nheads: int, seqlen_k: int, budget_bytes: int = SCORE_BLOCK_BYTES) -> int:
-    """Query rows per chunk so that a (chunk, nheads, seqlen_k) float64 block fits the budget (>= 1)."""
+def query_chunk_size(nheads: int, seqlen_k: int, budget_bytes: int | None = None) -> int:
+    """Query rows per chunk so that a (chunk, nheads, seqlen_k) float64 block fits the budget (>= 1).
+
+    ``budget_bytes`` defaults to :data:`SCORE_BLOCK_BYTES`, read at call time.
+    """
+    if budget_bytes is None:
+        budget_bytes = SCORE_BLOCK_BYTES
     row_bytes = max(1, nheads * seqlen_k * _F64_BYTES)
     return max(1, budget_bytes // row_bytes)
 
