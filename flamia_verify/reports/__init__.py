@@ -1,0 +1,46 @@
+"""Reports of a flamia-verify run: the model (report.json), its renderers and the regression gate.
+
+- `write_reports` / `load_report`: report.json, report.md, report.html, junit.xml (atomic writes; validation).
+- `render_markdown`, `render_html`, `render_junit`, `render_terminal`: one renderer per audience.
+- `compare_reports` / `render_comparison`: the regression gate of `flamia-verify compare`.
+
+The key metric of a check and the "which direction is better" rule that all of them share are documented
+in `flamia_verify.reports.metrics`; the plot conventions of ``CheckResult.details`` in
+`flamia_verify.reports.plots`.
+"""
+
+from __future__ import annotations
+
+from flamia_verify.reports.compare import (
+    Change,
+    Comparison,
+    compare_reports,
+    default_higher_is_worse,
+    render_comparison,
+)
+from flamia_verify.reports.html_report import render_html
+from flamia_verify.reports.junit import render_junit
+from flamia_verify.reports.markdown import render_markdown
+from flamia_verify.reports.metrics import KeyMetric, key_metric
+from flamia_verify.reports.model import SCHEMA, CheckResult, Report
+from flamia_verify.reports.store import load_report, write_reports
+from flamia_verify.reports.terminal import render_terminal
+
+__all__ = [
+    "SCHEMA",
+    "Change",
+    "CheckResult",
+    "Comparison",
+    "KeyMetric",
+    "Report",
+    "compare_reports",
+    "default_higher_is_worse",
+    "key_metric",
+    "load_report",
+    "render_comparison",
+    "render_html",
+    "render_junit",
+    "render_markdown",
+    "render_terminal",
+    "write_reports",
+]

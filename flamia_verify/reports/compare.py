@@ -1,0 +1,259 @@
+"""The regression gate behind `flamia-verify compare BASE.json NEW.json`.
+
+A check present in both reports regresses when
+
+- its status got worse: it passed or was skipped in BASE and now fails or errors; or
+- one of its metrics got worse by more than ``factor`` (default 1.5).
+
+Which metrics are compared, and which way is worse, is decided by ``higher_is_worse(check, metric)``,
+called with the NEW report's `CheckResult` and a metric name present in both reports. It returns True
+(higher is worse), False (lower is worse) or None (not compared). The default,
+`default_higher_is_worse`, compares only the metrics named in the check's thresholds (the ones the check
+gates on; other metrics are informational) and uses the direction rule of
+`flamia_verify.reports.metrics`: names ending in ``_min`` or starting with ``sqnr``/``cos`` are
+higher-is-better, all others lower-is-better. Pass your own callable to compare more metrics or to flip
+a direction.
+
+"Worse by more than factor" compares a *badness* that grows as the metric gets worse, so that the factor
+means the same thing on every scale:
+
+- higher-is-worse: ``|value|`` (errors, ratios to BF16, counts, leaks);
+- lower-is-worse, name starting with ``cos``: ``1 - value`` (distance of a cosine similarity from 1);
+- lower-is-worse, name starting with ``sqnr`` or ending in ``_db``: ``10 ** (-value / 10)``, the noise
+  power of a ratio in decibels (factor 1.5 is a drop of 1.76 dB);
+- other lower-is-worse: ``1 / value`` (0 or below counts as infinitely bad).
+
+NaN counts as infinitely bad. A regression is ``new_badness > factor * base_badness`` (so a metric that
+was exactly 0 regresses on any non-zero value); an improvement is ``base_badness > factor * new_badness``.
+
+Status changes that neither fail nor fix a check (pass -> skip, fail -> error, ...) are listed as notes;
+checks only in one report are listed as new or removed; neither changes the exit code. The comparison
+also notes when kernel, recipe, suite or seed differ, because the metrics then come from other cases.
+``Comparison.exit_code`` is 1 when there is any regression, else 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from flamia_verify.errors import ConfigError
+from flamia_verify.reports.metrics import as_number, format_value, higher_is_better
+from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.reports.wording import STATUS_MARK
+
+__all__ = [
+    "DEFAULT_FACTOR",
+    "Change",
+    "Comparison",
+    "compare_reports",
+    "default_higher_is_worse",
+    "metric_badness",
+    "render_comparison",
+]
+
+#: Default tolerance of `compare_reports`: run-to-run noise of sampled error metrics stays well inside 1.5x.
+DEFAULT_FACTOR = 1.5
+
+HigherIsWorse = Callable[[CheckResult, str], "bool | None"]
+
+_GOOD = ("pass", "skip")
+_BAD = ("fail", "error")
+
+
+def default_higher_is_worse(check: CheckResult, metric: str) -> bool | None:
+    """Compare only thresholded metrics; ``_min``/``sqnr*``/``cos*`` are higher-is-better, the rest lower."""
+    if metric not in (check.thresholds or {}):
+        return None
+    return not higher_is_better(metric)
+
+
+def metric_badness(metric: str, value: Any, higher_is_worse: bool) -> float | None:
+    """How bad `value` is on a scale where bigger is worse (see the module docstring); None if not a number."""
+    v = as_number(value)
+    if v is None:
+        return None
+    if math.isnan(v):
+        return math.inf
+    if higher_is_worse:
+        return abs(v)
+    name = metric.lower()
+    if name.startswith("cos"):
+        return max(0.0, 1.0 - v)
+    if name.startswith("sqnr") or name.endswith("_db"):
+        return math.inf if v == -math.inf else 10.0 ** (-v / 10.0)
+    return 1.0 / v if v > 0 else math.inf
+
+
+def _ratio(worse: float, better: float) -> float:
+    """How many times `worse` exceeds `better` (both badness values, >= 0)."""
+    if worse == better:
+        return 1.0
+    if better == 0.0 or math.isinf(worse):
+        return math.inf
+    return worse / better
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference between two reports: a status change or a metric change of one check."""
+
+    check: str
+    kind: str  # "status" or "metric"
+    base: Any
+    new: Any
+    metric: str | None = None
+    times: float | None = None  # metric changes: how many times worse or better, by badness
+    higher_is_worse: bool | None = None
+    worse: bool = False  # True for a regression, False for an improvement or a note
+
+    def change_text(self) -> str:
+        """E.g. ``4.6x worse (lower is better)``; empty for a status change."""
+        if self.kind == "status":
+            return ""
+        direction = "lower is better" if self.higher_is_worse else "higher is better"
+        word = "worse" if self.worse else "better"
+        if self.times is None or math.isinf(self.times):
+            # The better side had zero badness (e.g. a leak of exactly 0) or the worse side is NaN/inf.
+            return f"{word}, no finite ratio ({direction})"
+        return f"{self.times:.3g}x {word} ({direction})"
+
+    def describe(self) -> str:
+        """One readable line, e.g. ``error.backward: rel_err_dK 2.1 -> 9.7, 4.6x worse (lower is better)``."""
+        if self.kind == "status":
+            return f"{self.check}: {STATUS_MARK.get(self.base, self.base)} -> {STATUS_MARK.get(self.new, self.new)}"
+        return (f"{self.check}: {self.metric} {format_value(self.base)} -> {format_value(self.new)}, "
+                f"{self.change_text()}")
+
+
+@dataclass
+class Comparison:
+    """What changed from `base` to `new`; `exit_code` is the gate (1 on any regression)."""
+
+    base: Report = field(repr=False)
+    new: Report = field(repr=False)
+    factor: float
+    regressions: list[Change] = field(default_factory=list)
+    improvements: list[Change] = field(default_factory=list)
+    status_notes: list[Change] = field(default_factory=list)  # status changes that neither fail nor fix
+    new_checks: list[str] = field(default_factory=list)
+    removed_checks: list[str] = field(default_factory=list)
+    context_notes: list[str] = field(default_factory=list)  # kernel/recipe/suite/seed differences
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+
+def compare_reports(
+    base: Report,
+    new: Report,
+    *,
+    factor: float = DEFAULT_FACTOR,
+    higher_is_worse: HigherIsWorse | None = None,
+) -> Comparison:
+    """Compare `new` against the baseline `base` (rules in the module docstring)."""
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor < 1:
+        raise ConfigError(f"compare factor must be a finite number >= 1, got {factor!r}")
+    direction = higher_is_worse or default_higher_is_worse
+    cmp = Comparison(base=base, new=new, factor=float(factor))
+
+    for label, a, b in (("kernel", base.kernel, new.kernel), ("recipe", base.recipe, new.recipe),
+                        ("suite", base.suite, new.suite), ("seed", base.seed, new.seed)):
+        if a != b:
+            cmp.context_notes.append(f"{label} differs: {a!r} in base, {b!r} in new")
+
+    base_checks = {c.name: c for c in base.checks}
+    new_checks = {c.name: c for c in new.checks}
+    cmp.new_checks = [n for n in new_checks if n not in base_checks]
+    cmp.removed_checks = [n for n in base_checks if n not in new_checks]
+
+    for name, after in new_checks.items():
+        before = base_checks.get(name)
+        if before is None:
+            continue
+        if before.status != after.status:
+            regressed = before.status in _GOOD and after.status in _BAD
+            change = Change(name, "status", before.status, after.status, worse=regressed)
+            if regressed:
+                cmp.regressions.append(change)
+            elif before.status in _BAD and after.status == "pass":
+                cmp.improvements.append(change)
+            else:
+                cmp.status_notes.append(change)
+        for metric in after.metrics or {}:
+            if metric not in (before.metrics or {}):
+                continue
+            worse_if_higher = direction(after, metric)
+            if worse_if_higher is None:
+                continue
+            b0 = metric_badness(metric, before.metrics[metric], worse_if_higher)
+            b1 = metric_badness(metric, after.metrics[metric], worse_if_higher)
+            if b0 is None or b1 is None:
+                continue
+            if b1 > b0 and _ratio(b1, b0) > factor:
+                cmp.regressions.append(Change(name, "metric", before.metrics[metric], after.metrics[metric],
+                                              metric, _ratio(b1, b0), bool(worse_if_higher), worse=True))
+            elif b0 > b1 and _ratio(b0, b1) > factor:
+                cmp.improvements.append(Change(name, "metric", before.metrics[metric], after.metrics[metric],
+                                               metric, _ratio(b0, b1), bool(worse_if_higher)))
+    return cmp
+
+
+def _run_label(report: Report) -> Text:
+    return Text.assemble(report.kernel, (f" ({report.recipe}, {report.suite}, seed {report.seed})", "dim"))
+
+
+def _changes_table(title: str, changes: list[Change], style: str) -> Table:
+    table = Table(title=Text(title, style), title_justify="left", header_style="bold")
+    table.add_column("Check", no_wrap=True)
+    table.add_column("What", overflow="fold")
+    table.add_column("Base", justify="right", no_wrap=True)
+    table.add_column("New", justify="right", no_wrap=True)
+    table.add_column("Change", overflow="fold")
+    for c in changes:
+        if c.kind == "status":
+            table.add_row(Text(c.check), Text("status"), Text(STATUS_MARK.get(c.base, str(c.base))),
+                          Text(STATUS_MARK.get(c.new, str(c.new)), style), Text(""))
+        else:
+            table.add_row(Text(c.check), Text(c.metric or ""), Text(format_value(c.base)),
+                          Text(format_value(c.new), style), Text(c.change_text()))
+    return table
+
+
+def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
+    """Print the comparison: context, regressions, improvements, other changes, and the gate's verdict."""
+    console = console or Console()
+    console.print(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
+    for note in cmp.context_notes:
+        console.print(Text.assemble(("note: ", "yellow"), note, ("; metrics come from different cases", "dim")))
+    if cmp.regressions:
+        console.print(_changes_table(f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red"))
+    if cmp.improvements:
+        console.print(_changes_table(f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green"))
+    for change in cmp.status_notes:
+        console.print(Text.assemble(("status change (does not gate): ", "yellow"), change.describe()))
+    if cmp.new_checks:
+        statuses = {c.name: c.status for c in cmp.new.checks}
+        items = ", ".join(f"{n} ({STATUS_MARK.get(statuses[n], statuses[n])})" for n in cmp.new_checks)
+        console.print(Text.assemble(("new checks: ", "cyan"), items))
+    if cmp.removed_checks:
+        console.print(Text.assemble(("removed checks: ", "yellow"), ", ".join(cmp.removed_checks)))
+    if cmp.regressions:
+        n = len(cmp.regressions)
+        console.print(Text.assemble(("REGRESSED", "bold red"),
+                                    f"  {n} regression{'s' if n != 1 else ''} (metric factor {cmp.factor:g})"))
+    else:
+        console.print(Text.assemble(("OK", "bold green"),
+                                    f"  no regressions (metric factor {cmp.factor:g}, "
+                                    f"{len(cmp.improvements)} improvement{'s' if len(cmp.improvements) != 1 else ''})"))

@@ -1,0 +1,285 @@
+"""report.html: one self-contained page a person reads to decide whether a kernel may train.
+
+The page needs nothing but itself: the CSS is inline, plots are inline SVG drawn by matplotlib (see
+`flamia_verify.reports.plots` for the ``details`` conventions that ask for them), there is no JavaScript,
+and a Content-Security-Policy (``default-src 'none'``) forbids the browser from fetching or running
+anything, so the file can be archived as a CI artifact and opened anywhere.
+
+Layout, top to bottom: the verdict; the run (kernel, recipe, suite, seed, environment); links to the
+failed checks; a table of all checks with their key metric (rule in `flamia_verify.reports.metrics`);
+then one section per check (failed and errored ones first) with its message, every metric against its threshold, the worst case, the
+reproducer of a failure (seed, case as JSON, command) and its plots.
+
+Every string that comes from a kernel, a check or the command line is escaped with ``html.escape``.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+from flamia_verify.reports.metrics import (
+    format_value,
+    higher_is_better,
+    key_metric,
+    safe_json,
+    threshold_verdict,
+)
+from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.reports.plots import PLOT_KINDS, PlotSpecError, plots_of, render_plot_svg
+from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, rerun_command, verdict
+
+__all__ = ["render_html"]
+
+#: Longest JSON block (worst case, other details) shown inline; longer ones are cut with a note.
+MAX_JSON_CHARS = 20_000
+
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+_CSS = """
+:root { --pass: #1a7f37; --fail: #cf222e; --error: #9a3412; --skip: #6e7781; --line: #d0d7de;
+        --muted: #57606a; --bg-soft: #f6f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       color: #1f2328; background: #fff; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 32px 0 8px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12.5px; }
+pre { background: var(--bg-soft); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
+      overflow: auto; max-height: 420px; white-space: pre-wrap; word-break: break-word; }
+a { color: #0969da; text-decoration: none; } a:hover { text-decoration: underline; }
+.verdict { display: flex; align-items: center; gap: 18px; padding: 16px 20px; border-radius: 8px;
+           border: 1px solid var(--line); border-left-width: 8px; margin: 8px 0 20px; }
+.verdict.pass { border-left-color: var(--pass); } .verdict.fail { border-left-color: var(--fail); }
+.verdict .word { font-size: 28px; font-weight: 700; letter-spacing: .04em; }
+.verdict.pass .word { color: var(--pass); } .verdict.fail .word { color: var(--fail); }
+.muted { color: var(--muted); }
+table { border-collapse: collapse; width: 100%; margin: 6px 0 12px; }
+th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { background: var(--bg-soft); font-weight: 600; white-space: nowrap; }
+td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+tbody tr:hover { background: #fafbfc; }
+dl.run { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0 0 8px; }
+dl.run dt { font-weight: 600; } dl.run dd { margin: 0; word-break: break-all; }
+.columns { display: grid; grid-template-columns: repeat(auto-fit, minmax(320px, 1fr)); gap: 0 32px; }
+.columns h3 { margin-top: 0; }
+.badge { display: inline-block; min-width: 54px; text-align: center; padding: 0 8px; border-radius: 10px;
+         font-size: 12px; font-weight: 700; color: #fff; letter-spacing: .03em; }
+.badge.pass { background: var(--pass); } .badge.fail { background: var(--fail); }
+.badge.error { background: var(--error); } .badge.skip { background: var(--skip); }
+.over { color: var(--fail); font-weight: 600; } .within { color: var(--pass); }
+section.check { border: 1px solid var(--line); border-radius: 8px; padding: 4px 18px 12px; margin: 14px 0; }
+section.check.fail, section.check.error { border-left: 6px solid var(--fail); }
+section.check.error { border-left-color: var(--error); }
+section.check > h3 { display: flex; gap: 10px; align-items: center; font-size: 16px; }
+.message { margin: 6px 0 10px; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 14px; }
+figure.plot { margin: 0; border: 1px solid var(--line); border-radius: 6px; padding: 6px; background: #fff; }
+figure.plot svg { display: block; width: 100%; height: auto; }
+figure.plot figcaption { font-size: 12px; color: var(--muted); padding: 2px 4px 0; }
+.plot-error { color: var(--fail); border: 1px dashed var(--fail); border-radius: 6px; padding: 8px; }
+details > summary { cursor: pointer; color: var(--muted); }
+footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
+@media print { pre { max-height: none; } section.check { break-inside: avoid; } }
+"""
+
+
+def _e(value: Any) -> str:
+    """Escape any value for HTML text or a quoted attribute."""
+    return html.escape(value if isinstance(value, str) else str(value), quote=True)
+
+
+def _anchors(report: Report) -> dict[str, str]:
+    """A unique, URL-safe ``id`` per check."""
+    used: set[str] = set()
+    out: dict[str, str] = {}
+    for check in report.checks:
+        base = "check-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", check.name).strip("-") or "x")
+        anchor, n = base, 2
+        while anchor in used:
+            anchor, n = f"{base}-{n}", n + 1
+        used.add(anchor)
+        out[check.name] = anchor
+    return out
+
+
+def _badge(status: str) -> str:
+    return f'<span class="badge {_e(status)}">{_e(STATUS_MARK.get(status, status.upper()))}</span>'
+
+
+def _json_block(value: Any) -> str:
+    text = safe_json(value)
+    note = ""
+    if len(text) > MAX_JSON_CHARS:
+        text = text[:MAX_JSON_CHARS]
+        note = f'<p class="muted">Cut at {MAX_JSON_CHARS} characters; report.json holds all of it.</p>'
+    return f"<pre>{_e(text)}</pre>{note}"
+
+
+def _within_cell(metric: str, value: Any, threshold: Any) -> str:
+    ok = threshold_verdict(metric, value, threshold)
+    if ok is None:
+        return '<td class="muted">—</td>'
+    if ok:
+        return '<td class="within">within</td>'
+    word = "below" if higher_is_better(metric) else "above"
+    return f'<td class="over">{word}</td>'
+
+
+def _metrics_table(check: CheckResult) -> str:
+    metrics, thresholds = check.metrics or {}, check.thresholds or {}
+    names = list(metrics) + [t for t in thresholds if t not in metrics]
+    if not names:
+        return '<p class="muted">No metrics recorded.</p>'
+    rows = []
+    for name in names:
+        value, threshold = metrics.get(name), thresholds.get(name)
+        direction = ""
+        if name in thresholds:
+            direction = "at least" if higher_is_better(name) else "at most"
+        threshold_text = f"{direction} {format_value(threshold)}" if name in thresholds else "—"
+        rows.append(
+            f'<tr><td class="mono">{_e(name)}</td><td class="num">{_e(format_value(value))}</td>'
+            f'<td class="num">{_e(threshold_text)}</td>{_within_cell(name, value, threshold)}</tr>'
+        )
+    return (
+        "<table><thead><tr><th>Metric</th><th>Value</th><th>Threshold</th><th>Against threshold</th></tr>"
+        f"</thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _plots(check: CheckResult) -> str:
+    figures = []
+    for plot in plots_of(check.details):
+        caption = f"{plot.title or plot.kind} · {plot.where}"
+        try:
+            svg = render_plot_svg(plot)
+        except PlotSpecError as exc:
+            figures.append(f'<div class="plot-error">Plot not drawn: {_e(exc)}</div>')
+            continue
+        except Exception as exc:  # a plotting bug must not lose the rest of the report
+            figures.append(f'<div class="plot-error">Plot not drawn ({_e(type(exc).__name__)}): {_e(exc)}</div>')
+            continue
+        svg = svg.replace('role="img"', f'role="img" aria-label="{_e(plot.title or plot.kind)}"', 1)
+        figures.append(f'<figure class="plot">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
+    return f'<div class="plots">{"".join(figures)}</div>' if figures else ""
+
+
+def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
+    parts = [
+        f'<section class="check {_e(check.status)}" id="{_e(anchor)}">',
+        f"<h3>{_badge(check.status)}<span class=\"mono\">{_e(check.name)}</span>"
+        f'<span class="muted">{_e(format_value(check.duration_s))} s</span></h3>',
+    ]
+    if check.message:
+        parts.append(f'<p class="message">{_e(check.message)}</p>')
+    parts.append(_metrics_table(check))
+    if check.status in ("fail", "error"):
+        parts.append("<h4>Reproduce</h4>")
+        parts.append(
+            f'<dl class="run"><dt>Run seed</dt><dd class="mono">{_e(report.seed)}</dd>'
+            f'<dt>Case seed</dt><dd class="mono">{_e(case_seed(report, check))}</dd></dl>'
+        )
+        command = rerun_command(report, check)
+        if command:
+            parts.append(f"<pre>{_e(command)}</pre>")
+        if check.worst_case:
+            parts.append("<p>Worst case:</p>" + _json_block(check.worst_case))
+        else:
+            parts.append('<p class="muted">No worst case was recorded.</p>')
+    elif check.worst_case:
+        parts.append("<details><summary>Worst case</summary>" + _json_block(check.worst_case) + "</details>")
+    parts.append(_plots(check))
+    other = {k: v for k, v in (check.details or {}).items() if k not in PLOT_KINDS}
+    if other:
+        parts.append("<details><summary>Other details</summary>" + _json_block(other) + "</details>")
+    parts.append("</section>")
+    return "\n".join(p for p in parts if p)
+
+
+def _run_summary(report: Report) -> str:
+    items = [("Kernel", report.kernel), ("Recipe", report.recipe), ("Suite", report.suite),
+             ("Seed", report.seed), ("Schema", report.schema)]
+    run = "".join(f'<dt>{_e(k)}</dt><dd class="mono">{_e(v)}</dd>' for k, v in items)
+    env = "".join(
+        f'<dt class="mono">{_e(k)}</dt><dd class="mono">'
+        f"{_e(v if isinstance(v, str) else safe_json(v, indent=None))}</dd>"
+        for k, v in (report.environment or {}).items()
+    ) or '<dt class="muted">none recorded</dt><dd></dd>'
+    return (
+        '<h2>Run</h2><div class="columns">'
+        f'<dl class="run">{run}</dl>'
+        f'<div><h3>Environment</h3><dl class="run">{env}</dl></div></div>'
+    )
+
+
+def _checks_table(report: Report, anchors: dict[str, str]) -> str:
+    rows = []
+    for check in report.checks:
+        key = key_metric(check)
+        if key is None:
+            label = value = threshold = "—"
+            value_class = "num"
+        else:
+            label, value = key.label, format_value(key.value)
+            threshold = format_value(key.threshold) if key.threshold is not None else "—"
+            value_class = {True: "num within", False: "num over"}.get(key.within, "num")
+        rows.append(
+            f'<tr><td class="mono"><a href="#{_e(anchors[check.name])}">{_e(check.name)}</a></td>'
+            f"<td>{_badge(check.status)}</td>"
+            f'<td class="mono">{_e(label)}</td><td class="{value_class}">{_e(value)}</td>'
+            f'<td class="num">{_e(threshold)}</td><td class="num">{_e(format_value(check.duration_s))}</td>'
+            f"<td>{_e(check.message)}</td></tr>"
+        )
+    if not rows:
+        return '<h2>Checks</h2><p class="muted">No checks ran.</p>'
+    return (
+        "<h2>Checks</h2><table><thead><tr><th>Check</th><th>Status</th><th>Key metric</th><th>Value</th>"
+        f"<th>Threshold</th><th>Time (s)</th><th>Message</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def render_html(report: Report) -> str:
+    """The whole report as one self-contained HTML page (see the module docstring)."""
+    from flamia_verify import __version__
+
+    anchors = _anchors(report)
+    word = verdict(report)
+    failed = [c for c in report.checks if c.status in ("fail", "error")]
+    failed_links = ""
+    if failed:
+        items = "".join(
+            f'<li>{_badge(c.status)} <a class="mono" href="#{_e(anchors[c.name])}">{_e(c.name)}</a>'
+            f"{' — ' + _e(c.message) if c.message else ''}</li>"
+            for c in failed
+        )
+        failed_links = f"<h2>Failed checks</h2><ul>{items}</ul>"
+    # Failed and errored checks first: they are what the reader came for. The table keeps run order.
+    ordered = failed + [c for c in report.checks if c.status not in ("fail", "error")]
+    sections = "\n".join(_check_section(report, c, anchors[c.name]) for c in ordered)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>flamia-verify {word}: {_e(report.kernel)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<main>
+<h1>flamia-verify report</h1>
+<div class="muted">Kernel <span class="mono">{_e(report.kernel)}</span> · recipe <span class="mono">{_e(report.recipe)}</span> · suite <span class="mono">{_e(report.suite)}</span> · seed <span class="mono">{_e(report.seed)}</span></div>
+<div class="verdict {word.lower()}" id="verdict"><span class="word">{word}</span><span>{_e(counts_line(report))}</span></div>
+{failed_links}
+{_checks_table(report, anchors)}
+{_run_summary(report)}
+<h2>Check details</h2>
+{sections}
+<footer>Written by flamia-verify {_e(__version__)} · schema {_e(report.schema)} · self-contained: no scripts, no network.</footer>
+</main>
+</body>
+</html>
+"""

@@ -1,0 +1,99 @@
+"""junit.xml: the report for CI test viewers (GitLab, Jenkins, GitHub test-report actions).
+
+One ``<testsuite>`` (inside a ``<testsuites>`` root, which every common viewer reads) with the run as
+``<properties>`` and one ``<testcase classname=FAMILY name=CHECK time=SECONDS>`` per check:
+
+- fail  -> ``<failure message=MESSAGE type="fail">`` whose text lists every metric against its threshold,
+  the reproducer (seeds, command) and the worst case as JSON;
+- error -> ``<error message=MESSAGE type="error">`` with the same text;
+- skip  -> ``<skipped message=REASON>``;
+- pass  -> an empty testcase.
+
+The tree is built with ``xml.etree`` (which escapes markup); characters that XML 1.0 cannot hold at all
+(terminal colour codes, NUL) are written as visible ``\\x1b``-style escapes so the file always parses.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from flamia_verify.reports.metrics import format_value, higher_is_better, safe_json, threshold_verdict
+from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.reports.wording import case_seed, rerun_command
+
+__all__ = ["render_junit"]
+
+# Everything outside XML 1.0's Char production: https://www.w3.org/TR/xml/#charsets
+_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _x(value: Any) -> str:
+    text = value if isinstance(value, str) else str(value)
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 256 else f"\\u{ord(m.group(0)):04x}", text)
+
+
+def _failure_text(report: Report, check: CheckResult) -> str:
+    lines = [f"{check.name}: {check.status}"]
+    if check.message:
+        lines.append(f"message: {check.message}")
+    metrics, thresholds = check.metrics or {}, check.thresholds or {}
+    names = list(metrics) + [t for t in thresholds if t not in metrics]
+    if names:
+        lines.append("metrics:")
+        for name in names:
+            line = f"  {name} = {format_value(metrics.get(name))}"
+            if name in thresholds:
+                limit = "at least" if higher_is_better(name) else "at most"
+                ok = threshold_verdict(name, metrics.get(name), thresholds[name])
+                verdict = {True: "within", False: "OUTSIDE"}.get(ok, "not comparable")
+                line += f"  (threshold: {limit} {format_value(thresholds[name])}: {verdict})"
+            lines.append(line)
+    lines.append(f"reproduce: run seed {report.seed}, case seed {case_seed(report, check)}")
+    command = rerun_command(report, check)
+    if command:
+        lines.append(f"  {command}")
+    if check.worst_case:
+        lines.append("worst case:")
+        lines.append(safe_json(check.worst_case))
+    return "\n".join(lines)
+
+
+def render_junit(report: Report) -> str:
+    """The report as JUnit XML text (see the module docstring)."""
+    counts = report.counts()
+    total_time = sum(c.duration_s or 0.0 for c in report.checks)
+    totals = {
+        "tests": str(len(report.checks)),
+        "failures": str(counts["fail"]),
+        "errors": str(counts["error"]),
+        "skipped": str(counts["skip"]),
+        "time": f"{total_time:.3f}",
+    }
+    root = ET.Element("testsuites", {"name": "flamia-verify", **totals})
+    suite = ET.SubElement(root, "testsuite", {"name": _x(f"flamia-verify {report.kernel} ({report.recipe}, {report.suite})"), **totals})
+    props = ET.SubElement(suite, "properties")
+    run = [("kernel", report.kernel), ("recipe", report.recipe), ("suite", report.suite),
+           ("seed", report.seed), ("schema", report.schema)]
+    run += [(f"environment.{k}", v if isinstance(v, str) else safe_json(v, indent=None))
+            for k, v in (report.environment or {}).items()]
+    for name, value in run:
+        ET.SubElement(props, "property", {"name": _x(name), "value": _x(value)})
+
+    for check in report.checks:
+        case = ET.SubElement(suite, "testcase", {
+            "classname": _x(check.family),
+            "name": _x(check.name),
+            "time": f"{check.duration_s or 0.0:.3f}",
+        })
+        if check.status in ("fail", "error"):
+            element = ET.SubElement(case, "failure" if check.status == "fail" else "error", {
+                "message": _x(check.message or f"check {check.status}"),
+                "type": check.status,
+            })
+            element.text = _x(_failure_text(report, check))
+        elif check.status == "skip":
+            ET.SubElement(case, "skipped", {"message": _x(check.message or "skipped")})
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

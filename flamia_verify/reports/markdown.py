@@ -1,0 +1,129 @@
+"""report.md: the report as a pull-request comment (GitHub-flavoured Markdown).
+
+A verdict line, one table row per check (status marker, key metric against its threshold; the key metric
+rule is in `flamia_verify.reports.metrics`), then a collapsed ``<details>`` block per failed or errored check
+with its message, its metrics and the reproducer: run seed, case seed, the worst case as JSON and the
+command that re-runs the check's family.
+
+Text from kernels, checks and the command line is escaped for Markdown and HTML (GitHub renders inline
+HTML), so a kernel named ``<script>`` or ``a|b`` cannot break the table or the page. JSON blocks write
+``<``, ``>`` and ``&`` as ``\\u003c``-style escapes and stay valid JSON. Each JSON block is cut at
+`MAX_JSON_CHARS` so a comment stays well under GitHub's 65,536-character limit.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+from flamia_verify.reports.metrics import format_value, higher_is_better, key_metric, safe_json, threshold_verdict
+from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, rerun_command, verdict
+
+__all__ = ["md_escape", "render_markdown"]
+
+#: Longest JSON block per check; the full case is always in report.json.
+MAX_JSON_CHARS = 4000
+
+# Characters that can start Markdown syntax inside a line: emphasis, code, links, tables, strikethrough,
+# headings. "(" and "!" are harmless once "[" is escaped.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
+
+
+def md_escape(value: Any) -> str:
+    """One line of literal text for Markdown: HTML-escaped, Markdown punctuation backslash-escaped,
+    line breaks folded to spaces."""
+    text = value if isinstance(value, str) else str(value)
+    text = " ".join(text.split())
+    text = html.escape(text, quote=False)
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def _html_line(value: Any) -> str:
+    return html.escape(" ".join(str(value).split()), quote=False)
+
+
+def _marker(status: str) -> str:
+    mark = STATUS_MARK.get(status, status.upper())
+    return f"**{mark}**" if status in ("fail", "error") else mark
+
+
+def _fence(text: str, lang: str = "") -> str:
+    """A fenced code block longer than any backtick run inside `text`."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def _json(value: Any) -> str:
+    text = safe_json(value)
+    if len(text) > MAX_JSON_CHARS:
+        return _fence(text[:MAX_JSON_CHARS], "json") + f"\n\n_Cut at {MAX_JSON_CHARS} characters; see report.json._"
+    return _fence(text, "json")
+
+
+def _failure_block(report: Report, check: CheckResult) -> str:
+    # <summary> is raw HTML to GitHub: Markdown escapes would show literally there.
+    summary = f"<b>{_html_line(check.name)}</b> {STATUS_MARK[check.status]}"
+    if check.message:
+        summary += f": {_html_line(check.message)}"
+    lines = [f"<details>\n<summary>{summary}</summary>", ""]
+    if check.message:
+        lines += [f"**Message:** {md_escape(check.message)}", ""]
+    metrics, thresholds = check.metrics or {}, check.thresholds or {}
+    names = list(metrics) + [t for t in thresholds if t not in metrics]
+    if names:
+        lines += ["| Metric | Value | Threshold | |", "|---|---:|---:|---|"]
+        for name in names:
+            value, threshold = metrics.get(name), thresholds.get(name)
+            limit = ""
+            if name in thresholds:
+                limit = ("at least " if higher_is_better(name) else "at most ") + format_value(threshold)
+            ok = threshold_verdict(name, value, threshold)
+            mark = {True: "within", False: "**outside**"}.get(ok, "")
+            lines.append(f"| {md_escape(name)} | {md_escape(format_value(value))} | {md_escape(limit) or '—'} | {mark} |")
+        lines.append("")
+    lines.append(f"**Reproduce:** run seed {md_escape(report.seed)}, case seed {md_escape(case_seed(report, check))}.")
+    lines.append("")
+    if check.worst_case:
+        lines += ["Worst case:", "", _json(check.worst_case), ""]
+    else:
+        lines += ["_No worst case was recorded._", ""]
+    command = rerun_command(report, check)
+    if command and not re.search(r"[<>&`]", command):
+        lines += ["Re-run the family:", "", _fence(command, "sh"), ""]
+    elif command:
+        lines += ["_The kernel spec holds characters unsafe in Markdown; see report.json for the re-run._", ""]
+    lines.append("</details>")
+    return "\n".join(lines)
+
+
+def render_markdown(report: Report) -> str:
+    """The report as GitHub-flavoured Markdown for a pull-request comment (see the module docstring)."""
+    word = verdict(report)
+    out = [
+        f"### flamia-verify: **{word}**: {md_escape(counts_line(report))}",
+        "",
+        f"Kernel {md_escape(report.kernel)} · recipe {md_escape(report.recipe)} · "
+        f"suite {md_escape(report.suite)} · seed {md_escape(report.seed)}",
+        "",
+    ]
+    if report.checks:
+        out += ["| Check | Status | Key metric | Value | Threshold |", "|---|---|---|---:|---:|"]
+        for check in report.checks:
+            key = key_metric(check)
+            if key is None:
+                cells = ["—", "—", "—"]
+            else:
+                cells = [md_escape(key.label), md_escape(format_value(key.value)),
+                         md_escape(format_value(key.threshold)) if key.threshold is not None else "—"]
+            out.append(f"| {md_escape(check.name)} | {_marker(check.status)} | " + " | ".join(cells) + " |")
+        out.append("")
+    failed = [c for c in report.checks if c.status in ("fail", "error")]
+    if failed:
+        out += ["#### Failures", ""]
+        for check in failed:
+            out += [_failure_block(report, check), ""]
+    out.append("_Full report with plots: report.html; machine-readable: report.json._")
+    return "\n".join(out) + "\n"

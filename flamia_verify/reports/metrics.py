@@ -1,0 +1,186 @@
+"""How the renderers read a check's numbers: the key metric, which direction is better, how values print.
+
+Every renderer (terminal, Markdown, HTML, JUnit) and `compare_reports` use these rules, so a check shows
+the same headline number everywhere.
+
+Values
+    Metrics and thresholds are JSON scalars. Non-finite floats arrive as the strings ``"nan"``, ``"inf"``
+    and ``"-inf"`` (see ``model._jsonable``); `as_number` reads them back as floats. Booleans are never
+    numbers here.
+
+Direction rule (`higher_is_better`)
+    A metric whose name ends in ``_min`` or starts with ``sqnr`` or ``cos`` is higher-is-better (a signal to
+    noise ratio, a cosine similarity, a lower limit); every other metric is lower-is-better (an error, a
+    ratio to the BF16 error, a count of violations, a leak). A threshold is checked against the metric of
+    the same name in that direction: lower-is-better passes when ``value <= threshold``, higher-is-better
+    when ``value >= threshold``; NaN never passes; a boolean or string threshold passes only on equality.
+    The check's own status, set by the check engine, is always authoritative: `threshold_verdict` only
+    annotates the numbers.
+
+Key metric rule (`key_metric`)
+    - A check with thresholds shows a threshold key: for a failed check the first threshold that its
+      same-named metric violates, otherwise the first threshold key. The value shown is the metric of the
+      same name, or the check's first metric when no metric has that name.
+    - A check without thresholds shows its first metric and no threshold.
+    - A check without metrics or thresholds shows nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from flamia_verify.reports.model import CheckResult, _jsonable
+
+__all__ = [
+    "KeyMetric",
+    "as_number",
+    "format_value",
+    "higher_is_better",
+    "key_metric",
+    "threshold_verdict",
+    "safe_json",
+]
+
+#: Shown where a value is absent (no metric, no threshold).
+ABSENT = "—"
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+
+
+def as_number(value: Any) -> float | None:
+    """The float a metric value stands for, or None when it is not a number (bool, text, None)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return _NONFINITE.get(value.strip().lower())
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return as_number(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def format_value(value: Any) -> str:
+    """A short, stable text for a metric or threshold value: 4 significant digits for floats."""
+    if value is None:
+        return ABSENT
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.4g}"
+    number = as_number(value)
+    if number is not None and not isinstance(value, str):
+        return format_value(number)
+    return str(value)
+
+
+def higher_is_better(metric: str) -> bool:
+    """The direction rule: names ending in ``_min`` or starting with ``sqnr``/``cos`` are higher-is-better."""
+    name = metric.lower()
+    return name.endswith("_min") or name.startswith(("sqnr", "cos"))
+
+
+def threshold_verdict(metric: str, value: Any, threshold: Any) -> bool | None:
+    """True when `value` satisfies `threshold` under the direction rule, False when it violates it,
+    None when they cannot be compared (a value or threshold missing, or of different kinds)."""
+    if value is None or threshold is None:
+        return None
+    if isinstance(threshold, (bool, str)) and as_number(threshold) is None:
+        return value == threshold
+    v, t = as_number(value), as_number(threshold)
+    if v is None or t is None:
+        return None
+    if math.isnan(v):
+        return False
+    if math.isnan(t):
+        return None
+    return v >= t if higher_is_better(metric) else v <= t
+
+
+@dataclass(frozen=True)
+class KeyMetric:
+    """The headline number of a check (see the key metric rule in the module docstring)."""
+
+    name: str  # the threshold key, or the metric's name when the check has no thresholds
+    metric: str | None  # name of the metric whose value is shown (None: the check has no metrics)
+    value: Any
+    threshold: Any  # None when the check has no thresholds
+    within: bool | None  # threshold_verdict(name, value, threshold)
+
+    @property
+    def label(self) -> str:
+        """``name`` or, when the value comes from another metric, ``name (metric)``."""
+        if self.metric is None or self.metric == self.name:
+            return self.name
+        return f"{self.name} ({self.metric})"
+
+
+def key_metric(check: CheckResult) -> KeyMetric | None:
+    """The key metric of `check`, or None when it has neither metrics nor thresholds."""
+    metrics, thresholds = check.metrics or {}, check.thresholds or {}
+    if thresholds:
+        keys = list(thresholds)
+        chosen = keys[0]
+        if check.status == "fail":
+            for key in keys:
+                if key in metrics and threshold_verdict(key, metrics[key], thresholds[key]) is False:
+                    chosen = key
+                    break
+        if chosen in metrics:
+            metric: str | None = chosen
+        else:
+            metric = next(iter(metrics), None)
+        value = metrics[metric] if metric is not None else None
+        threshold = thresholds[chosen]
+        within = threshold_verdict(chosen, value, threshold) if metric == chosen else None
+        return KeyMetric(chosen, metric, value, threshold, within)
+    if metrics:
+        first = next(iter(metrics))
+        return KeyMetric(first, first, metrics[first], None, None)
+    return None
+
+
+def safe_json(value: Any, *, indent: int | None = 2) -> str:
+    """JSON text of `value` that is safe to embed in HTML, Markdown and XML and still parses to the same data.
+
+    ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e``, ``\\u0026``; NaN and infinities as strings;
+    anything else unserialisable as its ``str``. With an `indent`, objects are spread one key per line while
+    lists of scalars that fit in `_INLINE_WIDTH` characters stay on one line (shapes, cu_seqlens, indices).
+    """
+    data = _jsonable(value)
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str) if indent is None else _pretty(data, indent, 0)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+#: Longest list of scalars `safe_json` keeps on one line.
+_INLINE_WIDTH = 72
+
+
+def _pretty(value: Any, indent: int, depth: int) -> str:
+    flat = json.dumps(value, ensure_ascii=False, allow_nan=False, default=str)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        pad, inner = " " * (indent * depth), " " * (indent * (depth + 1))
+        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_pretty(v, indent, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, list):
+        if all(not isinstance(v, (dict, list)) for v in value) and len(flat) <= _INLINE_WIDTH:
+            return flat
+        if not value:
+            return "[]"
+        pad, inner = " " * (indent * depth), " " * (indent * (depth + 1))
+        return "[\n" + ",\n".join(inner + _pretty(v, indent, depth + 1) for v in value) + "\n" + pad + "]"
+    return flat

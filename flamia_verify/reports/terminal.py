@@ -1,0 +1,61 @@
+"""The terminal summary printed at the end of `flamia-verify check`: a rich table and the verdict.
+
+One row per check: name, status (coloured), key metric, its value and threshold (key metric rule in
+`flamia_verify.reports.metrics`), and the message. Every string is placed as a `rich.text.Text`, never
+parsed as console markup, so a kernel or message holding ``[bold]`` prints literally. The `Console` is
+injectable: tests pass ``Console(file=StringIO(), width=...)``.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from flamia_verify.reports.metrics import format_value, key_metric
+from flamia_verify.reports.model import Report
+from flamia_verify.reports.wording import STATUS_MARK, counts_line, verdict
+
+__all__ = ["STATUS_STYLE", "render_terminal"]
+
+#: Rich style of each status.
+STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta", "skip": "dim"}
+
+
+def render_terminal(report: Report, console: Console | None = None) -> None:
+    """Print the summary table and the verdict of `report` to `console` (a new stdout console if None)."""
+    console = console or Console()
+    title = Text.assemble(
+        "flamia-verify  ", ("kernel ", "dim"), report.kernel, ("  recipe ", "dim"), report.recipe,
+        ("  suite ", "dim"), report.suite, ("  seed ", "dim"), str(report.seed),
+    )
+    table = Table(title=title, title_justify="left", expand=False, show_lines=False, header_style="bold")
+    table.add_column("Check", no_wrap=True)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Key metric", overflow="fold")
+    table.add_column("Value", justify="right", no_wrap=True)
+    table.add_column("Threshold", justify="right", no_wrap=True)
+    table.add_column("Message", overflow="fold", ratio=1)
+    for check in report.checks:
+        key = key_metric(check)
+        if key is None:
+            label, value, threshold = Text("—", "dim"), Text("—", "dim"), Text("—", "dim")
+        else:
+            label = Text(key.label)
+            value_style = {True: "green", False: "red"}.get(key.within, "")
+            value = Text(format_value(key.value), value_style)
+            threshold = Text(format_value(key.threshold)) if key.threshold is not None else Text("—", "dim")
+        table.add_row(
+            Text(check.name),
+            Text(STATUS_MARK.get(check.status, check.status.upper()), STATUS_STYLE.get(check.status, "")),
+            label,
+            value,
+            threshold,
+            Text(check.message or ""),
+        )
+    console.print(table)
+    word = verdict(report)
+    console.print(Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report)))
+    failed = [c.name for c in report.checks if c.status in ("fail", "error")]
+    if failed:
+        console.print(Text.assemble(("failed: ", "dim"), ", ".join(failed)))

@@ -1,0 +1,57 @@
+"""Shared wording of every renderer: the verdict, the count line, the status markers, the reproducer.
+
+Keeping these in one place makes the terminal, Markdown, HTML and JUnit reports say the same thing.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from flamia_verify.reports.model import CheckResult, Report
+
+__all__ = ["CHECK_SUITES", "STATUS_MARK", "case_seed", "counts_line", "rerun_command", "verdict"]
+
+#: Emoji-free markers of a check's status, for every renderer.
+STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
+
+
+def verdict(report: Report) -> str:
+    """``PASS`` when no check failed or errored (skips do not fail a run), else ``FAIL``."""
+    return "PASS" if report.passed else "FAIL"
+
+
+def counts_line(report: Report) -> str:
+    """E.g. ``12 checks: 8 passed, 2 failed, 1 error, 1 skipped`` (zero counts left out)."""
+    counts = report.counts()
+    total = len(report.checks)
+    if total == 0:
+        return "no checks ran"
+    words = (("pass", "passed"), ("fail", "failed"), ("error", "error" if counts["error"] == 1 else "errors"),
+             ("skip", "skipped"))
+    parts = [f"{counts[status]} {word}" for status, word in words if counts[status]]
+    return f"{total} check{'s' if total != 1 else ''}: " + ", ".join(parts)
+
+
+def case_seed(report: Report, check: CheckResult) -> Any:
+    """The seed that reproduces the check's worst case: its own ``worst_case["seed"]``, else the run's seed."""
+    worst = check.worst_case or {}
+    return worst.get("seed", report.seed)
+
+
+#: The suites of `flamia-verify check`; a report of another suite (e.g. a fuzz run) gets no rerun command.
+CHECK_SUITES = ("quick", "standard", "full")
+
+
+def rerun_command(report: Report, check: CheckResult) -> str | None:
+    """The command that re-runs the check's family with the run's kernel, recipe, suite and seed, or None
+    when the report does not come from a `flamia-verify check` suite.
+
+    Arguments are quoted for a POSIX shell. The check engine derives each case from the run seed, so the
+    same command reproduces the same cases; ``worst_case`` pins the single worst one.
+    """
+    if report.suite not in CHECK_SUITES:
+        return None
+    args = ["flamia-verify", "check", "--kernel", report.kernel, "--recipe", report.recipe,
+            "--suite", report.suite, "--seed", str(report.seed), "--only", check.family]
+    return " ".join(shlex.quote(a) for a in args)
