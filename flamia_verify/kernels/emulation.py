@@ -1,0 +1,503 @@
+"""FLAMIA-style attention in PyTorch: the executable specification of every built-in kernel.
+
+Each built-in kernel is an :class:`EmulatedDesign`: for every GEMM operand, how it is rounded
+(:class:`Quant`), how the probabilities P are formed and normalized, how sequence-direction blocks
+are laid out, and how the backward recomputes P. One autograd.Function runs any design with an
+explicit FlashAttention-style backward (recompute S and P from the saved log-sum-exp;
+D = rowsum(dO * O); dS = P * (dP - D)). GEMMs accumulate in fp32. Runs on any device.
+
+The three FLAMIA fixes, as design switches (docs/kernels.md gives the reasoning and the cost):
+
+* Causal-safe scaling (``diagonal_fallback``): a sequence-direction block of the right-hand operand
+  (V in P V, dO in dV, K in dQ, Q in dK) that straddles the causal diagonal of an output row would
+  share one scale between visible and masked positions. For that row the block is multiplied in the
+  kernel's input precision (BF16/FP16, exact products, fp32 accumulation) instead of MXFP8, so no
+  output depends, even by one bit, on a position it must not see. At most one block per row does this.
+* Document-safe scaling (``seq_blocks="document"``): sequence-direction blocks restart at every
+  document start (cu_seqlens), so a packed batch needs no padding and a document's result does not
+  depend on its neighbours or on its offset in the pack.
+* Forward/backward consistency (``p_mode="pow2-blocks"``, ``normalize="quantized"``): P is quantized
+  in 32-key blocks relative to the block's own power-of-two maximum, so its E4M3 elements depend only
+  on the scores of that block (never on the running row maximum, hence not on tile order), and its
+  block scale 2^(M_b - 8 - m) is an exact power of two. The row sum l is taken over the quantized P
+  that multiplies V, so numerator and denominator agree and mass lost to underflow is lost from both.
+  The backward rebuilds exactly these probabilities from the same quantized Q, K and the saved
+  log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from flamia_verify.formats import (
+    E4M3,
+    ScaleRule,
+    mx_fake_quantize,
+    nvfp4_fake_quantize,
+    round_to_format,
+)
+from flamia_verify.kernels.convention import seqlens, validate_varlen_inputs
+
+__all__ = [
+    "Quant",
+    "EmulatedDesign",
+    "emulated_attention",
+    "emulated_forward_with_lse",
+    "attention_weights",
+    "make_kernel",
+    "visible",
+    "LOG2E",
+    "LN2",
+]
+
+LOG2E = 1.4426950408889634  # log2(e)
+LN2 = 0.6931471805599453  # ln(2)
+# P elements are E4M3(2^(s - M_b + 8)): the block maximum maps into [128, 256], below E4M3's 448.
+P_POW2_OFFSET = 8
+
+
+@dataclass(frozen=True)
+class Quant:
+    """How one GEMM operand is rounded before the GEMM.
+
+    kind:
+      ``input``  round to the kernel's input dtype (BF16 or FP16; identity for fp32 inputs)
+      ``mx``     E4M3 elements with a power-of-two (E8M0) scale per ``block`` elements along the
+                 contraction axis (``block=0``: one scale for the whole axis, i.e. per row)
+      ``nvfp4``  E2M1 elements, 16-blocks, UE4M3 block scale, fp32 scale per row (row-local amax)
+      ``tensor`` E4M3 with one fp32 scale amax/448 over the whole packed tensor (FlashAttention-3 style)
+      ``e4m3``   plain saturating E4M3 cast without a scale
+    """
+
+    kind: str
+    block: int = 32
+    rule: ScaleRule = ScaleRule.RCEIL
+
+    def describe(self) -> str:
+        if self.kind == "mx":
+            size = "row" if self.block == 0 else f"{self.block}-blocks"
+            return f"E4M3, {size}, pow2 scale ({self.rule.name})"
+        return {"input": "input dtype", "nvfp4": "NVFP4", "tensor": "E4M3 per-tensor", "e4m3": "E4M3 unscaled"}[
+            self.kind
+        ]
+
+
+@dataclass(frozen=True)
+class EmulatedDesign:
+    """A kernel: the rounding of each GEMM operand and the three FLAMIA switches."""
+
+    name: str
+    recipe: str
+    qk: Quant  # Q and K along head_dim (S = Q K^T, forward and recompute)
+    v_seq: Quant  # V along keys (O = P V)
+    p_mode: str  # "pow2-blocks" (FLAMIA) or "fa" (P = exp(S - m), then rounded by p_quant)
+    p_quant: Quant  # P along keys for "fa"; for "pow2-blocks" only its block size is used
+    normalize: str  # "quantized": l sums the P that multiplied V; "fp32": l sums unrounded P
+    dp_quant: Quant  # dO and V along head_dim (dP = dO V^T)
+    pt_quant: Quant  # P^T along queries (dV = P^T dO)
+    do_seq: Quant  # dO along queries
+    ds_quant: Quant  # dS along keys (dQ = dS K)
+    k_seq: Quant  # K along keys
+    dst_quant: Quant  # dS^T along queries (dK = dS^T Q)
+    q_seq: Quant  # Q along queries
+    seq_blocks: str = "document"  # "document": blocks restart at cu_seqlens; "packed": absolute positions
+    diagonal_fallback: bool = True
+    recompute_from_seq: bool = False  # the backward rebuilds S from the sequence-quantized Q, K (a bug)
+    description: str = ""
+
+
+# ----------------------------------------------------------------------------------------------
+# rounding of operands
+# ----------------------------------------------------------------------------------------------
+
+
+def _round_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float32:
+        return x
+    return x.to(dtype).to(torch.float32)
+
+
+def _aligned_cu(start: int, length: int, block: int, device) -> torch.Tensor:
+    """Segments of a slice [start, start + length) of a packed axis cut at absolute multiples of block."""
+    cuts = [0]
+    nxt = (start // block + 1) * block - start
+    while nxt < length:
+        cuts.append(nxt)
+        nxt += block
+    cuts.append(length)
+    return torch.tensor(cuts, dtype=torch.int32, device=device)
+
+
+def quantize_operand(
+    x: torch.Tensor,
+    quant: Quant,
+    axis: int,
+    *,
+    input_dtype: torch.dtype,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Round a float32 GEMM operand as ``quant`` says, blocks along ``axis``; returns float32 values."""
+    x = x.to(torch.float32)
+    kind = quant.kind
+    if kind == "input":
+        return _round_input(x, input_dtype)
+    if kind == "e4m3":
+        return round_to_format(x, E4M3, saturate=True)
+    if kind == "tensor":
+        amax = x.abs().amax() if x.numel() else x.new_zeros(())
+        scale = torch.where(amax > 0, amax / E4M3.max_finite, torch.ones_like(amax))
+        return round_to_format(x / scale, E4M3, saturate=True) * scale
+    if x.shape[axis] == 0:
+        return x
+    if kind == "mx":
+        block = quant.block if quant.block > 0 else x.shape[axis]
+        return mx_fake_quantize(x, axis=axis, block_size=block, elem=E4M3, rule=quant.rule, cu_seqlens=cu_seqlens)
+    if kind == "nvfp4":
+        row_amax = x.abs().amax(dim=axis, keepdim=True)
+        return nvfp4_fake_quantize(x, axis=axis, block_size=quant.block, cu_seqlens=cu_seqlens, global_amax=row_amax)
+    raise ValueError(f"unknown operand rounding {kind!r}")
+
+
+def _seq_quantize(x: torch.Tensor, quant: Quant, design: EmulatedDesign, cu: torch.Tensor, dtype) -> torch.Tensor:
+    """Quantize a packed (tokens, heads, dim) input along the sequence axis 0."""
+    seg = cu if design.seq_blocks == "document" else None
+    return quantize_operand(x, quant, 0, input_dtype=dtype, cu_seqlens=seg)
+
+
+def _a_operand(x: torch.Tensor, quant: Quant, design: EmulatedDesign, start: int, dtype) -> torch.Tensor:
+    """Quantize an (heads, rows, contraction) left operand of one document along its last axis."""
+    seg = None
+    if design.seq_blocks == "packed" and quant.kind in ("mx", "nvfp4") and quant.block > 0:
+        seg = _aligned_cu(start, x.shape[-1], quant.block, x.device)
+    return quantize_operand(x, quant, -1, input_dtype=dtype, cu_seqlens=seg)
+
+
+# ----------------------------------------------------------------------------------------------
+# masks
+# ----------------------------------------------------------------------------------------------
+
+
+def visible(lq: int, lk: int, causal: bool, device=None) -> torch.Tensor:
+    """(lq, lk) bool: key j visible to query i iff not causal or j <= i + (lk - lq)."""
+    if not causal:
+        return torch.ones(lq, lk, dtype=torch.bool, device=device)
+    i = torch.arange(lq, device=device)[:, None]
+    j = torch.arange(lk, device=device)[None, :]
+    return j <= i + (lk - lq)
+
+
+def full_block_mask(vis: torch.Tensor, block: int) -> torch.Tensor:
+    """(R, C) bool: entry (r, c) lies in a block of ``block`` columns (from column 0) that row r sees whole."""
+    rows, cols = vis.shape
+    if cols == 0 or block <= 0:
+        return vis.all(dim=1, keepdim=True).expand(rows, cols) if block <= 0 else vis
+    blk = torch.arange(cols, device=vis.device) // block
+    nblk = int(blk[-1]) + 1
+    counts = torch.zeros(rows, nblk, dtype=torch.int64, device=vis.device)
+    counts.index_add_(1, blk, vis.to(torch.int64))
+    sizes = torch.bincount(blk, minlength=nblk)
+    return (counts == sizes)[:, blk]
+
+
+def _gemm_seq(
+    a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None
+) -> torch.Tensor:
+    """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision."""
+    if full is None:
+        return torch.matmul(a, b_q)
+    a_full = torch.where(full, a, a.new_zeros(()))
+    a_part = torch.where(full, a.new_zeros(()), a)
+    return torch.matmul(a_full, b_q) + torch.matmul(a_part, b_hp)
+
+
+def _block_ids(n: int, block: int, device) -> torch.Tensor:
+    return torch.arange(n, device=device) // block
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e for integer-valued float32 e, exactly (0 below fp32's range, used only where e is finite)."""
+    return torch.ldexp(torch.ones_like(e), e.clamp(-200, 200).to(torch.int32))
+
+
+def _probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, start_k: int, dtype):
+    """Forward probabilities of one document.
+
+    s2: (H, Lq, Lk) fp32 scores in log2 units (softmax_scale * log2(e) folded in), masked to -inf.
+    Returns (p_used, l, m): p_used the unnormalized probabilities that multiply V (fp32, exact values
+    of the operand), l the row sums used to normalize, m the row maxima (log2 units).
+    """
+    H, Lq, Lk = s2.shape
+    if design.p_mode == "pow2-blocks":
+        block = design.p_quant.block
+        elem, mb = _pow2_block_elements(s2, block)
+        m = mb.amax(dim=-1)  # (H, Lq)
+        ids = _block_ids(Lk, block, s2.device)
+        exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]
+        p_used = torch.where(elem > 0, elem * _pow2(torch.nan_to_num(exp, neginf=-1000.0)), elem.new_zeros(()))
+        l = p_used.sum(dim=-1)
+        return p_used, l, m
+    m = s2.amax(dim=-1)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp2(s2 - m_safe[..., None])
+    p = torch.where(vis, p, p.new_zeros(()))
+    l = p.sum(dim=-1)
+    p_used = _a_operand(p, design.p_quant, design, start_k, dtype)
+    if design.normalize == "quantized":
+        l = p_used.sum(dim=-1)
+    return p_used, l, m
+
+
+def _pow2_block_elements(s2: torch.Tensor, block: int):
+    """E4M3 elements 2^(s - M_b + 8) of P per ``block`` keys, M_b = ceil(block max of s) (log2 units)."""
+    H, Lq, Lk = s2.shape
+    nblk = (Lk + block - 1) // block
+    pad = nblk * block - Lk
+    padded = torch.nn.functional.pad(s2, (0, pad), value=-math.inf)
+    mb = torch.ceil(padded.view(H, Lq, nblk, block).amax(dim=-1))  # (H, Lq, nblk), -inf if fully masked
+    ids = _block_ids(Lk, block, s2.device)
+    mb_k = mb[..., ids]
+    arg = torch.where(torch.isfinite(mb_k), s2 - mb_k + P_POW2_OFFSET, torch.full_like(s2, -math.inf))
+    elem = round_to_format(torch.exp2(arg), E4M3, saturate=True)
+    return elem, mb
+
+
+def _recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
+    """Backward probabilities A = P / l rebuilt from the recomputed scores and the saved lse (log2)."""
+    finite = torch.isfinite(lse2)
+    lse_safe = torch.where(finite, lse2, torch.zeros_like(lse2))
+    if design.p_mode == "pow2-blocks":
+        block = design.p_quant.block
+        elem, mb = _pow2_block_elements(s2, block)
+        ids = _block_ids(s2.shape[-1], block, s2.device)
+        scale = torch.exp2(torch.nan_to_num(mb[..., ids], neginf=-1000.0) - P_POW2_OFFSET - lse_safe[..., None])
+        a = elem * scale
+    else:
+        a = torch.exp2(s2 - lse_safe[..., None])
+    a = torch.where(vis & finite[..., None], a, a.new_zeros(()))
+    return a
+
+
+# ----------------------------------------------------------------------------------------------
+# forward and backward over a packed batch
+# ----------------------------------------------------------------------------------------------
+
+
+def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _to_hld(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(1, 0, 2)
+
+
+def _forward(design, q, k, v, cu_q, cu_k, scale, causal):
+    dtype = q.dtype
+    H, Hk = q.shape[1], k.shape[1]
+    groups = H // Hk
+    qf, kf, vf = q.float(), k.float(), v.float()
+    q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)
+    k_hd = quantize_operand(kf, design.qk, -1, input_dtype=dtype)
+    v_seq = _seq_quantize(vf, design.v_seq, design, cu_k, dtype)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse2 = torch.full((q.shape[0], H), -math.inf, dtype=torch.float32, device=q.device)
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32).item()
+    sq, sk = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(sq) - 1):
+        q0, q1, k0, k1 = sq[b], sq[b + 1], sk[b], sk[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0 or lk == 0:
+            continue
+        vis = visible(lq, lk, causal, q.device)
+        s = torch.matmul(_to_hld(q_hd[q0:q1]), _to_hld(_expand_kv(k_hd[k0:k1], groups)).transpose(1, 2))
+        s2 = torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
+        p_used, l, m = _probabilities(s2, vis, design, k0, dtype)
+        full = None
+        if design.diagonal_fallback and causal and design.v_seq.kind in ("mx", "nvfp4"):
+            full = full_block_mask(vis, design.v_seq.block)
+        acc = _gemm_seq(
+            p_used,
+            _to_hld(_expand_kv(v_seq[k0:k1], groups)),
+            _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
+            full,
+        )
+        ok = l > 0
+        o = torch.where(ok[..., None], acc / torch.where(ok, l, torch.ones_like(l))[..., None], acc.new_zeros(()))
+        out[q0:q1] = o.permute(1, 0, 2)
+        lse2[q0:q1] = torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), lse2.new_full((), -math.inf)).T
+    return out.to(dtype), lse2
+
+
+def _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
+    dtype = q.dtype
+    H, Hk = q.shape[1], k.shape[1]
+    groups = H // Hk
+    qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.to(dtype).float()
+    if design.recompute_from_seq:
+        q_s = _seq_quantize(qf, design.q_seq, design, cu_q, dtype)
+        k_s = _seq_quantize(kf, design.k_seq, design, cu_k, dtype)
+        q_hd, k_hd = q_s, k_s
+    else:
+        q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)
+        k_hd = quantize_operand(kf, design.qk, -1, input_dtype=dtype)
+    do_hd = quantize_operand(dof, design.dp_quant, -1, input_dtype=dtype)
+    v_hd = quantize_operand(vf, design.dp_quant, -1, input_dtype=dtype)
+    do_seq = _seq_quantize(dof, design.do_seq, design, cu_q, dtype)
+    k_seq = _seq_quantize(kf, design.k_seq, design, cu_k, dtype)
+    q_seq = _seq_quantize(qf, design.q_seq, design, cu_q, dtype)
+    # D = rowsum(dO * O) from the output as the caller holds it (input dtype), fp32 sum
+    delta = (dof * out.to(dtype).float()).sum(dim=-1)  # (Tq, H)
+
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros((k.shape[0], H, k.shape[2]), dtype=torch.float32, device=q.device)
+    dv = torch.zeros((v.shape[0], H, v.shape[2]), dtype=torch.float32, device=q.device)
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32).item()
+    scale32 = torch.tensor(scale, dtype=torch.float32).item()
+    sq, sk = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(sq) - 1):
+        q0, q1, k0, k1 = sq[b], sq[b + 1], sk[b], sk[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0 or lk == 0:
+            continue
+        vis = visible(lq, lk, causal, q.device)
+        s = torch.matmul(_to_hld(q_hd[q0:q1]), _to_hld(_expand_kv(k_hd[k0:k1], groups)).transpose(1, 2))
+        s2 = torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
+        a = _recomputed_probabilities(s2, vis, lse2[q0:q1].T, design)  # (H, Lq, Lk)
+        dp = torch.matmul(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
+        ds = a * (dp - delta[q0:q1].T[..., None])
+        fallback = design.diagonal_fallback and causal
+        full_k = full_q = None
+        # dV = P^T dO and dK = dS^T Q contract over queries; dQ = dS K over keys
+        at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
+        if fallback and design.do_seq.kind in ("mx", "nvfp4"):
+            full_q = full_block_mask(vis.T, design.do_seq.block)
+        dv_d = _gemm_seq(at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), full_q)
+        dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
+        if fallback and design.q_seq.kind in ("mx", "nvfp4"):
+            full_q = full_block_mask(vis.T, design.q_seq.block)
+        dk_d = _gemm_seq(dst, _to_hld(q_seq[q0:q1]), _to_hld(_round_input(qf[q0:q1], dtype)), full_q)
+        dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
+        if fallback and design.k_seq.kind in ("mx", "nvfp4"):
+            full_k = full_block_mask(vis, design.k_seq.block)
+        dq_d = _gemm_seq(
+            dsq,
+            _to_hld(_expand_kv(k_seq[k0:k1], groups)),
+            _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
+            full_k,
+        )
+        dq[q0:q1] = (dq_d * scale32).permute(1, 0, 2)
+        dk[k0:k1] = (dk_d * scale32).permute(1, 0, 2)
+        dv[k0:k1] = dv_d.permute(1, 0, 2)
+    if groups > 1:
+        dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).sum(dim=2)
+        dv = dv.view(v.shape[0], Hk, groups, v.shape[2]).sum(dim=2)
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+
+class _EmulatedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, design):
+        out, lse2 = _forward(design, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal, ctx.design = scale, causal, design
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _backward(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def emulated_attention(
+    design: EmulatedDesign,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Run ``design`` in the varlen calling convention.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch + 1,).
+    Returns out: (total_q, nheads, headdim) in q's dtype; differentiable w.r.t. q, k, v.
+    """
+    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    return _EmulatedAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, float(softmax_scale), bool(causal), design)
+
+
+def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, causal: bool, backward: bool = False):
+    """The normalized attention weights of one dense document, (nheads, Lq, Lk) float32.
+
+    ``backward=False``: P / l as the forward multiplies V (P the rounded operand, l its normalizer).
+    ``backward=True``: the probabilities the backward rebuilds from its recomputed scores and the
+    forward's saved log-sum-exp. A consistent design gives the same weights both ways (up to fp32
+    rounding of the exponent arithmetic); a mismatched one does not.
+    """
+    dtype = q.dtype
+    groups = q.shape[1] // k.shape[1]
+    lq, lk = q.shape[0], k.shape[0]
+    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=q.device)
+    cu_k = torch.tensor([0, lk], dtype=torch.int32, device=q.device)
+    qk_scale = torch.tensor(softmax_scale * LOG2E, dtype=torch.float32).item()
+    vis = visible(lq, lk, causal, q.device)
+
+    def scores(qq, kk):
+        s = torch.matmul(_to_hld(qq), _to_hld(_expand_kv(kk, groups)).transpose(1, 2))
+        return torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
+
+    q_hd = quantize_operand(q.float(), design.qk, -1, input_dtype=dtype)
+    k_hd = quantize_operand(k.float(), design.qk, -1, input_dtype=dtype)
+    s2 = scores(q_hd, k_hd)
+    p_used, l, m = _probabilities(s2, vis, design, 0, dtype)
+    if not backward:
+        ok = (l > 0)[..., None]
+        return torch.where(ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(()))
+    lse2 = torch.where(l > 0, m + torch.log2(torch.where(l > 0, l, torch.ones_like(l))), l.new_full((), -math.inf))
+    if design.recompute_from_seq:
+        s2 = scores(
+            _seq_quantize(q.float(), design.q_seq, design, cu_q, dtype),
+            _seq_quantize(k.float(), design.k_seq, design, cu_k, dtype),
+        )
+    return _recomputed_probabilities(s2, vis, lse2, design)
+
+
+def emulated_forward_with_lse(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale, causal):
+    """Forward only: (out in q's dtype, lse in natural-log units, (total_q, nheads) fp32)."""
+    out, lse2 = _forward(design, q, k, v, cu_seqlens_q, cu_seqlens_k, float(softmax_scale), bool(causal))
+    return out, lse2 * LN2
+
+
+def make_kernel(design: EmulatedDesign):
+    """A plain function in the calling convention, carrying its design and recipe as attributes."""
+
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        return emulated_attention(
+            design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale=softmax_scale, causal=causal,
+        )
+
+    kernel.__name__ = design.name.replace("-", "_")
+    kernel.__qualname__ = kernel.__name__
+    kernel.__doc__ = f"{design.name} (emulation): {design.description}"
+    kernel.design = design
+    kernel.recipe = design.recipe
+    return kernel
+
+
+def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: str) -> EmulatedDesign:
+    """The same design with every MX operand on another scale rule."""
+    fields = {}
+    for f in ("qk", "v_seq", "p_quant", "dp_quant", "pt_quant", "do_seq", "ds_quant", "k_seq", "dst_quant", "q_seq"):
+        qv = getattr(design, f)
+        fields[f] = replace(qv, rule=rule) if qv.kind == "mx" else qv
+    return replace(design, name=name, recipe=recipe, **fields)

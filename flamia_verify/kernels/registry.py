@@ -1,0 +1,123 @@
+"""Kernel registry and loader.
+
+A kernel spec on the command line is one of:
+  * a built-in name (``flamia-verify list`` shows them),
+  * ``package.module:function``,
+  * ``path/to/file.py:function``,
+  * a name registered by a third-party package in the entry-point group ``flamia_verify.kernels``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Callable
+
+from flamia_verify.errors import KernelLoadError
+
+__all__ = ["LoadedKernel", "load_kernel", "builtin_kernels", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "flamia_verify.kernels"
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A callable in the calling convention plus what is known about it."""
+
+    name: str
+    fn: Callable
+    recipe: str | None  # the recipe the kernel claims; None when the user must say
+    source: str  # "builtin", "module", "file" or "entry-point"
+    description: str = ""
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def builtin_kernels() -> dict[str, LoadedKernel]:
+    from flamia_verify.kernels.designs import DESIGNS
+    from flamia_verify.kernels.emulation import make_kernel
+
+    return {
+        name: LoadedKernel(name, make_kernel(d), d.recipe, "builtin", d.description) for name, d in DESIGNS.items()
+    }
+
+
+def _from_module(spec: str) -> LoadedKernel:
+    mod_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as exc:  # an import error inside the user's module is a load failure
+        raise KernelLoadError(f"cannot import module {mod_name!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc
+    return _attr(module, attr, spec, "module")
+
+
+def _from_file(spec: str) -> LoadedKernel:
+    path_s, _, attr = spec.rpartition(":")
+    path = Path(path_s)
+    if not path.is_file():
+        raise KernelLoadError(f"kernel file {path_s!r} does not exist")
+    mod_name = f"flamia_verify_user_{abs(hash(str(path.resolve())))}"
+    try:
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = module
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise KernelLoadError(f"cannot load {path_s!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc
+    return _attr(module, attr, spec, "file")
+
+
+def _attr(module, attr: str, spec: str, source: str) -> LoadedKernel:
+    if not attr:
+        raise KernelLoadError(f"kernel spec {spec!r} names no function; write module:function or file.py:function")
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise KernelLoadError(f"{module.__name__ if source == 'module' else spec.rpartition(':')[0]!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, LoadedKernel):
+        return obj
+    if not callable(obj):
+        raise KernelLoadError(f"{spec!r} is not callable ({type(obj).__name__})")
+    recipe = getattr(obj, "recipe", None)
+    return LoadedKernel(spec, obj, recipe if isinstance(recipe, str) else None, source, (obj.__doc__ or "").strip().split("\n")[0])
+
+
+def _entry_point_kernels() -> dict:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_kernel(spec) -> LoadedKernel:
+    """Resolve a kernel spec (or pass a callable through) to a :class:`LoadedKernel`."""
+    if isinstance(spec, LoadedKernel):
+        return spec
+    if callable(spec):
+        recipe = getattr(spec, "recipe", None)
+        name = getattr(spec, "__qualname__", None) or type(spec).__name__
+        return LoadedKernel(name, spec, recipe if isinstance(recipe, str) else None, "callable")
+    if not isinstance(spec, str) or not spec:
+        raise KernelLoadError(f"kernel spec must be a non-empty string or a callable, got {spec!r}")
+    builtins = builtin_kernels()
+    if spec in builtins:
+        return builtins[spec]
+    if ":" in spec:
+        path_part = spec.rpartition(":")[0]
+        if path_part.endswith(".py") or "/" in path_part or "\\" in path_part:
+            return _from_file(spec)
+        return _from_module(spec)
+    eps = _entry_point_kernels()
+    if spec in eps:
+        try:
+            obj = eps[spec].load()
+        except Exception as exc:
+            raise KernelLoadError(f"entry point {spec!r} failed to load: {type(exc).__name__}: {exc}") from exc
+        loaded = load_kernel(obj)
+        return LoadedKernel(spec, loaded.fn, loaded.recipe, "entry-point", loaded.description)
+    known = ", ".join(sorted(builtins) + sorted(eps))
+    raise KernelLoadError(f"unknown kernel {spec!r}; built-in and registered kernels: {known}; or use module:function or file.py:function")
