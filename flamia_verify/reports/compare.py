@@ -46,7 +46,7 @@ from rich.text import Text
 from flamia_verify.errors import ConfigError
 from flamia_verify.reports.metrics import as_number, format_value, higher_is_better
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.wording import STATUS_MARK
+from flamia_verify.reports.wording import STATUS_MARK, printable
 
 __all__ = [
     "DEFAULT_FACTOR",
@@ -211,7 +211,8 @@ def compare_reports(
 
 
 def _run_label(report: Report) -> Text:
-    return Text.assemble(report.kernel, (f" ({report.recipe}, {report.suite}, seed {report.seed})", "dim"))
+    return Text.assemble(printable(report.kernel),
+                         (printable(f" ({report.recipe}, {report.suite}, seed {report.seed})"), "dim"))
 
 
 def _changes_table(title: str, changes: list[Change], style: str) -> Table:
@@ -223,10 +224,10 @@ def _changes_table(title: str, changes: list[Change], style: str) -> Table:
     table.add_column("Change", overflow="fold")
     for c in changes:
         if c.kind == "status":
-            table.add_row(Text(c.check), Text("status"), Text(STATUS_MARK.get(c.base, str(c.base))),
+            table.add_row(Text(printable(c.check)), Text("status"), Text(STATUS_MARK.get(c.base, str(c.base))),
                           Text(STATUS_MARK.get(c.new, str(c.new)), style), Text(""))
         else:
-            table.add_row(Text(c.check), Text(c.metric or ""), Text(format_value(c.base)),
+            table.add_row(Text(printable(c.check)), Text(printable(c.metric or "")), Text(format_value(c.base)),
                           Text(format_value(c.new), style), Text(c.change_text()))
     return table
 
@@ -236,19 +237,19 @@ def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
     console = console or Console()
     console.print(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
     for note in cmp.context_notes:
-        console.print(Text.assemble(("note: ", "yellow"), note, ("; metrics come from different cases", "dim")))
+        console.print(Text.assemble(("note: ", "yellow"), printable(note), ("; metrics come from different cases", "dim")))
     if cmp.regressions:
         console.print(_changes_table(f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red"))
     if cmp.improvements:
         console.print(_changes_table(f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green"))
     for change in cmp.status_notes:
-        console.print(Text.assemble(("status change (does not gate): ", "yellow"), change.describe()))
+        console.print(Text.assemble(("status change (does not gate): ", "yellow"), printable(change.describe())))
     if cmp.new_checks:
         statuses = {c.name: c.status for c in cmp.new.checks}
         items = ", ".join(f"{n} ({STATUS_MARK.get(statuses[n], statuses[n])})" for n in cmp.new_checks)
-        console.print(Text.assemble(("new checks: ", "cyan"), items))
+        console.print(Text.assemble(("new checks: ", "cyan"), printable(items)))
     if cmp.removed_checks:
-        console.print(Text.assemble(("removed checks: ", "yellow"), ", ".join(cmp.removed_checks)))
+        console.print(Text.assemble(("removed checks: ", "yellow"), printable(", ".join(cmp.removed_checks))))
     if cmp.regressions:
         n = len(cmp.regressions)
         console.print(Text.assemble(("REGRESSED", "bold red"),

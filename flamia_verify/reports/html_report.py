@@ -28,7 +28,7 @@ from flamia_verify.reports.metrics import (
 )
 from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.plots import PLOT_KINDS, PlotSpecError, plots_of, render_plot_svg
-from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, rerun_command, verdict
+from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, printable, rerun_command, verdict
 
 __all__ = ["render_html"]
 
@@ -88,7 +88,7 @@ footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
 
 def _e(value: Any) -> str:
     """Escape any value for HTML text or a quoted attribute."""
-    return html.escape(value if isinstance(value, str) else str(value), quote=True)
+    return html.escape(printable(value), quote=True)
 
 
 def _anchors(report: Report) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from flamia_verify.reports.metrics import format_value, higher_is_better, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, rerun_command, verdict
+from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, printable, rerun_command, verdict
 
 __all__ = ["md_escape", "render_markdown"]
 
@@ -33,15 +33,14 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
 
 def md_escape(value: Any) -> str:
     """One line of literal text for Markdown: HTML-escaped, Markdown punctuation backslash-escaped,
-    line breaks folded to spaces."""
-    text = value if isinstance(value, str) else str(value)
-    text = " ".join(text.split())
+    line breaks folded to spaces, control characters made visible."""
+    text = " ".join(printable(value).split())
     text = html.escape(text, quote=False)
     return _MD_SPECIAL.sub(r"\\\1", text)
 
 
 def _html_line(value: Any) -> str:
-    return html.escape(" ".join(str(value).split()), quote=False)
+    return html.escape(" ".join(printable(value).split()), quote=False)
 
 
 def _marker(status: str) -> str:

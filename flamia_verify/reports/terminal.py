@@ -2,7 +2,8 @@
 
 One row per check: name, status (coloured), key metric, its value and threshold (key metric rule in
 `flamia_verify.reports.metrics`), and the message. Every string is placed as a `rich.text.Text`, never
-parsed as console markup, so a kernel or message holding ``[bold]`` prints literally. The `Console` is
+parsed as console markup, so a kernel or message holding ``[bold]`` prints literally, and control
+characters (terminal escape codes) are shown as ``\\x1b``-style text. The `Console` is
 injectable: tests pass ``Console(file=StringIO(), width=...)``.
 """
 
@@ -14,7 +15,7 @@ from rich.text import Text
 
 from flamia_verify.reports.metrics import format_value, key_metric
 from flamia_verify.reports.model import Report
-from flamia_verify.reports.wording import STATUS_MARK, counts_line, verdict
+from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, verdict
 
 __all__ = ["STATUS_STYLE", "render_terminal"]
 
@@ -26,8 +27,8 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
     """Print the summary table and the verdict of `report` to `console` (a new stdout console if None)."""
     console = console or Console()
     title = Text.assemble(
-        "flamia-verify  ", ("kernel ", "dim"), report.kernel, ("  recipe ", "dim"), report.recipe,
-        ("  suite ", "dim"), report.suite, ("  seed ", "dim"), str(report.seed),
+        "flamia-verify  ", ("kernel ", "dim"), printable(report.kernel), ("  recipe ", "dim"),
+        printable(report.recipe), ("  suite ", "dim"), printable(report.suite), ("  seed ", "dim"), str(report.seed),
     )
     table = Table(title=title, title_justify="left", expand=False, show_lines=False, header_style="bold")
     table.add_column("Check", no_wrap=True)
@@ -41,21 +42,21 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
         if key is None:
             label, value, threshold = Text("—", "dim"), Text("—", "dim"), Text("—", "dim")
         else:
-            label = Text(key.label)
+            label = Text(printable(key.label))
             value_style = {True: "green", False: "red"}.get(key.within, "")
             value = Text(format_value(key.value), value_style)
             threshold = Text(format_value(key.threshold)) if key.threshold is not None else Text("—", "dim")
         table.add_row(
-            Text(check.name),
+            Text(printable(check.name)),
             Text(STATUS_MARK.get(check.status, check.status.upper()), STATUS_STYLE.get(check.status, "")),
             label,
             value,
             threshold,
-            Text(check.message or ""),
+            Text(printable(check.message or "")),
         )
     console.print(table)
     word = verdict(report)
     console.print(Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report)))
     failed = [c.name for c in report.checks if c.status in ("fail", "error")]
     if failed:
-        console.print(Text.assemble(("failed: ", "dim"), ", ".join(failed)))
+        console.print(Text.assemble(("failed: ", "dim"), printable(", ".join(failed))))

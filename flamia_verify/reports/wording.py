@@ -5,15 +5,27 @@ Keeping these in one place makes the terminal, Markdown, HTML and JUnit reports 
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 from flamia_verify.reports.model import CheckResult, Report
 
-__all__ = ["CHECK_SUITES", "STATUS_MARK", "case_seed", "counts_line", "rerun_command", "verdict"]
+__all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "verdict"]
 
 #: Emoji-free markers of a check's status, for every renderer.
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
+
+
+# C0 controls except tab and newline, DEL and C1 controls: terminal escapes, NUL, carriage returns.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(value: object) -> str:
+    """`value` as text with control characters written as visible ``\\x1b``-style escapes, so that a
+    message carrying terminal colour codes or a carriage return cannot rewrite what a reader sees."""
+    text = value if isinstance(value, str) else str(value)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
 
 
 def verdict(report: Report) -> str:
