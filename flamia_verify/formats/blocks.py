@@ -16,7 +16,7 @@ form one more segment of their own::
                  doc 0     ^short       doc 1       padding
 
 ``block_index`` (int64, one entry per position along ``axis``) maps positions to blocks; block
-amaxes are a ``scatter_reduce`` over it, scales go back to positions with ``index_select``.
+amaxes are a ``scatter_reduce`` over it, scales go back to positions with ``gather``.
 
 MX (OCP Microscaling v1.0), scale exponents
 --------------------------------------------
@@ -26,9 +26,11 @@ amax to bf16. With ``max_elem = c * 2^emax`` (c = 1.75 for E4M3/E5M2, 1.5 for E2
 
 - FLOOR: ``floor(log2 amax) - emax = E - emax``.
 - RCEIL: ``ceil(log2(amax / max_elem)) = E - emax + (m > c)``, since ``m / c`` lies in (1/2, 2).
-  This equals NVIDIA's fp32 ``amax / max_elem`` followed by ``cvt.rp.ue8m0``: no fp32 amax has
-  a quotient that rounds down onto a power of two (the gap between fp32 values near
-  ``max_elem * 2^k`` is wider than the rounding interval), so the two never differ.
+  This equals NVIDIA's fp32 ``amax / max_elem`` followed by ``cvt.rp.ue8m0`` whenever that
+  quotient is a normal fp32 number: no fp32 amax has a quotient that rounds down onto a power
+  of two (the gap between fp32 values near ``max_elem * 2^k`` is wider than the rounding
+  interval). Below ``max_elem * 2^-126`` the fp32 quotient is subnormal and can round down onto
+  2^-127, where the exact rule gives 2^-126 (bytes 0 vs 1): the exact rule is kept.
 
 Exponents are clamped to E8M0's [-127, 127] (bytes 0..254). Special blocks:
 
@@ -41,7 +43,9 @@ Exponents are clamped to E8M0's [-127, 127] (bytes 0..254). Special blocks:
 Elements are ``round_to_format(x / X, elem, saturate=True)``: ``x / X`` divides by a power of two
 (exact), then one RNE rounding with saturation to +-max_elem (under FLOOR the largest elements of
 a block land in [max_elem, 2^(emax+1)) and saturate; under RCEIL nothing saturates).
-``MXTensor.dequantize()`` is ``data * X``, exact.
+``MXTensor.dequantize()`` is ``data * X``, exact whenever the value is an fp32 number. One MX
+value is not: under RCEIL an amax within half an element ulp of 2^128 (fp32 max is
+``2^128 (1 - 2^-24)``) rounds up to ``256 * 2^120 = 2^128``, which dequantizes to +-Inf.
 
 NVFP4
 -----
@@ -206,8 +210,13 @@ def _block_amax(a: torch.Tensor, axis: int, block_index: torch.Tensor, nblocks: 
 
 
 def _to_positions(per_block: torch.Tensor, axis: int, block_index: torch.Tensor) -> torch.Tensor:
-    """Broadcast per-block values back to every position along ``axis``."""
-    return per_block.index_select(axis, block_index)
+    """Broadcast per-block values back to every position along ``axis`` (a gather; much faster
+    than index_select along an inner axis)."""
+    shape = list(per_block.shape)
+    shape[axis] = block_index.numel()
+    view = [1] * per_block.dim()
+    view[axis] = block_index.numel()
+    return per_block.gather(axis, block_index.view(view).expand(shape))
 
 
 def mx_scale_exponent(amax: torch.Tensor, elem: ElementFormat, rule: ScaleRule) -> torch.Tensor:

@@ -6,12 +6,13 @@ casts, so that those casts (and ml_dtypes) stay independent oracles for the test
 How `round_to_format` rounds, and why it is exact
 -------------------------------------------------
 For an input of magnitude ``a`` the format's grid spacing ("quantum") at ``a`` is
-``q = 2^(max(floor(log2 a), emin) - man_bits)``. ``a / q`` divides by a power of two, which is
+``q = 2^(max(floor(log2 a), emin) - man_bits)``. ``x / q`` divides by a power of two, which is
 exact in binary floating point; ``torch.round`` rounds it to the nearest integer with ties to
 even; multiplying back by ``q`` is exact again. So the only rounding that happens is the one we
 want, done once, on the exact input value: there is no double rounding. Inputs of 32 bits or fewer
-(bf16, fp16, fp32) are computed in float32, float64 inputs in float64. ``floor(log2 a)`` comes
-from ``frexp`` (exact for normal and subnormal inputs) and ``q`` is built from its bit pattern.
+(bf16, fp16, fp32) are computed in float32, float64 inputs in float64. ``2^floor(log2 a)`` is the
+input's own exponent field (a bit mask); inputs below the format's smallest normal, fp32
+subnormals included, use ``2^emin``.
 
 Overflow
 --------
@@ -162,6 +163,17 @@ def floor_log2(a: torch.Tensor) -> torch.Tensor:
     return torch.frexp(a)[1] - 1
 
 
+# bit masks of the exponent field: (bits & mask) is 2^floor(log2 |x|) for normal x, 0 for
+# subnormal x and zero, Inf for Inf and NaN (the sign bit is masked off)
+_EXPONENT_MASK = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
+
+
+def binade(x: torch.Tensor) -> torch.Tensor:
+    """2^floor(log2 |x|) for normal float32/float64 x (0 for subnormals and zeros), exact."""
+    int_dtype, mask = _EXPONENT_MASK[x.dtype]
+    return (x.view(int_dtype) & mask).view(x.dtype)
+
+
 def round_to_format(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = True) -> torch.Tensor:
     """Round ``x`` to the nearest value of ``fmt`` (ties to even); float32 result, same shape.
 
@@ -169,23 +181,19 @@ def round_to_format(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = Tru
     (see the module docstring). Overflow: see the module docstring (``saturate``).
     """
     _check_float(x, "x")
-    work = _work_dtype(x)
-    xw = x.to(work)
-    a = xw.abs()
+    xw = x.to(_work_dtype(x))
     saturating = saturate or not (fmt.has_inf or fmt.has_nan)
     if saturating:
-        a = a.clamp(max=fmt.max_finite)  # NaN passes through clamp unchanged
-    e = floor_log2(a).clamp_(min=fmt.emin)  # zero/NaN/Inf give e = emin or so: harmless below
-    q = pow2(e - fmt.man_bits, work)
-    r = torch.round(a / q) * q
+        xw = xw.clamp(-fmt.max_finite, fmt.max_finite)  # NaN passes through clamp unchanged
+    # quantum q = 2^(max(floor(log2 |x|), emin) - man_bits); x / q and r * q are exact
+    q = binade(xw).clamp_(min=math.ldexp(1.0, fmt.emin)).mul_(math.ldexp(1.0, -fmt.man_bits))
+    r = torch.round(xw / q).mul_(q)  # torch.round: ties to even; the sign of zero is kept
     if not saturating:
+        r = torch.where(torch.isinf(xw), xw, r)  # Inf / Inf gave NaN above
         overflow_value = math.inf if fmt.has_inf else math.nan
-        r = torch.where(r > fmt.max_finite, torch.full_like(r, overflow_value), r)
-    if fmt.signed:
-        r = torch.copysign(r, xw)
-    else:
-        negative = xw < 0
-        r = torch.where(negative, torch.full_like(r, 0.0 if saturate else math.nan), r)
+        r = torch.where(r.abs() > fmt.max_finite, torch.copysign(torch.full_like(r, overflow_value), xw), r)
+    if not fmt.signed:
+        r = torch.where(xw < 0, torch.full_like(r, 0.0 if saturate else math.nan), r)
         r = r + 0.0  # -0.0 + 0.0 = +0.0: no sign bit
     return r.to(torch.float32)
 
