@@ -1,0 +1,88 @@
+"""The Python API mirror of the command line, for notebooks and pytest.
+
+    >>> import flamia_verify
+    >>> report = flamia_verify.check("flamia-mxfp8", suite="quick")
+    >>> report.passed, [c.name for c in report.checks if c.status == "fail"]
+
+    # in a test suite, for your own kernel:
+    >>> report = flamia_verify.check(my_varlen_attention, recipe="mxfp8", only=["causal", "isolation"])
+    >>> assert report.passed, report.summary()["failed_checks"]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from flamia_verify.errors import ConfigError
+
+__all__ = ["check", "fuzz", "resolve_device", "resolve_dtype"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` picks CUDA when a GPU is present, else the CPU; asking for an absent CUDA is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu or auto")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be auto, cpu or cuda, got {device!r}")
+    return device
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ConfigError(f"dtype must be bf16 or fp16, got {dtype}")
+        return dtype
+    try:
+        return _DTYPES[str(dtype)]
+    except KeyError:
+        raise ConfigError(f"dtype must be bf16 or fp16, got {dtype!r}") from None
+
+
+def check(
+    kernel="flamia-mxfp8",
+    *,
+    recipe: str | None = None,
+    suite: str = "quick",
+    device: str = "auto",
+    dtype="bf16",
+    seed: int = 0,
+    only: list[str] | None = None,
+    thresholds: dict | None = None,
+    case_timeout_s: float | None = None,
+    out: str | Path | None = None,
+):
+    """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
+
+    Returns a :class:`flamia_verify.Report`; with ``out`` the reports are also written there.
+    """
+    from flamia_verify.properties import run_checks
+
+    report = run_checks(
+        kernel,
+        recipe=recipe,
+        suite=suite,
+        device=resolve_device(device),
+        dtype=resolve_dtype(dtype),
+        seed=seed,
+        only=only,
+        thresholds=thresholds,
+        case_timeout_s=case_timeout_s,
+    )
+    if out is not None:
+        from flamia_verify.reports import write_reports
+
+        write_reports(report, Path(out))
+    return report
+
+
+def fuzz(kernel, *, recipe: str | None = None, examples: int = 100, seed: int = 0, device: str = "auto", dtype="bf16"):
+    """Fuzz ``kernel`` over odd variable-length packings; returns a FuzzResult with a reproducer on failure."""
+    from flamia_verify.properties import fuzz as _fuzz
+
+    return _fuzz(kernel, recipe=recipe, examples=examples, seed=seed, device=resolve_device(device), dtype=resolve_dtype(dtype))

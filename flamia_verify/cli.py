@@ -1,0 +1,337 @@
+"""The ``flamia-verify`` command.
+
+    flamia-verify check  [--kernel SPEC] [--recipe NAME] [--suite quick|standard|full] [--device auto|cpu|cuda]
+                         [--dtype bf16|fp16] [--seed N] [--out DIR] [--config FILE] [--only FAMILY ...]
+    flamia-verify fuzz   --kernel SPEC [--recipe NAME] [--examples N] [--seed N] [--out DIR] [--replay CASE.json]
+    flamia-verify bench  [--kernel SPEC ...] [--device cuda]
+    flamia-verify compare BASE.json NEW.json
+    flamia-verify report REPORT.json [--html FILE] [--md FILE]
+    flamia-verify list
+
+Exit codes: 0 every check passed; 1 at least one check failed; 2 bad usage or configuration;
+3 the kernel could not be loaded or crashed. Errors print one line to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from flamia_verify import __version__
+from flamia_verify.errors import (
+    ConfigError,
+    FlamiaVerifyError,
+    KernelCrashError,
+    KernelLoadError,
+    UsageError,
+)
+
+__all__ = ["main", "build_parser"]
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_KERNEL = 0, 1, 2, 3
+DEFAULT_KERNEL = "flamia-mxfp8"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit 2
+        self.exit(EXIT_USAGE, f"flamia-verify: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="flamia-verify", description="Verify low-precision attention kernels against a float64 reference.")
+    p.add_argument("--version", action="version", version=f"flamia-verify {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    c = sub.add_parser("check", help="run the checks on a kernel and write reports")
+    c.add_argument("--kernel", help=f"built-in name, module:function or file.py:function (default {DEFAULT_KERNEL})")
+    c.add_argument("--recipe", help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4)")
+    c.add_argument("--suite", choices=("quick", "standard", "full"))
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    c.add_argument("--dtype", choices=("bf16", "fp16"))
+    c.add_argument("--seed", type=int)
+    c.add_argument("--out", help="directory for report.json, report.md, report.html, junit.xml (default ./flamia-report)")
+    c.add_argument("--config", help="TOML file with [tool.flamia-verify] settings and thresholds")
+    c.add_argument("--only", nargs="+", metavar="FAMILY", help="only these families or checks (e.g. causal isolation)")
+
+    f = sub.add_parser("fuzz", help="fuzz a kernel over odd variable-length packings")
+    f.add_argument("--kernel", required=True)
+    f.add_argument("--recipe")
+    f.add_argument("--examples", type=int, default=100)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--out", default="flamia-report")
+    f.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    f.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    f.add_argument("--replay", metavar="CASE.json", help="rerun one reproducer written by an earlier fuzz run")
+
+    b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
+    b.add_argument("--kernel", nargs="+", default=None)
+    b.add_argument("--device", choices=("cuda",), default="cuda")
+
+    cmp_ = sub.add_parser("compare", help="regression gate between two report.json files")
+    cmp_.add_argument("base")
+    cmp_.add_argument("new")
+    cmp_.add_argument("--factor", type=float, default=None, help="a metric worse by more than this factor regresses (default 1.5)")
+    cmp_.add_argument("--config")
+
+    r = sub.add_parser("report", help="render a report.json again")
+    r.add_argument("report")
+    r.add_argument("--html")
+    r.add_argument("--md")
+
+    sub.add_parser("list", help="built-in kernels, recipes and checks")
+    return p
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"flamia-verify: {message}\n")
+    return code
+
+
+def _cmd_check(args) -> int:
+    from flamia_verify.api import resolve_device, resolve_dtype
+    from flamia_verify.config import load_config
+    from flamia_verify.kernels import load_kernel
+    from flamia_verify.properties import list_checks, run_checks
+    from flamia_verify.reports import render_terminal, write_reports
+    from flamia_verify.reports.model import Report
+
+    cfg = load_config(args.config)
+    spec = args.kernel or cfg.kernel or DEFAULT_KERNEL
+    recipe = args.recipe or cfg.recipe
+    suite = args.suite or cfg.suite
+    device = resolve_device(args.device or cfg.device)
+    dtype = resolve_dtype(args.dtype or cfg.dtype)
+    seed = args.seed if args.seed is not None else cfg.seed
+    out = Path(args.out or cfg.out)
+    only = args.only or cfg.only
+    kernel = load_kernel(spec)
+
+    console = _console()
+    finished = []
+    partial = Report(kernel=kernel.name, recipe=recipe or kernel.recipe or "?", suite=suite, seed=seed)
+
+    def on_result(result):
+        finished.append(result)
+        partial.checks = list(finished)
+        write_reports(partial, out)
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    total_checks = None
+    try:
+        total_checks = len([c for c in list_checks(suite)])
+    except Exception:  # the list is only used for the progress bar
+        total_checks = None
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} checks"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    task = progress.add_task(f"{kernel.name}: starting", total=total_checks or 1)
+
+    def on_progress(event):
+        name = getattr(event, "check", None) or getattr(event, "name", "")
+        index = getattr(event, "index", 0) or 0
+        total = getattr(event, "total", None) or total_checks or 1
+        frac = getattr(event, "fraction", 0.0) or 0.0
+        progress.update(task, description=f"{kernel.name}: {name}", completed=min(index + frac, total), total=total)
+
+    started = time.monotonic()
+    try:
+        with progress:
+            report = run_checks(
+                kernel,
+                recipe=recipe,
+                suite=suite,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                only=only,
+                thresholds=cfg.thresholds or None,
+                on_progress=on_progress,
+                on_result=on_result,
+                case_timeout_s=cfg.case_timeout_s,
+            )
+    except KernelCrashError as exc:
+        if finished:
+            write_reports(partial, out)
+        return _fail(f"kernel {kernel.name!r} crashed: {exc} (finished checks written to {out})", EXIT_KERNEL)
+    paths = write_reports(report, out)
+    render_terminal(report, console)
+    console.print(f"checked in {time.monotonic() - started:.1f} s; reports:")
+    for kind, path in paths.items():
+        console.print(f"  {kind:<6} {path}")
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _cmd_fuzz(args) -> int:
+    from flamia_verify.api import resolve_device, resolve_dtype
+    from flamia_verify.kernels import load_kernel
+    from flamia_verify.properties import fuzz, replay_case
+    from flamia_verify.reports import render_terminal, write_reports
+    from flamia_verify.reports.model import Report
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype)
+    kernel = load_kernel(args.kernel)
+    console = _console()
+    out = Path(args.out)
+    if args.replay:
+        try:
+            case = json.loads(Path(args.replay).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"replay file {args.replay!r} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"replay file {args.replay!r} is not JSON: {exc}") from None
+        if not isinstance(case, dict):
+            raise UsageError(f"replay file {args.replay!r} must hold one JSON object (a fuzz reproducer)")
+        result = replay_case(kernel, case, recipe=args.recipe, device=device)
+        report = Report(kernel=kernel.name, recipe=args.recipe or kernel.recipe or "?", suite="fuzz-replay",
+                        seed=int(case.get("seed", 0)), checks=[result])
+        write_reports(report, out)
+        render_terminal(report, console)
+        return EXIT_PASS if report.passed else EXIT_FAIL
+    if args.examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    result = fuzz(kernel, recipe=args.recipe, examples=args.examples, seed=args.seed, device=device, dtype=dtype)
+    paths = write_reports(result.report, out)
+    render_terminal(result.report, console)
+    if getattr(result, "reproducer", None):
+        case_path = out / "fuzz-case.json"
+        tmp = case_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result.reproducer, indent=2, sort_keys=True))
+        tmp.replace(case_path)
+        console.print(f"minimal failing case: {case_path}")
+        console.print(f"rerun it with: flamia-verify fuzz --kernel {args.kernel} --replay {case_path}")
+    for kind, path in paths.items():
+        console.print(f"  {kind:<6} {path}")
+    return EXIT_PASS if result.report.passed else EXIT_FAIL
+
+
+def _cmd_bench(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("bench measures GPU speed and needs a CUDA device; none is available here")
+    from rich.table import Table
+
+    from flamia_verify.kernels.triton.bench import bench_table
+
+    kernels = args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
+    rows = bench_table(kernels, device=args.device)
+    table = Table(title="attention speed (TFLOP/s; ratio to the fastest BF16 baseline)")
+    if rows:
+        for col in rows[0]:
+            table.add_column(str(col))
+        for row in rows:
+            table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()])
+    _console().print(table)
+    return EXIT_PASS
+
+
+def _cmd_compare(args) -> int:
+    from flamia_verify.config import load_config
+    from flamia_verify.reports import compare_reports, load_report, render_comparison
+
+    cfg = load_config(args.config)
+    factor = args.factor if args.factor is not None else cfg.compare_factor
+    if factor <= 1.0:
+        raise UsageError(f"--factor must be greater than 1, got {factor}")
+    base, new = load_report(args.base), load_report(args.new)
+    cmp = compare_reports(base, new, factor=factor)
+    render_comparison(cmp, _console())
+    return cmp.exit_code
+
+
+def _cmd_report(args) -> int:
+    from flamia_verify.reports import load_report, render_html, render_markdown, render_terminal
+    from flamia_verify.reports.store import atomic_write_text
+
+    report = load_report(args.report)
+    if not args.html and not args.md:
+        render_terminal(report, _console())
+    if args.html:
+        atomic_write_text(Path(args.html), render_html(report))
+    if args.md:
+        atomic_write_text(Path(args.md), render_markdown(report))
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _cmd_list(args) -> int:
+    from rich.table import Table
+
+    from flamia_verify.kernels import RECIPES, builtin_kernels
+    from flamia_verify.kernels.registry import _entry_point_kernels
+    from flamia_verify.properties import list_checks
+
+    console = _console()
+    t = Table(title="kernels")
+    for col in ("name", "recipe", "source", "description"):
+        t.add_column(col)
+    for name, k in builtin_kernels().items():
+        t.add_row(name, k.recipe or "", "built-in", k.description)
+    for name in sorted(_entry_point_kernels()):
+        t.add_row(name, "", "entry point", "")
+    console.print(t)
+    r = Table(title="recipes")
+    r.add_column("name")
+    r.add_column("description")
+    for name, rec in RECIPES.items():
+        r.add_row(name, rec.description)
+    console.print(r)
+    c = Table(title="checks (suite: full)")
+    for col in ("check", "suites", "question"):
+        c.add_column(col)
+    for spec in list_checks("full"):
+        c.add_row(spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description)
+    console.print(c)
+    return EXIT_PASS
+
+
+_COMMANDS = {
+    "check": _cmd_check,
+    "fuzz": _cmd_fuzz,
+    "bench": _cmd_bench,
+    "compare": _cmd_compare,
+    "report": _cmd_report,
+    "list": _cmd_list,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _COMMANDS[args.command](args)
+    except KernelLoadError as exc:
+        return _fail(str(exc), EXIT_KERNEL)
+    except KernelCrashError as exc:
+        return _fail(f"kernel crashed: {exc}", EXIT_KERNEL)
+    except FlamiaVerifyError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

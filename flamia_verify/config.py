@@ -1,0 +1,131 @@
+"""Configuration: ``[tool.flamia-verify]`` in pyproject.toml or a TOML file given with ``--config``.
+
+    [tool.flamia-verify]
+    kernel = "mypkg.attn:flash_varlen"   # kernel spec (command-line --kernel wins)
+    recipe = "mxfp8"
+    suite = "standard"                   # quick | standard | full
+    device = "auto"                      # auto | cpu | cuda
+    dtype = "bf16"                       # bf16 | fp16
+    seed = 0
+    out = "flamia-report"
+    only = ["causal", "isolation"]       # families or check names
+    case_timeout_s = 300                 # a kernel call running longer is stopped and reported as an error
+    compare_factor = 1.5                 # `compare`: a metric worse by more than this factor regresses
+
+    [tool.flamia-verify.thresholds."error.output"]
+    rel_rmse_max = 0.05
+
+A file given with ``--config`` may hold the same keys either under ``[tool.flamia-verify]`` or at its
+top level. An unknown key or a value of the wrong type is a configuration error (exit 2) that names it.
+Threshold names and values are validated by the check engine against the checks it knows.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flamia_verify.errors import ConfigError
+
+__all__ = ["Config", "load_config", "SUITE_NAMES", "DEVICES", "DTYPES"]
+
+SUITE_NAMES = ("quick", "standard", "full")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("bf16", "fp16")
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "kernel": (str,),
+    "recipe": (str,),
+    "suite": (str,),
+    "device": (str,),
+    "dtype": (str,),
+    "seed": (int,),
+    "out": (str,),
+    "only": (list,),
+    "case_timeout_s": (int, float),
+    "compare_factor": (int, float),
+    "thresholds": (dict,),
+}
+_CHOICES = {"suite": SUITE_NAMES, "device": DEVICES, "dtype": DTYPES}
+
+
+@dataclass
+class Config:
+    kernel: str | None = None
+    recipe: str | None = None
+    suite: str = "quick"
+    device: str = "auto"
+    dtype: str = "bf16"
+    seed: int = 0
+    out: str = "flamia-report"
+    only: list[str] | None = None
+    case_timeout_s: float | None = None
+    compare_factor: float = 1.5
+    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str | None = None  # the file the values came from, for messages
+
+
+def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in _TYPES:
+            raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(_TYPES))}")
+        types = _TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            want = " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise ConfigError(f"{where}: {key} = {value!r} is not one of {', '.join(_CHOICES[key])}")
+        if key == "only" and not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: only must be a list of family or check names, got {value!r}")
+        if key in ("case_timeout_s", "compare_factor") and value <= 0:
+            raise ConfigError(f"{where}: {key} must be positive, got {value!r}")
+        if key == "thresholds":
+            for check, values in value.items():
+                if not isinstance(values, dict):
+                    raise ConfigError(f"{where}: thresholds.{check} must be a table of threshold = number")
+                for name, v in values.items():
+                    if isinstance(v, bool) or not isinstance(v, (int, float)):
+                        raise ConfigError(f"{where}: thresholds.{check}.{name} must be a number, got {v!r}")
+        out[key] = value
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+
+
+def load_config(path: str | Path | None = None, *, search_dir: str | Path = ".") -> Config:
+    """Read ``path`` (``--config``) or, without one, ``pyproject.toml`` in ``search_dir`` if it has our table."""
+    if path is not None:
+        path = Path(path)
+        data = _read_toml(path)
+        table = data.get("tool", {}).get("flamia-verify") if isinstance(data.get("tool"), dict) else None
+        if table is None:
+            table = data
+        where = str(path)
+    else:
+        candidate = Path(search_dir) / "pyproject.toml"
+        if not candidate.is_file():
+            return Config()
+        data = _read_toml(candidate)
+        table = data.get("tool", {}).get("flamia-verify")
+        if table is None:
+            return Config()
+        where = f"{candidate} [tool.flamia-verify]"
+        path = candidate
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table of settings")
+    values = _validate(table, where)
+    cfg = Config(source=str(path), **values)
+    return cfg
