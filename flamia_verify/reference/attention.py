@@ -18,8 +18,8 @@ memory is linear in sequence length: the only quadratic object is one
           q2 [ x  . ]
           q3 [ x  x ]
 
-Reproducibility by construction: each document is copied into freshly allocated float64
-tensors, and chunk boundaries are counted from the document's first query, so a document
+Reproducibility by construction: each document's keys, values and each chunk of its query
+rows are converted into freshly allocated float64 tensors, and chunk boundaries are counted from the document's first query, so a document
 gives bitwise the same out, lse and gradients whether it is alone or packed among others at
 any offset (same shapes, same alignment, same operation sequence into the BLAS).
 """
@@ -127,11 +127,6 @@ def _check_like(name: str, t, shape: tuple[int, ...]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _f64_copy(t: torch.Tensor) -> torch.Tensor:
-    """An exact float64 copy in fresh contiguous memory (never a view of the caller's tensor)."""
-    return t.to(dtype=torch.float64, memory_format=torch.contiguous_format, copy=True)
-
-
 @dataclass(frozen=True)
 class _Doc:
     """Shapes of one document and its query-chunk grid."""
@@ -174,24 +169,33 @@ class _Doc:
         block[..., lo:kend].masked_fill_(~vis, fill)
 
 
-def _heads_first(t: torch.Tensor, nheads_k: int) -> torch.Tensor:
-    """(L, H, D) -> (Hk, G, L, D) view, query head h = hk * G + g."""
-    L, H, D = t.shape
-    return t.view(L, nheads_k, H // nheads_k, D).permute(1, 2, 0, 3)
+# Layouts. Token-major tensors of the convention are (L, H, ...). Inside a document the work is
+# batched over kv heads: keys and values as (Hk, Lk, D), a chunk of c query rows as
+# (Hk, G * c, ...) with row index g * c + r for query head hk * G + g and row r, so one bmm per
+# GEMM serves every query head of a group. Every conversion below writes exact float64 values
+# into freshly allocated memory, never a view of the caller's tensor.
 
 
-def _rows(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
-    """Rows [a, b) of an (Hk, G, L, ...) view as a contiguous (Hk, G * (b - a), ...) tensor."""
-    hk, g = t.shape[0], t.shape[1]
-    return t[:, :, a:b].reshape(hk, g * (b - a), *t.shape[3:]).contiguous()
+def _kv_heads_first(t: torch.Tensor) -> torch.Tensor:
+    """(Lk, Hk, D) any float dtype -> fresh float64 (Hk, Lk, D)."""
+    out = torch.empty(t.shape[1], t.shape[0], t.shape[2], dtype=torch.float64, device=t.device)
+    return out.copy_(t.permute(1, 0, 2))
 
 
-def _to_rows_layout(t: torch.Tensor, nheads: int) -> torch.Tensor:
-    """(Hk, G * c, ...) -> (c, H, ...), inverse of :func:`_rows`."""
+def _chunk_rows(t: torch.Tensor, nheads_k: int) -> torch.Tensor:
+    """(c, H, ...) any float dtype -> fresh float64 (Hk, G * c, ...)."""
+    c, H, rest = t.shape[0], t.shape[1], tuple(t.shape[2:])
+    G = H // nheads_k
+    out = torch.empty(nheads_k, G * c, *rest, dtype=torch.float64, device=t.device)
+    out.view(nheads_k, G, c, *rest).copy_(t.reshape(c, nheads_k, G, *rest).movedim(0, 2))
+    return out
+
+
+def _store_rows(dst: torch.Tensor, t: torch.Tensor) -> None:
+    """Write (Hk, G * c, ...) into the (c, H, ...) destination, inverse of :func:`_chunk_rows`."""
+    c, H = dst.shape[0], dst.shape[1]
     hk = t.shape[0]
-    g = nheads // hk
-    c = t.shape[1] // g
-    return t.view(hk, g, c, *t.shape[2:]).movedim(2, 0).reshape(c, nheads, *t.shape[2:])
+    dst.view(c, hk, H // hk, *dst.shape[2:]).copy_(t.view(hk, H // hk, c, *t.shape[2:]).movedim(2, 0))
 
 
 def _scores_(buf: torch.Tensor, qc: torch.Tensor, kh: torch.Tensor, kend: int, scale: float) -> torch.Tensor:
@@ -203,22 +207,19 @@ def _scores_(buf: torch.Tensor, qc: torch.Tensor, kh: torch.Tensor, kend: int, s
     return s
 
 
-def _doc_forward(q, k, v, doc: _Doc, scale: float):
-    """q: (Lq, H, D), k, v: (Lk, Hk, D) fresh float64 -> out (Lq, H, D), lse (Lq, H)."""
-    H, Hk, G, D = doc.nheads, doc.nheads_k, doc.group, doc.headdim
-    out = torch.zeros(doc.lq, H, D, dtype=torch.float64, device=q.device)
-    lse = torch.full((doc.lq, H), -math.inf, dtype=torch.float64, device=q.device)
-    if doc.lq == 0 or doc.lk == 0:
-        return out, lse
-    qh = _heads_first(q, Hk)
-    kh = k.permute(1, 0, 2).contiguous()  # (Hk, Lk, D)
-    vh = v.permute(1, 0, 2).contiguous()
-    buf = torch.empty(Hk * G * min(doc.chunk, doc.lq) * doc.lk, dtype=torch.float64, device=q.device)
+def _doc_forward(q, k, v, doc: _Doc, scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """One document: q (Lq, H, D), k, v (Lk, Hk, D) in the caller's dtype.
+
+    Writes into out (Lq, H, D) and lse (Lq, H), float64, which arrive as 0 and -inf.
+    """
+    Hk, G = doc.nheads_k, doc.group
+    kh, vh = _kv_heads_first(k), _kv_heads_first(v)
+    buf = torch.empty(Hk * G * min(doc.chunk, doc.lq) * doc.lk, dtype=torch.float64, device=out.device)
     for a, b, kend in doc.chunks():
         if kend == 0:
             continue  # no row of this chunk sees a key
         c = b - a
-        s = _scores_(buf, _rows(qh, a, b), kh, kend, scale)
+        s = _scores_(buf, _chunk_rows(q[a:b], Hk), kh, kend, scale)
         doc.mask_invisible_(s.view(Hk, G, c, kend), a, b, kend, -math.inf)
         m = s.amax(dim=-1, keepdim=True)
         empty = m == -math.inf  # rows that see no key
@@ -226,45 +227,42 @@ def _doc_forward(q, k, v, doc: _Doc, scale: float):
         p = s.sub_(m).exp_()  # exp(S - rowmax); invisible entries exactly 0
         l = p.sum(dim=-1, keepdim=True)
         o = torch.bmm(p, vh[:, :kend]).div_(l).masked_fill_(empty, 0.0)
-        out[a:b] = _to_rows_layout(o, H)
-        lse[a:b] = _to_rows_layout((m + torch.log(l)).squeeze(-1), H)
-    return out, lse
+        _store_rows(out[a:b], o)
+        _store_rows(lse[a:b], (m + torch.log(l)).squeeze(-1))
 
 
-def _doc_backward(dout, q, k, v, out, lse, doc: _Doc, scale: float):
-    """Analytic gradients of one document; all inputs fresh float64. Returns dq, dk, dv."""
-    H, Hk, G, D = doc.nheads, doc.nheads_k, doc.group, doc.headdim
-    dq = torch.zeros(doc.lq, H, D, dtype=torch.float64, device=q.device)
-    dkh = torch.zeros(Hk, doc.lk, D, dtype=torch.float64, device=q.device)
-    dvh = torch.zeros(Hk, doc.lk, D, dtype=torch.float64, device=q.device)
-    if doc.lq > 0 and doc.lk > 0:
-        qh, doh, oh = _heads_first(q, Hk), _heads_first(dout, Hk), _heads_first(out, Hk)
-        lseh = lse.view(doc.lq, Hk, G).permute(1, 2, 0).unsqueeze(-1)  # (Hk, G, Lq, 1)
-        kh = k.permute(1, 0, 2).contiguous()
-        vh = v.permute(1, 0, 2).contiguous()
-        n = Hk * G * min(doc.chunk, doc.lq) * doc.lk
-        buf_p = torch.empty(n, dtype=torch.float64, device=q.device)
-        buf_ds = torch.empty(n, dtype=torch.float64, device=q.device)
-        for a, b, kend in doc.chunks():
-            if kend == 0:
-                continue
-            c = b - a
-            qc, doc_c = _rows(qh, a, b), _rows(doh, a, b)
-            lse_c = _rows(lseh, a, b)  # (Hk, G * c, 1)
-            # A row that saw no key has lse = -inf and must get P = 0: exp(S - (+inf)) = 0.
-            lse_c.masked_fill_(lse_c == -math.inf, math.inf)
-            s = _scores_(buf_p, qc, kh, kend, scale)
-            doc.mask_invisible_(s.view(Hk, G, c, kend), a, b, kend, -math.inf)
-            p = s.sub_(lse_c).exp_()  # P = exp(S - lse)
-            dvh[:, :kend].baddbmm_(p.transpose(1, 2), doc_c)  # dV += P^T dO
-            dp = buf_ds[: p.numel()].view_as(p)
-            torch.bmm(doc_c, vh[:, :kend].transpose(1, 2), out=dp)  # dP = dO V^T
-            delta = (doc_c * _rows(oh, a, b)).sum(dim=-1, keepdim=True)  # D = rowsum(dO * O)
-            ds = dp.sub_(delta).mul_(p)  # dS = P * (dP - D)
-            dq[a:b] = _to_rows_layout(torch.bmm(ds, kh[:, :kend]).mul_(scale), H)  # dQ = scale dS K
-            dkh[:, :kend].baddbmm_(ds.transpose(1, 2), qc)  # dK += dS^T Q  (scale applied once below)
-        dkh.mul_(scale)
-    return dq, dkh.permute(1, 0, 2), dvh.permute(1, 0, 2)
+def _doc_backward(dout, q, k, v, out, lse, doc: _Doc, scale: float, dq, dk, dv) -> None:
+    """Analytic gradients of one document (inputs in the caller's dtypes).
+
+    Writes dq (Lq, H, D), dk, dv (Lk, Hk, D), float64, which arrive as 0.
+    """
+    Hk, G = doc.nheads_k, doc.group
+    kh, vh = _kv_heads_first(k), _kv_heads_first(v)
+    dkh = torch.zeros_like(kh)
+    dvh = torch.zeros_like(vh)
+    n = Hk * G * min(doc.chunk, doc.lq) * doc.lk
+    buf_p = torch.empty(n, dtype=torch.float64, device=dq.device)
+    buf_ds = torch.empty(n, dtype=torch.float64, device=dq.device)
+    for a, b, kend in doc.chunks():
+        if kend == 0:
+            continue
+        c = b - a
+        qc, doc_c = _chunk_rows(q[a:b], Hk), _chunk_rows(dout[a:b], Hk)
+        lse_c = _chunk_rows(lse[a:b], Hk).unsqueeze(-1)  # (Hk, G * c, 1)
+        # A row that saw no key has lse = -inf and must get P = 0: exp(S - (+inf)) = 0.
+        lse_c.masked_fill_(lse_c == -math.inf, math.inf)
+        s = _scores_(buf_p, qc, kh, kend, scale)
+        doc.mask_invisible_(s.view(Hk, G, c, kend), a, b, kend, -math.inf)
+        p = s.sub_(lse_c).exp_()  # P = exp(S - lse)
+        dvh[:, :kend].baddbmm_(p.transpose(1, 2), doc_c)  # dV += P^T dO
+        dp = buf_ds[: p.numel()].view_as(p)
+        torch.bmm(doc_c, vh[:, :kend].transpose(1, 2), out=dp)  # dP = dO V^T
+        delta = (doc_c * _chunk_rows(out[a:b], Hk)).sum(dim=-1, keepdim=True)  # D = rowsum(dO * O)
+        ds = dp.sub_(delta).mul_(p)  # dS = P * (dP - D)
+        _store_rows(dq[a:b], torch.bmm(ds, kh[:, :kend]).mul_(scale))  # dQ = scale dS K
+        dkh[:, :kend].baddbmm_(ds.transpose(1, 2), qc)  # dK += dS^T Q  (scale applied once below)
+    dk.copy_(dkh.mul_(scale).permute(1, 0, 2))
+    dv.copy_(dvh.permute(1, 0, 2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,11 +309,9 @@ def attention_forward(
     lse = torch.full((q.shape[0], H), -math.inf, dtype=torch.float64, device=q.device)
     with torch.no_grad():
         for qs, qe, ks, ke, doc in _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal, chunk_size):
-            if doc.lq == 0:
-                continue
-            o, l = _doc_forward(_f64_copy(q[qs:qe]), _f64_copy(k[ks:ke]), _f64_copy(v[ks:ke]), doc, scale)
-            out[qs:qe] = o
-            lse[qs:qe] = l
+            if doc.lq == 0 or doc.lk == 0:
+                continue  # out stays 0, lse -inf
+            _doc_forward(q[qs:qe], k[ks:ke], v[ks:ke], doc, scale, out[qs:qe], lse[qs:qe])
     return out, lse
 
 
@@ -357,17 +353,10 @@ def attention_backward(
         for qs, qe, ks, ke, doc in _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal, chunk_size):
             if doc.lq == 0 or doc.lk == 0:
                 continue
-            g = _doc_backward(
-                _f64_copy(dout[qs:qe]),
-                _f64_copy(q[qs:qe]),
-                _f64_copy(k[ks:ke]),
-                _f64_copy(v[ks:ke]),
-                _f64_copy(out[qs:qe]),
-                _f64_copy(lse[qs:qe]),
-                doc,
-                scale,
+            _doc_backward(
+                dout[qs:qe], q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe], lse[qs:qe],
+                doc, scale, dq[qs:qe], dk[ks:ke], dv[ks:ke],
             )
-            dq[qs:qe], dk[ks:ke], dv[ks:ke] = g
     return dq, dk, dv
 
 
