@@ -1,0 +1,208 @@
+"""The command line: exit codes, reports on disk, configuration errors, bad input that loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flamia_verify.cli import main
+from flamia_verify.config import load_config
+from flamia_verify.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD_KERNEL = """
+from flamia_verify.kernels import builtin_kernels
+_k = builtin_kernels()["bf16"]
+def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
+    return _k(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=softmax_scale, causal=causal)
+"""
+
+LEAKY_KERNEL = """
+from flamia_verify.kernels import builtin_kernels
+_k = builtin_kernels()["fp8-tensor"]
+def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
+    return _k(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=softmax_scale, causal=causal)
+"""
+
+CRASHING_KERNEL = """
+def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_no_command_is_usage_error(capsys):
+    code, _, err = run_cli([], capsys)
+    assert code == 2 and "usage" in err.lower()
+
+
+def test_bad_option_is_exit_2_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--suite", "huge"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "huge" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_kernel_is_exit_3(capsys, tmp_path):
+    code, _, err = run_cli(["check", "--kernel", "no-such-kernel", "--out", tmp_path / "r"], capsys)
+    assert code == 3
+    assert "no-such-kernel" in err and len(err.strip().splitlines()) == 1
+
+
+def test_import_error_in_user_kernel_is_exit_3(capsys, tmp_path):
+    f = _write(tmp_path, "broken.py", "import not_a_module_anywhere\n")
+    code, _, err = run_cli(["check", "--kernel", f"{f}:attn", "--recipe", "bf16", "--out", tmp_path / "r"], capsys)
+    assert code == 3 and "not_a_module_anywhere" in err
+
+
+def test_user_kernel_without_recipe_is_exit_2(capsys, tmp_path):
+    f = _write(tmp_path, "good.py", GOOD_KERNEL)
+    code, _, err = run_cli(["check", "--kernel", f"{f}:attn", "--out", tmp_path / "r", "--only", "interface"], capsys)
+    assert code == 2 and "recipe" in err
+
+
+def test_crashing_kernel_is_exit_3(capsys, tmp_path):
+    f = _write(tmp_path, "crash.py", CRASHING_KERNEL)
+    code, _, err = run_cli(["check", "--kernel", f"{f}:attn", "--recipe", "mxfp8", "--out", tmp_path / "r"], capsys)
+    assert code == 3 and "illegal memory access" in err
+
+
+def test_check_passes_and_writes_all_reports(capsys, tmp_path):
+    f = _write(tmp_path, "good.py", GOOD_KERNEL)
+    out = tmp_path / "rep"
+    code, stdout, _ = run_cli(
+        ["check", "--kernel", f"{f}:attn", "--recipe", "bf16", "--only", "causal", "isolation", "--out", out], capsys
+    )
+    assert code == 0, stdout
+    for name in ("report.json", "report.md", "report.html", "junit.xml"):
+        assert (out / name).is_file(), name
+    data = json.loads((out / "report.json").read_text())
+    assert data["schema"] == "flamia-verify/report/v1"
+    assert data["recipe"] == "bf16" and data["checks"]
+    assert {c["family"] for c in data["checks"]} <= {"causal", "isolation"}
+    assert all(c["status"] in ("pass", "skip") for c in data["checks"])
+
+
+def test_check_fails_a_leaky_kernel_with_exit_1(capsys, tmp_path):
+    f = _write(tmp_path, "leaky.py", LEAKY_KERNEL)
+    out = tmp_path / "rep"
+    code, stdout, _ = run_cli(["check", "--kernel", f"{f}:attn", "--recipe", "fp8", "--only", "causal", "--out", out], capsys)
+    assert code == 1
+    data = json.loads((out / "report.json").read_text())
+    assert any(c["status"] == "fail" and c["family"] == "causal" for c in data["checks"])
+
+
+def test_compare_gates_regressions(capsys, tmp_path):
+    good = _write(tmp_path, "good.py", GOOD_KERNEL)
+    leaky = _write(tmp_path, "leaky.py", LEAKY_KERNEL)
+    base, new = tmp_path / "base", tmp_path / "new"
+    assert run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "fp8", "--only", "causal", "--out", base], capsys)[0] == 0
+    assert run_cli(["check", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--only", "causal", "--out", new], capsys)[0] == 1
+    code, out, _ = run_cli(["compare", base / "report.json", new / "report.json"], capsys)
+    assert code == 1 and "causal" in out
+    code, _, _ = run_cli(["compare", base / "report.json", base / "report.json"], capsys)
+    assert code == 0
+
+
+def test_report_rerenders_and_rejects_bad_files(capsys, tmp_path):
+    good = _write(tmp_path, "good.py", GOOD_KERNEL)
+    out = tmp_path / "rep"
+    run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface", "--out", out], capsys)
+    html, md = tmp_path / "again.html", tmp_path / "again.md"
+    code, _, _ = run_cli(["report", out / "report.json", "--html", html, "--md", md], capsys)
+    assert code == 0 and html.read_text().lstrip().lower().startswith("<!doctype html") and md.read_text()
+    bad = _write(tmp_path, "bad.json", json.dumps({"schema": "something/else"}))
+    code, _, err = run_cli(["report", bad], capsys)
+    assert code == 2 and "schema" in err
+    code, _, err = run_cli(["report", tmp_path / "missing.json"], capsys)
+    assert code == 2
+
+
+def test_list_shows_builtin_kernels(capsys):
+    code, out, _ = run_cli(["list"], capsys)
+    assert code == 0
+    for name in ("bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-nvfp4", "mxfp8-naive"):
+        assert name in out
+
+
+def test_bench_without_cuda_is_a_clear_usage_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    code, _, err = run_cli(["bench"], capsys)
+    assert code == 2 and "CUDA" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------
+
+
+def test_config_from_pyproject_and_file(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.flamia-verify]\nsuite = "standard"\nseed = 7\n[tool.flamia-verify.thresholds."error.output"]\nrel_rmse_max = 0.1\n'
+    )
+    cfg = load_config(search_dir=tmp_path)
+    assert cfg.suite == "standard" and cfg.seed == 7 and cfg.thresholds["error.output"]["rel_rmse_max"] == 0.1
+    f = _write(tmp_path, "fv.toml", 'suite = "full"\nonly = ["causal"]\n')
+    cfg = load_config(f)
+    assert cfg.suite == "full" and cfg.only == ["causal"]
+    assert load_config(search_dir=tmp_path / "nowhere").suite == "quick"
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('suit = "quick"\n', "suit"),
+        ('suite = "huge"\n', "huge"),
+        ("seed = \"seven\"\n", "seed"),
+        ("case_timeout_s = -1\n", "case_timeout_s"),
+        ("[thresholds]\n\"error.output\" = 3\n", "thresholds.error.output"),
+        ("[thresholds.\"error.output\"]\nrel_rmse_max = \"big\"\n", "rel_rmse_max"),
+        ("this is not toml", "TOML"),
+    ],
+)
+def test_bad_config_names_the_problem(tmp_path, text, needle):
+    f = _write(tmp_path, "bad.toml", text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(f)
+    assert needle in str(exc.value)
+
+
+def test_bad_config_on_the_command_line_is_exit_2(capsys, tmp_path):
+    f = _write(tmp_path, "bad.toml", 'suit = "quick"\n')
+    code, _, err = run_cli(["check", "--config", f, "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "suit" in err
+
+
+def test_unknown_threshold_name_is_exit_2(capsys, tmp_path):
+    f = _write(tmp_path, "thr.toml", '[thresholds."error.output"]\nno_such_threshold = 1.0\n')
+    code, _, err = run_cli(["check", "--config", f, "--only", "error", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "no_such_threshold" in err
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "flamia-verify"
+    if not exe.exists():
+        pytest.skip("package not installed with its console script")
+    res = subprocess.run([str(exe), "--version"], capture_output=True, text=True, env={**os.environ})
+    assert res.returncode == 0 and "flamia-verify" in res.stdout
