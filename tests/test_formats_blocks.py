@@ -642,3 +642,15 @@ def test_fp8_block_quantize_equals_mx_rceil_except_zero_blocks():
         per_block[b][(x[s_:e_] == 0).all(0)] = 1.0  # all-zero block: scale 1 (MX: byte 0)
     assert bool((per_block[1, 2] == 1.0) & (mx.scales[1, 2] == 0))
     assert_same(scale, per_block.index_select(0, mx.block_index), what="fp8_block_quantize scales vs mx scales")
+
+
+def test_scale_rule_members_document_their_formula():
+    assert "ceil(log2(amax / max_elem))" in ScaleRule.RCEIL.__doc__
+    assert "floor(log2 amax) - emax_elem" in ScaleRule.FLOOR.__doc__
+    assert ScaleRule("rceil") is ScaleRule.RCEIL and ScaleRule("floor") is ScaleRule.FLOOR
+
+
+def test_results_carry_no_autograd_history():
+    x = torch.randn(4, 32, requires_grad=True)
+    assert not mx_fake_quantize(x).requires_grad and not nvfp4_fake_quantize(x).requires_grad
+    assert not round_to_format(x, E4M3).requires_grad and not fp8_tensor_quantize(x)[0].requires_grad

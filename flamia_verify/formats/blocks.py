@@ -65,6 +65,8 @@ All in IEEE fp32 operations, in this order (float64 inputs are first rounded to 
 
 ``NVFP4Tensor.dequantize()`` is ``(data * s_block) * s_global`` in fp32, in that order.
 
+Results carry no autograd history (inputs are detached).
+
 Scaled FP8 (per tensor, per row, per block)
 -------------------------------------------
 ``scale = amax / max_elem`` (fp32 division; clamped below at 2^-126 so that 1/scale stays finite)
@@ -113,16 +115,29 @@ __all__ = [
 
 
 class ScaleRule(enum.Enum):
-    """How an MX block's E8M0 scale X is chosen from the block's amax."""
+    """How an MX block's E8M0 scale X is chosen from the block's amax (fp32, exact exponents).
 
-    RCEIL = "rceil"
-    """X = 2^ceil(log2(amax / max_elem)). NVIDIA hardware (``cvt.rp.ue8m0``), cuDNN, torchao
-    training recipes. amax / X <= max_elem, so nothing saturates."""
+    - RCEIL: X = 2^ceil(log2(amax / max_elem)); nothing saturates.
+    - FLOOR: X = 2^(floor(log2 amax) - emax_elem); the largest elements saturate.
+    """
 
-    FLOOR = "floor"
-    """X = 2^(floor(log2 amax) - emax_elem), emax_elem = 8 (E4M3), 15 (E5M2), 2 (E2M1). The OCP MX
-    v1.0 conversion rule, torchao ``to_mx`` default. amax / X lies in [2^emax, 2^(emax+1)), so
-    the largest elements saturate to max_elem (a block whose amax is 480 stores 448)."""
+    def __new__(cls, value: str, doc: str) -> "ScaleRule":
+        member = object.__new__(cls)
+        member._value_ = value
+        member.__doc__ = doc
+        return member
+
+    RCEIL = (
+        "rceil",
+        """X = 2^ceil(log2(amax / max_elem)). NVIDIA hardware (``cvt.rp.ue8m0``), cuDNN, torchao
+        training recipes. amax / X <= max_elem, so nothing saturates.""",
+    )
+    FLOOR = (
+        "floor",
+        """X = 2^(floor(log2 amax) - emax_elem), emax_elem = 8 (E4M3), 15 (E5M2), 2 (E2M1). The OCP
+        MX v1.0 conversion rule, torchao ``to_mx`` default. amax / X lies in [2^emax, 2^(emax+1)),
+        so the largest elements saturate to max_elem (a block whose amax is 480 stores 448).""",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,7 +305,7 @@ def mx_quantize(
     if not isinstance(rule, ScaleRule):
         raise InputError(f"rule must be a ScaleRule (RCEIL or FLOOR), got {rule!r}")
     ax = _normalize_axis(axis, x.dim())
-    xw = x.to(_work_dtype(x))
+    xw = x.detach().to(_work_dtype(x))
     block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
     amax = _block_amax(xw.abs(), ax, block_index, nblocks)
     scales = e8m0_from_exponent(mx_scale_exponent(amax, elem, rule))
@@ -363,7 +378,7 @@ def nvfp4_quantize(
     _check_float(x, "x")
     _check_block_size(block_size)
     ax = _normalize_axis(axis, x.dim())
-    xf = x.to(torch.float32)
+    xf = x.detach().to(torch.float32)
     a = xf.abs()
     amax = a.amax() if global_amax is None else _global_amax_shape(x, ax, global_amax)
     s_global = torch.where(amax == 0, torch.ones_like(amax), amax / C.NVFP4_GLOBAL_DIVISOR)
@@ -408,7 +423,7 @@ def fp8_tensor_quantize(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor scaling: returns ``(data, scale)``, float32, ``x ~= data * scale``; scale is 0-d."""
     _check_float(x, "x")
-    xw = x.to(_work_dtype(x))
+    xw = x.detach().to(_work_dtype(x))
     scale = _fp8_scale(xw.abs().amax(), elem, power_of_two)
     return _fp8_apply(xw, scale, elem), scale
 
@@ -429,7 +444,7 @@ def fp8_row_quantize(
     """
     _check_float(x, "x")
     ax = _normalize_axis(axis, x.dim())
-    xw = x.to(_work_dtype(x))
+    xw = x.detach().to(_work_dtype(x))
     if cu_seqlens is None:
         scale = _fp8_scale(xw.abs().amax(dim=ax, keepdim=True), elem, power_of_two)
     else:
@@ -457,7 +472,7 @@ def fp8_block_quantize(
     _check_float(x, "x")
     _check_block_size(block_size)
     ax = _normalize_axis(axis, x.dim())
-    xw = x.to(_work_dtype(x))
+    xw = x.detach().to(_work_dtype(x))
     block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
     per_block = _fp8_scale(_block_amax(xw.abs(), ax, block_index, nblocks), elem, power_of_two=True)
     scale = _to_positions(per_block, ax, block_index)

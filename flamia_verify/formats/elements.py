@@ -22,7 +22,9 @@ Overflow
 unbounded; a result above ``max_finite`` becomes NaN for formats without Inf (E4M3: 464 -> 448
 because the tie goes to the even mantissa, anything above 464 -> NaN) and +-Inf for E5M2
 (61440 -> Inf, the tie goes to the even 2^16). E2M1 has neither Inf nor NaN and always saturates.
-A NaN input gives a NaN output for every format (the float32 result can hold it even where the
+Results carry no autograd history (inputs are detached): rounding has no useful derivative, and a
+silent zero gradient would hide a missing straight-through estimator. A NaN input gives a NaN
+output for every format (the float32 result can hold it even where the
 format cannot; `encode` refuses to encode NaN as E2M1).
 
 Unsigned formats (UE4M3)
@@ -181,7 +183,7 @@ def round_to_format(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = Tru
     (see the module docstring). Overflow: see the module docstring (``saturate``).
     """
     _check_float(x, "x")
-    xw = x.to(_work_dtype(x))
+    xw = x.detach().to(_work_dtype(x))
     saturating = saturate or not (fmt.has_inf or fmt.has_nan)
     if saturating:
         xw = xw.clamp(-fmt.max_finite, fmt.max_finite)  # NaN passes through clamp unchanged
