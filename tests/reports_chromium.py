@@ -106,6 +106,7 @@ class Chromium:
         self._buffer = b""
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
+        self._targets: dict[str, str] = {}  # session -> target (tab)
         self._closed = False
 
     # -- protocol -----------------------------------------------------------------------------------
@@ -176,6 +177,7 @@ class Chromium:
         """Load `url` in a new tab of the given viewport; returns the tab's session and what the page did."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self._targets[session] = target
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=session)
         self.call("Emulation.setDeviceMetricsOverride",
@@ -202,6 +204,13 @@ class Chromium:
                 record.requests.append(params.get("request", {}).get("url", ""))
         return session, record
 
+    def close_page(self, session: str) -> None:
+        """Close the tab of `session`."""
+        target = self._targets.pop(session, None)
+        if target:
+            self.call("Target.closeTarget", {"targetId": target})
+            self.drain(session, settle=0.0)
+
     def evaluate(self, session: str, expression: str) -> Any:
         """The value of a JavaScript expression in the page (DevTools evaluation, not subject to the page CSP)."""
         result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=session)
@@ -211,6 +220,7 @@ class Chromium:
 
     def screenshot(self, session: str, path: str | os.PathLike[str], *, height: int | None = None) -> Path:
         """Save a PNG of the page from its top: the viewport, or `height` CSS pixels of it."""
+        self.call("Page.bringToFront", session=session)  # a background tab may never paint a frame
         params: dict[str, Any] = {"format": "png"}
         if height is not None:
             width = self.evaluate(session, "document.documentElement.clientWidth")

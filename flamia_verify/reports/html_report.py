@@ -27,7 +27,7 @@ from flamia_verify.reports.metrics import (
     threshold_verdict,
 )
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.plots import PLOT_KINDS, PlotSpecError, plots_of, render_plot_svg
+from flamia_verify.reports.plots import PLOT_KINDS, PlotSpecError, plots_of, prefix_svg_ids, render_plot_svg
 from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, printable, rerun_command, verdict
 
 __all__ = ["render_html"]
@@ -150,9 +150,9 @@ def _metrics_table(check: CheckResult) -> str:
     )
 
 
-def _plots(check: CheckResult) -> str:
+def _plots(check: CheckResult, anchor: str) -> str:
     figures = []
-    for plot in plots_of(check.details):
+    for number, plot in enumerate(plots_of(check.details)):
         caption = f"{plot.title or plot.kind} · {plot.where}"
         try:
             svg = render_plot_svg(plot)
@@ -162,6 +162,7 @@ def _plots(check: CheckResult) -> str:
         except Exception as exc:  # a plotting bug must not lose the rest of the report
             figures.append(f'<div class="plot-error">Plot not drawn ({_e(type(exc).__name__)}): {_e(exc)}</div>')
             continue
+        svg = prefix_svg_ids(svg, f"{anchor}-plot{number}-")
         svg = svg.replace('role="img"', f'role="img" aria-label="{_e(plot.title or plot.kind)}"', 1)
         figures.append(f'<figure class="plot">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
     return f'<div class="plots">{"".join(figures)}</div>' if figures else ""
@@ -191,7 +192,7 @@ def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
             parts.append('<p class="muted">No worst case was recorded.</p>')
     elif check.worst_case:
         parts.append("<details><summary>Worst case</summary>" + _json_block(check.worst_case) + "</details>")
-    parts.append(_plots(check))
+    parts.append(_plots(check, anchor))
     other = {k: v for k, v in (check.details or {}).items() if k not in PLOT_KINDS}
     if other:
         parts.append("<details><summary>Other details</summary>" + _json_block(other) + "</details>")

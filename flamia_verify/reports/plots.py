@@ -65,6 +65,7 @@ __all__ = [
     "Plot",
     "PlotSpecError",
     "plots_of",
+    "prefix_svg_ids",
     "render_plot_svg",
 ]
 
@@ -404,6 +405,17 @@ def render_plot_svg(plot: Plot) -> str:
     return svg
 
 
+_SVG_ID = re.compile(r'\bid="([^"]+)"')
+_SVG_REF = re.compile(r'(url\(#|href="#)([^")]+)')
+
+
+def prefix_svg_ids(svg: str, prefix: str) -> str:
+    """`svg` with every element id and every internal reference to one (``url(#id)``, ``href="#id"``)
+    prefixed, so that several plots inline in one page never share an id."""
+    svg = _SVG_ID.sub(lambda m: f'id="{prefix}{m.group(1)}"', svg)
+    return _SVG_REF.sub(lambda m: f"{m.group(1)}{prefix}{m.group(2)}", svg)
+
+
 def _render_svg(plot: Plot, *, salt: str) -> str:
     import matplotlib
     from matplotlib.figure import Figure
@@ -414,7 +426,7 @@ def _render_svg(plot: Plot, *, salt: str) -> str:
     title = _text(spec, "title", where)
     style = {
         "svg.fonttype": "none",  # real <text>: small, selectable, searchable in the page
-        "svg.hashsalt": salt,  # element ids unique per plot, stable per description
+        "svg.hashsalt": salt,  # ids stable per description (the page prefixes them per figure)
         "font.size": 9,
         "font.family": ["DejaVu Sans", "sans-serif"],
     }

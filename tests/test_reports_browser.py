@@ -1,0 +1,134 @@
+"""report.html in a real headless Chromium: it renders, its plots are drawn, and nothing errs or escapes.
+
+Needs Debian's ``chromium`` at /usr/bin/chromium (FLAMIA_VERIFY_CHROMIUM overrides the path). Without it
+these tests skip with the reason, except under CI (``CI`` set to anything but 0/false), where a missing
+browser fails the run: .ci/run installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import reports_chromium
+from reports_chromium import Chromium
+from reports_examples import EXAMPLE_PLOT_COUNT, XSS, example_report, hostile_report
+
+from flamia_verify.reports import write_reports
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_chromium() -> str:
+    """The browser's path; fails under CI and skips elsewhere when it is not installed."""
+    path = reports_chromium.CHROMIUM
+    if os.path.isfile(path) and os.access(path, os.X_OK):
+        return path
+    reason = (f"headless Chromium not found at {path}: install Debian's chromium (apt-get install -y chromium) "
+              "or point FLAMIA_VERIFY_CHROMIUM at one")
+    if _in_ci():
+        pytest.fail(reason + " (CI is set, so the browser test may not be skipped)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with Chromium(require_chromium()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def example_page(browser, tmp_path_factory):
+    paths = write_reports(example_report(), tmp_path_factory.mktemp("example"))
+    session, record = browser.open(paths["html"].as_uri())
+    return session, record, paths["html"]
+
+
+def _assert_clean(record, page_url):
+    assert record.errors == [], "the page reported errors:\n" + "\n".join(record.errors)
+    outside = [u for u in record.requests if u != page_url and not u.startswith("data:image/png;base64,")]
+    assert outside == [], f"the page asked for resources beyond itself: {outside}"
+
+
+def test_example_report_renders_without_errors(browser, example_page):
+    session, record, path = example_page
+    _assert_clean(record, path.as_uri())
+    assert browser.evaluate(session, "document.title") == "flamia-verify FAIL: mxfp8-naive"
+    assert browser.evaluate(session, "document.querySelector('#verdict .word').innerText") == "FAIL"
+    assert browser.evaluate(session, "document.querySelectorAll('section.check').length") == len(example_report().checks)
+    assert browser.evaluate(session, "document.querySelectorAll('script').length") == 0
+
+
+def test_every_plot_is_drawn_with_a_real_size(browser, example_page):
+    session, _, _ = example_page
+    sizes = browser.evaluate(
+        session,
+        "Array.from(document.querySelectorAll('figure.plot svg.plot'))"
+        ".map(s => { const r = s.getBoundingClientRect(); return [r.width, r.height]; })",
+    )
+    assert len(sizes) == EXAMPLE_PLOT_COUNT
+    for width, height in sizes:
+        assert width > 300 and height > 150, f"a plot rendered at {width} x {height} px"
+    # Lines, histogram steps and heatmap images are actually in the drawn SVGs.
+    assert browser.evaluate(session, "document.querySelectorAll('svg.plot path').length") > 50
+    heatmaps = browser.evaluate(
+        session, "Array.from(document.querySelectorAll('svg.plot image')).map(i => i.getBBox().width)")
+    assert sum(w > 100 for w in heatmaps) == 2, f"two heatmaps and their colour bars, got widths {heatmaps}"
+    # Clip paths resolve: their ids were prefixed per figure, and the references followed.
+    dangling = browser.evaluate(
+        session,
+        "Array.from(document.querySelectorAll('[clip-path]')).map(e => e.getAttribute('clip-path'))"
+        ".filter(v => !document.getElementById(v.slice(5, -1))).length",
+    )
+    assert dangling == 0
+
+
+def test_hostile_report_is_inert(browser, tmp_path):
+    paths = write_reports(hostile_report(), tmp_path)
+    session, record = browser.open(paths["html"].as_uri())
+    try:
+        _assert_clean(record, paths["html"].as_uri())
+        assert browser.evaluate(session, "document.title") == f"flamia-verify FAIL: {XSS}"
+        assert browser.evaluate(session, "document.querySelectorAll('script, img, [onerror]').length") == 0
+        assert XSS in browser.evaluate(session, "document.body.innerText")
+        assert browser.evaluate(session, "document.querySelectorAll('svg.plot').length") == EXAMPLE_PLOT_COUNT
+    finally:
+        browser.close_page(session)
+
+
+def test_the_harness_sees_errors(browser, tmp_path):
+    """A page with each kind of problem: the checks above would catch it."""
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<!DOCTYPE html><title>bad</title><p>x</p>"
+        "<script>console.error('console says no'); undefined_function();</script>"
+        '<img src="http://192.0.2.1/outside.png">'
+    )
+    session, record = browser.open(bad.as_uri())
+    browser.close_page(session)
+    errors = "\n".join(record.errors)
+    assert "console.error: console says no" in errors
+    assert "undefined_function is not defined" in errors
+    assert any(u.startswith("http://192.0.2.1/") for u in record.requests)
+
+
+def test_screenshot_is_a_png(browser, example_page, tmp_path):
+    session, _, _ = example_page
+    png = browser.screenshot(session, tmp_path / "shot.png", height=1200)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1280, 1200)
+
+
+def test_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setattr(reports_chromium, "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="CI is set"):
+        require_chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="headless Chromium not found at /nonexistent/chromium"):
+        require_chromium()

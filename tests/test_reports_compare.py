@@ -1,0 +1,180 @@
+"""The regression gate: status and metric regressions, directions, exit codes, readable output."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+
+import pytest
+from reports_examples import example_report, passing_report
+from rich.console import Console
+
+from flamia_verify.errors import ConfigError
+from flamia_verify.reports import CheckResult, compare_reports, default_higher_is_worse, render_comparison
+from flamia_verify.reports.compare import metric_badness
+
+
+def _changed(report, name, *, status=None, **metrics):
+    new = copy.deepcopy(report)
+    check = new.check(name)
+    if status:
+        check.status = status
+    check.metrics.update(metrics)
+    return new
+
+
+def _text(cmp, width=160):
+    buffer = io.StringIO()
+    render_comparison(cmp, Console(file=buffer, width=width, color_system=None))
+    return buffer.getvalue()
+
+
+def test_identical_reports_pass_the_gate():
+    cmp = compare_reports(example_report(), example_report())
+    assert cmp.exit_code == 0 and not cmp.regressions and not cmp.improvements
+    assert not cmp.new_checks and not cmp.removed_checks and not cmp.context_notes
+    assert _text(cmp).splitlines()[-1] == "OK  no regressions (metric factor 1.5, 0 improvements)"
+
+
+@pytest.mark.parametrize("before, after, regressed", [
+    ("pass", "fail", True), ("pass", "error", True), ("skip", "fail", True), ("skip", "error", True),
+    ("fail", "pass", False), ("pass", "skip", False), ("fail", "error", False), ("error", "fail", False),
+])
+def test_status_changes(before, after, regressed):
+    base = _changed(passing_report(), "causal.forward", status=before)
+    new = _changed(passing_report(), "causal.forward", status=after)
+    cmp = compare_reports(base, new)
+    assert cmp.exit_code == int(regressed)
+    change = (cmp.regressions + cmp.improvements + cmp.status_notes)[0]
+    assert (change.kind, change.base, change.new) == ("status", before, after)
+    if before in ("fail", "error") and after == "pass":
+        assert cmp.improvements == [change]
+    elif not regressed:
+        assert cmp.status_notes == [change]
+        assert f"status change (does not gate): causal.forward: {before.upper()} -> {after.upper()}" in _text(cmp)
+
+
+def test_metric_regression_beyond_factor_fails_and_explains_itself():
+    base = passing_report()
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 2.0)  # still passes its 4x threshold
+    cmp = compare_reports(base, new)
+    assert cmp.exit_code == 1
+    (change,) = cmp.regressions
+    assert (change.check, change.metric, change.base, change.new) == ("error.backward", "rel_err_vs_bf16_dK", 1.6, 3.2)
+    assert change.times == pytest.approx(2.0)
+    assert change.describe() == "error.backward: rel_err_vs_bf16_dK 1.6 -> 3.2, 2x worse (lower is better)"
+    text = _text(cmp)
+    assert "Regressions (1)" in text
+    assert " ".join(next(l for l in text.splitlines() if "rel_err_vs_bf16_dK" in l).split()) == (
+        "│ error.backward │ rel_err_vs_bf16_dK │ 1.6 │ 3.2 │ 2x worse (lower is better) │")
+    assert text.splitlines()[-1] == "REGRESSED  1 regression (metric factor 1.5)"
+
+
+def test_metric_change_within_factor_passes():
+    base = passing_report()
+    assert compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 1.49)).exit_code == 0
+    assert compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 1.49), factor=1.2).exit_code == 1
+
+
+def test_improvement_is_listed_and_does_not_gate():
+    base = passing_report()
+    cmp = compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=0.4))
+    assert cmp.exit_code == 0
+    assert [c.describe() for c in cmp.improvements] == [
+        "error.backward: rel_err_vs_bf16_dK 1.6 -> 0.4, 4x better (lower is better)"]
+    assert "Improvements (1)" in _text(cmp)
+
+
+def test_sqnr_drop_is_measured_in_noise_power():
+    base = passing_report()  # sqnr_O_db = 36 dB
+    small = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=36.0 - 1.5))
+    assert small.exit_code == 0, "1.5 dB is less than 10*log10(1.5) = 1.76 dB"
+    big = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=36.0 - 3.0))
+    assert big.exit_code == 1
+    assert big.regressions[0].times == pytest.approx(10 ** 0.3)
+    assert "higher is better" in big.regressions[0].describe()
+
+
+def test_cosine_is_compared_by_its_distance_from_one():
+    base = example_report()  # cos_dQ = 0.99991, threshold listed
+    cmp = compare_reports(base, _changed(base, "bias.gradient_shrinkage", cos_dQ=0.9995))
+    (change,) = [c for c in cmp.regressions if c.metric == "cos_dQ"]
+    assert change.times == pytest.approx((1 - 0.9995) / (1 - 0.99991))
+
+
+def test_zero_leak_becoming_nonzero_regresses_without_a_finite_ratio():
+    base = passing_report()
+    cmp = compare_reports(base, _changed(base, "causal.forward", max_leak=1e-9))
+    (change,) = cmp.regressions
+    assert math.isinf(change.times)
+    assert change.describe() == "causal.forward: max_leak 0 -> 1e-09, worse, no finite ratio (lower is better)"
+
+
+def test_nan_is_worst_and_strings_round_trip():
+    base = passing_report()
+    cmp = compare_reports(base, _changed(base, "error.forward", rel_err_vs_bf16_O="nan"))
+    assert [c.metric for c in cmp.regressions] == ["rel_err_vs_bf16_O"]
+    back = compare_reports(_changed(base, "error.forward", rel_err_vs_bf16_O="nan"), base)
+    assert back.exit_code == 0 and [c.metric for c in back.improvements] == ["rel_err_vs_bf16_O"]
+
+
+def test_metrics_without_thresholds_are_informational_by_default():
+    base = example_report()
+    new = _changed(base, "error.forward", rms_err_O=1.0)  # rms_err_O has no threshold
+    assert compare_reports(base, new).exit_code == 0
+    assert default_higher_is_worse(new.check("error.forward"), "rms_err_O") is None
+    assert default_higher_is_worse(new.check("error.forward"), "sqnr_O_db") is False
+
+
+def test_custom_direction_compares_more_metrics():
+    base = example_report()
+    new = _changed(base, "error.forward", rms_err_O=1.0)
+
+    def everything_lower_is_better(check: CheckResult, metric: str):
+        return True
+
+    cmp = compare_reports(base, new, higher_is_worse=everything_lower_is_better)
+    assert [c.metric for c in cmp.regressions] == ["rms_err_O"]
+    flipped = compare_reports(base, new, higher_is_worse=lambda check, metric: False if metric == "rms_err_O" else None)
+    assert flipped.exit_code == 0 and [c.metric for c in flipped.improvements] == ["rms_err_O"]
+
+
+def test_new_and_removed_checks_and_context_are_reported_but_do_not_gate():
+    base = passing_report()
+    new = copy.deepcopy(base)
+    new.seed = 99
+    new.checks = [c for c in new.checks if c.name != "determinism.forward"]
+    new.checks.append(CheckResult("bound.forward", "bound", "fail", {"bound_violations": 3}, {"bound_violations": 0}, {}))
+    cmp = compare_reports(base, new)
+    assert cmp.exit_code == 0
+    assert cmp.new_checks == ["bound.forward"] and cmp.removed_checks == ["determinism.forward"]
+    assert cmp.context_notes == ["seed differs: 1234 in base, 99 in new"]
+    text = _text(cmp)
+    assert "new checks: bound.forward (FAIL)" in text
+    assert "removed checks: determinism.forward" in text
+    assert "note: seed differs: 1234 in base, 99 in new; metrics come from different cases" in text
+
+
+def test_example_against_passing_baseline():
+    cmp = compare_reports(passing_report(), example_report())
+    assert cmp.exit_code == 1
+    assert [c.describe() for c in cmp.regressions if c.kind == "status"] == [
+        "error.backward: PASS -> FAIL", "causal.forward: PASS -> FAIL"]
+
+
+@pytest.mark.parametrize("factor", [0.5, float("nan"), float("inf"), True, "2"])
+def test_bad_factor_is_a_config_error(factor):
+    with pytest.raises(ConfigError, match="compare factor must be a finite number >= 1"):
+        compare_reports(passing_report(), passing_report(), factor=factor)
+
+
+@pytest.mark.parametrize(
+    "metric, value, worse_if_higher, badness",
+    [("err", -2.0, True, 2.0), ("cos", 0.99, False, 0.01), ("sqnr", 20.0, False, 0.01), ("x_db", 10.0, False, 0.1),
+     ("tokens_min", 4.0, False, 0.25), ("tokens_min", 0.0, False, math.inf), ("err", "nan", True, math.inf),
+     ("err", "text", True, None)],
+)
+def test_metric_badness(metric, value, worse_if_higher, badness):
+    result = metric_badness(metric, value, worse_if_higher)
+    assert result == (pytest.approx(badness) if badness not in (None, math.inf) else badness)
