@@ -224,7 +224,8 @@ class Chromium:
         params: dict[str, Any] = {"format": "png"}
         if height is not None:
             width = self.evaluate(session, "document.documentElement.clientWidth")
-            params.update(captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})
+            clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+            params.update(captureBeyondViewport=True, clip=clip)
         data = self.call("Page.captureScreenshot", params, session=session)["data"]
         out = Path(path)
         out.write_bytes(base64.b64decode(data))
@@ -266,7 +267,7 @@ class Chromium:
         self.close()
 
 
-def save_screenshot(html_path: Path, png_path: Path, *, height: int = 1500) -> Path:
+def save_screenshot(html_path: Path, png_path: Path, *, height: int = 2200) -> Path:
     """Render `html_path` in headless Chromium and save the top `height` pixels as `png_path`."""
     with Chromium() as browser:
         session, record = browser.open(html_path.resolve().as_uri())

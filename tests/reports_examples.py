@@ -98,7 +98,8 @@ def example_report(*, kernel: str = "mxfp8-naive", seed: int = 1234) -> Report:
                 "series": [{
                     "title": "Gradient error vs BF16 along the sequence",
                     "x_label": "key position", "y_label": "error / BF16 error",
-                    "ys": {"dK": _position_error(n, 3, spike_at=200, scale=2.0), "dV": _position_error(n, 4, scale=1.5)},
+                    "ys": {"dK": _position_error(n, 3, spike_at=200, scale=2.0),
+                           "dV": _position_error(n, 4, scale=1.5)},
                     "thresholds": {"limit": 4.0},
                     "log_y": True,
                 }],

@@ -58,7 +58,8 @@ def test_example_report_renders_without_errors(browser, example_page):
     _assert_clean(record, path.as_uri())
     assert browser.evaluate(session, "document.title") == "flamia-verify FAIL: mxfp8-naive"
     assert browser.evaluate(session, "document.querySelector('#verdict .word').innerText") == "FAIL"
-    assert browser.evaluate(session, "document.querySelectorAll('section.check').length") == len(example_report().checks)
+    sections = browser.evaluate(session, "document.querySelectorAll('section.check').length")
+    assert sections == len(example_report().checks)
     assert browser.evaluate(session, "document.querySelectorAll('script').length") == 0
 
 

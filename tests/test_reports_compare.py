@@ -66,15 +66,16 @@ def test_metric_regression_beyond_factor_fails_and_explains_itself():
     assert change.describe() == "error.backward: rel_err_vs_bf16_dK 1.6 -> 3.2, 2x worse (lower is better)"
     text = _text(cmp)
     assert "Regressions (1)" in text
-    assert " ".join(next(l for l in text.splitlines() if "rel_err_vs_bf16_dK" in l).split()) == (
+    assert " ".join(next(line for line in text.splitlines() if "rel_err_vs_bf16_dK" in line).split()) == (
         "│ error.backward │ rel_err_vs_bf16_dK │ 1.6 │ 3.2 │ 2x worse (lower is better) │")
     assert text.splitlines()[-1] == "REGRESSED  1 regression (metric factor 1.5)"
 
 
 def test_metric_change_within_factor_passes():
     base = passing_report()
-    assert compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 1.49)).exit_code == 0
-    assert compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 1.49), factor=1.2).exit_code == 1
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 1.49)
+    assert compare_reports(base, new).exit_code == 0
+    assert compare_reports(base, new, factor=1.2).exit_code == 1
 
 
 def test_improvement_is_listed_and_does_not_gate():
@@ -145,7 +146,7 @@ def test_new_and_removed_checks_and_context_are_reported_but_do_not_gate():
     new = copy.deepcopy(base)
     new.seed = 99
     new.checks = [c for c in new.checks if c.name != "determinism.forward"]
-    new.checks.append(CheckResult("bound.forward", "bound", "fail", {"bound_violations": 3}, {"bound_violations": 0}, {}))
+    new.checks.append(CheckResult("bound.forward", "bound", "fail", {"bound_violations": 3}, {"bound_violations": 0}))
     cmp = compare_reports(base, new)
     assert cmp.exit_code == 0
     assert cmp.new_checks == ["bound.forward"] and cmp.removed_checks == ["determinism.forward"]

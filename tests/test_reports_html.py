@@ -69,7 +69,8 @@ def _assert_inert(page):
         for name, value in attrs.items():
             assert not name.startswith("on"), f"event handler {name}= on <{tag}>"
             if name in ("href", "src", "xlink:href") and value:
-                assert value.startswith(("#", "data:image/png;base64,")), f"<{tag} {name}={value[:60]!r}> leaves the page"
+                inside = value.startswith(("#", "data:image/png;base64,"))
+                assert inside, f"<{tag} {name}={value[:60]!r}> leaves the page"
 
 
 def test_page_is_self_contained_and_inert(page_text, page):
@@ -100,10 +101,11 @@ def test_table_and_a_section_per_check(page):
 
 
 def test_failure_section_has_metrics_message_and_reproducer(page_text):
-    section = re.search(r'<section class="check fail" id="check-error.backward">(.*?)</section>', page_text, re.S).group(1)
+    pattern = r'<section class="check fail" id="check-error.backward">(.*?)</section>'
+    section = re.search(pattern, page_text, re.S).group(1)
     plain = _Page(section).plain
     assert "dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal" in plain
-    assert "rel_err_vs_bf16_dK9.7at most 4above" in plain
+    assert "rel_err_vs_bf16_dK9.7≤ 4above" in plain
     assert "max_abs_err_dVnan" in plain
     assert "Run seed1234Case seed1301" in plain
     assert "flamia-verify check --kernel mxfp8-naive --recipe mxfp8 --suite quick --seed 1234 --only error" in plain

@@ -43,7 +43,7 @@ def test_one_testcase_per_check_with_the_right_children(root):
     cases = root.findall("testsuite/testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases] == [(c.family, c.name) for c in report.checks]
     expected_child = {"pass": [], "fail": ["failure"], "error": ["error"], "skip": ["skipped"]}
-    for case, check in zip(cases, report.checks):
+    for case, check in zip(cases, report.checks, strict=True):
         assert [child.tag for child in case] == expected_child[check.status], check.name
         assert float(case.get("time")) == pytest.approx(check.duration_s, abs=5e-4)
 

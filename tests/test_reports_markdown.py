@@ -43,14 +43,14 @@ def test_table_has_one_row_per_check_with_marker_and_key_metric(md):
     start = md.splitlines().index(header)
     rows = md.splitlines()[start + 2: start + 2 + len(report.checks)]
     assert [r.split(" | ")[0][2:].replace("\\_", "_") for r in rows] == [c.name for c in report.checks]
-    assert "| error.backward | **FAIL** | rel\\_err\\_vs\\_bf16\\_dK | 9.7 | 4 |" in rows
-    assert "| causal.backward | **ERROR** | max\\_leak | — | 0 |" in rows
+    assert "| error.backward | **FAIL** | rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 |" in rows
+    assert "| causal.backward | **ERROR** | max\\_leak | — | ≤ 0 |" in rows
     assert "| determinism.backward | SKIP | — | — | — |" in rows
-    assert "| bias.gradient\\_shrinkage | PASS | cos\\_dQ | 0.9999 | 0.999 |" in rows
+    assert "| bias.gradient\\_shrinkage | PASS | cos\\_dQ | 0.9999 | ≥ 0.999 |" in rows
 
 
 def test_markers_are_emoji_free(md):
-    assert all(ord(ch) < 0x2000 or ch in "—·" for ch in md), "only text markers, no emoji"
+    assert all(ord(ch) < 0x2000 or ch in "—·≤≥" for ch in md), "only text markers, no emoji"
 
 
 def test_each_failure_gets_a_collapsed_reproducer(md):
@@ -58,9 +58,10 @@ def test_each_failure_gets_a_collapsed_reproducer(md):
     assert [b[0].split("</b>")[0].removeprefix("<b>") for b in blocks] == [
         "error.backward", "causal.forward", "causal.backward"]
     summary, body = blocks[0]
-    assert summary == "<b>error.backward</b> FAIL: dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal"
+    assert summary == ("<b>error.backward</b> FAIL: dK error 9.7x BF16 (limit 4x): "
+                       "K quantized across the causal diagonal")
     assert "**Message:** dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal" in body
-    assert "| rel\\_err\\_vs\\_bf16\\_dK | 9.7 | at most 4 | **outside** |" in body
+    assert "| rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 | **outside** |" in body
     assert "**Reproduce:** run seed 1234, case seed 1301." in body
     assert _json_blocks(body) == [example_report().check("error.backward").worst_case]
     assert "flamia-verify check --kernel mxfp8-naive --recipe mxfp8 --suite quick --seed 1234 --only error" in body

@@ -8,7 +8,14 @@ import math
 import pytest
 
 from flamia_verify.reports import CheckResult, key_metric
-from flamia_verify.reports.metrics import as_number, format_value, higher_is_better, safe_json, threshold_verdict
+from flamia_verify.reports.metrics import (
+    as_number,
+    format_threshold,
+    format_value,
+    higher_is_better,
+    safe_json,
+    threshold_verdict,
+)
 
 
 def _check(status="pass", metrics=None, thresholds=None):
@@ -72,6 +79,15 @@ def test_threshold_verdict(metric, value, threshold, expected):
 )
 def test_format_value(value, text):
     assert format_value(value) == text
+
+
+@pytest.mark.parametrize(
+    "metric, threshold, text",
+    [("err", 4.0, "≤ 4"), ("sqnr_db", 25, "≥ 25"), ("cos", "nan", "≥ nan"), ("ok", True, "= true"),
+     ("dtype", "bf16", "= bf16"), ("err", None, "—")],
+)
+def test_format_threshold(metric, threshold, text):
+    assert format_threshold(metric, threshold) == text
 
 
 def test_as_number_reads_nonfinite_strings_not_bools():

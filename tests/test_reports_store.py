@@ -118,7 +118,8 @@ def test_schema_problems_name_file_and_field(tmp_path, mutate, expected):
 
 def test_every_problem_is_collected_and_counted(tmp_path):
     path = tmp_path / "report.json"
-    path.write_text(json.dumps(_mutate(lambda d: (d.pop("kernel"), d.update(seed="x"), d["checks"][0].update(status="ok")))))
+    data = _mutate(lambda d: (d.pop("kernel"), d.update(seed="x"), d["checks"][0].update(status="ok")))
+    path.write_text(json.dumps(data))
     with pytest.raises(ReportSchemaError) as info:
         load_report(path)
     assert len(info.value.problems) == 3

@@ -26,10 +26,12 @@ def test_table_has_every_check_with_status_key_metric_and_message():
     for check in example_report().checks:
         assert f" {check.name} " in text, check.name
     assert " ".join(_row(text, "error.backward").split()) == (
-        "│ error.backward │ FAIL │ rel_err_vs_bf16_dK │ 9.7 │ 4 │ dK error 9.7x BF16 (limit 4x): K quantized "
+        "│ error.backward │ FAIL │ rel_err_vs_bf16_dK │ 9.7 │ ≤ 4 │ dK error 9.7x BF16 (limit 4x): K quantized "
         "across the causal diagonal │")
-    assert " ".join(_row(text, "causal.backward").split()).startswith("│ causal.backward │ ERROR │ max_leak │ — │ 0 │")
-    assert " ".join(_row(text, "determinism.backward").split()).startswith("│ determinism.backward │ SKIP │ — │ — │ — │")
+    row = " ".join(_row(text, "causal.backward").split())
+    assert row.startswith("│ causal.backward │ ERROR │ max_leak │ — │ ≤ 0 │")
+    row = " ".join(_row(text, "determinism.backward").split())
+    assert row.startswith("│ determinism.backward │ SKIP │ — │ — │ — │")
     assert "kernel mxfp8-naive  recipe mxfp8  suite quick  seed 1234" in text
 
 
@@ -55,3 +57,15 @@ def test_markup_and_control_codes_print_literally():
     assert "[bold red]not markup[/] \\x1b[2K" in text
     assert "\x1b" not in text, "no escape code reaches the terminal"
     assert "<script>alert(1)</script>" in text  # a terminal shows text, nothing to escape
+
+
+def test_narrow_console_lists_messages_under_the_table():
+    text = _render(example_report(), width=80)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    header = next(line for line in lines if "Check" in line and "Status" in line)
+    assert "Message" not in header and "Value (threshold)" in header
+    assert " ".join(_row(text, "error.backward").split()) == "error.backward FAIL rel_err_vs_bf16_dK 9.7 (≤ 4)"
+    assert any(line.startswith("error.backward: dK error 9.7x BF16 (limit 4x)") for line in lines)
+    assert any(line.startswith("determinism.backward: kernel is forward-only") for line in lines)
+    assert "FAIL  11 checks: 7 passed, 2 failed, 1 error, 1 skipped" in text

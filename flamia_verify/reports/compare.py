@@ -237,7 +237,8 @@ def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
     console = console or Console()
     console.print(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
     for note in cmp.context_notes:
-        console.print(Text.assemble(("note: ", "yellow"), printable(note), ("; metrics come from different cases", "dim")))
+        console.print(Text.assemble(("note: ", "yellow"), printable(note),
+                                    ("; metrics come from different cases", "dim")))
     if cmp.regressions:
         console.print(_changes_table(f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red"))
     if cmp.improvements:

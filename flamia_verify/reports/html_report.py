@@ -7,8 +7,8 @@ anything, so the file can be archived as a CI artifact and opened anywhere.
 
 Layout, top to bottom: the verdict; the run (kernel, recipe, suite, seed, environment); links to the
 failed checks; a table of all checks with their key metric (rule in `flamia_verify.reports.metrics`);
-then one section per check (failed and errored ones first) with its message, every metric against its threshold, the worst case, the
-reproducer of a failure (seed, case as JSON, command) and its plots.
+then one section per check (failed and errored ones first) with its message, every metric against its
+threshold, the worst case, the reproducer of a failure (seed, case as JSON, command) and its plots.
 
 Every string that comes from a kernel, a check or the command line is escaped with ``html.escape``.
 """
@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from flamia_verify.reports.metrics import (
+    format_threshold,
     format_value,
     higher_is_better,
     key_metric,
@@ -136,10 +137,7 @@ def _metrics_table(check: CheckResult) -> str:
     rows = []
     for name in names:
         value, threshold = metrics.get(name), thresholds.get(name)
-        direction = ""
-        if name in thresholds:
-            direction = "at least" if higher_is_better(name) else "at most"
-        threshold_text = f"{direction} {format_value(threshold)}" if name in thresholds else "—"
+        threshold_text = format_threshold(name, threshold) if name in thresholds else "—"
         rows.append(
             f'<tr><td class="mono">{_e(name)}</td><td class="num">{_e(format_value(value))}</td>'
             f'<td class="num">{_e(threshold_text)}</td>{_within_cell(name, value, threshold)}</tr>'
@@ -225,7 +223,7 @@ def _checks_table(report: Report, anchors: dict[str, str]) -> str:
             value_class = "num"
         else:
             label, value = key.label, format_value(key.value)
-            threshold = format_value(key.threshold) if key.threshold is not None else "—"
+            threshold = format_threshold(key.name, key.threshold)
             value_class = {True: "num within", False: "num over"}.get(key.within, "num")
         rows.append(
             f'<tr><td class="mono"><a href="#{_e(anchors[check.name])}">{_e(check.name)}</a></td>'
@@ -260,6 +258,9 @@ def render_html(report: Report) -> str:
     # Failed and errored checks first: they are what the reader came for. The table keeps run order.
     ordered = failed + [c for c in report.checks if c.status not in ("fail", "error")]
     sections = "\n".join(_check_section(report, c, anchors[c.name]) for c in ordered)
+    run_line = " · ".join(f'{label} <span class="mono">{_e(value)}</span>' for label, value in (
+        ("Kernel", report.kernel), ("recipe", report.recipe), ("suite", report.suite), ("seed", report.seed)))
+    counts = _e(counts_line(report))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -272,14 +273,15 @@ def render_html(report: Report) -> str:
 <body>
 <main>
 <h1>flamia-verify report</h1>
-<div class="muted">Kernel <span class="mono">{_e(report.kernel)}</span> · recipe <span class="mono">{_e(report.recipe)}</span> · suite <span class="mono">{_e(report.suite)}</span> · seed <span class="mono">{_e(report.seed)}</span></div>
-<div class="verdict {word.lower()}" id="verdict"><span class="word">{word}</span><span>{_e(counts_line(report))}</span></div>
+<div class="muted">{run_line}</div>
+<div class="verdict {word.lower()}" id="verdict"><span class="word">{word}</span><span>{counts}</span></div>
 {failed_links}
 {_checks_table(report, anchors)}
 {_run_summary(report)}
 <h2>Check details</h2>
 {sections}
-<footer>Written by flamia-verify {_e(__version__)} · schema {_e(report.schema)} · self-contained: no scripts, no network.</footer>
+<footer>Written by flamia-verify {_e(__version__)} · schema {_e(report.schema)} ·
+self-contained: no scripts, no network.</footer>
 </main>
 </body>
 </html>

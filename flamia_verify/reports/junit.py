@@ -31,7 +31,8 @@ _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
 
 def _x(value: Any) -> str:
     text = value if isinstance(value, str) else str(value)
-    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 256 else f"\\u{ord(m.group(0)):04x}", text)
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 256 else f"\\u{ord(m.group(0)):04x}",
+                        text)
 
 
 def _failure_text(report: Report, check: CheckResult) -> str:
@@ -72,7 +73,8 @@ def render_junit(report: Report) -> str:
         "time": f"{total_time:.3f}",
     }
     root = ET.Element("testsuites", {"name": "flamia-verify", **totals})
-    suite = ET.SubElement(root, "testsuite", {"name": _x(f"flamia-verify {report.kernel} ({report.recipe}, {report.suite})"), **totals})
+    suite_name = _x(f"flamia-verify {report.kernel} ({report.recipe}, {report.suite})")
+    suite = ET.SubElement(root, "testsuite", {"name": suite_name, **totals})
     props = ET.SubElement(suite, "properties")
     run = [("kernel", report.kernel), ("recipe", report.recipe), ("suite", report.suite),
            ("seed", report.seed), ("schema", report.schema)]

@@ -17,7 +17,7 @@ import html
 import re
 from typing import Any
 
-from flamia_verify.reports.metrics import format_value, higher_is_better, key_metric, safe_json, threshold_verdict
+from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, printable, rerun_command, verdict
 
@@ -76,12 +76,11 @@ def _failure_block(report: Report, check: CheckResult) -> str:
         lines += ["| Metric | Value | Threshold | |", "|---|---:|---:|---|"]
         for name in names:
             value, threshold = metrics.get(name), thresholds.get(name)
-            limit = ""
-            if name in thresholds:
-                limit = ("at least " if higher_is_better(name) else "at most ") + format_value(threshold)
+            limit = format_threshold(name, threshold) if name in thresholds else ""
             ok = threshold_verdict(name, value, threshold)
             mark = {True: "within", False: "**outside**"}.get(ok, "")
-            lines.append(f"| {md_escape(name)} | {md_escape(format_value(value))} | {md_escape(limit) or '—'} | {mark} |")
+            cells = [md_escape(name), md_escape(format_value(value)), md_escape(limit) or "—", mark]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(f"**Reproduce:** run seed {md_escape(report.seed)}, case seed {md_escape(case_seed(report, check))}.")
     lines.append("")
@@ -116,7 +115,7 @@ def render_markdown(report: Report) -> str:
                 cells = ["—", "—", "—"]
             else:
                 cells = [md_escape(key.label), md_escape(format_value(key.value)),
-                         md_escape(format_value(key.threshold)) if key.threshold is not None else "—"]
+                         md_escape(format_threshold(key.name, key.threshold))]
             out.append(f"| {md_escape(check.name)} | {_marker(check.status)} | " + " | ".join(cells) + " |")
         out.append("")
     failed = [c for c in report.checks if c.status in ("fail", "error")]

@@ -37,6 +37,7 @@ from flamia_verify.reports.model import CheckResult, _jsonable
 __all__ = [
     "KeyMetric",
     "as_number",
+    "format_threshold",
     "format_value",
     "higher_is_better",
     "key_metric",
@@ -84,6 +85,16 @@ def format_value(value: Any) -> str:
     if number is not None and not isinstance(value, str):
         return format_value(number)
     return str(value)
+
+
+def format_threshold(metric: str, threshold: Any) -> str:
+    """A threshold with its direction: ``≤ 4`` (lower-is-better), ``≥ 0.999`` (higher-is-better), ``= true``
+    (a boolean or text that must match), or the absent mark."""
+    if threshold is None:
+        return ABSENT
+    if as_number(threshold) is None:
+        return f"= {format_value(threshold)}"
+    return f"{'≥' if higher_is_better(metric) else '≤'} {format_value(threshold)}"
 
 
 def higher_is_better(metric: str) -> bool:
@@ -160,7 +171,10 @@ def safe_json(value: Any, *, indent: int | None = 2) -> str:
     lists of scalars that fit in `_INLINE_WIDTH` characters stay on one line (shapes, cu_seqlens, indices).
     """
     data = _jsonable(value)
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str) if indent is None else _pretty(data, indent, 0)
+    if indent is None:
+        text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str)
+    else:
+        text = _pretty(data, indent, 0)
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
@@ -174,7 +188,8 @@ def _pretty(value: Any, indent: int, depth: int) -> str:
         if not value:
             return "{}"
         pad, inner = " " * (indent * depth), " " * (indent * (depth + 1))
-        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_pretty(v, indent, depth + 1)}" for k, v in value.items()]
+        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_pretty(v, indent, depth + 1)}"
+                 for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"
     if isinstance(value, list):
         if all(not isinstance(v, (dict, list)) for v in value) and len(flat) <= _INLINE_WIDTH:

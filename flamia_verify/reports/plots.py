@@ -197,7 +197,7 @@ def _decimate(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray
     edges = np.linspace(0, n, buckets + 1).astype(int)
     keep: list[int] = []
     finite = np.isfinite(y)
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         idx = np.arange(lo, hi)[finite[lo:hi]]
         if len(idx) == 0:
             continue
@@ -306,7 +306,8 @@ def _tick_labels(ax_set_ticks: Any, ax_set_labels: Any, coords: list[Any], poole
     for p in positions:
         source = min(n - 1, int(round(p * n / pooled)))
         value = coords[source]
-        labels.append(_mpl_text(value if isinstance(value, str) else format(value, ".4g") if isinstance(value, float) else str(value), 12))
+        text = value if isinstance(value, str) else format(value, ".4g") if isinstance(value, float) else str(value)
+        labels.append(_mpl_text(text, 12))
     ax_set_labels(labels)
 
 
@@ -331,7 +332,8 @@ def _draw_heatmap(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
     for key, n in (("x", n_cols), ("y", n_rows)):
         value = spec.get(key)
         if value is not None and (not isinstance(value, (list, tuple)) or len(value) != n):
-            raise PlotSpecError(f"{where}.{key}: expected a list of {n} coordinates (one per {'column' if key == 'x' else 'row'})")
+            per = "column" if key == "x" else "row"
+            raise PlotSpecError(f"{where}.{key}: expected a list of {n} coordinates (one per {per})")
         coords[key] = list(value) if value is not None else None
     log_z = _flag(spec, "log_z", where)
 
