@@ -654,3 +654,22 @@ def test_results_carry_no_autograd_history():
     x = torch.randn(4, 32, requires_grad=True)
     assert not mx_fake_quantize(x).requires_grad and not nvfp4_fake_quantize(x).requires_grad
     assert not round_to_format(x, E4M3).requires_grad and not fp8_tensor_quantize(x)[0].requires_grad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_results_equal_cpu_results_bitwise():
+    x = spread_tensor((300, 4, 64), seed=13, lo=-150, hi=30)  # fp32 subnormals and E8M0 byte 0 included
+    x[0, 0, 0] = float("nan")
+    cu = torch.tensor([0, 100, 101, 300], dtype=torch.int32)
+    for kw in ({}, {"axis": 0, "cu_seqlens": cu}, {"rule": ScaleRule.FLOOR, "elem": E2M1}, {"elem": E5M2}):
+        cpu, gpu = mx_quantize(x, **kw), mx_quantize(x.cuda(), **kw)
+        assert_same(gpu.scales, cpu.scales, what=f"mx scales cuda vs cpu {kw}")
+        assert_same(gpu.dequantize(), cpu.dequantize(), what=f"mx dequantized cuda vs cpu {kw}")
+    y = x.nan_to_num(0.0)
+    cpu, gpu = nvfp4_quantize(y, axis=0, cu_seqlens=cu), nvfp4_quantize(y.cuda(), axis=0, cu_seqlens=cu)
+    assert_same(gpu.block_scales, cpu.block_scales, what="nvfp4 block scales cuda vs cpu")
+    assert_same(gpu.dequantize(), cpu.dequantize(), what="nvfp4 dequantized cuda vs cpu")
+    bf16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).cuda()
+    assert_same(round_to_format(bf16, E4M3), bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn).float(),
+                what="E4M3 all bf16 vs the CUDA cast", inputs=bf16.float())
