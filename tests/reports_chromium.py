@@ -33,6 +33,7 @@ CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",  # CI runs as root, where the sandbox refuses to start
     "--disable-gpu",
+    "--disable-dev-shm-usage",  # containers often mount a tiny /dev/shm; large pages would crash the tab
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",

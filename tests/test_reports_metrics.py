@@ -102,3 +102,11 @@ def test_safe_json_has_no_markup_and_parses_back():
     assert json.loads(text) == {"<script>": "a & b </pre>", "shape": [1, 2, 3], "nan": "nan", "nested": [{"x": [1]}]}
     assert '"shape": [1, 2, 3]' in text, "short lists of scalars stay on one line"
     assert json.loads(safe_json(value, indent=None)) == json.loads(text)
+
+
+def test_safe_json_escapes_what_json_leaves_raw():
+    value = {"k\udcff": "del\x7f c1\x85 sep\u2028 esc\x1b"}
+    text = safe_json(value)
+    assert text.isascii() or not any(0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in text)
+    assert "\\udcff" in text and "\\u007f" in text and "\\u0085" in text and "\\u2028" in text
+    assert json.loads(text) == value

@@ -67,6 +67,15 @@ def test_bare_nan_literals_written_by_other_tools_are_read(tmp_path):
     assert value != value  # NaN
 
 
+def test_undecodable_file_names_in_messages_round_trip(tmp_path):
+    report = passing_report()
+    report.kernel = "kernels/k\udcff.py:attn"  # a file name with a byte that is not UTF-8
+    report.check("error.forward").message = "loaded kernels/k\udcff.py"
+    paths = write_reports(report, tmp_path)
+    assert load_report(paths["json"]).to_dict() == report.to_dict()
+    assert "k\\\\udcff.py" in paths["markdown"].read_text()  # visible escape, its backslash escaped for Markdown
+
+
 # ------------------------------------------------------------------------------------- schema problems
 
 
@@ -180,7 +189,7 @@ def test_renderer_failure_leaves_previous_files_untouched(tmp_path, monkeypatch)
     def broken(report):
         raise RuntimeError("renderer bug")
 
-    monkeypatch.setattr("flamia_verify.reports.html_report.render_html", broken)
+    monkeypatch.setattr("flamia_verify.reports.store.render_html", broken)
     with pytest.raises(RuntimeError, match="renderer bug"):
         write_reports(example_report(), tmp_path)
     assert _snapshot(tmp_path) == before

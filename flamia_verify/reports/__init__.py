@@ -1,6 +1,7 @@
 """Reports of a flamia-verify run: the model (report.json), its renderers and the regression gate.
 
-- `write_reports` / `load_report`: report.json, report.md, report.html, junit.xml (atomic writes; validation).
+- `write_reports` / `load_report`: report.json, report.md, report.html, junit.xml (atomic writes; validation);
+  `atomic_write_text` for a single rendered file (``flamia-verify report --html FILE``).
 - `render_markdown`, `render_html`, `render_junit`, `render_terminal`: one renderer per audience.
 - `compare_reports` / `render_comparison`: the regression gate of `flamia-verify compare`.
 
@@ -23,7 +24,7 @@ from flamia_verify.reports.junit import render_junit
 from flamia_verify.reports.markdown import render_markdown
 from flamia_verify.reports.metrics import KeyMetric, key_metric
 from flamia_verify.reports.model import SCHEMA, CheckResult, Report
-from flamia_verify.reports.store import load_report, write_reports
+from flamia_verify.reports.store import atomic_write_text, load_report, write_reports
 from flamia_verify.reports.terminal import render_terminal
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Comparison",
     "KeyMetric",
     "Report",
+    "atomic_write_text",
     "compare_reports",
     "default_higher_is_worse",
     "key_metric",

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from flamia_verify.reports.model import CheckResult, _jsonable
+from flamia_verify.reports.wording import printable
 
 __all__ = [
     "KeyMetric",
@@ -68,7 +70,8 @@ def as_number(value: Any) -> float | None:
 
 
 def format_value(value: Any) -> str:
-    """A short, stable text for a metric or threshold value: 4 significant digits for floats."""
+    """A short, stable text for a metric or threshold value: 4 significant digits for floats; text with its
+    control characters made visible."""
     if value is None:
         return ABSENT
     if isinstance(value, bool):
@@ -84,7 +87,7 @@ def format_value(value: Any) -> str:
     number = as_number(value)
     if number is not None and not isinstance(value, str):
         return format_value(number)
-    return str(value)
+    return printable(value)
 
 
 def format_threshold(metric: str, threshold: Any) -> str:
@@ -166,7 +169,8 @@ def key_metric(check: CheckResult) -> KeyMetric | None:
 def safe_json(value: Any, *, indent: int | None = 2) -> str:
     """JSON text of `value` that is safe to embed in HTML, Markdown and XML and still parses to the same data.
 
-    ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e``, ``\\u0026``; NaN and infinities as strings;
+    ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e``, ``\\u0026``, control characters and lone
+    surrogates as their ``\\uXXXX`` escapes (so the text encodes as UTF-8); NaN and infinities as strings;
     anything else unserialisable as its ``str``. With an `indent`, objects are spread one key per line while
     lists of scalars that fit in `_INLINE_WIDTH` characters stay on one line (shapes, cu_seqlens, indices).
     """
@@ -175,7 +179,14 @@ def safe_json(value: Any, *, indent: int | None = 2) -> str:
         text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str)
     else:
         text = _pretty(data, indent, 0)
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    text = text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    return _JSON_ESCAPED.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+
+
+# Characters json.dumps leaves raw that no reader should get raw: DEL and C1 controls, lone surrogates
+# (not encodable as UTF-8), line and paragraph separators. They only occur inside JSON strings, where
+# their \uXXXX escape means the same character.
+_JSON_ESCAPED = re.compile("[\x7f-\x9f\ud800-\udfff\u2028\u2029]")
 
 
 #: Longest list of scalars `safe_json` keeps on one line.

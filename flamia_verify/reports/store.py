@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ReportSchemaError
+from flamia_verify.reports.html_report import render_html
+from flamia_verify.reports.junit import render_junit
+from flamia_verify.reports.markdown import render_markdown
 from flamia_verify.reports.model import FAMILIES, SCHEMA, STATUSES, Report
 
 __all__ = ["REPORT_FILES", "atomic_write_text", "load_report", "report_json", "validate_report_data", "write_reports"]
@@ -44,7 +47,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     file system; it is removed if anything fails. The new file gets the usual permissions (0666 less umask).
     """
     path = Path(path)
-    data = text.encode("utf-8")
+    # Lone surrogates (undecodable file names in a message) become \udcxx: inside a JSON string that is
+    # the escape that reads back as the same character; elsewhere it is visible text.
+    data = text.encode("utf-8", errors="backslashreplace")
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -70,11 +75,6 @@ def write_reports(report: Report, out_dir: str | os.PathLike[str]) -> dict[str, 
     any file is touched, and report.json is replaced first, so an interrupted call never leaves a mix of
     formats older than report.json. Safe to call repeatedly during a run.
     """
-    # Imported here: the HTML renderer pulls in matplotlib only when a report has plots.
-    from flamia_verify.reports.html_report import render_html
-    from flamia_verify.reports.junit import render_junit
-    from flamia_verify.reports.markdown import render_markdown
-
     out = Path(out_dir)
     texts = {
         "json": report_json(report),

@@ -17,15 +17,22 @@ __all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
 
 
-# C0 controls except tab and newline, DEL and C1 controls: terminal escapes, NUL, carriage returns.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 controls except tab and newline, DEL and C1 controls (terminal escapes, NUL, carriage returns), and
+# lone surrogates (undecodable bytes of a file name), which no terminal or UTF-8 file can hold.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(value: object) -> str:
-    """`value` as text with control characters written as visible ``\\x1b``-style escapes, so that a
-    message carrying terminal colour codes or a carriage return cannot rewrite what a reader sees."""
+    """`value` as text with control characters and lone surrogates written as visible ``\\x1b``-style
+    escapes, so that a message carrying terminal colour codes or a carriage return cannot rewrite what a
+    reader sees, and every renderer's output encodes as UTF-8."""
     text = value if isinstance(value, str) else str(value)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+    return _CONTROL.sub(_escape, text)
 
 
 def verdict(report: Report) -> str:
