@@ -670,6 +670,11 @@ def test_cuda_results_equal_cpu_results_bitwise():
     cpu, gpu = nvfp4_quantize(y, axis=0, cu_seqlens=cu), nvfp4_quantize(y.cuda(), axis=0, cu_seqlens=cu)
     assert_same(gpu.block_scales, cpu.block_scales, what="nvfp4 block scales cuda vs cpu")
     assert_same(gpu.dequantize(), cpu.dequantize(), what="nvfp4 dequantized cuda vs cpu")
+    for fn in (fp8_tensor_quantize, lambda t: fp8_row_quantize(t, power_of_two=False),
+               lambda t: fp8_block_quantize(t, axis=0, block_size=128, cu_seqlens=cu)):
+        (dc, sc), (dg, sg) = fn(y), fn(y.cuda())
+        assert_same(sg, sc, what="fp8 scales cuda vs cpu")
+        assert_same(dg, dc, what="fp8 data cuda vs cpu")
     bf16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).cuda()
     assert_same(round_to_format(bf16, E4M3), bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn).float(),
                 what="E4M3 all bf16 vs the CUDA cast", inputs=bf16.float())

@@ -224,6 +224,13 @@ def _block_amax(a: torch.Tensor, axis: int, block_index: torch.Tensor, nblocks: 
     return out.scatter_reduce(axis, _index_along(block_index, axis, a), a, reduce="amax", include_self=True)
 
 
+def _divide(a: torch.Tensor, divisor: float) -> torch.Tensor:
+    """IEEE ``a / divisor`` on every device. CUDA torch turns a division by a Python (CPU) scalar
+    into a multiplication by its rounded reciprocal, which differs from the division in the last
+    bit (2688 and 6 are no powers of two); a divisor tensor on a's device keeps a true division."""
+    return a / torch.tensor(divisor, dtype=a.dtype, device=a.device)
+
+
 def _to_positions(per_block: torch.Tensor, axis: int, block_index: torch.Tensor) -> torch.Tensor:
     """Broadcast per-block values back to every position along ``axis`` (a gather; much faster
     than index_select along an inner axis)."""
@@ -381,11 +388,11 @@ def nvfp4_quantize(
     xf = x.detach().to(torch.float32)
     a = xf.abs()
     amax = a.amax() if global_amax is None else _global_amax_shape(x, ax, global_amax)
-    s_global = torch.where(amax == 0, torch.ones_like(amax), amax / C.NVFP4_GLOBAL_DIVISOR)
+    s_global = torch.where(amax == 0, torch.ones_like(amax), _divide(amax, C.NVFP4_GLOBAL_DIVISOR))
     s_global = torch.where(torch.isfinite(amax), s_global, torch.full_like(s_global, math.nan))
     block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
     block_amax = _block_amax(a, ax, block_index, nblocks)
-    s_block = round_to_format((block_amax / C.E2M1_MAX) / s_global, UE4M3, saturate=True)
+    s_block = round_to_format(_divide(block_amax, C.E2M1_MAX) / s_global, UE4M3, saturate=True)
     s_block = torch.where(torch.isfinite(block_amax), s_block, torch.full_like(s_block, math.nan))
     denom = _to_positions(s_block, ax, block_index) * s_global
     data = round_to_format(xf / denom, E2M1)
@@ -409,7 +416,7 @@ def _fp8_scale(amax: torch.Tensor, elem: ElementFormat, power_of_two: bool) -> t
         exponent = mx_scale_exponent(amax, elem, ScaleRule.RCEIL)
         scale = e8m0_decode(e8m0_from_exponent(exponent))  # exact 2^e, e clamped to [-127, 127]
     else:
-        scale = (amax.to(torch.float32) / elem.max_finite).clamp(min=C.FP32_MIN_NORMAL)
+        scale = _divide(amax.to(torch.float32), elem.max_finite).clamp(min=C.FP32_MIN_NORMAL)
     scale = torch.where(amax == 0, torch.ones_like(scale), scale)
     return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, math.nan))
 
