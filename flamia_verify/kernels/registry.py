@@ -41,9 +41,11 @@ class LoadedKernel:
 def builtin_kernels() -> dict[str, LoadedKernel]:
     from flamia_verify.kernels.designs import DESIGNS
     from flamia_verify.kernels.emulation import make_kernel
+    from flamia_verify.kernels.triton import with_fused_dispatch  # fused Triton for CUDA inputs; imports no Triton
 
     return {
-        name: LoadedKernel(name, make_kernel(d), d.recipe, "builtin", d.description) for name, d in DESIGNS.items()
+        name: LoadedKernel(name, with_fused_dispatch(make_kernel(d)), d.recipe, "builtin", d.description)
+        for name, d in DESIGNS.items()
     }
 
 

@@ -1,0 +1,63 @@
+"""Fused Triton kernels of the built-in designs (forward and backward), chosen for CUDA inputs.
+
+Triton is imported lazily: importing this package (and ``import flamia_verify``) works without it;
+the emulation (:mod:`flamia_verify.kernels.emulation`) stays the specification and the CPU path.
+
+* :func:`with_fused_dispatch` wraps an emulated built-in kernel so that CUDA tensors run the fused
+  kernels (when Triton is installed and the design has a fused implementation) and everything else
+  runs the emulation.
+* ``attention`` holds the kernels; ``quant`` the in-register quantizers (bit-exact twins of
+  :mod:`flamia_verify.formats`); ``bench`` the speed table of ``flamia-verify bench``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+__all__ = ["triton_available", "fused_supported", "with_fused_dispatch"]
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """True when the ``triton`` package can be imported (it is never imported here)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def fused_supported(design) -> bool:
+    """Whether ``design`` has a fused kernel (decided from the design alone, without Triton)."""
+    from flamia_verify.kernels.triton.config import unsupported_reason
+
+    return unsupported_reason(design) is None
+
+
+def with_fused_dispatch(emulated):
+    """Wrap an emulated kernel (``emulation.make_kernel``): CUDA bf16/fp16 inputs run the fused
+    Triton kernels of its design, everything else the emulation. Returns ``emulated`` unchanged
+    when the design has no fused implementation."""
+    design = emulated.design
+    if not fused_supported(design):
+        return emulated
+
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        if q.is_cuda and q.dtype in _FUSED_DTYPES() and triton_available():
+            from flamia_verify.kernels.triton.attention import fused_attention
+
+            return fused_attention(design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   softmax_scale=softmax_scale, causal=causal)
+        return emulated(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale=softmax_scale, causal=causal)
+
+    kernel.__name__ = emulated.__name__
+    kernel.__qualname__ = emulated.__qualname__
+    kernel.__doc__ = f"{design.name} (fused Triton on CUDA, emulation elsewhere): {design.description}"
+    kernel.design = design
+    kernel.recipe = emulated.recipe
+    kernel.emulated = emulated
+    return kernel
+
+
+def _FUSED_DTYPES():
+    import torch
+
+    return (torch.bfloat16, torch.float16)

@@ -1,0 +1,741 @@
+"""Fused FlashAttention-style Triton kernels of the built-in designs: forward and backward, varlen
+(``cu_seqlens``, no padding or repacking), causal (bottom-right aligned), GQA/MQA.
+
+One kernel source serves every design: an :class:`~flamia_verify.kernels.emulation.EmulatedDesign`
+is compiled into constexpr switches (:class:`FusedConfig`) that say how each GEMM operand is rounded
+in registers. The emulation is the specification; this module computes the same numbers tile by
+tile:
+
+* Tiles start at each document's first query / key (``cu_seqlens``), and every tile size is a
+  multiple of every block size along its axis, so quantization blocks along the sequence restart
+  at document starts without any bookkeeping, and a document's tiles are the same wherever it is
+  packed.
+* MX / FP8 operands are quantized in registers (``quant.py``, bit-exact twins of
+  :mod:`flamia_verify.formats`) and dequantized to BF16 for the tensor-core dot. That is exact:
+  E4M3 values have 4 significant bits and E8M0 scales are powers of two.
+* FLAMIA's P: per 32-key block (128 for ``fp8``) ``M_b = ceil(block max of s)`` (log2 units),
+  elements ``E4M3(2^(s - M_b + 8))``, block scale ``2^(M_b - 8 - m)``. The running maximum ``m``
+  is the max of the integers ``M_b``, so the online-softmax rescaling ``2^(m_old - m_new)`` is an
+  exact power of two and the result does not depend on the tile order. ``l`` sums the rounded P.
+* Causal diagonal fallback: where an output row sees a sequence block of the right-hand operand
+  only partly, that block is multiplied in the input precision. Only diagonal tiles take the
+  masked path, and only they split the dot in two.
+* Backward: ``D = rowsum(dO * O)``, P recomputed from the same quantized Q, K and the saved
+  log-sum-exp (log2 units); dK, dV in one kernel (loop over query tiles), dQ in another (loop
+  over key tiles); no atomics, so runs are bitwise repeatable. GQA: each query head writes its
+  scaled fp32 dK, dV and the group sum is taken in fp32, in the emulation's order.
+
+Triton's interpreter (``TRITON_INTERPRET=1``) multiplies bf16 dot operands as raw integers and
+truncates fp32 -> bf16 casts; under it the kernels round in fp32 arithmetic and multiply fp32
+copies of the (exactly representable) operands (``INTERPRET`` constexpr).
+
+docs/triton.md has the derivations, the tolerances and the measured speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flamia_verify.kernels.convention import validate_varlen_inputs
+from flamia_verify.kernels.triton.compat import interpreting as _interpreting
+from flamia_verify.kernels.triton.compat import patch_interpreter
+from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
+from flamia_verify.kernels.triton.config import FusedConfig, TileConfig, config_for, tiles, unsupported_reason
+from flamia_verify.kernels.triton.quant import (
+    KIND_INPUT,
+    exp2i,
+    quantize_first,
+    quantize_last,
+    round_e4m3,
+    round_input,
+)
+
+__all__ = [
+    "FusedConfig",
+    "TileConfig",
+    "config_for",
+    "tiles",
+    "unsupported_reason",
+    "fused_attention",
+    "fused_forward_with_lse",
+    "fused_forward",
+    "fused_backward",
+]
+
+patch_interpreter()
+
+NEG_INF = tl.constexpr(float("-inf"))
+P_POW2_OFFSET = tl.constexpr(8.0)  # P elements are E4M3(2^(s - M_b + 8)), as in the emulation
+
+
+# ----------------------------------------------------------------------------------------------
+# small pieces shared by the kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mma(a, b, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b, both operands rounded to the input dtype (exact for dequantized MX values)."""
+    if INTERPRET:
+        return tl.dot(round_input(a, IS_FP16), round_input(b, IS_FP16), acc, input_precision="ieee")
+    elif IS_FP16:
+        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    else:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+
+
+@triton.jit
+def _to_input(x, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """Cast fp32 to the input dtype with round-to-nearest-even (the interpreter's cast truncates)."""
+    if INTERPRET:
+        x = round_input(x, IS_FP16)
+    if IS_FP16:
+        return x.to(tl.float16)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _quant_head(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+                RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+    """Round an (R, D) tile as a head_dim-contracted operand (BLOCK 0: one scale per row)."""
+    if BLOCK == 0:
+        return quantize_last(x, x, R, D, KIND, D, RCEIL, IS_FP16)
+    else:
+        return quantize_last(x, x, R, D, KIND, BLOCK, RCEIL, IS_FP16)
+
+
+@triton.jit
+def _load_rows(Ptr, base, offs, mask, stride, HEAD_DIM: tl.constexpr):
+    """Load (len(offs), HEAD_DIM) rows ``base + offs * stride`` as fp32, 0 where masked."""
+    d = tl.arange(0, HEAD_DIM)
+    x = tl.load(Ptr + base + offs[:, None].to(tl.int64) * stride + d[None, :], mask=mask[:, None], other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _p_rows(s2, lse, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr):
+    """Backward probabilities A = P / l of an (M, N) score tile (keys along axis 1), log2 units.
+
+    Power-of-two P: E4M3(2^(s - M_b + 8)) * 2^((M_b - 8) - lse); FlashAttention P: 2^(s - lse).
+    lse must be finite (callers zero the rows whose lse is -inf).
+    """
+    if P_POW2:
+        NB: tl.constexpr = BLOCK_N // P_BLOCK
+        s3 = tl.reshape(s2, (BLOCK_M, NB, P_BLOCK))
+        mb = tl.ceil(tl.max(s3, axis=2))
+        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        elem = round_e4m3(tl.exp2((s3 - mb[:, :, None]) + P_POW2_OFFSET))
+        scale = tl.exp2((mb - P_POW2_OFFSET) - lse[:, None])
+        return tl.reshape(elem * scale[:, :, None], (BLOCK_M, BLOCK_N))
+    else:
+        return tl.exp2(s2 - lse[:, None])
+
+
+@triton.jit
+def _p_cols(sT, lse, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr):
+    """``_p_rows`` of a transposed (N keys, M queries) score tile: key blocks along axis 0."""
+    if P_POW2:
+        NB: tl.constexpr = BLOCK_N // P_BLOCK
+        s3 = tl.reshape(sT, (NB, P_BLOCK, BLOCK_M))
+        mb = tl.ceil(tl.max(s3, axis=1))
+        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        elem = round_e4m3(tl.exp2((s3 - mb[:, None, :]) + P_POW2_OFFSET))
+        scale = tl.exp2((mb - P_POW2_OFFSET) - lse[None, :])
+        return tl.reshape(elem * scale[:, None, :], (BLOCK_N, BLOCK_M))
+    else:
+        return tl.exp2(sT - lse[None, :])
+
+
+# ----------------------------------------------------------------------------------------------
+# forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_vt, start_n, offs_m, lk, off,
+                   qk_scale,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                   MASKED: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, V_KIND: tl.constexpr,
+                   V_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr,
+                   RCEIL: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """One key tile of the online softmax: returns the updated (acc, l_i, m_i)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kmask = offs_n < lk
+    k = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
+    k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    s = _mma(q_op, tl.trans(k_op), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
+    s2 = s * qk_scale
+    if MASKED:
+        vis = kmask[None, :]
+        if CAUSAL:
+            vis = vis & (offs_n[None, :] <= offs_m[:, None] + off)
+        s2 = tl.where(vis, s2, NEG_INF)
+    if P_POW2:
+        # FLAMIA P: per block of P_BLOCK keys, M_b = ceil(max s); E4M3(2^(s - M_b + 8)) * 2^(M_b - 8 - m)
+        NB: tl.constexpr = BLOCK_N // P_BLOCK
+        s3 = tl.reshape(s2, (BLOCK_M, NB, P_BLOCK))
+        mb = tl.ceil(tl.max(s3, axis=2))
+        m_new = tl.maximum(m_i, tl.max(mb, axis=1))
+        live = mb > NEG_INF
+        mb_s = tl.where(live, mb, 0.0)
+        m_new_s = tl.where(m_new > NEG_INF, m_new, 0.0)
+        elem = round_e4m3(tl.exp2((s3 - mb_s[:, :, None]) + P_POW2_OFFSET))
+        e = tl.where(live, tl.maximum((mb_s - P_POW2_OFFSET) - m_new_s[:, None], -1000.0), -1000.0)
+        p = tl.reshape(elem * exp2i(e.to(tl.int32))[:, :, None], (BLOCK_M, BLOCK_N))
+        alpha = exp2i(tl.maximum(tl.where(m_i > NEG_INF, m_i - m_new_s, 0.0), -1000.0).to(tl.int32))
+    else:
+        # FlashAttention-2: P = 2^(s - m) in fp32 for l, rounded to the input dtype for P V
+        m_new = tl.maximum(m_i, tl.max(s2, axis=1))
+        m_new_s = tl.where(m_new > NEG_INF, m_new, 0.0)
+        p = tl.exp2(s2 - m_new_s[:, None])
+        alpha = tl.exp2(tl.where(m_i > NEG_INF, m_i - m_new_s, 0.0))
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
+    if V_KIND == KIND_INPUT:
+        acc = _mma(p, v, acc, IS_FP16, INTERPRET)
+    else:
+        v_op = quantize_first(v, BLOCK_N, HEAD_DIM, V_KIND, V_BLOCK, RCEIL, IS_FP16)
+        if MASKED and FALLBACK and CAUSAL:
+            # a V block that row i sees only partly is multiplied in the input precision
+            blk_last = tl.minimum((offs_n // V_BLOCK) * V_BLOCK + (V_BLOCK - 1), lk - 1)
+            full = blk_last[None, :] <= offs_m[:, None] + off
+            acc = _mma(tl.where(full, p, 0.0), v_op, acc, IS_FP16, INTERPRET)
+            acc = _mma(tl.where(full, 0.0, p), v, acc, IS_FP16, INTERPRET)
+        else:
+            acc = _mma(p, v_op, acc, IS_FP16, INTERPRET)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, Out, Lse2, CuQ, CuK, qk_scale,
+              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
+              GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, V_KIND: tl.constexpr,
+              V_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr,
+              RCEIL: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """Grid (query tiles of the longest document, documents, heads); longest-running tiles first."""
+    tl.static_assert(BLOCK_N % 16 == 0)
+    if V_KIND != KIND_INPUT:
+        tl.static_assert(BLOCK_N % V_BLOCK == 0)
+    if P_POW2:
+        tl.static_assert(BLOCK_N % P_BLOCK == 0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    doc = tl.program_id(1)
+    h = tl.program_id(2)
+    hk = h // GROUPS
+    q_start = tl.load(CuQ + doc)
+    lq = tl.load(CuQ + doc + 1) - q_start
+    k_start = tl.load(CuK + doc)
+    lk = tl.load(CuK + doc + 1) - k_start
+    start_m = pid_m * BLOCK_M
+    if start_m >= lq:
+        return
+    off = lk - lq  # bottom-right causal alignment: key j visible to query i iff j <= i + off
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    qmask = offs_m < lq
+    q = _load_rows(Q, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
+    q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    m_i = tl.full((BLOCK_M,), NEG_INF, tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    k_base = k_start.to(tl.int64) * stride_kt + hk * stride_kh
+    v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
+    # key tiles [0, full_end) are inside the document and visible to every row of this query tile;
+    # [full_end, hi) need masks (the causal diagonal, the document's last partial tile)
+    if CAUSAL:
+        hi = tl.minimum(lk, tl.minimum(start_m + BLOCK_M, lq) + off)
+        full_end = tl.minimum(start_m + off + 1, lk)
+    else:
+        hi = lk
+        full_end = lk
+    full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_vt, start_n,
+                                       offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
+                                       QK_KIND, QK_BLOCK, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, RCEIL,
+                                       IS_FP16, INTERPRET)
+    for start_n in range(full_end, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_vt, start_n,
+                                       offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
+                                       QK_KIND, QK_BLOCK, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, RCEIL,
+                                       IS_FP16, INTERPRET)
+    ok = l_i > 0
+    l_s = tl.where(ok, l_i, 1.0)
+    o = tl.math.div_rn(acc, tl.broadcast_to(l_s[:, None], (BLOCK_M, HEAD_DIM)))
+    o = tl.where(ok[:, None], o, 0.0)
+    lse2 = tl.where(ok, m_i + tl.log2(l_s), NEG_INF)
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_ptrs = Out + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, _to_input(o, IS_FP16, INTERPRET), mask=qmask[:, None])
+    tl.store(Lse2 + h * stride_lh + q_start + offs_m, lse2, mask=qmask)
+
+
+# ----------------------------------------------------------------------------------------------
+# backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_bwd_delta(O, DO, Delta, total_q, stride_ot, stride_oh, stride_dot, stride_doh, stride_lh,
+                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """D = rowsum(dO * O) in fp32, from O and dO in the input dtype."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1)
+    mask = offs_m < total_q
+    o = _load_rows(O, h * stride_oh, offs_m, mask, stride_ot, HEAD_DIM)
+    do = _load_rows(DO, h * stride_doh, offs_m, mask, stride_dot, HEAD_DIM)
+    tl.store(Delta + h * stride_lh + offs_m, tl.sum(o * do, axis=1), mask=mask)
+
+
+@triton.jit
+def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base,
+                        stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        CAUSAL: tl.constexpr, MASKED: tl.constexpr, AMAX_PASS: tl.constexpr,
+                        QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
+                        DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, PT_KIND: tl.constexpr,
+                        PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
+                        DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
+                        Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
+                        IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    qmask = offs_m < lq
+    q = _load_rows(Q, q_base, offs_m, qmask, stride_qt, HEAD_DIM)
+    do = _load_rows(DO, do_base, offs_m, qmask, stride_dot, HEAD_DIM)
+    lse = tl.load(Lse2 + l_base + offs_m, mask=qmask, other=0.0)
+    delta = tl.load(Delta + l_base + offs_m, mask=qmask, other=0.0)
+    q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    do_op = _quant_head(do, BLOCK_M, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
+    sT = _mma(k_op, tl.trans(q_op), tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
+    if MASKED:
+        vis = (offs_n < lk)[:, None] & qmask[None, :]
+        if CAUSAL:
+            vis = vis & (offs_n[:, None] <= offs_m[None, :] + off)
+        sT = tl.where(vis, sT, NEG_INF)
+    lse_ok = lse > NEG_INF
+    aT = _p_cols(sT, tl.where(lse_ok, lse, 0.0), BLOCK_N, BLOCK_M, P_POW2, P_BLOCK)
+    aT = tl.where(lse_ok[None, :], aT, 0.0)
+    if MASKED:
+        aT = tl.where(vis, aT, 0.0)
+    dpT = _mma(v_op, tl.trans(do_op), tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET)
+    dsT = aT * (dpT - delta[None, :])
+    if AMAX_PASS:
+        amax_pt = tl.maximum(amax_pt, tl.max(tl.abs(aT), axis=1))
+        amax_dst = tl.maximum(amax_dst, tl.max(tl.abs(dsT), axis=1))
+    else:
+        pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
+        dst_op = quantize_last(dsT, amax_dst, BLOCK_N, BLOCK_M, DST_KIND, DST_BLOCK, RCEIL, IS_FP16)
+        # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in bf16
+        if DO_KIND == KIND_INPUT:
+            dv = _mma(pt_op, do, dv, IS_FP16, INTERPRET)
+        else:
+            do_seq = quantize_first(do, BLOCK_M, HEAD_DIM, DO_KIND, DO_BLOCK, RCEIL, IS_FP16)
+            if MASKED and FALLBACK and CAUSAL:
+                full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
+                dv = _mma(tl.where(full, pt_op, 0.0), do_seq, dv, IS_FP16, INTERPRET)
+                dv = _mma(tl.where(full, 0.0, pt_op), do, dv, IS_FP16, INTERPRET)
+            else:
+                dv = _mma(pt_op, do_seq, dv, IS_FP16, INTERPRET)
+        # dK = dS^T Q: Q blocked along queries
+        if Q_KIND == KIND_INPUT:
+            dk = _mma(dst_op, q, dk, IS_FP16, INTERPRET)
+        else:
+            q_seq = quantize_first(q, BLOCK_M, HEAD_DIM, Q_KIND, Q_BLOCK, RCEIL, IS_FP16)
+            if MASKED and FALLBACK and CAUSAL:
+                full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
+                dk = _mma(tl.where(full, dst_op, 0.0), q_seq, dk, IS_FP16, INTERPRET)
+                dk = _mma(tl.where(full, 0.0, dst_op), q, dk, IS_FP16, INTERPRET)
+            else:
+                dk = _mma(dst_op, q_seq, dk, IS_FP16, INTERPRET)
+    return dk, dv, amax_pt, amax_dst
+
+
+@triton.jit
+def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base,
+                         stride_qt, stride_dot, start_n, lq, lk, off, qk_scale,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         CAUSAL: tl.constexpr, AMAX_PASS: tl.constexpr,
+                         QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
+                         DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, PT_KIND: tl.constexpr,
+                         PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
+                         DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
+                         Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
+                         IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """All query tiles that see this key tile: masked diagonal tiles, unmasked ones, the masked last one."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    lq_end = tl.cdiv(lq, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        m_lo = tl.maximum(start_n - off, 0) // BLOCK_M * BLOCK_M  # first query that sees key start_n
+        m_diag_end = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M, lq_end)
+    else:
+        m_lo = 0
+        m_diag_end = 0
+    if start_n + BLOCK_N > lk:  # the document's partial last key tile: mask every query tile
+        m_diag_end = lq_end
+    m_full_end = tl.maximum(lq // BLOCK_M * BLOCK_M, m_diag_end)
+    for start_m in range(m_lo, m_diag_end, BLOCK_M):
+        dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
+            stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
+            AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND,
+            DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    for start_m in range(m_diag_end, m_full_end, BLOCK_M):
+        dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
+            stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
+            AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND,
+            DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    for start_m in range(m_full_end, lq_end, BLOCK_M):
+        dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
+            stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
+            AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND,
+            DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    return dk, dv, amax_pt, amax_dst
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scale,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                   stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
+                   GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
+                   P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, PT_KIND: tl.constexpr,
+                   PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
+                   DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr, Q_BLOCK: tl.constexpr,
+                   FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, OUT_F32: tl.constexpr,
+                   IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """Grid (key tiles of the longest document, documents, query heads). Each program owns a key
+    tile of one query head: dK = scale * sum dS^T Q, dV = sum P^T dO over the query tiles that see it.
+    OUT_F32 (GQA): write fp32 per query head; the caller sums each group."""
+    start_n = tl.program_id(0) * BLOCK_N
+    doc = tl.program_id(1)
+    h = tl.program_id(2)
+    hk = h // GROUPS
+    q_start = tl.load(CuQ + doc)
+    lq = tl.load(CuQ + doc + 1) - q_start
+    k_start = tl.load(CuK + doc)
+    lk = tl.load(CuK + doc + 1) - k_start
+    if start_n >= lk:
+        return
+    off = lk - lq
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kmask = offs_n < lk
+    k = _load_rows(K, k_start.to(tl.int64) * stride_kt + hk * stride_kh, offs_n, kmask, stride_kt, HEAD_DIM)
+    v = _load_rows(V, k_start.to(tl.int64) * stride_vt + hk * stride_vh, offs_n, kmask, stride_vt, HEAD_DIM)
+    k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    v_op = _quant_head(v, BLOCK_N, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
+    q_base = q_start.to(tl.int64) * stride_qt + h * stride_qh
+    do_base = q_start.to(tl.int64) * stride_dot + h * stride_doh
+    l_base = h * stride_lh + q_start
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    amax_pt = tl.zeros((BLOCK_N,), tl.float32)
+    amax_dst = tl.zeros((BLOCK_N,), tl.float32)
+    if TWO_PASS:  # NVFP4 P^T, dS^T: the row scale needs the amax over every query first
+        dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
+            stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, QK_KIND,
+            QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
+        dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
+        stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND,
+        QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
+        DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    dk = dk * sm_scale
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = (k_start + offs_n)[:, None].to(tl.int64)
+    head = h if OUT_F32 else hk
+    dk_ptrs = DK + rows * stride_dkt + head * stride_dkh + offs_d[None, :]
+    dv_ptrs = DV + rows * stride_dvt + head * stride_dvh + offs_d[None, :]
+    if OUT_F32:
+        tl.store(dk_ptrs, dk, mask=kmask[:, None])
+        tl.store(dv_ptrs, dv, mask=kmask[:, None])
+    else:
+        tl.store(dk_ptrs, _to_input(dk, IS_FP16, INTERPRET), mask=kmask[:, None])
+        tl.store(dv_ptrs, _to_input(dv, IS_FP16, INTERPRET), mask=kmask[:, None])
+
+
+@triton.jit
+def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt,
+                      start_n, offs_m, lk, off, qk_scale,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                      MASKED: tl.constexpr, AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr,
+                      QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr,
+                      DP_BLOCK: tl.constexpr, DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr,
+                      K_KIND: tl.constexpr, K_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
+                      IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """One key tile of the dQ sweep."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kmask = offs_n < lk
+    k = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
+    v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
+    k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    v_op = _quant_head(v, BLOCK_N, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
+    s2 = _mma(q_op, tl.trans(k_op), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
+    if MASKED:
+        vis = kmask[None, :]
+        if CAUSAL:
+            vis = vis & (offs_n[None, :] <= offs_m[:, None] + off)
+        s2 = tl.where(vis, s2, NEG_INF)
+    lse_ok = lse > NEG_INF
+    a = _p_rows(s2, tl.where(lse_ok, lse, 0.0), BLOCK_M, BLOCK_N, P_POW2, P_BLOCK)
+    a = tl.where(lse_ok[:, None], a, 0.0)
+    if MASKED:
+        a = tl.where(vis, a, 0.0)
+    dp = _mma(do_op, tl.trans(v_op), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
+    ds = a * (dp - delta[:, None])
+    if AMAX_PASS:
+        amax_ds = tl.maximum(amax_ds, tl.max(tl.abs(ds), axis=1))
+    else:
+        ds_op = quantize_last(ds, amax_ds, BLOCK_M, BLOCK_N, DS_KIND, DS_BLOCK, RCEIL, IS_FP16)
+        if K_KIND == KIND_INPUT:
+            dq = _mma(ds_op, k, dq, IS_FP16, INTERPRET)
+        else:
+            k_seq = quantize_first(k, BLOCK_N, HEAD_DIM, K_KIND, K_BLOCK, RCEIL, IS_FP16)
+            if MASKED and FALLBACK and CAUSAL:
+                blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)
+                full = blk_last[None, :] <= offs_m[:, None] + off
+                dq = _mma(tl.where(full, ds_op, 0.0), k_seq, dq, IS_FP16, INTERPRET)
+                dq = _mma(tl.where(full, 0.0, ds_op), k, dq, IS_FP16, INTERPRET)
+            else:
+                dq = _mma(ds_op, k_seq, dq, IS_FP16, INTERPRET)
+    return dq, amax_ds
+
+
+@triton.jit
+def _attn_bwd_dq_sweep(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt,
+                       full_end, hi, offs_m, lk, off, qk_scale,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                       AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr,
+                       P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr,
+                       DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
+                       FALLBACK: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
+                       INTERPRET: tl.constexpr):
+    for start_n in range(0, full_end, BLOCK_N):
+        dq, amax_ds = _attn_bwd_dq_tile(
+            dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, start_n, offs_m,
+            lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2,
+            P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    for start_n in range(full_end, hi, BLOCK_N):
+        dq, amax_ds = _attn_bwd_dq_tile(
+            dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, start_n, offs_m,
+            lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2,
+            P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    return dq, amax_ds
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                 stride_dqt, stride_dqh, stride_lh,
+                 GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
+                 P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, DS_KIND: tl.constexpr,
+                 DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr, FALLBACK: tl.constexpr,
+                 RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """Grid (query tiles of the longest document, documents, heads): dQ = scale * sum dS K."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    doc = tl.program_id(1)
+    h = tl.program_id(2)
+    hk = h // GROUPS
+    q_start = tl.load(CuQ + doc)
+    lq = tl.load(CuQ + doc + 1) - q_start
+    k_start = tl.load(CuK + doc)
+    lk = tl.load(CuK + doc + 1) - k_start
+    start_m = pid_m * BLOCK_M
+    if start_m >= lq:
+        return
+    off = lk - lq
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    qmask = offs_m < lq
+    q = _load_rows(Q, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
+    do = _load_rows(DO, q_start.to(tl.int64) * stride_dot + h * stride_doh, offs_m, qmask, stride_dot, HEAD_DIM)
+    lse = tl.load(Lse2 + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
+    delta = tl.load(Delta + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
+    q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    do_op = _quant_head(do, BLOCK_M, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
+    k_base = k_start.to(tl.int64) * stride_kt + hk * stride_kh
+    v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
+    if CAUSAL:
+        hi = tl.minimum(lk, tl.minimum(start_m + BLOCK_M, lq) + off)
+        full_end = tl.minimum(start_m + off + 1, lk)
+    else:
+        hi = lk
+        full_end = lk
+    full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    amax_ds = tl.zeros((BLOCK_M,), tl.float32)
+    if TWO_PASS:  # NVFP4 dS: the row scale needs the amax over every key first
+        dq, amax_ds = _attn_bwd_dq_sweep(
+            dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, full_end, hi,
+            offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, QK_KIND, QK_BLOCK, P_POW2,
+            P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    dq, amax_ds = _attn_bwd_dq_sweep(
+        dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, full_end, hi,
+        offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND, QK_BLOCK, P_POW2,
+        P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    dq = dq * sm_scale
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = DQ + (q_start + offs_m)[:, None].to(tl.int64) * stride_dqt + h * stride_dqh + offs_d[None, :]
+    tl.store(ptrs, _to_input(dq, IS_FP16, INTERPRET), mask=qmask[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# launch
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_inputs(q, k, v):
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"the fused kernels take bf16 or fp16 inputs, got {q.dtype}; use the emulation for fp32")
+    d = q.shape[-1]
+    if d < 32 or d > 256 or d & (d - 1):
+        raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {d}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous along head_dim")
+
+
+def _head_block(block: int) -> int:
+    return block  # 0 stays 0: one scale per row
+
+
+def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
+                  *, tile: TileConfig | None = None):
+    """Forward kernel: (out in q's dtype, lse2 (nheads, total_q) fp32 in log2 units)."""
+    _check_inputs(q, k, v)
+    total_q, H, D = q.shape
+    Hk = k.shape[1]
+    out = torch.empty_like(q)
+    lse2 = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+    batch = cu_q.numel() - 1
+    if total_q == 0 or batch == 0:
+        return out, lse2
+    t = tile or tiles(cfg, D, interpret=_interpreting())["fwd"]
+    qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
+    grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
+    _attn_fwd[grid](
+        q, k, v, out, lse2, cu_q, cu_k, qk_scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        lse2.stride(0),
+        GROUPS=H // Hk, HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
+        QK_KIND=cfg.qk[0], QK_BLOCK=_head_block(cfg.qk[1]), V_KIND=cfg.v_seq[0], V_BLOCK=cfg.v_seq[1],
+        P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block, FALLBACK=cfg.fallback, RCEIL=cfg.rceil,
+        IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return out, lse2
+
+
+def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                   causal: bool, *, tile_dkdv: TileConfig | None = None, tile_dq: TileConfig | None = None):
+    """Backward kernels from the forward's out and lse2 ((nheads, total_q), log2 units): (dq, dk, dv)."""
+    _check_inputs(q, k, v)
+    total_q, H, D = q.shape
+    total_k, Hk, _ = k.shape
+    groups = H // Hk
+    dout = dout.to(q.dtype).contiguous()
+    out = out.contiguous()
+    lse2 = lse2.contiguous()
+    dq = torch.empty_like(q)
+    batch = cu_q.numel() - 1
+    if groups > 1:
+        dk = torch.zeros((total_k, H, D), dtype=torch.float32, device=q.device)
+        dv = torch.zeros((total_k, H, D), dtype=torch.float32, device=q.device)
+    else:
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+    if total_q == 0 or total_k == 0 or batch == 0:
+        dq.zero_()
+        return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
+    delta = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+    _attn_bwd_delta[(triton.cdiv(total_q, 64), H)](
+        out, dout, delta, total_q, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), delta.stride(0),
+        BLOCK_M=64, HEAD_DIM=D,
+    )
+    t = tiles(cfg, D, interpret=_interpreting())
+    t1 = tile_dkdv or t["dkdv"]
+    t2 = tile_dq or t["dq"]
+    qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
+    common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], QK_BLOCK=_head_block(cfg.qk[1]), P_POW2=cfg.p_pow2,
+                  P_BLOCK=cfg.p_block, DP_KIND=cfg.dp[0], DP_BLOCK=_head_block(cfg.dp[1]), FALLBACK=cfg.fallback,
+                  RCEIL=cfg.rceil, TWO_PASS=cfg.two_pass, IS_FP16=q.dtype == torch.float16,
+                  INTERPRET=_interpreting(), GROUPS=groups)
+    _attn_bwd_dkdv[(triton.cdiv(max(max_k, 1), t1.block_n), batch, H)](
+        q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0),
+        BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1], DO_KIND=cfg.do_seq[0],
+        DO_BLOCK=cfg.do_seq[1], DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1], Q_KIND=cfg.q_seq[0],
+        Q_BLOCK=cfg.q_seq[1], OUT_F32=groups > 1, num_warps=t1.num_warps, num_stages=t1.num_stages, **common,
+    )
+    _attn_bwd_dq[(triton.cdiv(max(max_q, 1), t2.block_m), batch, H)](
+        q, k, v, dout, lse2, delta, dq, cu_q, cu_k, qk_scale, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
+        dq.stride(0), dq.stride(1), lse2.stride(0),
+        BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, DS_KIND=cfg.ds[0], DS_BLOCK=cfg.ds[1], K_KIND=cfg.k_seq[0],
+        K_BLOCK=cfg.k_seq[1], num_warps=t2.num_warps, num_stages=t2.num_stages, **common,
+    )
+    return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
+
+
+def _group_sum(x: torch.Tensor, like: torch.Tensor, groups: int) -> torch.Tensor:
+    """GQA: fp32 per-query-head gradients summed over each group (the emulation's order), then cast."""
+    if groups == 1:
+        return x
+    total_k, Hk, D = like.shape
+    return x.view(total_k, Hk, groups, D).sum(dim=2).to(like.dtype)
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, cfg):
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        out, lse2 = fused_forward(cfg, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.args = (max_q, max_k, scale, causal, cfg)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, scale, causal, cfg = ctx.args
+        dq, dk, dv = fused_backward(cfg, q, k, v, out, lse2, dout, cu_q, cu_k, max_q, max_k, scale, causal)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def fused_attention(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                    softmax_scale: float | None = None, causal: bool = False, validate: bool = True):
+    """Run ``design`` with the fused kernels in the varlen calling convention.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), bf16 or fp16;
+    cu_seqlens_*: int32 (batch + 1,). Returns out: (total_q, nheads, headdim); differentiable.
+    ``validate=False`` skips the host-side checks of cu_seqlens (they synchronize with the GPU).
+    """
+    if validate:
+        validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    cfg = config_for(design)
+    return _FusedAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                 float(softmax_scale), bool(causal), cfg)
+
+
+def fused_forward_with_lse(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale: float,
+                           causal: bool):
+    """Forward only: (out in q's dtype, lse in natural-log units (total_q, nheads) fp32), like
+    :func:`flamia_verify.kernels.emulation.emulated_forward_with_lse`."""
+    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist() or [0]
+    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist() or [0]
+    out, lse2 = fused_forward(config_for(design), q, k, v, cu_seqlens_q, cu_seqlens_k, max(lens_q), max(lens_k),
+                              float(softmax_scale), bool(causal))
+    return out, lse2.T * math.log(2.0)

@@ -1,0 +1,149 @@
+"""Which fused kernel computes a design: its constexpr switches and tile sizes (no Triton needed).
+
+An :class:`~flamia_verify.kernels.emulation.EmulatedDesign` names the rounding of every GEMM
+operand; :func:`config_for` turns it into the (kind, block) pairs that the kernels in
+``attention.py`` take as constexprs, and :func:`unsupported_reason` says why a design has no fused
+kernel (the known-bad designs keep their deliberate bugs only in the emulation). Importing this
+module does not import Triton, so the registry can decide dispatch anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flamia_verify.formats import ScaleRule
+from flamia_verify.kernels.emulation import EmulatedDesign
+
+__all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "tiles",
+           "unsupported_reason"]
+
+# operand kinds, the constexpr values of quant.KIND_* (see emulation.Quant)
+KIND_INPUT = 0  # round to the input dtype (bf16 / fp16)
+KIND_MX = 1  # E4M3 elements, power-of-two (E8M0, RCEIL or FLOOR) scale per block
+KIND_NVFP4 = 2  # E2M1 elements, 16-blocks, UE4M3 block scale, fp32 per-row scale
+
+
+# ----------------------------------------------------------------------------------------------
+# design -> constexpr switches
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """Each GEMM operand's rounding as (kind, block); block 0 along head_dim means 'the whole row'."""
+
+    qk: tuple  # Q, K along head_dim (S = Q K^T)
+    v_seq: tuple  # V along keys (O = P V)
+    p_pow2: bool  # FLAMIA power-of-two P blocks (else FlashAttention P = exp2(s - m), bf16-rounded)
+    p_block: int
+    dp: tuple  # dO, V along head_dim (dP = dO V^T)
+    pt: tuple  # P^T along queries (dV = P^T dO)
+    do_seq: tuple  # dO along queries
+    ds: tuple  # dS along keys (dQ = dS K)
+    k_seq: tuple  # K along keys
+    dst: tuple  # dS^T along queries (dK = dS^T Q)
+    q_seq: tuple  # Q along queries
+    rceil: bool
+    fallback: bool
+
+    @property
+    def two_pass(self) -> bool:
+        """NVFP4 operands need the amax of a whole row before any tile is quantized."""
+        return KIND_NVFP4 in (self.pt[0], self.dst[0], self.ds[0])
+
+    def seq_block(self, *ops) -> int:
+        """The largest block size among the given sequence-axis operands (tiles are multiples of it)."""
+        sizes = [getattr(self, o)[1] for o in ops if getattr(self, o)[0] != KIND_INPUT]
+        return max(sizes + [16])
+
+
+def _kind(quant, where: str) -> tuple:
+    if quant.kind == "input":
+        return (KIND_INPUT, 0)
+    if quant.kind == "mx":
+        return (KIND_MX, quant.block)
+    if quant.kind == "nvfp4" and where == "left":
+        return (KIND_NVFP4, quant.block)
+    raise NotImplementedError(f"no fused rounding for {quant.describe()} as a {where} operand")
+
+
+def unsupported_reason(design: EmulatedDesign) -> str | None:
+    """Why ``design`` has no fused kernel (None when it has one)."""
+    if design.seq_blocks != "document":
+        return "sequence blocks at packed positions (a deliberate bug of the emulated known-bad design)"
+    if design.recompute_from_seq:
+        return "backward rebuilds S from the sequence quantization (a deliberate bug)"
+    if design.p_mode == "pow2-blocks" and design.normalize != "quantized":
+        return "power-of-two P blocks normalized by an unrounded sum"
+    if design.p_mode == "fa" and (design.p_quant.kind != "input" or design.normalize != "fp32"):
+        return "FlashAttention P rounded to something other than the input dtype"
+    rules = {q.rule for q in _quants(design) if q.kind == "mx"}
+    if len(rules) > 1:
+        return "MX operands on different scale rules"
+    try:
+        config_for(design)
+    except NotImplementedError as exc:
+        return str(exc)
+    return None
+
+
+def _quants(d: EmulatedDesign):
+    return (d.qk, d.v_seq, d.dp_quant, d.pt_quant, d.do_seq, d.ds_quant, d.k_seq, d.dst_quant, d.q_seq)
+
+
+def config_for(design: EmulatedDesign) -> FusedConfig:
+    """The constexpr switches that make the fused kernels compute ``design``."""
+    rules = {q.rule for q in _quants(design) if q.kind == "mx"}
+    return FusedConfig(
+        qk=_kind(design.qk, "head_dim"),
+        v_seq=_kind(design.v_seq, "sequence"),
+        p_pow2=design.p_mode == "pow2-blocks",
+        p_block=design.p_quant.block if design.p_mode == "pow2-blocks" else 0,
+        dp=_kind(design.dp_quant, "head_dim"),
+        pt=_kind(design.pt_quant, "left"),
+        do_seq=_kind(design.do_seq, "sequence"),
+        ds=_kind(design.ds_quant, "left"),
+        k_seq=_kind(design.k_seq, "sequence"),
+        dst=_kind(design.dst_quant, "left"),
+        q_seq=_kind(design.q_seq, "sequence"),
+        rceil=ScaleRule.FLOOR not in rules,
+        fallback=design.diagonal_fallback,
+    )
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes and launch parameters of one kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, TileConfig]:
+    """Tile sizes of the forward, dK/dV and dQ kernels: multiples of every block along each axis.
+
+    fwd: M queries (any), N keys (P and V blocks); dkdv: N keys (P blocks), M queries (P^T, dO,
+    dS^T, Q blocks); dq: M queries (any), N keys (P, dS, K blocks).
+    """
+    p = cfg.p_block if cfg.p_pow2 else 16
+    fwd_n = max(p, cfg.seq_block("v_seq"))
+    dkdv_m = cfg.seq_block("pt", "do_seq", "dst", "q_seq")
+    dq_n = max(p, cfg.seq_block("ds", "k_seq"))
+    if interpret:  # few, large tiles: the interpreter's cost is per operation
+        return {
+            "fwd": TileConfig(64, max(64, fwd_n)),
+            "dkdv": TileConfig(max(64, dkdv_m), max(64, p)),
+            "dq": TileConfig(64, max(64, dq_n)),
+        }
+    big = max(fwd_n, dkdv_m, dq_n) >= 128
+    return {
+        "fwd": TileConfig(128, max(64, fwd_n), num_warps=8, num_stages=3),
+        "dkdv": TileConfig(max(32, dkdv_m), max(128, p) if not big else 128, num_warps=8 if big else 4,
+                           num_stages=1 if big else 3),
+        "dq": TileConfig(128 if not big else 64, max(32, dq_n), num_warps=8 if big else 4,
+                         num_stages=1 if big else 3),
+    }
+
+
