@@ -1,0 +1,352 @@
+"""Rigorous a-priori elementwise error bounds of attention under a recipe's number formats.
+
+Given the exact inputs (the kernel's bf16/fp16 tensors, read exactly in float64), the bound says how
+far *any* kernel that follows the recipe may land from the exact result, element by element:
+
+    |O_kernel - O_ref| <= B_O        |dQ_kernel - dQ_ref| <= B_dQ     (and dK, dV)
+
+No statistics: every rounding is taken at its worst. The derivation is in docs/checks.md
+("bound"); the code follows it step by step and names each quantity the same way.
+
+Operand rounding model (:class:`OperandModel`). A GEMM operand x, rounded with a block scale
+whose layout the checker does not know, obeys
+
+    |x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor
+
+u: the element format's unit roundoff (saturation folded in where a scale rule saturates);
+eta: the largest absolute rounding error of a subnormal (or flushed) element relative to its
+block's amax; a_line: the amax of the whole line along the GEMM's contraction axis (it contains
+every block of that line, whatever the layout: rigorous for any block size or alignment);
+eta_g, a_tensor: the same for a scale shared by the whole tensor (per-tensor FP8 scaling, NVFP4's
+fp32 global scale).
+
+Forward (per document, head; exact S = s Q K^T, a = exp(S - m), A = a / L, L = sum_j a_ij):
+
+    Delta_ij = s (rho_Q |K|^T + |Q| rho_K^T + rho_Q rho_K^T)_ij + s gamma_D (|Q|+rho_Q)(|K|+rho_K)^T_ij
+               + fp32 exponent arithmetic                          (bound on |S^ - S|)
+    tau_i    = (eta_P + eta_gP) e^{max_j Delta_ij}                 (absolute rounding of P, row-max units)
+    N_ij in [a e^{-Delta}(1-u_P) - tau, a e^{Delta}(1+u_P) + tau]  (numerator: rounded P)
+    D_i  in [sum a e^{-Delta}(1-u_P) - n tau, sum a e^{Delta}(1+u_P) + n tau] (either normalizer)
+    E_ij = max(N_hi/D_lo - A, A - max(N_lo, 0)/D_hi)               (bound on |A_kernel - A|)
+    B_O  = E |V| + (A + E) rho_V + gamma_n (A + E)(|V| + rho_V) + u_out (|O| + B_O)
+
+Backward (FlashAttention-2 structure: recompute P from S and the saved log-sum-exp, dP = dO V^T,
+D = rowsum(dO * O_kernel), dS = P (dP - D)); the rebuilt weights obey the same E:
+
+    G_ij  = Delta^P_ij + Delta^D_i                                 (bound on |(dP - D)^ - (dP - D)|)
+    Sig_ij = E (|g| + G) + A G                                     (bound on |dS^ - dS|, g = dP - D)
+    B_dV  = sum_i [E |dO| + rho_PT (|dO| + rho_dO) + (A + E) rho_dO]   + gamma, u_out terms
+    B_dQ  = s sum_j [(Sig + rho_dS)(|K| + rho_K) + |dS| rho_K]          + gamma, u_out terms
+    B_dK  = s sum_i [(Sig + rho_dST)(|Q| + rho_Q) + |dS| rho_Q]         + gamma, u_out terms
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from flamia_verify.errors import ConfigError
+from flamia_verify.kernels.recipes import RECIPES
+
+__all__ = [
+    "OperandModel",
+    "RecipeBoundModel",
+    "recipe_bound_model",
+    "attention_bounds",
+    "U32",
+    "E4M3_ETA",
+    "E2M1_ETA",
+    "NVFP4_GLOBAL_ETA",
+    "E4M3_UNSCALED_ETA",
+]
+
+U32 = 2.0**-24  # fp32 unit roundoff
+# E4M3: half the smallest subnormal (2^-9 / 2) relative to a block maximum mapped to >= 2^7 = 128.
+# MX RCEIL maps the amax into (224, 448]; FLAMIA's power-of-two P blocks into (128, 256]; a per-tensor
+# fp32 scale amax/448 to 448. 2^-10 / 2^7 = 2^-17 covers all of them.
+E4M3_ETA = 2.0**-17
+# E4M3 without a scale, on values <= 1 (FlashAttention-3-style P): everything below 2^-10 may vanish.
+E4M3_UNSCALED_ETA = 2.0**-10
+# E2M1 with a UE4M3 block scale: the block amax maps into [6 / (1 + 2^-4), 6 / (1 - 2^-4)] (the scale is
+# rounded to E4M3), the subnormal step is 0.5, so an element may move by 0.25 / (6 / (1 + 2^-4)) of the amax.
+E2M1_ETA = 0.25 * (1 + 2.0**-4) / 6.0
+# A UE4M3 block scale below E4M3's smallest normal (2^-6) only happens when the block amax is below
+# 2^-6 / 448 of the global amax; such a block may lose everything, at most that much.
+NVFP4_GLOBAL_ETA = 2.0**-6 / 448.0
+# fp32 exponent arithmetic (scale * log2(e) in fp32, exp2, log2 of the sum): a few ulps of |S| + |m| + 1
+EXP_SLACK = 2.0**-20
+# relative fp32 rounding of the elementwise steps (products, the difference dP - D, the division by l)
+REL32 = 8 * U32
+
+_U_BF16 = 2.0**-8
+_U_FP16 = 2.0**-11
+_U_E4M3 = 2.0**-4
+_U_E4M3_FLOOR = 2.0**-3  # saturation under FLOOR moves the largest elements by at most 1/8 (480 -> 448 at worst)
+_U_E2M1 = 2.0**-2
+
+
+@dataclass(frozen=True)
+class OperandModel:
+    """|x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor (see the module docstring)."""
+
+    u: float = 0.0
+    eta: float = 0.0
+    eta_g: float = 0.0
+
+    def rho(self, x_abs: torch.Tensor, line_max: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
+        r = self.u * x_abs
+        if self.eta:
+            r = r + self.eta * line_max
+        if self.eta_g:
+            r = r + self.eta_g * tensor_max
+        return r
+
+    def describe(self) -> str:
+        return f"u={self.u:.3g}, eta={self.eta:.3g}, eta_g={self.eta_g:.3g}"
+
+
+EXACT = OperandModel()
+
+
+@dataclass(frozen=True)
+class RecipeBoundModel:
+    """The rounding model of every GEMM operand of a recipe, for one input dtype."""
+
+    recipe: str
+    q_hd: OperandModel  # Q and K along head_dim (S = Q K^T, forward and recompute)
+    k_hd: OperandModel
+    p: OperandModel  # P along keys (O = P V); eta_g relative to the row maximum of P
+    v_seq: OperandModel  # V along keys
+    do_hd: OperandModel  # dO, V along head_dim (dP = dO V^T)
+    v_hd: OperandModel
+    pt: OperandModel  # P^T along queries (dV = P^T dO)
+    do_seq: OperandModel
+    ds: OperandModel  # dS along keys (dQ = dS K)
+    k_seq: OperandModel
+    dst: OperandModel  # dS^T along queries (dK = dS^T Q)
+    q_seq: OperandModel
+    u_out: float  # rounding of the outputs to the input dtype
+
+    def describe(self) -> dict[str, str]:
+        return {f: getattr(self, f).describe() for f in self.__dataclass_fields__ if isinstance(getattr(self, f), OperandModel)}
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    if dtype == torch.bfloat16:
+        return _U_BF16
+    if dtype == torch.float16:
+        return _U_FP16
+    if dtype == torch.float32:
+        return U32
+    return 2.0**-53
+
+
+def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
+    """The operand models that ``recipe`` implies for inputs of ``dtype``.
+
+    Inputs already in the input dtype are exact in a BF16/FP16 GEMM; computed operands (P, P^T, dS)
+    are rounded to it. E4M3 recipes round every operand; ``fp8`` allows any scale granularity (one
+    scale for the whole tensor, and an unscaled P); ``nvfp4`` uses NVFP4 for P^T, dS and dS^T.
+    """
+    if recipe not in RECIPES:
+        raise ConfigError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
+    u_in = _unit_roundoff(dtype)
+    computed = OperandModel(u_in)
+    if recipe == "bf16":
+        # a BF16 GEMM on BF16 inputs rounds only what it computes; on fp32 inputs it rounds those too
+        inp = EXACT if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16)
+        c = computed if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16)
+        return RecipeBoundModel(recipe, inp, inp, c, inp, inp, inp, c, inp, c, inp, c, inp, u_in)
+    if recipe == "fp8":
+        x = OperandModel(_U_E4M3, 0.0, E4M3_ETA)  # any granularity: the scale may cover the whole tensor
+        p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA)
+        return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in)
+    u = _U_E4M3_FLOOR if recipe == "mxfp8-floor" else _U_E4M3
+    mx = OperandModel(u, E4M3_ETA)
+    if recipe in ("mxfp8", "mxfp8-floor"):
+        return RecipeBoundModel(recipe, mx, mx, mx, mx, mx, mx, mx, mx, mx, mx, mx, mx, u_in)
+    if recipe == "nvfp4":
+        nv = OperandModel(_U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA)
+        return RecipeBoundModel(recipe, mx, mx, mx, mx, mx, mx, nv, mx, nv, mx, nv, mx, u_in)
+    raise ConfigError(f"no bound model for recipe {recipe!r}")
+
+
+def _gamma(n: int) -> float:
+    nu = n * U32
+    return nu / (1 - nu) if nu < 1 else math.inf
+
+
+@dataclass
+class BoundResult:
+    out: torch.Tensor
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(1, 0, 2)  # (L, H, D) -> (H, L, D)
+
+
+def attention_bounds(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor | None,
+    cu_q: list[int],
+    cu_k: list[int],
+    *,
+    scale: float,
+    causal: bool,
+    model: RecipeBoundModel,
+    ref_out: torch.Tensor,
+    ref_grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> BoundResult:
+    """Elementwise bounds B_O (and B_dQ, B_dK, B_dV when ``do`` and ``ref_grads`` are given).
+
+    q: (total_q, H, D); k, v: (total_k, Hk, D); do: (total_q, H, D); all read exactly in float64.
+    ref_out: float64 reference output; ref_grads: float64 (dq, dk, dv). Returns float64 bounds of
+    the shapes of out, dq, dk, dv.
+    """
+    dev = ref_out.device
+    f64 = torch.float64
+    q64, k64, v64 = (t.detach().to(dev, f64) for t in (q, k, v))
+    H, Hk, Dh = q64.shape[1], k64.shape[1], q64.shape[2]
+    group = H // Hk
+    # tensor-wide maxima (for per-tensor scales)
+    tmax = {n: float(t.abs().max()) if t.numel() else 0.0 for n, t in (("q", q64), ("k", k64), ("v", v64))}
+    # sequence-direction line maxima: per (head, channel) over every token of the packed tensor
+    colmax_k = k64.abs().amax(dim=0) if k64.shape[0] else torch.zeros(Hk, Dh, dtype=f64, device=dev)
+    colmax_v = v64.abs().amax(dim=0) if v64.shape[0] else torch.zeros(Hk, Dh, dtype=f64, device=dev)
+    colmax_q = q64.abs().amax(dim=0) if q64.shape[0] else torch.zeros(H, Dh, dtype=f64, device=dev)
+    want_grads = do is not None and ref_grads is not None
+    if want_grads:
+        do64 = do.detach().to(dev, f64)
+        tmax["do"] = float(do64.abs().max()) if do64.numel() else 0.0
+        colmax_do = do64.abs().amax(dim=0) if do64.shape[0] else torch.zeros(H, Dh, dtype=f64, device=dev)
+    m = model
+    B_out = torch.zeros_like(ref_out, dtype=f64)
+    B_dq = torch.zeros_like(q64) if want_grads else None
+    B_dk = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None
+    B_dv = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None
+    docs = []
+    # pass 1: forward bound per document (and the pieces the backward needs)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0 or lk == 0:
+            continue
+        Q = _heads_first(q64[q0:q1])  # (H, lq, D)
+        K = _heads_first(k64[k0:k1]).repeat_interleave(group, dim=0)  # (H, lk, D)
+        V = _heads_first(v64[k0:k1]).repeat_interleave(group, dim=0)
+        aQ, aK, aV = Q.abs(), K.abs(), V.abs()
+        rQ = m.q_hd.rho(aQ, aQ.amax(-1, keepdim=True), tmax["q"])
+        rK = m.k_hd.rho(aK, aK.amax(-1, keepdim=True), tmax["k"])
+        cvk = colmax_v.repeat_interleave(group, dim=0)[:, None, :]  # (H, 1, D)
+        rV = m.v_seq.rho(aV, cvk, tmax["v"])
+        i = torch.arange(lq, device=dev)[:, None]
+        j = torch.arange(lk, device=dev)[None, :]
+        vis = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=dev)
+        vis = vis.expand(H, lq, lk)
+        S = scale * torch.matmul(Q, K.transpose(1, 2))
+        S = torch.where(vis, S, torch.full_like(S, -math.inf))
+        row_has = vis.any(-1)  # (H, lq)
+        mrow = S.amax(-1, keepdim=True)
+        mrow = torch.where(torch.isfinite(mrow), mrow, torch.zeros_like(mrow))
+        a = torch.where(vis, torch.exp(S - mrow), torch.zeros_like(S))
+        L = a.sum(-1, keepdim=True)
+        A = a / torch.where(L > 0, L, torch.ones_like(L))
+        Sabs = torch.where(vis, S.abs(), torch.zeros_like(S))
+        delta = scale * (torch.matmul(rQ, aK.transpose(1, 2)) + torch.matmul(aQ, rK.transpose(1, 2)) + torch.matmul(rQ, rK.transpose(1, 2)))
+        delta = delta + scale * _gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
+        delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs())
+        delta = torch.where(vis, delta, torch.zeros_like(delta))
+        dmax = delta.amax(-1, keepdim=True)
+        tau = (m.p.eta + m.p.eta_g) * torch.exp(dmax)
+        n_vis = vis.sum(-1, keepdim=True).to(f64)
+        up, ep, em = m.p.u + REL32, torch.exp(delta), torch.exp(-delta)
+        N_hi = torch.where(vis, a * ep * (1 + up) + tau, torch.zeros_like(a))
+        N_lo = torch.where(vis, (a * em * (1 - up) - tau).clamp_min(0), torch.zeros_like(a))
+        gn = _gamma(lk)
+        D_hi = ((a * ep).sum(-1, keepdim=True) * (1 + up) + n_vis * tau) * (1 + gn)
+        D_lo = ((a * em).sum(-1, keepdim=True) * (1 - up) - n_vis * tau) * (1 - gn)
+        A_hi = torch.where(D_lo > 0, N_hi / D_lo.clamp_min(1e-300), torch.full_like(N_hi, 1 + up))
+        A_hi = torch.minimum(A_hi, torch.full_like(A_hi, 1 + up + tau.amax().item()))
+        A_lo = N_lo / D_hi
+        E = torch.where(vis, torch.maximum(A_hi - A, A - A_lo).clamp_min(0), torch.zeros_like(A))
+        AE = A + E
+        Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + _gamma(lk) * torch.matmul(AE, aV + rV)
+        Bo = Bo * (1 + REL32)
+        Oref = _heads_first(ref_out[q0:q1].to(f64))
+        Bo = Bo + m.u_out * (Oref.abs() + Bo)
+        Bo = torch.where(row_has[..., None], Bo, torch.zeros_like(Bo))
+        B_out[q0:q1] = Bo.permute(1, 0, 2)
+        docs.append((b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref))
+    if not want_grads:
+        return BoundResult(B_out)
+
+    dq_ref, dk_ref, dv_ref = (t.to(dev, f64) for t in ref_grads)
+    # pass 2: dS pieces per document, then the global dS maximum (for per-tensor dS scales)
+    pieces = []
+    ms_max = 0.0
+    for (b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref) in docs:
+        dO = _heads_first(do64[q0:q1])
+        adO = dO.abs()
+        rdO = m.do_hd.rho(adO, adO.amax(-1, keepdim=True), tmax["do"])
+        rVh = m.v_hd.rho(aV, aV.amax(-1, keepdim=True), tmax["v"])
+        dP = torch.matmul(dO, V.transpose(1, 2))
+        Dref = (dO * Oref).sum(-1, keepdim=True)
+        g = dP - Dref
+        dPerr = torch.matmul(rdO, aV.transpose(1, 2)) + torch.matmul(adO, rVh.transpose(1, 2)) + torch.matmul(rdO, rVh.transpose(1, 2))
+        dPerr = dPerr + _gamma(Q.shape[-1]) * torch.matmul(adO + rdO, (aV + rVh).transpose(1, 2))
+        aO = Oref.abs()
+        Derr = (adO * Bo).sum(-1, keepdim=True) + (rdO * (aO + Bo)).sum(-1, keepdim=True)
+        Derr = Derr + _gamma(Q.shape[-1]) * ((adO + rdO) * (aO + Bo)).sum(-1, keepdim=True)
+        G = dPerr + Derr + REL32 * (dP.abs() + Dref.abs())
+        dS = A * g
+        Sig = E * (g.abs() + G) + A * G + REL32 * (A + E) * (g.abs() + G)
+        Sig = torch.where(vis, Sig, torch.zeros_like(Sig))
+        M = dS.abs() + Sig
+        ms_max = max(ms_max, float(M.max()) if M.numel() else 0.0)
+        pieces.append((dO, adO, g, dS, Sig, M))
+    for doc, (dO, adO, g, dS, Sig, M) in zip(docs, pieces):
+        (b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref) = doc
+        AE = A + E
+        lq, lk = Q.shape[1], K.shape[1]
+        # dV = P^T dO: P^T blocked along queries (line = column of P), dO along queries
+        cdo = colmax_do[:, None, :]
+        rdOs = m.do_seq.rho(adO, cdo, tmax["do"])
+        rPT = m.pt.rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
+        rPT = torch.where(vis, rPT, torch.zeros_like(rPT))
+        Bdv = torch.matmul(E.transpose(1, 2), adO) + torch.matmul(rPT.transpose(1, 2), adO + rdOs) + torch.matmul(AE.transpose(1, 2), rdOs)
+        Bdv = (Bdv + _gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32)
+        # dQ = s dS K: dS blocked along keys (line = row of dS), K along keys
+        ck = colmax_k.repeat_interleave(K.shape[0] // colmax_k.shape[0], dim=0)[:, None, :]
+        rKs = m.k_seq.rho(aK, ck, tmax["k"])
+        rdS = m.ds.rho(M, M.amax(-1, keepdim=True), ms_max)
+        rdS = torch.where(vis, rdS, torch.zeros_like(rdS))
+        T = Sig + rdS
+        Bdq = scale * (torch.matmul(T, aK + rKs) + torch.matmul(dS.abs(), rKs))
+        Bdq = (Bdq + scale * _gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32)
+        # dK = s dS^T Q: dS^T blocked along queries (line = column of dS), Q along queries
+        cq = colmax_q[:, None, :]
+        rQs = m.q_seq.rho(aQ, cq, tmax["q"])
+        rdST = m.dst.rho(M, M.amax(dim=1, keepdim=True), ms_max)
+        rdST = torch.where(vis, rdST, torch.zeros_like(rdST))
+        TT = Sig + rdST
+        Bdk = scale * (torch.matmul(TT.transpose(1, 2), aQ + rQs) + torch.matmul(dS.abs().transpose(1, 2), rQs))
+        Bdk = (Bdk + scale * _gamma(lq) * torch.matmul((M + rdST).transpose(1, 2), aQ + rQs)) * (1 + REL32)
+        B_dq[q0:q1] = Bdq.permute(1, 0, 2)
+        B_dk[k0:k1] = Bdk.permute(1, 0, 2)
+        B_dv[k0:k1] = Bdv.permute(1, 0, 2)
+    # GQA: the kernel returns dK, dV summed over the query heads that share a kv head
+    total_k = k64.shape[0]
+    B_dk = B_dk.view(total_k, Hk, group, Dh).sum(2)
+    B_dv = B_dv.view(total_k, Hk, group, Dh).sum(2)
+    u = m.u_out
+    B_dq = B_dq + u * (dq_ref.abs() + B_dq)
+    B_dk = B_dk + u * (dk_ref.abs() + B_dk)
+    B_dv = B_dv + u * (dv_ref.abs() + B_dv)
+    return BoundResult(B_out, B_dq, B_dk, B_dv)

@@ -1,0 +1,276 @@
+"""Test cases: a packing, shapes, a value distribution and a seed, and the tensors they stand for.
+
+A :class:`Case` is plain data (JSON-able through :meth:`Case.to_dict`), so every finding carries
+what reproduces it: ``make_inputs(Case.from_dict(worst_case["case"]))`` rebuilds the exact tensors
+(generated on the CPU from the seed, then moved to the device, so a case is the same everywhere).
+
+    lens_q = (3, 0, 5), lens_k = (3, 2, 5)      cu_seqlens_q = [0, 3, 3, 8]
+                                                cu_seqlens_k = [0, 3, 5, 10]
+    q: (8, heads, headdim)                      k, v: (10, heads_k, headdim)
+
+Value distributions (``DISTRIBUTIONS``) model what training feeds a kernel:
+
+    gaussian     q, k, v, dO ~ N(0, 1)
+    shifted      N(0.5, 1): values with a common sign, so a systematic (biased) error shows in means
+    heavy_tail   Student t with 3 degrees of freedom (rare large values within a block)
+    outliers     N(0, 1) with two channels of k and v scaled by 100 (LLM outlier channels)
+    sink         the first key of every document is aligned with every query (it takes most of the
+                 probability); its value row is small
+    low_rank     q and k of rank 2 plus N(0, 0.01) noise (peaked, correlated attention)
+    peaked       q scaled by 4: scores spread over many units, rows close to one-hot
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from flamia_verify.errors import ConfigError
+
+__all__ = [
+    "Case",
+    "Inputs",
+    "DISTRIBUTIONS",
+    "DTYPES",
+    "make_inputs",
+    "make_tensors",
+    "cu_from_lens",
+    "dtype_name",
+    "parse_dtype",
+]
+
+DISTRIBUTIONS = ("gaussian", "shifted", "heavy_tail", "outliers", "sink", "low_rank", "peaked")
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# outlier channels are this many times larger than the rest (the issue's "outlier channels (x100)")
+OUTLIER_FACTOR = 100.0
+# the sink key is this many times the mean query direction; its value row is scaled by SINK_VALUE
+SINK_STRENGTH = 4.0
+SINK_VALUE = 0.05
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, d in DTYPES.items():
+        if d == dtype:
+            return name
+    raise ConfigError(f"unsupported dtype {dtype}; choose one of: {', '.join(DTYPES)}")
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        dtype_name(value)
+        return value
+    try:
+        return DTYPES[value]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {value!r}; choose one of: {', '.join(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of a kernel: packing, shapes, distribution, seed.
+
+    ``lens_k`` defaults to ``lens_q``; ``heads_k`` to ``heads``; ``softmax_scale`` to headdim^-0.5.
+    ``overrides`` names structured edits applied after sampling (see :func:`make_tensors`).
+    """
+
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...] | None = None
+    heads: int = 2
+    heads_k: int | None = None
+    headdim: int = 64
+    causal: bool = True
+    distribution: str = "gaussian"
+    seed: int = 0
+    dtype: str = "bf16"
+    softmax_scale: float | None = None
+    overrides: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lens_q", tuple(int(x) for x in self.lens_q))
+        lk = self.lens_q if self.lens_k is None else tuple(int(x) for x in self.lens_k)
+        object.__setattr__(self, "lens_k", lk)
+        if self.heads_k is None:
+            object.__setattr__(self, "heads_k", self.heads)
+        if len(self.lens_q) != len(self.lens_k):
+            raise ConfigError(f"lens_q {self.lens_q} and lens_k {self.lens_k} must list the same documents")
+        if any(x < 0 for x in self.lens_q + self.lens_k):
+            raise ConfigError(f"document lengths must be >= 0, got {self.lens_q} / {self.lens_k}")
+        if self.heads < 1 or self.heads_k < 1 or self.heads % self.heads_k:
+            raise ConfigError(f"heads ({self.heads}) must be a positive multiple of heads_k ({self.heads_k})")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ConfigError(f"unknown distribution {self.distribution!r}; choose one of: {', '.join(DISTRIBUTIONS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        object.__setattr__(self, "overrides", tuple((str(k), v) for k, v in self.overrides))
+
+    @property
+    def scale(self) -> float:
+        return self.headdim**-0.5 if self.softmax_scale is None else float(self.softmax_scale)
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.lens_q)
+
+    @property
+    def total_k(self) -> int:
+        return sum(self.lens_k)
+
+    def with_(self, **changes) -> "Case":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lens_q"], d["lens_k"] = list(self.lens_q), list(self.lens_k)
+        d["overrides"] = [[k, v] for k, v in self.overrides]
+        d["softmax_scale"] = self.scale
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Case":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown case field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "lens_q" not in data:
+            raise ConfigError("a case needs lens_q (the query length of every document)")
+        d = dict(data)
+        d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
+        return cls(**d)
+
+    def describe(self) -> str:
+        lk = "" if self.lens_k == self.lens_q else f" lens_k={list(self.lens_k)}"
+        return (
+            f"lens_q={list(self.lens_q)}{lk} heads={self.heads}/{self.heads_k} d={self.headdim} "
+            f"{'causal' if self.causal else 'full'} {self.distribution} seed={self.seed} {self.dtype}"
+        )
+
+
+def cu_from_lens(lens, device=None) -> torch.Tensor:
+    vals = [0]
+    for x in lens:
+        vals.append(vals[-1] + int(x))
+    return torch.tensor(vals, dtype=torch.int32, device=device)
+
+
+@dataclass
+class Inputs:
+    """The tensors of one call; ``do`` is the upstream gradient used for the backward."""
+
+    case: Case
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+
+    @property
+    def max_q(self) -> int:
+        return max(self.case.lens_q, default=0)
+
+    @property
+    def max_k(self) -> int:
+        return max(self.case.lens_k, default=0)
+
+    def replace(self, **tensors) -> "Inputs":
+        return replace(self, **tensors)
+
+    def clone(self) -> "Inputs":
+        return replace(self, q=self.q.clone(), k=self.k.clone(), v=self.v.clone(), do=self.do.clone())
+
+
+def _sample(case: Case, g: torch.Generator):
+    """float32 q, k, v, dO on the CPU following the case's distribution."""
+    tq, tk, h, hk, d = case.total_q, case.total_k, case.heads, case.heads_k, case.headdim
+
+    def randn(n, heads):
+        return torch.randn(n, heads, d, generator=g)
+
+    dist = case.distribution
+    if dist == "heavy_tail":
+        # Student t, 3 degrees of freedom: N / sqrt(chi2_3 / 3), scaled to unit variance (var = 3)
+        def draw(n, heads):
+            z = randn(n, heads)
+            chi2 = sum(randn(n, heads) ** 2 for _ in range(3))
+            return z / torch.sqrt(chi2 / 3).clamp_min(1e-3) / math.sqrt(3.0)
+
+        return draw(tq, h), draw(tk, hk), draw(tk, hk), draw(tq, h)
+    q, k, v, do = randn(tq, h), randn(tk, hk), randn(tk, hk), randn(tq, h)
+    if dist == "shifted":
+        q, k, v, do = q + 0.5, k + 0.5, v + 0.5, do + 0.5
+    elif dist == "outliers":
+        ch = torch.randperm(d, generator=g)[:2]
+        k[:, :, ch] *= OUTLIER_FACTOR / math.sqrt(d)  # keep scores finite-ish: the channel dominates S
+        v[:, :, ch] *= OUTLIER_FACTOR
+    elif dist == "low_rank":
+        r = 2
+        a = torch.randn(tq, h, r, generator=g)
+        b = torch.randn(tk, hk, r, generator=g)
+        basis_q = torch.randn(h, r, d, generator=g)
+        basis_k = basis_q.view(hk, h // hk, r, d)[:, 0]
+        q = torch.einsum("thr,hrd->thd", a, basis_q) + 0.1 * q
+        k = torch.einsum("thr,hrd->thd", b, basis_k) + 0.1 * k
+    elif dist == "peaked":
+        q = q * 4.0
+    elif dist == "sink":
+        group = h // hk
+        start = 0
+        for lk in case.lens_k:
+            if lk:
+                mean_q = q.view(tq, hk, group, d).mean(dim=(0, 2))  # (hk, d)
+                direction = mean_q / mean_q.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+                k[start] = direction * SINK_STRENGTH * math.sqrt(d)
+                v[start] *= SINK_VALUE
+            start += lk
+        q = q + 0.5 * q.mean(dim=0, keepdim=True).sign()  # every query shares a direction with the sink
+    return q, k, v, do
+
+
+def make_tensors(case: Case):
+    """(q, k, v, dO) in the case's dtype on the CPU, deterministic in the case."""
+    g = torch.Generator().manual_seed(int(case.seed) & 0xFFFF_FFFF_FFFF)
+    q, k, v, do = _sample(case, g)
+    dtype = DTYPES[case.dtype]
+    tensors = {"q": q, "k": k, "v": v, "do": do}
+    for key, value in case.overrides:
+        _apply_override(tensors, key, value, case)
+    return tuple(tensors[n].to(dtype) for n in ("q", "k", "v", "do"))
+
+
+def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
+    """Structured edits: ``scale_<t>`` multiplies tensor t; ``zero_<t>`` zeroes rows [a, b) of t;
+    ``const_<t>`` sets every row of t to its first row; ``fill_<t>`` sets rows [a, b) to a value."""
+    kind, _, name = key.partition("_")
+    if name not in tensors:
+        raise ConfigError(f"override {key!r} names no tensor (q, k, v, do)")
+    t = tensors[name]
+    if kind == "scale":
+        tensors[name] = t * float(value)
+    elif kind == "zero":
+        a, b = value
+        t[int(a) : int(b)] = 0
+    elif kind == "const":
+        t[:] = t[:1].clone()
+    elif kind == "fill":
+        a, b, x = value
+        t[int(a) : int(b)] = float(x)
+    else:
+        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_ or fill_ with q, k, v or do")
+
+
+def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
+    q, k, v, do = make_tensors(case)
+    return Inputs(
+        case,
+        q.to(device),
+        k.to(device),
+        v.to(device),
+        do.to(device),
+        cu_from_lens(case.lens_q, device),
+        cu_from_lens(case.lens_k, device),
+    )

@@ -1,0 +1,145 @@
+"""error: how far O, dQ, dK, dV are from the float64 reference, and how many times a BF16 run's error.
+
+Each check runs the suite's base cases (shared with bound, bias and consistency.grad_forward_ratio)
+and the built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs.
+
+Thresholds (docs/checks.md "error"): with the first-order RMS model
+``pred(recipe, T) = sqrt(sum_{x feeding T} u_x^2 / 3)``,
+
+    rel_rmse      <= 2 pred(recipe, T)
+    ratio_to_bf16 <= 2 pred(recipe, T) / pred(bf16, T)
+"""
+
+from __future__ import annotations
+
+import math
+
+from flamia_verify.properties.checks.common import case_record, worst_element
+from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
+from flamia_verify.properties.registry import register
+from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, predicted_rel_rmse
+
+__all__ = []
+
+_LABEL = {"out": "O", "dq": "dQ", "dk": "dK", "dv": "dV"}
+
+
+def _defaults(tensor):
+    def f(recipe, dtype):
+        pred = predicted_rel_rmse(recipe, dtype, tensor)
+        base = predicted_rel_rmse("bf16", dtype, tensor)
+        return {
+            "rel_rmse": ERROR_MODEL_FACTOR * pred,
+            "ratio_to_bf16": ERROR_MODEL_FACTOR * pred / base if base > 0 else math.inf,
+        }
+
+    return f
+
+
+def _error_check(ctx, tensor: str):
+    cases = ctx.base_cases()
+    rows = []
+    worst = None
+    for n, case in enumerate(cases):
+        res = ctx.run(case)
+        ref = ctx.reference(case)
+        base = ctx.baseline(case)
+        x, r, b = getattr(res, tensor), getattr(ref, tensor), getattr(base, tensor)
+        if x is None:
+            return ctx.skip(f"the kernel returned no {tensor}")
+        if x.shape != r.shape:
+            raise ValueError(f"{tensor} has shape {tuple(x.shape)}, expected {tuple(r.shape)}")
+        st = error_stats(x, r)
+        bst = error_stats(b, r)
+        ratio = st["rel_rmse"] / bst["rel_rmse"] if bst["rel_rmse"] > 0 else (1.0 if st["rel_rmse"] == 0 else math.inf)
+        row = dict(case=case, stats=st, bf16=bst, ratio=ratio, x=x, r=r, b=b)
+        rows.append(row)
+        if worst is None or _key(row) > _key(worst):
+            worst = row
+        ctx.progress((n + 1) / len(cases))
+    metrics = {
+        "rel_rmse": max(r["stats"]["rel_rmse"] for r in rows),
+        "ratio_to_bf16": max(r["ratio"] for r in rows),
+        "max_abs": max(r["stats"]["max_abs"] for r in rows),
+        "cosine": min(r["stats"]["cosine"] for r in rows),
+        "sqnr_db": min(r["stats"]["sqnr_db"] for r in rows),
+        "bf16_rel_rmse": max(r["bf16"]["rel_rmse"] for r in rows),
+        "predicted_rel_rmse": predicted_rel_rmse(ctx.recipe, ctx.dtype, tensor),
+        "nonfinite": sum(r["stats"]["nonfinite"] for r in rows),
+        "cases": len(rows),
+    }
+    w = worst
+    worst_case = case_record(
+        w["case"],
+        tensor=tensor,
+        rel_rmse=w["stats"]["rel_rmse"],
+        bf16_rel_rmse=w["bf16"]["rel_rmse"],
+        ratio_to_bf16=w["ratio"],
+        worst_element=worst_element(w["x"], w["r"], w["case"], tensor, baseline=w["b"]),
+    )
+    label = _LABEL[tensor]
+    details = {
+        "series": [
+            {
+                "title": f"{label} error against token position ({w['case'].describe()})",
+                "x_label": "token (packed)",
+                "y_label": "RMS error / RMS reference",
+                "ys": {"kernel": per_position_error(w["x"], w["r"]), "bf16": per_position_error(w["b"], w["r"])},
+                "log_y": True,
+                "thresholds": {"rel_rmse limit": ctx.th.get("rel_rmse", math.inf)},
+            }
+        ],
+        "histograms": [
+            log_histogram(
+                {
+                    "kernel": (w["x"].double() - w["r"]) / max(float(w["r"].pow(2).mean().sqrt()), 1e-300),
+                    "bf16": (w["b"].double() - w["r"]) / max(float(w["r"].pow(2).mean().sqrt()), 1e-300),
+                },
+                title=f"|{label} error| distribution",
+            )
+        ],
+        "per_case": [
+            {"case": r["case"].describe(), "rel_rmse": r["stats"]["rel_rmse"], "bf16_rel_rmse": r["bf16"]["rel_rmse"],
+             "ratio_to_bf16": r["ratio"], "sqnr_db": r["stats"]["sqnr_db"]}
+            for r in rows
+        ],
+    }
+    extra = []
+    if metrics["nonfinite"]:
+        extra.append(f"{metrics['nonfinite']} non-finite {label} elements on finite inputs")
+    return ctx.judged(
+        metrics,
+        ok_message=f"{label}: rel RMSE {metrics['rel_rmse']:.3g} ({metrics['ratio_to_bf16']:.3g}x BF16) over {len(rows)} cases",
+        worst_case=worst_case,
+        details=details,
+        extra_failures=extra,
+    )
+
+
+def _key(row) -> float:
+    v = row["ratio"]
+    return math.inf if v != v else v
+
+
+@register("error.out", "relative RMSE, max abs, cosine and SQNR of O against the float64 reference; ratio to a BF16 run",
+          defaults=_defaults("out"), cost=2.0)
+def error_out(ctx):
+    return _error_check(ctx, "out")
+
+
+@register("error.dq", "the error statistics of dQ (ratio to a BF16 run on the same inputs)",
+          defaults=_defaults("dq"), needs_backward=True, cost=0.5)
+def error_dq(ctx):
+    return _error_check(ctx, "dq")
+
+
+@register("error.dk", "the error statistics of dK (ratio to a BF16 run on the same inputs)",
+          defaults=_defaults("dk"), needs_backward=True, cost=0.5)
+def error_dk(ctx):
+    return _error_check(ctx, "dk")
+
+
+@register("error.dv", "the error statistics of dV (ratio to a BF16 run on the same inputs)",
+          defaults=_defaults("dv"), needs_backward=True, cost=0.5)
+def error_dv(ctx):
+    return _error_check(ctx, "dv")

@@ -1,0 +1,202 @@
+"""One comparison engine with thin front ends, in the manner of numpy.testing's assert_array_compare.
+
+Every comparison returns a :class:`Mismatch`: how many elements were compared and how many break
+the rule, the non-finite elements, the first few offending positions with both values, the worst
+position, and the largest absolute and relative differences among the violations. Positions are
+named (token, head, channel) and, when the packing is known, (document, position in document).
+
+Front ends:
+
+* :func:`compare_bitwise` -- bit patterns must match (so +0 and -0 differ, and a NaN that appears
+  where there was a number is a mismatch; the same NaN bits on both sides are equal);
+* :func:`compare_within` -- ``|actual - expected| <= tolerance`` elementwise (a tensor or a number);
+  a non-finite actual value next to a finite expected one always violates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Mismatch", "compare_bitwise", "compare_within", "locate", "FIRST_FEW"]
+
+#: offending positions listed in full (numpy.testing prints a few; so do we)
+FIRST_FEW = 5
+
+_INT_VIEW = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    view = _INT_VIEW.get(t.dtype)
+    return t.view(view) if view is not None else t
+
+
+def _num(x: float) -> float | str:
+    x = float(x)
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def locate(flat_index: int, shape: tuple[int, ...], cu_seqlens: list[int] | None = None) -> dict[str, Any]:
+    """Named coordinates of a flat index into a (tokens, heads, channels) tensor."""
+    idx = []
+    rem = int(flat_index)
+    for size in reversed(shape):
+        idx.append(rem % size if size else 0)
+        rem = rem // size if size else 0
+    idx.reverse()
+    where: dict[str, Any] = {"index": idx}
+    if len(shape) == 3:
+        where.update(token=idx[0], head=idx[1], channel=idx[2])
+        if cu_seqlens is not None:
+            for b in range(len(cu_seqlens) - 1):
+                if cu_seqlens[b] <= idx[0] < cu_seqlens[b + 1]:
+                    where.update(document=b, position=idx[0] - cu_seqlens[b])
+                    break
+    return where
+
+
+@dataclass
+class Mismatch:
+    """What a comparison found (see the module docstring)."""
+
+    what: str
+    rule: str
+    total: int
+    mismatched: int = 0
+    nonfinite: int = 0  # positions where actual is NaN/Inf and expected is finite
+    max_abs_diff: float = 0.0
+    max_rel_diff: float = 0.0
+    first: list[dict] = field(default_factory=list)
+    worst: dict | None = None
+    mask: torch.Tensor | None = None  # bool, True where the rule breaks (same shape as the inputs)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatched == 0
+
+    @property
+    def fraction(self) -> float:
+        return self.mismatched / self.total if self.total else 0.0
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"{self.what}: {self.total} elements {self.rule}"
+        text = (
+            f"{self.what}: Mismatched elements: {self.mismatched} / {self.total} ({100 * self.fraction:.3g}%)"
+            f", max abs diff {self.max_abs_diff:.4g}, max rel diff {self.max_rel_diff:.4g}"
+        )
+        if self.nonfinite:
+            text += f", {self.nonfinite} non-finite where the reference is finite"
+        if self.worst is not None:
+            w = self.worst
+            pos = f"token {w.get('token')}, head {w.get('head')}, channel {w.get('channel')}"
+            if "document" in w:
+                pos += f" (document {w['document']}, position {w['position']})"
+            text += f"; worst at {pos}: {w['actual']!r} vs {w['expected']!r}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "what": self.what,
+            "rule": self.rule,
+            "mismatched": self.mismatched,
+            "total": self.total,
+            "mismatch_percent": 100 * self.fraction,
+            "nonfinite": self.nonfinite,
+            "max_abs_diff": _num(self.max_abs_diff),
+            "max_rel_diff": _num(self.max_rel_diff),
+            "first": self.first,
+            "worst": self.worst,
+        }
+
+
+def _finish(what, rule, actual, expected, bad, cu, extra: torch.Tensor | None = None) -> Mismatch:
+    total = actual.numel()
+    n_bad = int(bad.sum())
+    m = Mismatch(what, rule, total, n_bad, mask=bad)
+    if n_bad == 0:
+        return m
+    a64 = actual.detach().double()
+    e64 = expected.detach().double()
+    diff = (a64 - e64).abs()
+    nonfinite = bad & ~torch.isfinite(a64) & torch.isfinite(e64)
+    m.nonfinite = int(nonfinite.sum())
+    d_bad = torch.where(bad, diff, torch.zeros_like(diff))
+    d_bad = torch.nan_to_num(d_bad, nan=float("inf"))
+    m.max_abs_diff = float(d_bad.max())
+    rel = d_bad / e64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    m.max_rel_diff = float(torch.where(bad, rel, torch.zeros_like(rel)).max())
+    flat_bad = torch.nonzero(bad.reshape(-1)).flatten()
+    shape = tuple(actual.shape)
+    for i in flat_bad[:FIRST_FEW].tolist():
+        entry = locate(i, shape, cu)
+        entry.update(actual=_num(a64.reshape(-1)[i]), expected=_num(e64.reshape(-1)[i]))
+        if extra is not None:
+            entry["tolerance"] = _num(extra.reshape(-1)[i])
+        m.first.append(entry)
+    score = d_bad if extra is None else d_bad / extra.clamp_min(torch.finfo(torch.float64).tiny)
+    worst_i = int(torch.argmax(torch.nan_to_num(score.reshape(-1), nan=float("inf"))))
+    w = locate(worst_i, shape, cu)
+    w.update(
+        actual=_num(a64.reshape(-1)[worst_i]),
+        expected=_num(e64.reshape(-1)[worst_i]),
+        abs_diff=_num(diff.reshape(-1)[worst_i]),
+    )
+    if extra is not None:
+        w["tolerance"] = _num(extra.reshape(-1)[worst_i])
+    m.worst = w
+    return m
+
+
+def compare_bitwise(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    what: str = "tensor",
+    region: torch.Tensor | None = None,
+    cu_seqlens: list[int] | None = None,
+) -> Mismatch:
+    """Bit patterns must match wherever ``region`` (bool, broadcastable) is True (everywhere if None)."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        m = Mismatch(what, "bitwise equal", max(actual.numel(), expected.numel()), max(actual.numel(), 1))
+        m.first = [{"shape_or_dtype": f"{tuple(actual.shape)} {actual.dtype} vs {tuple(expected.shape)} {expected.dtype}"}]
+        return m
+    bad = _bits(actual) != _bits(expected)
+    if region is not None:
+        bad = bad & region.to(bad.device)
+    m = _finish(what, "bitwise equal", actual, expected, bad, cu_seqlens)
+    if region is not None:
+        m.total = int(region.expand_as(bad).sum())
+    return m
+
+
+def compare_within(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    tolerance: torch.Tensor | float,
+    *,
+    what: str = "tensor",
+    rule: str = "within tolerance",
+    cu_seqlens: list[int] | None = None,
+) -> Mismatch:
+    """``|actual - expected| <= tolerance`` elementwise; non-finite actual next to finite expected fails."""
+    a64, e64 = actual.detach().double(), expected.detach().double().to(actual.device)
+    tol = tolerance if isinstance(tolerance, torch.Tensor) else torch.full_like(e64, float(tolerance))
+    tol = tol.double().to(a64.device).expand_as(e64)
+    diff = (a64 - e64).abs()
+    bad = ~(diff <= tol)  # NaN differences violate
+    both_nan = torch.isnan(a64) & torch.isnan(e64)
+    bad = bad & ~both_nan
+    return _finish(what, rule, a64, e64, bad, cu_seqlens, extra=tol)

@@ -1,0 +1,214 @@
+"""What a running check sees: the kernel, its recipe, the suite, and caches shared between checks.
+
+Checks ask the context for cases, inputs, kernel runs, the float64 reference and the BF16
+baseline; each is computed once per case and shared (error, bound, bias and the gradient/forward
+ratio all read the same base runs). ``ctx.progress(f)`` reports how far the current check is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
+from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
+from flamia_verify.properties.registry import CheckSpec
+from flamia_verify.properties.settings import Packing, SuiteSettings
+from flamia_verify.reference import attention_backward, attention_forward
+from flamia_verify.reports.metrics import threshold_verdict
+from flamia_verify.reports.model import CheckResult
+
+__all__ = ["CheckContext", "RefOutputs", "violations"]
+
+
+@dataclass
+class RefOutputs:
+    """Float64 reference results of one case (lse in natural-log units)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"out": self.out, "dq": self.dq, "dk": self.dk, "dv": self.dv}
+
+
+def violations(metrics: dict, thresholds: dict) -> list[str]:
+    """Threshold keys whose same-named metric breaks them (the reports' direction rule)."""
+    bad = []
+    for key, limit in thresholds.items():
+        if key in metrics and threshold_verdict(key, metrics[key], limit) is False:
+            bad.append(key)
+    return bad
+
+
+@dataclass
+class CheckContext:
+    kernel_name: str
+    recipe: str
+    harness: KernelHarness
+    settings: SuiteSettings
+    seed: int
+    device: str
+    dtype: torch.dtype
+    backward: BackwardSupport
+    thresholds: dict[str, dict]
+    options: dict[str, dict]
+    spec: CheckSpec | None = None
+    on_fraction: Callable[[float], None] | None = None
+    _inputs: dict = field(default_factory=dict)
+    _runs: dict = field(default_factory=dict)
+    _refs: dict = field(default_factory=dict)
+    _baseline: dict = field(default_factory=dict)
+    _baseline_fn: Any = None
+
+    # -- per-check views ---------------------------------------------------------------------
+
+    @property
+    def th(self) -> dict:
+        return self.thresholds.get(self.spec.name, {}) if self.spec else {}
+
+    @property
+    def opt(self) -> dict:
+        return self.options.get(self.spec.name, {}) if self.spec else {}
+
+    @property
+    def has_backward(self) -> bool:
+        return self.backward.available
+
+    def progress(self, fraction: float) -> None:
+        if self.on_fraction is not None:
+            self.on_fraction(min(1.0, max(0.0, float(fraction))))
+
+    # -- cases ---------------------------------------------------------------------------------
+
+    @property
+    def dtype_str(self) -> str:
+        return dtype_name(self.dtype)
+
+    def case(self, lens_q, lens_k=None, *, seed_offset: int = 0, **kw) -> Case:
+        kw.setdefault("heads", self.settings.heads)
+        kw.setdefault("headdim", self.settings.headdim)
+        return Case(tuple(lens_q), None if lens_k is None else tuple(lens_k), seed=self.seed + seed_offset, dtype=self.dtype_str, **kw)
+
+    def from_packing(self, p: Packing, seed_offset: int) -> Case:
+        return Case(
+            p.lens_q, p.lens_k, heads=p.heads, heads_k=p.heads_k, headdim=p.headdim, causal=p.causal,
+            distribution=p.distribution, seed=self.seed + seed_offset, dtype=self.dtype_str,
+        )
+
+    def base_cases(self) -> list[Case]:
+        """The suite's base packings, each with ``seeds`` seeds (distinct per packing)."""
+        cases = []
+        for s in range(self.settings.seeds):
+            for i, p in enumerate(self.settings.base):
+                cases.append(self.from_packing(p, 1000 * s + i))
+        return cases
+
+    # -- tensors and runs ----------------------------------------------------------------------
+
+    def inputs(self, case: Case) -> Inputs:
+        if case not in self._inputs:
+            self._inputs[case] = make_inputs(case, self.device)
+        return self._inputs[case]
+
+    def run(self, what: Case | Inputs, *, backward: bool | None = None, cache: bool = True, do=None) -> KernelOutputs:
+        """The kernel on a case (cached) or on explicit inputs (never cached)."""
+        want_bwd = self.has_backward if backward is None else (backward and self.has_backward)
+        if isinstance(what, Case):
+            key = (what, want_bwd)
+            if cache and key in self._runs:
+                return self._runs[key]
+            if cache and not want_bwd and (what, True) in self._runs:
+                return self._runs[(what, True)]
+            res = self.harness.call(self.inputs(what), backward=want_bwd, do=do)
+            if cache:
+                self._runs[key] = res
+            return res
+        return self.harness.call(what, backward=want_bwd, do=do)
+
+    def reference(self, what: Case | Inputs) -> RefOutputs:
+        if isinstance(what, Case):
+            if what not in self._refs:
+                self._refs[what] = self.reference(self.inputs(what))
+            return self._refs[what]
+        inp = what
+        c = inp.case
+        out, lse = attention_forward(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, softmax_scale=c.scale, causal=c.causal)
+        dq, dk, dv = attention_backward(
+            inp.do, inp.q, inp.k, inp.v, out, lse, inp.cu_q, inp.cu_k, softmax_scale=c.scale, causal=c.causal
+        )
+        return RefOutputs(out, lse, dq, dk, dv)
+
+    def baseline(self, case: Case) -> KernelOutputs:
+        """The built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs."""
+        if case not in self._baseline:
+            if self._baseline_fn is None:
+                from flamia_verify.kernels.designs import DESIGNS
+                from flamia_verify.kernels.emulation import make_kernel
+
+                self._baseline_fn = KernelHarness(make_kernel(DESIGNS["bf16"]))
+            self._baseline[case] = self._baseline_fn.call(self.inputs(case), backward=True)
+        return self._baseline[case]
+
+    # -- results -------------------------------------------------------------------------------
+
+    def result(
+        self,
+        status: str,
+        metrics: dict | None = None,
+        *,
+        message: str = "",
+        worst_case: dict | None = None,
+        details: dict | None = None,
+        thresholds: dict | None = None,
+    ) -> CheckResult:
+        th = self.th if thresholds is None else thresholds
+        return CheckResult(
+            name=self.spec.name,
+            family=self.spec.family,
+            status=status,
+            metrics={k: _clean(v) for k, v in (metrics or {}).items()},
+            thresholds={k: v for k, v in th.items()},
+            worst_case=worst_case or {},
+            message=message,
+            details=details or {},
+        )
+
+    def judged(self, metrics: dict, *, ok_message: str, worst_case: dict | None = None, details: dict | None = None,
+               extra_failures: list[str] | None = None) -> CheckResult:
+        """pass/fail from the thresholds (plus ``extra_failures``, sentences that make it fail)."""
+        bad = violations(metrics, self.th)
+        reasons = [f"{k} = {_fmt(metrics[k])} breaks {_direction(k)} {_fmt(self.th[k])}" for k in bad]
+        reasons += list(extra_failures or [])
+        status = "fail" if reasons else "pass"
+        message = "; ".join(reasons) if reasons else ok_message
+        return self.result(status, metrics, message=message, worst_case=worst_case, details=details)
+
+    def skip(self, reason: str) -> CheckResult:
+        return self.result("skip", {}, message=reason)
+
+
+def _direction(key: str) -> str:
+    from flamia_verify.reports.metrics import higher_is_better
+
+    return ">=" if higher_is_better(key) else "<="
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _clean(v):
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v

@@ -1,0 +1,239 @@
+"""Running the checks: ``run_checks`` resolves the kernel, recipe, suite and thresholds, probes the
+kernel, runs every selected check and returns the :class:`~flamia_verify.reports.model.Report`.
+
+Failure handling:
+
+* the kernel cannot run the smallest case -> :class:`KernelCrashError` (nothing else could run);
+* the kernel raises or hangs on one case -> that check is ``error`` (the exception type and text in
+  its message, the case in ``worst_case``), and the other checks still run;
+* a forward-only kernel (no grad_fn, or a backward that raises on the smallest case) -> every
+  gradient-only check is ``skip`` with the reason; mixed checks test what the forward allows.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from flamia_verify.errors import ConfigError, FlamiaVerifyError, KernelCrashError
+from flamia_verify.kernels.recipes import RECIPES
+from flamia_verify.kernels.registry import LoadedKernel, load_kernel
+from flamia_verify.properties.cases import Case, dtype_name, make_inputs
+from flamia_verify.properties.context import CheckContext
+from flamia_verify.properties.harness import KernelCallError, KernelHarness
+from flamia_verify.properties.registry import CheckSpec, all_specs
+from flamia_verify.properties.settings import SUITES, suite_settings
+from flamia_verify.properties.thresholds import resolve_thresholds
+from flamia_verify.reports.model import FAMILIES, CheckResult, Report
+
+__all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks"]
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Where a run stands, for a progress bar.
+
+    check: the running check's name; index: its 0-based position among ``total`` selected checks;
+    fraction: how much of that check is done (0..1); elapsed_s: seconds since the run started;
+    estimated_s: estimated total seconds of the run (None until one check has finished);
+    overall: fraction of the whole run done (by the checks' relative costs).
+    """
+
+    check: str
+    index: int
+    total: int
+    fraction: float
+    elapsed_s: float
+    estimated_s: float | None
+    overall: float
+
+
+def list_checks(suite: str = "quick") -> list[CheckSpec]:
+    """The checks the suite runs, in running order."""
+    if suite not in SUITES:
+        raise ConfigError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
+    return [s for s in all_specs() if suite in s.suites]
+
+
+def select_checks(specs: list[CheckSpec], only: list[str] | None) -> list[CheckSpec]:
+    if not only:
+        return specs
+    every = {s.name for s in all_specs()}
+    chosen = []
+    for item in only:
+        if item in FAMILIES:
+            chosen.extend(s for s in specs if s.family == item)
+        elif item in every:
+            chosen.extend(s for s in specs if s.name == item)
+            if not any(s.name == item for s in specs):
+                raise ConfigError(f"check {item!r} is not part of this suite; see `flamia-verify list`")
+        else:
+            raise ConfigError(
+                f"unknown check or family {item!r}; families: {', '.join(FAMILIES)}; "
+                f"checks: {', '.join(sorted(every))}"
+            )
+    seen, out = set(), []
+    for s in chosen:
+        if s.name not in seen:
+            seen.add(s.name)
+            out.append(s)
+    order = {s.name: i for i, s in enumerate(specs)}
+    return sorted(out, key=lambda s: order[s.name])
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: str) -> dict:
+    import flamia_verify
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev_name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        dev_name = platform.processor() or platform.machine() or "cpu"
+    return {
+        "flamia_verify": flamia_verify.__version__,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "cuda": torch.version.cuda,
+        "device": device,
+        "device_name": dev_name,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def resolve_kernel(kernel, recipe: str | None) -> tuple[LoadedKernel, str]:
+    loaded = load_kernel(kernel)
+    chosen = recipe or loaded.recipe
+    if chosen is None:
+        raise ConfigError(
+            f"kernel {loaded.name!r} declares no recipe; name one of: {', '.join(RECIPES)} (--recipe)"
+        )
+    if chosen not in RECIPES:
+        raise ConfigError(f"unknown recipe {chosen!r}; choose one of: {', '.join(RECIPES)}")
+    return loaded, chosen
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ConfigError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return device
+
+
+def build_context(loaded: LoadedKernel, recipe: str, *, suite: str, device: str, dtype, seed: int,
+                  thresholds: dict | None, case_timeout_s: float | None) -> CheckContext:
+    dtype_name(dtype)
+    if case_timeout_s is not None and not case_timeout_s > 0:
+        raise ConfigError(f"case_timeout_s must be a positive number of seconds, got {case_timeout_s!r}")
+    th, opts, suite_over = resolve_thresholds(recipe, dtype, thresholds)
+    settings = suite_settings(suite, suite_over)
+    harness = KernelHarness(loaded.fn, timeout_s=case_timeout_s)
+    smallest = Case((16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=seed, dtype=dtype_name(dtype))
+    _, support = harness.probe(make_inputs(smallest, device))
+    return CheckContext(loaded.name, recipe, harness, settings, seed, device, dtype, support, th, opts)
+
+
+def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
+    ctx.spec = spec
+    t0 = time.perf_counter()
+    try:
+        if spec.needs_backward and not ctx.has_backward:
+            result = ctx.skip(f"forward-only kernel: {ctx.backward.reason}; this check needs gradients")
+        else:
+            result = spec.fn(ctx)
+    except KernelCallError as err:
+        result = ctx.result(
+            "error",
+            {},
+            message=f"the kernel failed ({err.stage}): {err.summary}",
+            worst_case={"case": err.case.to_dict(), "stage": err.stage, "exception": err.summary},
+        )
+    except FlamiaVerifyError:
+        raise
+    except Exception as exc:  # the check could not be evaluated (e.g. the kernel returned a wrong shape)
+        result = ctx.result(
+            "error", {}, message=f"check could not be evaluated: {type(exc).__name__}: {exc}"
+        )
+    result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def run_checks(
+    kernel,
+    *,
+    recipe: str | None = None,
+    suite: str = "quick",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    only: list[str] | None = None,
+    thresholds: dict | None = None,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+    case_timeout_s: float | None = None,
+) -> Report:
+    """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
+
+    recipe: the kernel's own recipe when it declares one, else required. suite: quick, standard
+    or full. only: families (``["causal", "error"]``) or full check names. thresholds: overrides
+    ``{check_name: {key: value}}`` (and ``"suite": {setting: value}``). on_progress receives
+    :class:`ProgressEvent`s; on_result each finished :class:`CheckResult`. case_timeout_s bounds
+    each kernel call (a hung call makes its check ``error``).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    loaded, recipe = resolve_kernel(kernel, recipe)
+    specs = select_checks(list_checks(suite), only)
+    device = _resolve_device(device)
+    ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
+                        thresholds=thresholds, case_timeout_s=case_timeout_s)
+    report = Report(kernel=loaded.name, recipe=recipe, suite=suite, seed=seed, environment=environment(device))
+    report.environment.update(
+        dtype=dtype_name(dtype),
+        backward=ctx.has_backward,
+        backward_reason=ctx.backward.reason,
+        case_timeout_s=case_timeout_s,
+        kernel_source=loaded.source,
+    )
+    start = time.perf_counter()
+    costs = [s.cost for s in specs]
+    total_cost = sum(costs) or 1.0
+    done_cost = 0.0
+
+    def emit(i: int, fraction: float) -> None:
+        if on_progress is None:
+            return
+        elapsed = time.perf_counter() - start
+        overall = (done_cost + costs[i] * fraction) / total_cost
+        estimate = elapsed / overall if overall > 0.02 else None
+        on_progress(ProgressEvent(specs[i].name, i, len(specs), fraction, elapsed, estimate, overall))
+
+    for i, spec in enumerate(specs):
+        ctx.on_fraction = lambda f, i=i: emit(i, f)
+        emit(i, 0.0)
+        result = run_one(ctx, spec)
+        report.checks.append(result)
+        emit(i, 1.0)
+        done_cost += costs[i]
+        if on_result is not None:
+            on_result(result)
+    report.environment["kernel_calls"] = ctx.harness.calls
+    report.environment["kernel_seconds"] = round(ctx.harness.seconds, 3)
+    report.environment["total_seconds"] = round(time.perf_counter() - start, 3)
+    return report

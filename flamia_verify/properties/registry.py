@@ -1,0 +1,72 @@
+"""The registry of checks: names, families, descriptions, suites, default thresholds.
+
+A check is a function ``fn(ctx) -> CheckResult`` registered with :func:`register`. Its spec says
+which suites run it, whether it needs the kernel's backward (gradient-only checks are skipped with
+the reason for a forward-only kernel), its default thresholds (a function of the recipe and the
+input dtype, derived in docs/checks.md) and its options (switches that are not thresholds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flamia_verify.reports.model import FAMILIES
+
+__all__ = ["CheckSpec", "register", "all_specs", "ALL_SUITES"]
+
+ALL_SUITES = ("quick", "standard", "full")
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """What a check is: ``name`` (``family.check``), ``family``, a one-line ``description``, the
+    ``suites`` that run it, and whether it ``needs_backward`` (skipped for forward-only kernels)."""
+
+    name: str
+    family: str
+    description: str
+    suites: tuple[str, ...] = ALL_SUITES
+    needs_backward: bool = False
+    cost: float = 1.0  # relative run time, for the progress estimate
+    fn: Callable | None = field(default=None, repr=False, compare=False)
+    defaults: Callable | None = field(default=None, repr=False, compare=False)  # (recipe, dtype) -> dict
+    options: dict = field(default_factory=dict, compare=False)  # switch -> default (bool)
+
+    def default_thresholds(self, recipe: str, dtype) -> dict:
+        return dict(self.defaults(recipe, dtype)) if self.defaults is not None else {}
+
+
+_REGISTRY: dict[str, CheckSpec] = {}
+
+
+def register(
+    name: str,
+    description: str,
+    *,
+    suites: tuple[str, ...] = ALL_SUITES,
+    needs_backward: bool = False,
+    cost: float = 1.0,
+    defaults: Callable | None = None,
+    options: dict | None = None,
+):
+    family = name.partition(".")[0]
+    if family not in FAMILIES:
+        raise ValueError(f"check {name!r}: family {family!r} is not one of {FAMILIES}")
+
+    def deco(fn):
+        _REGISTRY[name] = CheckSpec(
+            name, family, description, tuple(suites), needs_backward, cost, fn, defaults, dict(options or {})
+        )
+        return fn
+
+    return deco
+
+
+def all_specs() -> list[CheckSpec]:
+    """Every registered check, in family order (interface first: it fails fast and cheaply)."""
+    import flamia_verify.properties.checks  # noqa: F401  (registers the checks)
+
+    order = ("interface", "error", "bound", "bias", "consistency", "causal", "isolation", "special", "determinism")
+    rank = {f: i for i, f in enumerate(order)}
+    return sorted(_REGISTRY.values(), key=lambda s: (rank[s.family], list(_REGISTRY).index(s.name)))

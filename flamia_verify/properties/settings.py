@@ -1,0 +1,127 @@
+"""Suites: how many cases, seeds and sizes each check runs.
+
+    quick     small sizes, one seed per packing; an emulated kernel runs the whole suite in well under
+              90 s on a 2-core CPU (the CI machine)
+    standard  more packings (many tiny documents, one long one, lengths around 32/64/128, GQA 4:1,
+              headdim 128), two seeds per packing, longer causal documents; a fused kernel runs it in
+              about a minute on an H200
+    full      everything, larger: four seeds, documents up to 2048 tokens, four heads
+
+Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distribution)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from flamia_verify.errors import ConfigError
+
+__all__ = ["SUITES", "SuiteSettings", "suite_settings", "Packing", "SETTING_KEYS"]
+
+SUITES = ("quick", "standard", "full")
+
+
+@dataclass(frozen=True)
+class Packing:
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...] | None = None
+    heads: int = 2
+    heads_k: int | None = None
+    headdim: int = 64
+    causal: bool = True
+    distribution: str = "gaussian"
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    name: str
+    seeds: int  # seeds per base packing
+    base: tuple[Packing, ...]  # error, bound, bias, determinism and consistency.grad_forward_ratio
+    causal_len: int  # length of the single document the causal checks perturb
+    causal_positions: tuple[int, ...]  # positions t after which the future is replaced
+    causal_neighbours: bool  # also perturb inside a packed batch (document offset != 0)
+    isolation_len: int
+    isolation_layouts: tuple[tuple[int, int], ...]  # (tokens before, tokens after) the target document
+    special_len: int
+    repeats: int  # runs compared by determinism.repeat
+    heads: int = 2
+    headdim: int = 64
+    bias_cases: int = 2  # cases pooled by the bias statistics (beyond the base cases)
+    extra: dict = field(default_factory=dict)
+
+
+_QUICK = SuiteSettings(
+    name="quick",
+    seeds=1,
+    base=(
+        Packing((64, 130, 62), heads=2, heads_k=1),
+        Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
+        Packing((33, 96), causal=False, distribution="heavy_tail"),
+    ),
+    causal_len=96,
+    causal_positions=(0, 5, 31, 40, 63),
+    causal_neighbours=False,
+    isolation_len=45,
+    isolation_layouts=((13, 30), (32, 7), (1, 0)),
+    special_len=96,
+    repeats=2,
+)
+
+_STANDARD = SuiteSettings(
+    name="standard",
+    seeds=2,
+    base=(
+        Packing((64, 130, 62), heads=2, heads_k=1),
+        Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
+        Packing((33, 96), causal=False, distribution="heavy_tail"),
+        Packing((1, 2, 3, 5, 8, 13, 1, 1, 21, 0, 34), heads=4, heads_k=1),
+        Packing((31, 32, 33, 63, 64, 65, 127, 128, 129), distribution="outliers"),
+        Packing((512,), heads=2, headdim=128, distribution="peaked"),
+        Packing((100, 20), (60, 150), heads=4, heads_k=2, causal=True, distribution="low_rank"),
+    ),
+    causal_len=160,
+    causal_positions=(0, 1, 5, 31, 32, 40, 63, 64, 100, 127, 128),
+    causal_neighbours=True,
+    isolation_len=77,
+    isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100)),
+    special_len=160,
+    repeats=3,
+)
+
+_FULL = SuiteSettings(
+    name="full",
+    seeds=4,
+    base=_STANDARD.base
+    + (
+        Packing((1024, 1000), heads=4, heads_k=2, headdim=128),
+        Packing((2048,), heads=2, headdim=64, distribution="sink"),
+        Packing(tuple([17] * 40), heads=4, heads_k=4, causal=False),
+    ),
+    causal_len=320,
+    causal_positions=(0, 1, 5, 31, 32, 33, 40, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 300),
+    causal_neighbours=True,
+    isolation_len=129,
+    isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100), (255, 3), (7, 300)),
+    special_len=320,
+    repeats=4,
+    heads=4,
+)
+
+_BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
+
+#: suite settings a user may override (thresholds={"suite": {...}})
+SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int}
+
+
+def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:
+    if name not in _BY_NAME:
+        raise ConfigError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}")
+    s = _BY_NAME[name]
+    if overrides:
+        for key, value in overrides.items():
+            if key not in SETTING_KEYS:
+                raise ConfigError(f"unknown suite setting {key!r}; known: {', '.join(sorted(SETTING_KEYS))}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"suite setting {key!r} must be a positive integer, got {value!r}")
+        s = replace(s, **overrides)
+    return s
