@@ -66,6 +66,7 @@ class CheckContext:
     _refs: dict = field(default_factory=dict)
     _baseline: dict = field(default_factory=dict)
     _baseline_fn: Any = None
+    _memo: dict = field(default_factory=dict)
 
     # -- per-check views ---------------------------------------------------------------------
 
@@ -155,6 +156,12 @@ class CheckContext:
                 self._baseline_fn = KernelHarness(make_kernel(DESIGNS["bf16"]))
             self._baseline[case] = self._baseline_fn.call(self.inputs(case), backward=True)
         return self._baseline[case]
+
+    def memo(self, key, compute: Callable[[], Any]):
+        """A value shared between checks (e.g. perturbed runs read by two causal checks)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     # -- results -------------------------------------------------------------------------------
 

@@ -1,0 +1,295 @@
+"""causal: no output or gradient may depend, by a single bit, on a position it must not see.
+
+With causal attention (bottom-right aligned, offset = Lk - Lq), query i sees key j iff
+j <= i + offset. So, inside one document:
+
+    out_i, dQ_i  depend only on q_i, dO_i and keys j <= i + offset
+    dK_j, dV_j   depend only on keys j and queries i >= j - offset
+
+The checks replace everything a protected element must not see with adversarial values and
+require the protected elements to be *bitwise* unchanged:
+
+    causal.forward  q, k, v, dO after position t -> out[<= t]       (huge: x 1e4, tiny: x 1e-4)
+    causal.dq       the same perturbations          -> dQ[<= t]
+    causal.dk_dv    q and dO before position t      -> dK[>= t + offset], dV[>= t + offset]
+    causal.nan      NaN in q and dO after t         -> out[<= t], dQ[<= t] unchanged and finite
+
+Huge values change every block maximum they share a scale with (a V block of 32 positions that
+straddles the diagonal, a per-tensor amax); tiny ones lower a maximum the future held.
+
+NaN placement. A FlashAttention-style kernel multiplies masked probabilities (exact zeros) with
+masked V and dO rows inside its diagonal tile, and 0 * NaN = NaN; so NaN in a masked V or dO row
+poisons every correct kernel, and so does NaN in a masked key for dQ (dS_ij = 0 times K_j). NaN in
+later *queries* and later *upstream gradients* never enters a correct kernel's GEMM for an earlier
+row: rows of S, dP and D are row-local. Those are the NaN poisons a correct kernel must survive; a
+tensor-wide amax, or sequence blocks of Q rebuilt in the backward, turn them into leaks.
+NaN in masked keys (forward only) is survived by kernels that mask scores with ``where``, but not
+by torch's CPU SDPA (it adds the mask: NaN + -inf = NaN); it is measured and reported, and made a
+requirement by the option ``require_nan_keys``.
+
+    leakage map (causal.forward, t = 40):  row = t, column = query position, colour = changed elements
+        positions 0..40 must be 0; positions > 40 are free to change (not drawn)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flamia_verify.properties.cases import Case, Inputs
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.compare import compare_bitwise
+from flamia_verify.properties.registry import register
+
+__all__ = ["perturb_rows", "ADVERSARIAL"]
+
+# adversarial replacement magnitudes (relative to N(0, 1) inputs): huge values move every block
+# maximum they touch; tiny ones remove a maximum the replaced positions held
+ADVERSARIAL = {"huge": 1.0e4, "tiny": 1.0e-4}
+
+
+def perturb_rows(x: torch.Tensor, rows: slice, kind: str, gen: torch.Generator) -> torch.Tensor:
+    """A copy of x whose ``rows`` hold adversarial values (``huge``, ``tiny`` or ``nan``)."""
+    y = x.clone()
+    n = y[rows].shape
+    if kind == "nan":
+        y[rows] = float("nan")
+    else:
+        y[rows] = (torch.randn(n, generator=gen) * ADVERSARIAL[kind]).to(y.dtype).to(y.device)
+    return y
+
+
+def _causal_cases(ctx) -> list[tuple[Case, int]]:
+    """(case, target document) pairs: one document alone; in larger suites also Lq != Lk and a
+    document packed between neighbours."""
+    L = ctx.settings.causal_len
+    out = [(ctx.case((L,), heads=2, heads_k=1, causal=True, seed_offset=11), 0)]
+    if ctx.settings.causal_neighbours:
+        out.append((ctx.case((L - 17,), (L,), heads=2, heads_k=2, causal=True, seed_offset=12), 0))
+        out.append((ctx.case((37, L, 20), heads=2, heads_k=1, causal=True, seed_offset=13), 1))
+    return out
+
+
+def _doc_bounds(case: Case, b: int):
+    q0 = sum(case.lens_q[:b])
+    k0 = sum(case.lens_k[:b])
+    return q0, q0 + case.lens_q[b], k0, k0 + case.lens_k[b]
+
+
+def _positions(ctx, case: Case, b: int) -> list[int]:
+    lq = case.lens_q[b]
+    return sorted({t for t in ctx.settings.causal_positions if 0 <= t < lq - 1})
+
+
+def _future_inputs(inp: Inputs, b: int, t: int, kind: str, seed: int, tensors=("q", "k", "v", "do")) -> Inputs:
+    """Replace queries/dO after query t and keys/values after key t + offset (document b only)."""
+    case = inp.case
+    q0, q1, k0, k1 = _doc_bounds(case, b)
+    off = (k1 - k0) - (q1 - q0)
+    g = torch.Generator().manual_seed(seed)
+    new = {}
+    for name in ("q", "k", "v", "do"):
+        x = getattr(inp, name)
+        if name in tensors:
+            rows = slice(q0 + t + 1, q1) if name in ("q", "do") else slice(max(k0, k0 + t + off + 1), k1)
+            x = perturb_rows(x, rows, kind, g)
+        new[name] = x
+    return inp.replace(**new)
+
+
+def _future_runs(ctx):
+    """Base and perturbed runs shared by causal.forward and causal.dq."""
+
+    def compute():
+        runs = []
+        cases = _causal_cases(ctx)
+        jobs = [(c, b, t, kind) for c, b in cases for t in _positions(ctx, c, b) for kind in ADVERSARIAL]
+        for n, (case, b, t, kind) in enumerate(jobs):
+            base = ctx.run(case)
+            inp = _future_inputs(ctx.inputs(case), b, t, kind, seed=case.seed * 1009 + t)
+            runs.append((case, b, t, kind, base, ctx.run(inp)))
+            ctx.progress((n + 1) / len(jobs))
+        return runs
+
+    return ctx.memo(("causal-future", ctx.has_backward), compute)
+
+
+def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
+    """Compare ``tensor`` on the protected rows of every run; build metrics, worst case, heatmaps."""
+    leaked_elements = 0
+    leaking = 0
+    first = None
+    maps: dict = {}
+    for case, b, t, kind, base, new in runs:
+        q0, q1, k0, k1 = _doc_bounds(case, b)
+        off = (k1 - k0) - (q1 - q0)
+        x_new, x_base = getattr(new, tensor), getattr(base, tensor)
+        if x_new is None or x_base is None:
+            continue
+        if direction == "future":  # rows of queries at or before t
+            lo, hi = q0, q0 + t + 1
+        else:  # keys at or after t + offset
+            lo, hi = max(k0, k0 + t + off), k1
+        region = torch.zeros(x_new.shape[0], dtype=torch.bool, device=x_new.device)
+        region[lo:hi] = True
+        cu = [0]
+        for length in (case.lens_q if tensor in ("out", "dq") else case.lens_k):
+            cu.append(cu[-1] + length)
+        m = compare_bitwise(x_new, x_base, what=f"{what}", region=region[:, None, None], cu_seqlens=cu)
+        changed = m.mask.flatten(1).sum(dim=1) if m.mask is not None else torch.zeros(x_new.shape[0])
+        key = (case, b, kind)
+        doc_start = q0 if tensor in ("out", "dq") else k0
+        doc_len = (q1 - q0) if tensor in ("out", "dq") else (k1 - k0)
+        maps.setdefault(key, []).append((t, changed[doc_start : doc_start + doc_len].cpu().tolist()))
+        if not m.ok:
+            leaked_elements += m.mismatched
+            leaking += 1
+            if first is None:
+                first = case_record(
+                    case,
+                    tensor=tensor,
+                    document=b,
+                    t=t,
+                    perturbation=kind,
+                    perturbed="q, k, v, dO after t" if direction == "future" else "q, dO before t",
+                    protected=f"{tensor} rows [{lo - doc_start}, {hi - doc_start}) of document {b}",
+                    mismatch=m.to_dict(),
+                    summary=m.summary(),
+                )
+    heatmaps = []
+    for (case, b, kind), rows in maps.items():
+        heatmaps.append({
+            "title": f"{tensor} leakage map, {kind} perturbation ({case.describe()}, document {b})",
+            "x_label": "position in document",
+            "y_label": "perturbation position t",
+            "z_label": "changed elements (protected positions)",
+            "z": [r for _, r in rows],
+            "y": [f"t={t}" for t, _ in rows],
+        })
+    metrics = {"leaked_elements": leaked_elements, "leaking_perturbations": leaking, "perturbations": len(runs)}
+    return metrics, first, heatmaps
+
+
+@register(
+    "causal.forward",
+    "out at or before position t is bitwise unchanged when q, k, v, dO after t are replaced by huge "
+    "or tiny values (shared V scales, per-tensor amax)",
+    defaults=lambda recipe, dtype: {"leaked_elements": 0},
+    cost=3.0,
+)
+def forward(ctx):
+    runs = _future_runs(ctx)
+    metrics, first, maps = _leak_report(ctx, runs, "out", "future", "out at/before t")
+    return ctx.judged(
+        metrics,
+        ok_message=f"out at/before t bitwise unchanged under {len(runs)} future perturbations",
+        worst_case=first or {},
+        details={"heatmaps": maps},
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+@register(
+    "causal.dq",
+    "dQ at or before position t is bitwise unchanged when q, k, v, dO after t change (sequence "
+    "blocks of K in dQ = dS K)",
+    defaults=lambda recipe, dtype: {"leaked_elements": 0},
+    needs_backward=True,
+    cost=0.5,
+)
+def dq(ctx):
+    runs = _future_runs(ctx)
+    metrics, first, maps = _leak_report(ctx, runs, "dq", "future", "dq at/before t")
+    return ctx.judged(
+        metrics,
+        ok_message=f"dQ at/before t bitwise unchanged under {len(runs)} future perturbations",
+        worst_case=first or {},
+        details={"heatmaps": maps},
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+@register(
+    "causal.dk_dv",
+    "dK and dV at or after key t + offset are bitwise unchanged when q and dO before t change "
+    "(sequence blocks of Q in dK = dS^T Q and dO in dV = P^T dO)",
+    defaults=lambda recipe, dtype: {"leaked_elements": 0},
+    needs_backward=True,
+    cost=3.0,
+)
+def dk_dv(ctx):
+    cases = _causal_cases(ctx)
+    jobs = [(c, b, t, kind) for c, b in cases for t in _positions(ctx, c, b) if t >= 1 for kind in ADVERSARIAL]
+    runs = []
+    for n, (case, b, t, kind) in enumerate(jobs):
+        inp = ctx.inputs(case)
+        q0, q1, _, _ = _doc_bounds(case, b)
+        g = torch.Generator().manual_seed(case.seed * 2003 + t)
+        new = inp.replace(q=perturb_rows(inp.q, slice(q0, q0 + t), kind, g), do=perturb_rows(inp.do, slice(q0, q0 + t), kind, g))
+        runs.append((case, b, t, kind, ctx.run(case), ctx.run(new)))
+        ctx.progress((n + 1) / len(jobs))
+    m_k, first_k, maps_k = _leak_report(ctx, runs, "dk", "past", "dk at/after t")
+    m_v, first_v, maps_v = _leak_report(ctx, runs, "dv", "past", "dv at/after t")
+    metrics = {
+        "leaked_elements": m_k["leaked_elements"] + m_v["leaked_elements"],
+        "leaked_dk": m_k["leaked_elements"],
+        "leaked_dv": m_v["leaked_elements"],
+        "leaking_perturbations": max(m_k["leaking_perturbations"], m_v["leaking_perturbations"]),
+        "perturbations": len(runs),
+    }
+    first = first_k or first_v
+    return ctx.judged(
+        metrics,
+        ok_message=f"dK, dV at/after t bitwise unchanged under {len(runs)} perturbations of earlier queries",
+        worst_case=first or {},
+        details={"heatmaps": maps_k + maps_v},
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+@register(
+    "causal.nan",
+    "NaN in q and dO after position t leaves out and dQ at or before t bitwise unchanged and finite "
+    "(NaN in masked keys is measured; required with the option require_nan_keys)",
+    defaults=lambda recipe, dtype: {"leaked_elements": 0, "nonfinite": 0},
+    options={"require_nan_keys": False},
+    cost=1.5,
+)
+def nan(ctx):
+    case, b = _causal_cases(ctx)[0]
+    positions = _positions(ctx, case, b)
+    runs, key_runs = [], []
+    for n, t in enumerate(positions):
+        base = ctx.run(case)
+        inp = _future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("q", "do"))
+        runs.append((case, b, t, "nan", base, ctx.run(inp)))
+        kin = _future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("k",))
+        key_runs.append((case, b, t, "nan-keys", base, ctx.run(kin, backward=False)))
+        ctx.progress((n + 1) / len(positions))
+    m_out, first_out, maps_out = _leak_report(ctx, runs, "out", "future", "out at/before t (NaN q, dO after t)")
+    m_dq, first_dq, maps_dq = _leak_report(ctx, runs, "dq", "future", "dq at/before t (NaN q, dO after t)")
+    m_key, first_key, _ = _leak_report(ctx, key_runs, "out", "future", "out at/before t (NaN keys after t)")
+    nonfinite = 0
+    for case_, b_, t, _, base, new in runs:
+        q0 = _doc_bounds(case_, b_)[0]
+        for name in ("out", "dq"):
+            x = getattr(new, name)
+            if x is not None:
+                nonfinite += int((~torch.isfinite(x[q0 : q0 + t + 1])).sum())
+    metrics = {
+        "leaked_elements": m_out["leaked_elements"] + m_dq["leaked_elements"],
+        "nonfinite": nonfinite,
+        "nan_keys_leaked_elements": m_key["leaked_elements"],
+        "perturbations": len(runs),
+    }
+    extra = []
+    first = first_out or first_dq
+    if first:
+        extra.append(first["summary"])
+    if ctx.opt.get("require_nan_keys") and first_key:
+        extra.append("NaN in masked keys reached earlier outputs: " + first_key["summary"])
+        first = first or first_key
+    msg = f"out, dQ at/before t unchanged and finite with NaN in later q and dO ({len(runs)} positions)"
+    if m_key["leaked_elements"]:
+        msg += f"; NaN in masked keys changed {m_key['leaked_elements']} earlier outputs (not required)"
+    return ctx.judged(metrics, ok_message=msg, worst_case=first or first_key or {},
+                      details={"heatmaps": maps_out + maps_dq}, extra_failures=extra)

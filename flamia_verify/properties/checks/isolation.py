@@ -1,0 +1,186 @@
+"""isolation: a packed document's results depend on nothing but the document.
+
+    isolation.neighbours  the target document between neighbours; the neighbours replaced by huge,
+                          tiny or other random values -> target out, dQ, dK, dV bitwise unchanged
+    isolation.nan         every neighbour's q, k, v, dO set to NaN -> target bitwise unchanged and
+                          finite (a varlen kernel never loads another document's rows)
+    isolation.offset      the document alone vs. packed at other offsets among other neighbours ->
+                          bitwise equal (reported separately: the difference relative to the
+                          reference's RMS, against the error family's tolerance)
+
+          pack:  [ before | target (L) | after ]      cu_seqlens = [0, before, before + L, before + L + after]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.compare import compare_bitwise
+from flamia_verify.properties.registry import register
+from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, predicted_rel_rmse
+
+__all__ = ["pack_document"]
+
+NEIGHBOUR_SCALE = {"random": 300.0, "huge": 1.0e4, "tiny": 1.0e-4}
+
+
+def pack_document(target: Inputs, before: int, after: int, kind: str, seed: int) -> Inputs:
+    """The target document (a one-document Inputs) with ``before`` and ``after`` neighbour tokens
+    whose values are N(0, 1) times NEIGHBOUR_SCALE[kind] (or NaN for ``kind="nan"``)."""
+    c = target.case
+    g = torch.Generator().manual_seed(seed)
+    L = c.lens_q[0]
+    parts = {}
+    for name in ("q", "k", "v", "do"):
+        x = getattr(target, name)
+        shape_b, shape_a = (before,) + tuple(x.shape[1:]), (after,) + tuple(x.shape[1:])
+        if kind == "nan":
+            pre = torch.full(shape_b, float("nan"))
+            post = torch.full(shape_a, float("nan"))
+        else:
+            pre = torch.randn(shape_b, generator=g) * NEIGHBOUR_SCALE[kind]
+            post = torch.randn(shape_a, generator=g) * NEIGHBOUR_SCALE[kind]
+        parts[name] = torch.cat([pre.to(x.dtype).to(x.device), x, post.to(x.dtype).to(x.device)])
+    lens = tuple(n for n in (before, L, after))
+    case = Case(lens, heads=c.heads, heads_k=c.heads_k, headdim=c.headdim, causal=c.causal,
+                distribution=c.distribution, seed=seed, dtype=c.dtype)
+    dev = target.q.device
+    return Inputs(case, parts["q"], parts["k"], parts["v"], parts["do"], cu_from_lens(lens, dev), cu_from_lens(lens, dev))
+
+
+def _targets(ctx):
+    L = ctx.settings.isolation_len
+    return [
+        ctx.case((L,), heads=2, heads_k=1, causal=True, seed_offset=21),
+        ctx.case((L,), heads=2, heads_k=2, causal=False, seed_offset=22),
+    ]
+
+
+def _compare_target(ctx, alone_or_base, packed, before: int, L: int, what: str):
+    """Bitwise comparison of the target slice of every tensor; returns list of Mismatch."""
+    out = []
+    sl = slice(before, before + L)
+    for name in ("out", "dq", "dk", "dv"):
+        a = getattr(alone_or_base, name)
+        p = getattr(packed, name)
+        if a is None or p is None:
+            continue
+        a_t = a if a.shape[0] == L else a[sl]
+        out.append((name, compare_bitwise(p[sl], a_t, what=f"{name} of the target document ({what})")))
+    return out
+
+
+@register(
+    "isolation.neighbours",
+    "a packed document's out, dQ, dK, dV are bitwise unchanged when its neighbours are replaced by "
+    "huge, tiny or other random values",
+    defaults=lambda recipe, dtype: {"changed_elements": 0},
+    cost=2.0,
+)
+def neighbours(ctx):
+    layouts = ctx.settings.isolation_layouts
+    jobs = [(t, lay, kind) for t in _targets(ctx) for lay in layouts for kind in ("huge", "tiny")]
+    changed, first, runs = 0, None, 0
+    for n, (target_case, (before, after), kind) in enumerate(jobs):
+        if before + after == 0:
+            continue
+        tgt = ctx.inputs(target_case)
+        base_inp = pack_document(tgt, before, after, "random", seed=target_case.seed * 31 + before)
+        new_inp = pack_document(tgt, before, after, kind, seed=target_case.seed * 37 + after)
+        base = ctx.memo(("iso-base", target_case, before, after), lambda: ctx.run(base_inp))
+        new = ctx.run(new_inp)
+        runs += 1
+        for name, m in _compare_target(ctx, base, new, before, target_case.lens_q[0], f"neighbours {kind}"):
+            if not m.ok:
+                changed += m.mismatched
+                if first is None:
+                    first = case_record(target_case, tensor=name, layout=[before, after], neighbours=kind,
+                                        neighbour_seed=target_case.seed * 37 + after, mismatch=m.to_dict(), summary=m.summary())
+        ctx.progress((n + 1) / len(jobs))
+    return ctx.judged(
+        {"changed_elements": changed, "perturbations": runs},
+        ok_message=f"target document bitwise unchanged under {runs} neighbour changes",
+        worst_case=first or {},
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+@register(
+    "isolation.nan",
+    "NaN in every other document's q, k, v, dO leaves a document's out, dQ, dK, dV bitwise unchanged and finite",
+    defaults=lambda recipe, dtype: {"changed_elements": 0, "nonfinite": 0},
+    cost=1.0,
+)
+def nan(ctx):
+    changed, nonfinite, first, runs = 0, 0, None, 0
+    jobs = [(t, lay) for t in _targets(ctx) for lay in ctx.settings.isolation_layouts[:2]]
+    for n, (target_case, (before, after)) in enumerate(jobs):
+        tgt = ctx.inputs(target_case)
+        base = ctx.memo(("iso-base", target_case, before, after),
+                        lambda: ctx.run(pack_document(tgt, before, after, "random", seed=target_case.seed * 31 + before)))
+        new = ctx.run(pack_document(tgt, before, after, "nan", seed=0))
+        runs += 1
+        L = target_case.lens_q[0]
+        for name, m in _compare_target(ctx, base, new, before, L, "NaN neighbours"):
+            x = getattr(new, name)[before : before + L]
+            nonfinite += int((~torch.isfinite(x)).sum())
+            if not m.ok:
+                changed += m.mismatched
+                if first is None:
+                    first = case_record(target_case, tensor=name, layout=[before, after], neighbours="nan",
+                                        mismatch=m.to_dict(), summary=m.summary())
+        ctx.progress((n + 1) / len(jobs))
+    return ctx.judged(
+        {"changed_elements": changed, "nonfinite": nonfinite, "perturbations": runs},
+        ok_message=f"target document bitwise unchanged and finite next to NaN documents ({runs} packs)",
+        worst_case=first or {},
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+def _offset_defaults(recipe, dtype):
+    return {"bitwise_mismatches": 0, "rel_diff": ERROR_MODEL_FACTOR * predicted_rel_rmse(recipe, dtype, "out")}
+
+
+@register(
+    "isolation.offset",
+    "a document gives bitwise the same out, dQ, dK, dV alone and packed at other offsets among other "
+    "neighbours (the difference relative to its RMS is reported against the error tolerance)",
+    defaults=_offset_defaults,
+    cost=2.0,
+)
+def offset(ctx):
+    mismatches, first, worst_rel, runs = 0, None, 0.0, 0
+    jobs = [(t, lay) for t in _targets(ctx) for lay in ctx.settings.isolation_layouts]
+    bitwise_runs = 0
+    for n, (target_case, (before, after)) in enumerate(jobs):
+        alone = ctx.run(target_case)
+        tgt = ctx.inputs(target_case)
+        packed = ctx.memo(("iso-base", target_case, before, after),
+                          lambda: ctx.run(pack_document(tgt, before, after, "random", seed=target_case.seed * 31 + before)))
+        runs += 1
+        L = target_case.lens_q[0]
+        all_equal = True
+        for name, m in _compare_target(ctx, alone, packed, before, L, f"offset {before}"):
+            a = getattr(alone, name).double()
+            p = getattr(packed, name)[before : before + L].double()
+            rms = float(a.pow(2).mean().sqrt())
+            rel = float((p - a).pow(2).mean().sqrt()) / rms if rms > 0 else 0.0
+            worst_rel = max(worst_rel, rel if rel == rel else float("inf"))
+            if not m.ok:
+                all_equal = False
+                mismatches += m.mismatched
+                if first is None:
+                    first = case_record(target_case, tensor=name, layout=[before, after], rel_diff=rel,
+                                        mismatch=m.to_dict(), summary=m.summary())
+        bitwise_runs += all_equal
+        ctx.progress((n + 1) / len(jobs))
+    metrics = {"bitwise_mismatches": mismatches, "rel_diff": worst_rel, "bitwise_equal_packs": bitwise_runs, "packs": runs}
+    return ctx.judged(
+        metrics,
+        ok_message=f"document bitwise identical alone and at {runs} offsets",
+        worst_case=first or {},
+        extra_failures=[],
+    )
