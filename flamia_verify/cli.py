@@ -150,8 +150,8 @@ def _cmd_check(args) -> int:
         name = getattr(event, "check", None) or getattr(event, "name", "")
         index = getattr(event, "index", 0) or 0
         total = getattr(event, "total", None) or total_checks or 1
-        frac = getattr(event, "fraction", 0.0) or 0.0
-        progress.update(task, description=f"{kernel.name}: {name}", completed=min(index + frac, total), total=total)
+        done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
+        progress.update(task, description=f"{kernel.name}: {name}", completed=min(done, total), total=total)
 
     started = time.monotonic()
     try:

@@ -12,8 +12,8 @@
     case_timeout_s = 300                 # a kernel call running longer is stopped and reported as an error
     compare_factor = 1.5                 # `compare`: a metric worse by more than this factor regresses
 
-    [tool.flamia-verify.thresholds."error.output"]
-    rel_rmse_max = 0.05
+    [tool.flamia-verify.thresholds."error.out"]
+    rel_rmse = 0.05
 
 A file given with ``--config`` may hold the same keys either under ``[tool.flamia-verify]`` or at its
 top level. An unknown key or a value of the wrong type is a configuration error (exit 2) that names it.

@@ -195,7 +195,7 @@ def test_bad_config_on_the_command_line_is_exit_2(capsys, tmp_path):
 
 
 def test_unknown_threshold_name_is_exit_2(capsys, tmp_path):
-    f = _write(tmp_path, "thr.toml", '[thresholds."error.output"]\nno_such_threshold = 1.0\n')
+    f = _write(tmp_path, "thr.toml", '[thresholds."error.out"]\nno_such_threshold = 1.0\n')
     code, _, err = run_cli(["check", "--config", f, "--only", "error", "--out", tmp_path / "r"], capsys)
     assert code == 2 and "no_such_threshold" in err
 
