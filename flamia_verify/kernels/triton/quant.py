@@ -190,23 +190,27 @@ def nvfp4_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexp
 @triton.jit
 def quantize_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
                   RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
-    """Round an (R, C) fp32 tile as an operand blocked along its last axis (fp32 values out)."""
+    """Round an (R, C) fp32 tile as an operand blocked along its last axis (fp32 values out).
+
+    KIND_INPUT returns x unchanged: the kernels' dot (``attention._mma``) rounds its operands to
+    the input dtype, so rounding here too would only cost instructions."""
     if KIND == KIND_MX:
         return mx_last(x, R, C, BLOCK, RCEIL)
     elif KIND == KIND_NVFP4:
         return nvfp4_last(x, row_amax, R, C, BLOCK)
     else:
-        return round_input(x, IS_FP16)
+        return x
 
 
 @triton.jit
 def quantize_first(x, R: tl.constexpr, C: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
                    RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
-    """Round an (R, C) fp32 tile as an operand blocked along its first axis (fp32 values out)."""
+    """Round an (R, C) fp32 tile as an operand blocked along its first axis (fp32 values out;
+    KIND_INPUT: unchanged, see ``quantize_last``)."""
     if KIND == KIND_MX:
         return mx_first(x, R, C, BLOCK, RCEIL)
     else:
-        return round_input(x, IS_FP16)
+        return x
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,6 +256,8 @@ def _quantize_kernel(X, Y, RowAmax, R: tl.constexpr, C: tl.constexpr, KIND: tl.c
         y = quantize_last(x, amax, R, C, KIND, BLOCK, RCEIL, IS_FP16)
     else:
         y = quantize_first(x, R, C, KIND, BLOCK, RCEIL, IS_FP16)
+    if KIND == KIND_INPUT:  # what the kernels' dot does to an input-precision operand
+        y = round_input(y, IS_FP16)
     tl.store(Y + rows[:, None] * C + cols[None, :], y)
 
 

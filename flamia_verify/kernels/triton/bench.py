@@ -1,0 +1,154 @@
+"""Speed of the fused kernels beside torch SDPA's cuDNN and FlashAttention-2 backends.
+
+``bench_table(kernels)`` is what ``flamia-verify bench`` prints. Shapes follow the project's
+benchmark: B * S = 32K tokens, H = 16 heads, D = 128, bf16; the fused kernels run in the varlen
+convention (B documents of S tokens, no padding), SDPA on the dense (B, H, S, D) layout.
+
+FLOP counts (FlashAttention's convention): forward ``4 B H S^2 D`` (halved when causal), backward
+2.5 times the forward (five GEMMs against two), forward+backward 3.5 times. Times are medians of
+``triton.testing.do_bench``; ``ratio`` is the forward+backward speed over the fastest BF16 SDPA
+baseline measured in the same call at the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["bench_table", "format_table", "BASELINES", "attention_flops", "COLUMNS"]
+
+BASELINES = ("sdpa-cudnn", "sdpa-flash")
+#: the keys of every row, in order (the CLI prints them as columns)
+COLUMNS = ("kernel", "seqlen", "batch", "causal", "fwd_tflops", "bwd_tflops", "fwdbwd_tflops", "ratio", "fwd_ms",
+           "bwd_ms", "fwdbwd_ms", "peak_extra_gib", "error")
+
+
+def attention_flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> dict[str, float]:
+    """FLOPs of one attention call: forward, backward, forward+backward."""
+    fwd = 4.0 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwdbwd": 3.5 * fwd}
+
+
+def _sdpa_runner(backend_name: str, q, k, v, causal: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}[backend_name]
+    # (T, H, D) packed documents of equal length -> dense (B, H, S, D)
+    def forward(q, k, v):
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return forward
+
+
+def _fused_runner(name: str, causal: bool, cu, seqlen: int):
+    from flamia_verify.kernels.designs import DESIGNS
+    from flamia_verify.kernels.triton.attention import fused_attention
+
+    design = DESIGNS[name]
+
+    def forward(q, k, v):
+        return fused_attention(design, q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5,
+                               causal=causal, validate=False)
+
+    return forward
+
+
+def _time(fn, rep_ms: int) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=max(25, rep_ms // 4), rep=rep_ms, return_mode="median"))
+
+
+def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
+    """Median ms of forward, backward (from a saved forward graph) and forward+backward; peak memory."""
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+
+    def fwd():
+        with torch.no_grad():
+            forward(q, k, v)
+
+    out = forward(q, k, v)
+
+    def bwd():
+        torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+    def fwdbwd():
+        o = forward(q, k, v)
+        torch.autograd.grad(o, (q, k, v), do)
+
+    res = {"fwd_ms": _time(fwd, rep_ms), "bwd_ms": _time(bwd, rep_ms)}
+    del out
+    res["fwdbwd_ms"] = _time(fwdbwd, rep_ms)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwdbwd()
+    torch.cuda.synchronize()
+    res["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return res
+
+
+def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192, 16384), tokens: int = 32768,
+                heads: int = 16, head_dim: int = 128, causal=(True, False), baselines=BASELINES,
+                rep_ms: int = 100) -> list[dict]:
+    """Forward, backward and forward+backward speed of ``kernels`` (built-in names with a fused
+    kernel) and of the SDPA baselines; one dict per (kernel, S, causal).
+
+    Keys: kernel, seqlen, batch, causal, fwd_ms, bwd_ms, fwdbwd_ms, fwd_tflops, bwd_tflops,
+    fwdbwd_tflops, ratio (forward+backward speed over the fastest BF16 baseline), peak_extra_gib
+    (memory allocated by one forward+backward beyond the inputs), error (a string, when a
+    kernel failed: the other rows still come back).
+    """
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        raise RuntimeError(f"bench_table needs a CUDA device, got device={device!r} "
+                           f"(torch.cuda.is_available() = {torch.cuda.is_available()})")
+    rows: list[dict] = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    for seqlen in seqlens:
+        batch = max(1, tokens // seqlen)
+        total = batch * seqlen
+        q, k, v, do = (torch.randn(total, heads, head_dim, device=device, dtype=torch.bfloat16, generator=gen)
+                       for _ in range(4))
+        cu = torch.arange(0, total + 1, seqlen, dtype=torch.int32, device=device)
+        dense = [t.view(batch, seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v, do)]
+        for c in causal:
+            flops = attention_flops(batch, heads, seqlen, head_dim, c)
+            group: list[dict] = []
+            for name in list(baselines) + list(kernels):
+                row = {"kernel": name, "seqlen": seqlen, "batch": batch, "causal": c}
+                try:
+                    if name in BASELINES:
+                        res = _measure(_sdpa_runner(name, *dense[:3], c), *dense, rep_ms)
+                    else:
+                        res = _measure(_fused_runner(name, c, cu, seqlen), q, k, v, do, rep_ms)
+                    row.update(res)
+                    for phase in ("fwd", "bwd", "fwdbwd"):
+                        row[f"{phase}_tflops"] = flops[phase] / (res[f"{phase}_ms"] * 1e-3) / 1e12
+                except Exception as exc:  # keep the rest of the table
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                group.append(row)
+                torch.cuda.empty_cache()
+            best = max((r.get("fwdbwd_tflops", 0.0) for r in group if r["kernel"] in BASELINES), default=0.0)
+            for r in group:
+                r["ratio"] = r["fwdbwd_tflops"] / best if best and "fwdbwd_tflops" in r else math.nan
+            rows.extend(group)
+    return [{key: r.get(key, "" if key == "error" else math.nan) for key in COLUMNS} for r in rows]
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of ``bench_table``'s rows."""
+    head = ("| kernel | S | causal | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd / best BF16 SDPA "
+            "| fwd ms | bwd ms | fwd+bwd ms | peak extra GiB |")
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | error: {r['error']} |||||||||")
+            continue
+        lines.append(
+            f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | {r['fwd_tflops']:.0f} | {r['bwd_tflops']:.0f} | "
+            f"{r['fwdbwd_tflops']:.0f} | {r['ratio']:.2f} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | "
+            f"{r['fwdbwd_ms']:.2f} | {r['peak_extra_gib']:.2f} |"
+        )
+    return "\n".join(lines)
