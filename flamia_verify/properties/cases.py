@@ -40,6 +40,7 @@ __all__ = [
     "cu_from_lens",
     "dtype_name",
     "parse_dtype",
+    "e4m3_grid",
 ]
 
 DISTRIBUTIONS = ("gaussian", "shifted", "heavy_tail", "outliers", "sink", "low_rank", "peaked")
@@ -242,9 +243,27 @@ def make_tensors(case: Case):
     return tuple(tensors[n].to(dtype) for n in ("q", "k", "v", "do"))
 
 
+def e4m3_grid(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to E4M3 values whose significand is at most 1.75 (1.110b).
+
+    Such values are exact under every power-of-two block scale that keeps the block maximum in
+    range (MX RCEIL and FLOOR, FLAMIA's P blocks, per-row and per-tile scales): multiplying by a power
+    of two keeps the 3-bit significand, and FLOOR's scaled maximum (< 448) never saturates. A GEMM
+    operand made of them is not changed by any MXFP8 quantization of the recipes.
+    """
+    from flamia_verify.formats import E4M3, round_to_format
+
+    y = round_to_format(x.float(), E4M3, saturate=True)
+    mant, exp = torch.frexp(y)  # y = mant * 2^exp, |mant| in [0.5, 1)
+    mant = torch.where(mant.abs() > 0.875, torch.sign(mant) * 0.875, mant)
+    return torch.ldexp(mant, exp)
+
+
 def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     """Structured edits: ``scale_<t>`` multiplies tensor t; ``zero_<t>`` zeroes rows [a, b) of t;
-    ``const_<t>`` sets every row of t to its first row; ``fill_<t>`` sets rows [a, b) to a value."""
+    ``const_<t>`` sets every row of t to its first row; ``fill_<t>`` sets rows [a, b) to a value;
+    ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``negscore_q`` makes every
+    score deeply negative (about -value * scale * headdim)."""
     kind, _, name = key.partition("_")
     if name not in tensors:
         raise ConfigError(f"override {key!r} names no tensor (q, k, v, do)")
@@ -256,11 +275,19 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         t[int(a) : int(b)] = 0
     elif kind == "const":
         t[:] = t[:1].clone()
+    elif kind == "negscore":
+        # keys close to the all-ones vector, queries close to -value times it: every score of a row is
+        # about -value * scale * headdim (deeply negative) with a spread of a few units
+        lam = float(value)
+        tensors["k"] = 1.0 + 0.05 * tensors["k"]
+        tensors["q"] = -lam * (1.0 + 0.05 * tensors["q"])
+    elif kind == "grid":
+        tensors[name] = e4m3_grid(t)
     elif kind == "fill":
         a, b, x = value
         t[int(a) : int(b)] = float(x)
     else:
-        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_ or fill_ with q, k, v or do")
+        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, fill_ or grid_ with q, k, v or do")
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:

@@ -11,6 +11,11 @@ from flamia_verify.properties.registry import register
 __all__ = []
 
 
+def _allowed_out_dtypes(dtype):
+    """The input dtype, or a wider float that holds it exactly (the float64 reference returns float64)."""
+    return {dtype, torch.float32, torch.float64} if dtype in (torch.bfloat16, torch.float16) else {dtype, torch.float64}
+
+
 def _cases(ctx):
     return [
         ctx.case((16,), heads=2, heads_k=2, causal=True),
@@ -21,8 +26,8 @@ def _cases(ctx):
 
 @register(
     "interface.output",
-    "out has shape (total_q, nheads, headdim) and q's dtype and device, for dense, varlen, GQA and "
-    "Lq != Lk calls; a tuple output is read by its first item",
+    "out has shape (total_q, nheads, headdim), q's dtype (or a wider float) and device, for dense, varlen, "
+    "GQA and Lq != Lk calls; a tuple output is read by its first item",
     defaults=lambda recipe, dtype: {"bad_outputs": 0},
     cost=0.5,
 )
@@ -36,8 +41,8 @@ def output(ctx):
         want = (case.total_q, case.heads, case.headdim)
         if tuple(res.out.shape) != want:
             problems.append(case_record(case, problem=f"out has shape {tuple(res.out.shape)}, expected {want}"))
-        elif res.out.dtype != inp.q.dtype:
-            problems.append(case_record(case, problem=f"out has dtype {res.out.dtype}, expected {inp.q.dtype}"))
+        elif res.out.dtype not in _allowed_out_dtypes(inp.q.dtype):
+            problems.append(case_record(case, problem=f"out has dtype {res.out.dtype}, expected {inp.q.dtype} (or wider)"))
         elif res.out.device != inp.q.device:
             problems.append(case_record(case, problem=f"out is on {res.out.device}, inputs on {inp.q.device}"))
         ctx.progress((n + 1) / len(cases))

@@ -1,0 +1,152 @@
+"""bias: is the error systematic?
+
+Inputs (docs/checks.md "bias"): q and k on the MX-exact E4M3 grid (so no recipe rounds them and the
+score noise, whose softmax response is biased at second order, stays out), v and dO ~ N(0.5, 1)
+(a common sign, so a one-sided error shows in the mean), plus one peaked case (q x 4: many small
+probabilities, where mass lost to underflow shows). Errors are pooled over the cases per tensor.
+
+    bias.gain   gain = <x - r, r> / <r, r>: the fraction by which the kernel scales the tensor along
+                the reference (negative: shrinkage). A round-to-nearest quantizer is unbiased to
+                first order; truncation toward zero shrinks by ~0.7 u, a saturating scale rule and
+                mass lost from the numerator shrink too.
+                threshold |gain| <= u_T / 4, u_T the coarsest unit roundoff among the operands that
+                reach the tensor (truncation gives ~0.7 u_T)
+    bias.mean   mean(x - r) / rms(x - r): the share of the error that is a constant offset.
+                fails when |m| > 1/2 (the offset carries more than a quarter of the error energy)
+                and the offset is significant: |m| sqrt(rows) > 6 (rows = tokens x heads)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flamia_verify.properties.bounds import recipe_bound_model
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.registry import register
+from flamia_verify.properties.thresholds import _OPERANDS, BIAS_Z
+
+__all__ = ["bias_cases", "GAIN_FRACTION", "MEAN_SHARE"]
+
+#: the gain threshold as a fraction of u_T (truncation toward zero produces ~0.72 u_T)
+GAIN_FRACTION = 0.25
+#: a constant offset larger than half the RMS error carries more than a quarter of the error energy
+MEAN_SHARE = 0.5
+
+_GRID = (("grid_q", True), ("grid_k", True))
+
+
+def bias_cases(ctx):
+    cases = []
+    for s in range(max(1, ctx.settings.seeds)):
+        o = 2000 + 100 * s
+        cases += [
+            ctx.case((64, 130, 62), heads=2, heads_k=1, distribution="shifted", overrides=_GRID, seed_offset=o),
+            ctx.case((50, 1, 77), (64, 3, 40), distribution="shifted", overrides=_GRID, seed_offset=o + 1),
+            ctx.case((128, 96), causal=False, distribution="shifted", overrides=_GRID, seed_offset=o + 2),
+            ctx.case((96,), distribution="shifted", overrides=(("scale_q", 4.0),) + _GRID, seed_offset=o + 3),
+        ]
+    return cases
+
+
+def _u_tensor(recipe, dtype, tensor) -> float:
+    model = recipe_bound_model(recipe, dtype)
+    return max(getattr(model, op).u for op in _OPERANDS[tensor])
+
+
+def _tensors(ctx):
+    return ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+
+
+def _pooled(ctx):
+    def compute():
+        cases = bias_cases(ctx)
+        pooled = {t: ([], []) for t in ("out", "dq", "dk", "dv")}
+        for n, case in enumerate(cases):
+            res, ref = ctx.run(case), ctx.reference(case)
+            for t in _tensors(ctx):
+                x = getattr(res, t)
+                if x is None:
+                    continue
+                r = getattr(ref, t)
+                pooled[t][0].append((x.detach().double().to(r.device) - r).flatten())
+                pooled[t][1].append(r.flatten())
+            ctx.progress((n + 1) / len(cases))
+        stats = {}
+        for t, (es, rs) in pooled.items():
+            if not es:
+                continue
+            e, r = torch.cat(es), torch.cat(rs)
+            rows = e.numel() / max(1, ctx.inputs(cases[0]).q.shape[-1])
+            rr = float((r * r).sum())
+            ee = float((e * e).sum())
+            gain = float((e * r).sum()) / rr if rr > 0 else 0.0
+            rms = math.sqrt(ee / e.numel()) if e.numel() else 0.0
+            mean_share = float(e.mean()) / rms if rms > 0 else 0.0
+            cos = float((e * r).sum()) / math.sqrt(ee * rr) if ee > 0 and rr > 0 else 0.0
+            stats[t] = {"gain": gain, "mean_share": mean_share, "rows": rows,
+                        "mean_z": mean_share * math.sqrt(rows), "gain_z": cos * math.sqrt(rows)}
+        return cases, stats
+
+    return ctx.memo(("bias", ctx.has_backward), compute)
+
+
+def _gain_defaults(recipe, dtype):
+    return {f"gain_error_{t}": GAIN_FRACTION * _u_tensor(recipe, dtype, t) for t in ("out", "dq", "dk", "dv")}
+
+
+@register(
+    "bias.gain",
+    "systematic gain of O, dQ, dK, dV along the reference (<x - r, r> / <r, r>): shrinkage from "
+    "truncation, saturation or mass lost from the numerator",
+    defaults=_gain_defaults,
+    cost=1.5,
+)
+def gain(ctx):
+    cases, stats = _pooled(ctx)
+    metrics = {}
+    for t, s in stats.items():
+        metrics[f"gain_error_{t}"] = abs(s["gain"])
+        metrics[f"gain_{t}"] = s["gain"]
+        metrics[f"gain_z_{t}"] = s["gain_z"]
+    th = {k: v for k, v in ctx.th.items() if k in metrics}
+    worst = max(stats, key=lambda t: abs(stats[t]["gain"]) / max(ctx.th.get(f"gain_error_{t}", 1e-300), 1e-300))
+    wc = case_record(cases[0], tensor=worst, gain=stats[worst]["gain"], pooled_cases=[c.to_dict() for c in cases])
+    res = ctx.judged(
+        metrics,
+        ok_message="gains " + ", ".join(f"{t} {s['gain']:+.2e}" for t, s in stats.items()),
+        worst_case=wc,
+    )
+    res.thresholds = th
+    return res
+
+
+@register(
+    "bias.mean",
+    "mean signed error relative to the RMS error of O, dQ, dK, dV (a constant offset), on inputs "
+    "with a common sign",
+    defaults=lambda recipe, dtype: {"mean_share": MEAN_SHARE},
+    cost=0.2,
+)
+def mean(ctx):
+    cases, stats = _pooled(ctx)
+    worst = max(stats, key=lambda t: abs(stats[t]["mean_share"]))
+    s = stats[worst]
+    metrics = {"mean_share": abs(s["mean_share"]), "mean_z": s["mean_z"]}
+    for t, st in stats.items():
+        metrics[f"mean_share_{t}"] = st["mean_share"]
+    significant = abs(s["mean_z"]) > BIAS_Z
+    extra = []
+    over = abs(s["mean_share"]) > ctx.th["mean_share"]
+    wc = case_record(cases[0], tensor=worst, mean_share=s["mean_share"], mean_z=s["mean_z"],
+                     pooled_cases=[c.to_dict() for c in cases])
+    if over and significant:
+        extra.append(
+            f"{worst}: mean error is {s['mean_share']:+.3f} of the RMS error (z = {s['mean_z']:+.1f}): a systematic offset"
+        )
+    msg = f"largest mean/RMS {s['mean_share']:+.3f} ({worst}, z = {s['mean_z']:+.1f})"
+    if over and not significant:
+        msg += f"; not significant (|z| <= {BIAS_Z:g})"
+    status = "fail" if extra else "pass"
+    return ctx.result(status, metrics, message="; ".join(extra) if extra else msg, worst_case=wc)

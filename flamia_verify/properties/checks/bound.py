@@ -1,0 +1,117 @@
+"""bound: every element of O, dQ, dK, dV stays inside the rigorous a-priori bound of the recipe.
+
+The bound (flamia_verify.properties.bounds, derived in docs/checks.md) takes every rounding of the
+recipe's formats at its worst: unit roundoff, underflow of subnormal elements, saturation (FLOOR),
+per-tensor scales, fp32 accumulation and the rounding of the outputs. A correct kernel can never
+exceed it; no violation is allowed. ``tightness`` = max |error| / bound says how much of the bound a
+kernel uses (the forward of a BF16 kernel uses about half; FP8 kernels a few percent: the bound
+assumes every score error at its worst at once).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.compare import compare_within
+from flamia_verify.properties.registry import register
+
+__all__ = ["bounds_for", "bound_report"]
+
+
+def bounds_for(ctx, case, *, grads: bool):
+    """The bound of a case (cached), with gradients when asked and the kernel has a backward."""
+
+    def compute():
+        inp = ctx.inputs(case)
+        ref = ctx.reference(case)
+        return attention_bounds(
+            inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(),
+            scale=case.scale, causal=case.causal, model=recipe_bound_model(ctx.recipe, ctx.dtype),
+            ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
+        )
+
+    return ctx.memo(("bound", case), compute)
+
+
+def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases"):
+    """Count violations of the bound over ``cases`` for ``tensors``; metrics, worst case, details."""
+    violations, tight, first, worst_tight_case = 0, 0.0, None, None
+    per_tensor = {t: 0 for t in tensors}
+    tight_t = {t: 0.0 for t in tensors}
+    series = None
+    for n, case in enumerate(cases):
+        res = ctx.run(case)
+        ref = ctx.reference(case)
+        B = bounds_for(ctx, case, grads=any(t != "out" for t in tensors))
+        for t in tensors:
+            x = getattr(res, t)
+            if x is None:
+                continue
+            r = getattr(ref, t)
+            b = getattr(B, t)
+            lens = case.lens_q if t in ("out", "dq") else case.lens_k
+            cu = [0]
+            for length in lens:
+                cu.append(cu[-1] + length)
+            m = compare_within(x, r, b, what=f"|{t} - reference|", rule="within the a-priori bound", cu_seqlens=cu)
+            err = (x.detach().double().to(r.device) - r).abs()
+            ratio = torch.where(err == 0, torch.zeros_like(err), err / b.clamp_min(1e-300))
+            ratio = torch.nan_to_num(ratio, nan=float("inf"))
+            mx = float(ratio.max()) if ratio.numel() else 0.0
+            if mx > tight_t[t]:
+                tight_t[t] = mx
+            if mx >= tight:
+                tight = mx
+                worst_tight_case = case
+                if ratio.numel():
+                    series = {
+                        "title": f"{t}: max |error| / bound per token ({case.describe()})",
+                        "x_label": "token (packed)",
+                        "y_label": "|error| / bound",
+                        "ys": {t: [float(v) for v in ratio.flatten(1).amax(1).clamp_max(1e6).cpu().tolist()]},
+                        "log_y": True,
+                        "thresholds": {"bound": 1.0},
+                    }
+            if not m.ok:
+                violations += m.mismatched
+                per_tensor[t] += m.mismatched
+                if first is None:
+                    first = case_record(case, tensor=t, recipe=ctx.recipe, mismatch=m.to_dict(), summary=m.summary())
+        ctx.progress((n + 1) / len(cases))
+    metrics = {"violations": violations, "tightness": tight}
+    for t in tensors:
+        metrics[f"tightness_{t}"] = tight_t[t]
+        metrics[f"violations_{t}"] = per_tensor[t]
+    details = {"series": [series]} if series else {}
+    msg = (f"no element outside the {ctx.recipe} bound on {len(cases)} {inputs_label}; "
+           f"tightness {tight:.3g}")
+    return metrics, first, details, msg
+
+
+@register(
+    "bound.out",
+    "every element of O within the rigorous a-priori bound of the recipe's formats (unit roundoff, "
+    "underflow, saturation, fp32 accumulation); no violation allowed; tightness reported",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    cost=1.0,
+)
+def bound_out(ctx):
+    metrics, first, details, msg = bound_report(ctx, ctx.base_cases(), ("out",))
+    return ctx.judged(metrics, ok_message=msg, worst_case=first or {}, details=details,
+                      extra_failures=[first["summary"]] if first else [])
+
+
+@register(
+    "bound.grad",
+    "every element of dQ, dK, dV within the rigorous a-priori bound propagated through the "
+    "FlashAttention backward (recompute, dP, D, dS, the three gradient GEMMs)",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    needs_backward=True,
+    cost=1.0,
+)
+def bound_grad(ctx):
+    metrics, first, details, msg = bound_report(ctx, ctx.base_cases(), ("dq", "dk", "dv"))
+    return ctx.judged(metrics, ok_message=msg, worst_case=first or {}, details=details,
+                      extra_failures=[first["summary"]] if first else [])

@@ -1,0 +1,343 @@
+"""consistency: does the backward differentiate the forward that ran?
+
+On random N(0, 1) inputs the output-level identities (sum_j dK_j = 0, sum_j dV_j = sum_i dO_i) are
+dominated by the rounding of the last GEMM's operands: relative residuals of 0.038 for a consistent
+MXFP8 kernel and 0.046 for a mismatched one cannot be told apart. The checks below use inputs that
+make a consistent kernel's residual vanish (or be bounded rigorously) while a mismatch stays
+first-order (docs/checks.md "consistency" derives each):
+
+    consistency.conservation_forward   V = c in every row (c on the E4M3 grid, exact under every
+        recipe): O_i = sum_j A~_ij c = sigma_i c, so O = c iff the forward's weights sum to one.
+        A kernel that normalizes rounded P by the unrounded sum has sigma_i != 1 by up to u_P.
+        Keys: one background key shared by all but the first key (a sink), so every background
+        probability of a row rounds the same way and the errors add up instead of cancelling.
+        threshold |O - c| / |c| <= 2 u_in + u_in^2 (the BF16 baseline's worst case: P rounded to
+        the input dtype, fp32 row sum, |sigma - 1| <= u_in, then O rounded)
+    consistency.shift_invariance       same inputs, dO on the E4M3 grid with the signs of c, plus a
+        constant key channel kappa where every query is 0 (a shift of all keys that leaves S
+        unchanged) and a constant query channel where every key is 0. Then the exact
+        dS_ij = A_ij dO_i . (c - O_i) vanishes for a consistent kernel, and
+            dQ_i[d0]      = s kappa (sum_j A_ij) dO_i . (c - O_i)  reads each row's residual
+            sum_j dK_j[d1] = s kappa_q sum_i (...)                 is the shift-invariance identity
+        normalized by s |kappa| dO_i . c; threshold as above.
+    consistency.conservation_backward  sum_j dV_j = sum_i dO_i on the base cases, normalized by
+        the rigorous rounding budget of the dV GEMM (P^T and dO rounding); threshold 1.
+    consistency.weights                V_j = e_j and dO_i = e_i (one-hot, exact everywhere): the
+        forward's weights appear in O (O_ij = A~_ij) and the backward's in dV (dV_ji = A^_ij,
+        rounded once as the P^T operand). Elementwise |dV_ji - O_ij| <= u_PT/(1-u_PT)|dV_ji| +
+        (u_out/(1-u_out) + u_in)|O_ij| + eta_PT colmax + eta_g: threshold 1. q x 4 spreads the
+        scores, so a backward that rebuilds P from other operands differs by e^{dS} - 1 >> u.
+    consistency.grad_forward_ratio     (gradient error / forward error) of the kernel over the
+        same ratio of the RMS model, relative to the BF16 baseline's: threshold 2^2 = 4 (each error
+        may sit anywhere in the model's factor-2 band; measured 1.6-2.2 for the built-in kernels).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flamia_verify.properties.bounds import recipe_bound_model
+from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, e4m3_grid, make_tensors
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.metrics import rel_rmse
+from flamia_verify.properties.registry import register
+from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, conservation_tolerance, predicted_rel_rmse
+
+__all__ = ["constant_value_inputs", "one_hot_inputs"]
+
+KEY_CHANNEL = 0  # the constant key channel (queries are 0 there)
+QUERY_CHANNEL = 1  # the constant query channel (keys are 0 there)
+KAPPA = 2.0  # both constants (E4M3-exact)
+
+
+def constant_value_inputs(case: Case, *, sink: bool, device) -> Inputs:
+    """V = c (per head and channel, E4M3 grid, |c| in [1/2, 2]), dO on the grid with c's signs;
+    with ``sink``: every key of a document but the first equals one background key."""
+    q, k, v, do = (t.float() for t in make_tensors(case))
+    g = torch.Generator().manual_seed(case.seed * 7919 + 17)
+    H, Hk, D = case.heads, case.heads_k, case.headdim
+    c = e4m3_grid((torch.rand(Hk, D, generator=g) * 1.5 + 0.5) * torch.sign(torch.randn(Hk, D, generator=g)))
+    v = c.expand(case.total_k, Hk, D).clone()
+    c_q = c.repeat_interleave(H // Hk, dim=0)  # (H, D), the value each query head reads
+    do = e4m3_grid(torch.rand(case.total_q, H, D, generator=g) + 0.25) * torch.sign(c_q)
+    q = q * 2.0
+    if sink:
+        start = 0
+        for lk in case.lens_k:
+            if lk > 1:
+                k[start + 1 : start + lk] = k[start + 1]
+                k[start] = k[start + 1] + torch.randn(Hk, D, generator=g)
+            start += lk
+    q[:, :, KEY_CHANNEL] = 0.0
+    k[:, :, KEY_CHANNEL] = KAPPA
+    q[:, :, QUERY_CHANNEL] = KAPPA
+    k[:, :, QUERY_CHANNEL] = 0.0
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    return Inputs(case, *(t.to(dt).to(device) for t in (q, k, v, do)), cu_from_lens(case.lens_q, device),
+                  cu_from_lens(case.lens_k, device))
+
+
+def _conservation_cases(ctx):
+    return [
+        (ctx.case((96,), heads=2, heads_k=1, causal=True, seed_offset=31), True),
+        (ctx.case((40, 96), heads=2, heads_k=2, causal=False, seed_offset=32), True),
+        (ctx.case((64, 130, 62), heads=2, heads_k=1, causal=True, seed_offset=33), False),
+    ]
+
+
+def _conservation_runs(ctx):
+    def compute():
+        runs = []
+        cases = _conservation_cases(ctx)
+        for n, (case, sink) in enumerate(cases):
+            inp = constant_value_inputs(case, sink=sink, device=ctx.device)
+            runs.append((case, sink, inp, ctx.run(inp)))
+            ctx.progress((n + 1) / len(cases))
+        return runs
+
+    return ctx.memo(("conservation", ctx.has_backward), compute)
+
+
+def _visible_rows(case: Case) -> torch.Tensor:
+    """(total_q,) bool: query rows that see at least one key."""
+    rows = []
+    for lq, lk in zip(case.lens_q, case.lens_k):
+        i = torch.arange(lq)
+        rows.append((i + (lk - lq) >= 0) & torch.tensor(lk > 0) if case.causal else torch.full((lq,), lk > 0))
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.bool)
+
+
+@register(
+    "consistency.conservation_forward",
+    "probability conservation in the forward: with V = c in every row, O must equal c (the forward's "
+    "weights sum to one; rounded P normalized by an unrounded sum does not)",
+    defaults=lambda recipe, dtype: {"max_rel_dev": conservation_tolerance(dtype)},
+    cost=1.0,
+)
+def conservation_forward(ctx):
+    worst, worst_rec = 0.0, None
+    for case, sink, inp, res in _conservation_runs(ctx):
+        c = inp.v[0].double().repeat_interleave(case.heads // case.heads_k, dim=0)  # (H, D)
+        rows = _visible_rows(case).to(res.out.device)
+        dev = (res.out.double() - c).abs() / c.abs()
+        dev = torch.nan_to_num(dev, nan=math.inf)[rows]
+        if dev.numel() and float(dev.max()) > worst:
+            worst = float(dev.max())
+            flat = int(dev.argmax())
+            tok = int(torch.nonzero(rows).flatten()[flat // (case.heads * case.headdim)])
+            h = (flat // case.headdim) % case.heads
+            d = flat % case.headdim
+            worst_rec = case_record(
+                case, construction="V = c per head and channel" + (", sink keys" if sink else ""),
+                token=tok, head=h, channel=d, kernel=float(res.out[tok, h, d]), expected=float(c[h, d]), rel_dev=worst,
+            )
+    return ctx.judged(
+        {"max_rel_dev": worst},
+        ok_message=f"O = V exactly enough with V constant (max deviation {worst:.3g})",
+        worst_case=worst_rec or {},
+    )
+
+
+@register(
+    "consistency.shift_invariance",
+    "softmax shift invariance: sum_j dK_j = 0 and dQ unchanged by a shift of all keys, read exactly on "
+    "inputs where a consistent kernel's dS vanishes (V constant, a constant key and query channel)",
+    defaults=lambda recipe, dtype: {"dq_key_shift": conservation_tolerance(dtype), "dk_sum": conservation_tolerance(dtype)},
+    needs_backward=True,
+    cost=0.5,
+)
+def shift_invariance(ctx):
+    worst_q, worst_k, rec = 0.0, 0.0, None
+    for case, sink, inp, res in _conservation_runs(ctx):
+        s = case.scale
+        H, Hk = case.heads, case.heads_k
+        c = inp.v[0].double().repeat_interleave(H // Hk, dim=0)
+        doc = (inp.do.double() * c).sum(-1)  # (Tq, H), positive by construction
+        rows = _visible_rows(case).to(res.out.device)
+        rq = (res.dq[:, :, KEY_CHANNEL].double().abs() / (s * KAPPA * doc))[rows]
+        rq = torch.nan_to_num(rq, nan=math.inf)
+        if rq.numel() and float(rq.max()) > worst_q:
+            worst_q = float(rq.max())
+            rec = case_record(case, identity="dQ_i[key channel] = 0", construction="V constant, constant key channel",
+                              value=float(rq.max()))
+        cu_q, cu_k = inp.cu_q.tolist(), inp.cu_k.tolist()
+        for b in range(len(cu_q) - 1):
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            if q1 == q0 or k1 == k0:
+                continue
+            dks = res.dk[k0:k1, :, QUERY_CHANNEL].double().sum(0)  # (Hk,)
+            norm = (s * KAPPA * doc[q0:q1][rows[q0:q1]]).view(-1, Hk, H // Hk).sum((0, 2))
+            r = (dks.abs() / norm.clamp_min(1e-300)).max()
+            r = float(torch.nan_to_num(r, nan=math.inf))
+            if r > worst_k:
+                worst_k = r
+                if worst_k > worst_q:
+                    rec = case_record(case, identity="sum_j dK_j = 0", document=b, value=r)
+    metrics = {"dq_key_shift": worst_q, "dk_sum": worst_k}
+    return ctx.judged(metrics, ok_message=f"residuals dQ {worst_q:.3g}, sum dK {worst_k:.3g} (relative)",
+                      worst_case=rec or {})
+
+
+def _doc_weights(inp: Inputs, ref_lse: torch.Tensor, b: int):
+    """Exact float64 attention weights A (H, lq, lk) of document b."""
+    c = inp.case
+    cu_q, cu_k = inp.cu_q.tolist(), inp.cu_k.tolist()
+    q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+    g = c.heads // c.heads_k
+    Q = inp.q[q0:q1].double().permute(1, 0, 2)
+    K = inp.k[k0:k1].double().permute(1, 0, 2).repeat_interleave(g, dim=0)
+    S = c.scale * Q @ K.transpose(1, 2)
+    lq, lk = q1 - q0, k1 - k0
+    i = torch.arange(lq, device=S.device)[:, None]
+    j = torch.arange(lk, device=S.device)[None, :]
+    vis = (j <= i + (lk - lq)) if c.causal else torch.ones(lq, lk, dtype=torch.bool, device=S.device)
+    lse = ref_lse[q0:q1].double().T[..., None]
+    A = torch.where(vis & torch.isfinite(lse), torch.exp(S - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))),
+                    torch.zeros_like(S))
+    return A, (q0, q1, k0, k1)
+
+
+@register(
+    "consistency.conservation_backward",
+    "probability conservation in the backward: sum_j dV_j = sum_i dO_i per document, head and channel, "
+    "within the rigorous rounding budget of the dV GEMM",
+    defaults=lambda recipe, dtype: {"budget_ratio": 1.0},
+    needs_backward=True,
+    cost=0.5,
+)
+def conservation_backward(ctx):
+    model = recipe_bound_model(ctx.recipe, ctx.dtype)
+    worst, rec = 0.0, None
+    cases = ctx.base_cases()
+    for n, case in enumerate(cases):
+        inp, res, ref = ctx.inputs(case), ctx.run(case), ctx.reference(case)
+        g = case.heads // case.heads_k
+        do_all = inp.do.double()
+        do_tmax = float(do_all.abs().max()) if do_all.numel() else 0.0
+        colmax_do = do_all.abs().amax(0) if do_all.shape[0] else None
+        for b in range(len(case.lens_q)):
+            if case.lens_q[b] == 0 or case.lens_k[b] == 0:
+                continue
+            A, (q0, q1, k0, k1) = _doc_weights(inp, ref.lse, b)  # (H, lq, lk)
+            dO = do_all[q0:q1].permute(1, 0, 2)  # (H, lq, D)
+            rows = A.sum(-1) > 0  # (H, lq)
+            lhs = res.dv[k0:k1].double().sum(0)  # (Hk, D)
+            rhs = (dO * rows[..., None]).sum(1).view(case.heads_k, g, -1).sum(1)  # (Hk, D)
+            resid = (lhs - rhs).abs()
+            adO = dO.abs()
+            rdo = model.do_seq.rho(adO, colmax_do[:, None, :], do_tmax)
+            # per row: sum_j rho_PT(i, j) <= u_pt sum_j A + eta_pt sum_j colmax_j(A) + lk eta_g (+ u_in mismatch)
+            colmax = A.amax(1, keepdim=True)  # (H, 1, lk)
+            per_row = (model.pt.u + model.u_out) * A.sum(-1) + model.pt.eta * colmax.sum(-1) + A.shape[-1] * model.pt.eta_g
+            gam = (max(A.shape[1], A.shape[2]) + 2) * 2.0**-24
+            budget = ((adO + rdo) * (per_row[..., None] + gam)).sum(1) + (rdo * (1 + model.pt.u)).sum(1)
+            budget = budget.view(case.heads_k, g, -1).sum(1) + model.u_out * (lhs.abs() + rhs.abs())
+            ratio = torch.nan_to_num(resid / budget.clamp_min(1e-300), nan=math.inf)
+            r = float(ratio.max())
+            if r > worst:
+                worst = r
+                hk, d = divmod(int(ratio.argmax()), ratio.shape[1])
+                rec = case_record(case, identity="sum_j dV_j = sum_i dO_i", document=b, kv_head=hk, channel=d,
+                                  sum_dv=float(lhs[hk, d]), sum_do=float(rhs[hk, d]), budget=float(budget[hk, d]))
+        ctx.progress((n + 1) / len(cases))
+    return ctx.judged({"budget_ratio": worst}, ok_message=f"sum dV - sum dO within {worst:.3g} of the rounding budget",
+                      worst_case=rec or {})
+
+
+def one_hot_inputs(case: Case, device) -> Inputs:
+    """V_j = e_j (keys), dO_i = e_i (queries) within each document; q x 4 (spread scores)."""
+    q, k, _, _ = (t.float() for t in make_tensors(case))
+    H, Hk, D = case.heads, case.heads_k, case.headdim
+    v = torch.zeros(case.total_k, Hk, D)
+    do = torch.zeros(case.total_q, H, D)
+    start = 0
+    for lk in case.lens_k:
+        v[start + torch.arange(lk), :, torch.arange(lk)] = 1.0
+        start += lk
+    start = 0
+    for lq in case.lens_q:
+        do[start + torch.arange(lq), :, torch.arange(lq)] = 1.0
+        start += lq
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    return Inputs(case, *((t.to(dt).to(device)) for t in (q * 4.0, k, v, do)), cu_from_lens(case.lens_q, device),
+                  cu_from_lens(case.lens_k, device))
+
+
+@register(
+    "consistency.weights",
+    "the backward rebuilds the forward's attention weights: read the forward's from O (one-hot V) and "
+    "the backward's from dV (one-hot dO), elementwise within the rounding of P^T",
+    defaults=lambda recipe, dtype: {"weight_mismatch": 1.0},
+    needs_backward=True,
+    cost=0.5,
+)
+def weights(ctx):
+    D = ctx.settings.headdim
+    L = min(64, D)
+    cases = [
+        ctx.case((L,), heads=2, heads_k=2, causal=True, seed_offset=41),
+        ctx.case((L - 24,), (L,), heads=2, heads_k=2, causal=True, seed_offset=42),
+        ctx.case((L // 2, L), heads=2, heads_k=2, causal=False, seed_offset=43),
+    ]
+    model = recipe_bound_model(ctx.recipe, ctx.dtype)
+    u_pt, eta, eta_g, u_out = model.pt.u, model.pt.eta, model.pt.eta_g, model.u_out
+    worst, rec = 0.0, None
+    for n, case in enumerate(cases):
+        inp = one_hot_inputs(case, ctx.device)
+        res = ctx.run(inp)
+        cu_q, cu_k = inp.cu_q.tolist(), inp.cu_k.tolist()
+        for b in range(len(case.lens_q)):
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            lq, lk = q1 - q0, k1 - k0
+            if lq == 0 or lk == 0:
+                continue
+            W = res.out[q0:q1, :, :lk].double().permute(1, 0, 2)  # (H, i, j) forward weights
+            B = res.dv[k0:k1, :, :lq].double().permute(1, 2, 0)  # (H, i, j) backward weights (rounded)
+            colmax = B.abs().amax(1, keepdim=True)
+            tol = (u_pt / (1 - u_pt)) * B.abs() + (u_out / (1 - u_out) + u_out) * W.abs()
+            tol = tol + (eta * colmax + eta_g) / (1 - u_pt) + 2.0**-20 * (W.abs() + B.abs())
+            ratio = torch.where((B - W).abs() == 0, torch.zeros_like(W), (B - W).abs() / tol.clamp_min(1e-300))
+            ratio = torch.nan_to_num(ratio, nan=math.inf)
+            r = float(ratio.max())
+            if r > worst:
+                worst = r
+                h, rem = divmod(int(ratio.argmax()), lq * lk)
+                i, j = divmod(rem, lk)
+                rec = case_record(case, construction="V_j = e_j, dO_i = e_i, q x 4", document=b, head=h, query=i, key=j,
+                                  forward_weight=float(W[h, i, j]), backward_weight=float(B[h, i, j]),
+                                  tolerance=float(tol[h, i, j]))
+        ctx.progress((n + 1) / len(cases))
+    return ctx.judged({"weight_mismatch": worst},
+                      ok_message=f"backward weights match the forward's within {worst:.3g} of the P^T rounding",
+                      worst_case=rec or {})
+
+
+@register(
+    "consistency.grad_forward_ratio",
+    "gradient error over forward error, relative to what the recipe's RMS model predicts, compared with "
+    "the BF16 baseline's same ratio",
+    defaults=lambda recipe, dtype: {"normalized_ratio": ERROR_MODEL_FACTOR**2},
+    needs_backward=True,
+    cost=0.2,
+)
+def grad_forward_ratio(ctx):
+    worst, rec, rows = 0.0, None, []
+    for case in ctx.base_cases():
+        res, ref, base = ctx.run(case), ctx.reference(case), ctx.baseline(case)
+        e_out, b_out = rel_rmse(res.out, ref.out), rel_rmse(base.out, ref.out)
+        for t in ("dq", "dk", "dv"):
+            e_t, b_t = rel_rmse(getattr(res, t), getattr(ref, t)), rel_rmse(getattr(base, t), getattr(ref, t))
+            model_k = predicted_rel_rmse(ctx.recipe, ctx.dtype, t) / predicted_rel_rmse(ctx.recipe, ctx.dtype, "out")
+            model_b = predicted_rel_rmse("bf16", ctx.dtype, t) / predicted_rel_rmse("bf16", ctx.dtype, "out")
+            if e_out == 0 or b_out == 0 or b_t == 0:
+                continue
+            r = (e_t / e_out / model_k) / (b_t / b_out / model_b)
+            rows.append({"case": case.describe(), "tensor": t, "normalized_ratio": r})
+            if r > worst:
+                worst = r
+                rec = case_record(case, tensor=t, kernel_grad_error=e_t, kernel_out_error=e_out, bf16_grad_error=b_t,
+                                  bf16_out_error=b_out, model_ratio=model_k, bf16_model_ratio=model_b)
+    return ctx.judged({"normalized_ratio": worst}, ok_message=f"gradient/forward error ratio {worst:.3g}x the model's",
+                      worst_case=rec or {}, details={"per_case": rows})

@@ -1,0 +1,196 @@
+"""special: the inputs where low-precision kernels break in practice.
+
+Every special check runs the kernel (forward and backward) on structured cases and requires
+
+* no element outside the recipe's rigorous bound (bound family; it includes underflow, saturation
+  and per-tensor scales, so it holds at any magnitude a correct kernel supports),
+* finite outputs and gradients,
+* the convention: a query row that sees no key outputs exactly 0 and gets exactly 0 gradient, and a
+  key that no query sees gets exactly 0 dK and dV.
+
+    special.zero_blocks       32+ zero tokens in a row (q, k, v), and a document that is all zeros
+    special.magnitudes        V x 2^+-100 (bf16; scaled to the dtype's range), V near 2^-9 (E4M3's
+                              smallest subnormal), V rows of 464 (just above E4M3's 448), q and k x 2^-9
+    special.outlier_channels  two channels of v x 100 and of k x 100/sqrt(d); also error vs BF16
+    special.attention_sink    the first key takes most of the probability, the rest far below it
+    special.constant_rows     all keys equal (uniform attention), all queries equal, all values equal
+    special.negative_scores   every score about -1000 with a spread of a few units
+    special.short_documents   documents of length 0 and 1, Lq > Lk (rows that see nothing), Lq < Lk
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flamia_verify.properties.cases import Case
+from flamia_verify.properties.checks.bound import bound_report
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.metrics import rel_rmse
+from flamia_verify.properties.registry import register
+from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, predicted_rel_rmse
+
+__all__ = ["convention_violations"]
+
+
+def convention_violations(ctx, case: Case, res) -> tuple[int, dict | None]:
+    """Elements that break "no visible key -> exactly 0 output and gradient"."""
+    bad, first = 0, None
+    cq, ck = [0], [0]
+    for a, b in zip(case.lens_q, case.lens_k):
+        cq.append(cq[-1] + a)
+        ck.append(ck[-1] + b)
+    for b, (lq, lk) in enumerate(zip(case.lens_q, case.lens_k)):
+        off = lk - lq
+        if case.causal:
+            dead_q = [i for i in range(lq) if i + off < 0]
+            dead_k = [j for j in range(lk) if j - off > lq - 1]
+        else:
+            dead_q = list(range(lq)) if lk == 0 else []
+            dead_k = list(range(lk)) if lq == 0 else []
+        for name, dead, base in (("out", dead_q, cq[b]), ("dq", dead_q, cq[b]), ("dk", dead_k, ck[b]), ("dv", dead_k, ck[b])):
+            x = getattr(res, name)
+            if x is None or not dead:
+                continue
+            rows = x[[base + i for i in dead]]
+            nz = int((rows != 0).sum())
+            if nz:
+                bad += nz
+                if first is None:
+                    first = case_record(case, tensor=name, document=b, rows=[base + i for i in dead][:8],
+                                        problem=f"{name} of {len(dead)} row(s) that see nothing is not exactly 0 ({nz} elements)")
+    return bad, first
+
+
+def _special(ctx, cases, *, label: str, extra_metrics=None):
+    tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+    metrics, first, details, msg = bound_report(ctx, cases, tensors, inputs_label=label)
+    nonfinite, conv, conv_first = 0, 0, None
+    for case in cases:
+        res = ctx.run(case)
+        for t in tensors:
+            x = getattr(res, t)
+            if x is not None:
+                nonfinite += int((~torch.isfinite(x)).sum())
+        n, f = convention_violations(ctx, case, res)
+        conv += n
+        conv_first = conv_first or f
+    out = {"violations": metrics["violations"], "nonfinite": nonfinite, "convention_violations": conv,
+           "tightness": metrics["tightness"], "cases": len(cases)}
+    out.update(extra_metrics or {})
+    extra = []
+    if first:
+        extra.append(first["summary"])
+    if conv_first:
+        extra.append(conv_first["problem"])
+    wc = first or conv_first or case_record(cases[0])
+    return ctx.judged(out, ok_message=msg, worst_case=wc, details=details, extra_failures=extra)
+
+
+_SPECIAL_TH = lambda recipe, dtype: {"violations": 0, "nonfinite": 0, "convention_violations": 0}  # noqa: E731
+
+
+@register("special.zero_blocks", "runs of 32+ zero tokens in q, k, v and an all-zero document: finite, within the bound "
+          "(0/0 in a block scale is the classic bug)", defaults=_SPECIAL_TH, cost=0.7)
+def zero_blocks(ctx):
+    L = ctx.settings.special_len
+    cases = [
+        ctx.case((L,), overrides=(("zero_q", (20, 60)), ("zero_k", (20, 60)), ("zero_v", (20, 60))), seed_offset=51),
+        ctx.case((L, 40), overrides=(("zero_k", (0, 40)), ("zero_v", (0, L + 40)), ("zero_q", (L, L + 40))),
+                 causal=False, seed_offset=52),
+        ctx.case((64, 33), overrides=(("zero_q", (0, 97)), ("zero_k", (0, 97)), ("zero_v", (0, 97)), ("zero_do", (0, 97))),
+                 seed_offset=53),
+    ]
+    return _special(ctx, cases, label="zero-block cases")
+
+
+def _magnitude_exponents(dtype) -> tuple[int, int]:
+    fi = torch.finfo(dtype)
+    hi = min(100, int(math.floor(math.log2(fi.max))) - 8)
+    lo = max(-100, int(math.ceil(math.log2(fi.tiny))) + 8)
+    return hi, lo
+
+
+@register("special.magnitudes", "V scaled by 2^+-100, near E4M3's smallest subnormal (2^-9), rows of 464 (above E4M3's "
+          "max 448); q, k x 2^-9: finite, within the bound", defaults=_SPECIAL_TH, cost=1.0)
+def magnitudes(ctx):
+    L = ctx.settings.special_len
+    hi, lo = _magnitude_exponents(ctx.dtype)
+    cases = [
+        ctx.case((L,), overrides=(("scale_v", 2.0**hi),), seed_offset=61),
+        ctx.case((L,), overrides=(("scale_v", 2.0**lo),), seed_offset=62),
+        ctx.case((L,), overrides=(("scale_v", 2.0**-9),), seed_offset=63),
+        ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),), seed_offset=64),
+        ctx.case((L,), overrides=(("scale_q", 2.0**-9), ("scale_k", 2.0**-9)), seed_offset=65),
+    ]
+    return _special(ctx, cases, label="magnitude cases")
+
+
+def _outlier_defaults(recipe, dtype):
+    d = _SPECIAL_TH(recipe, dtype)
+    d["ratio_to_bf16"] = ERROR_MODEL_FACTOR * predicted_rel_rmse(recipe, dtype, "out") / predicted_rel_rmse("bf16", dtype, "out")
+    return d
+
+
+@register("special.outlier_channels", "two channels of v x 100 (and of k): within the bound, and O's error within the "
+          "error family's ratio to a BF16 run", defaults=_outlier_defaults, cost=0.7)
+def outlier_channels(ctx):
+    L = ctx.settings.special_len
+    cases = [
+        ctx.case((L,), distribution="outliers", seed_offset=71),
+        ctx.case((30, L), distribution="outliers", causal=False, heads=2, heads_k=1, seed_offset=72),
+    ]
+    ratio = 0.0
+    for case in cases:
+        ref = ctx.reference(case)
+        e_k = rel_rmse(ctx.run(case).out, ref.out)
+        e_b = rel_rmse(ctx.baseline(case).out, ref.out)
+        ratio = max(ratio, e_k / e_b if e_b > 0 else (0.0 if e_k == 0 else math.inf))
+    return _special(ctx, cases, label="outlier-channel cases", extra_metrics={"ratio_to_bf16": ratio})
+
+
+@register("special.attention_sink", "a sink key that takes most of the probability while the rest sits far below it: "
+          "within the bound (underflow of the small probabilities is bounded, not free)", defaults=_SPECIAL_TH, cost=0.7)
+def attention_sink(ctx):
+    L = ctx.settings.special_len
+    cases = [
+        ctx.case((L,), distribution="sink", seed_offset=81),
+        ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
+        ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
+    ]
+    return _special(ctx, cases, label="attention-sink cases")
+
+
+@register("special.constant_rows", "all keys equal (uniform attention), all queries equal, all values equal: finite, "
+          "within the bound", defaults=_SPECIAL_TH, cost=0.7)
+def constant_rows(ctx):
+    L = ctx.settings.special_len
+    cases = [
+        ctx.case((L,), overrides=(("const_k", True),), seed_offset=91),
+        ctx.case((L,), overrides=(("const_q", True),), seed_offset=92),
+        ctx.case((L, 33), overrides=(("const_v", True), ("const_do", True)), causal=False, seed_offset=93),
+    ]
+    return _special(ctx, cases, label="constant-row cases")
+
+
+@register("special.negative_scores", "rows whose every score is about -1000: finite, within the bound (a kernel that "
+          "skips the row maximum underflows to 0/0)", defaults=_SPECIAL_TH, cost=0.7)
+def negative_scores(ctx):
+    L = ctx.settings.special_len
+    cases = [
+        ctx.case((L,), overrides=(("negscore_q", 120.0),), seed_offset=101),
+        ctx.case((L, 20), overrides=(("negscore_q", 120.0),), causal=False, seed_offset=102),
+    ]
+    return _special(ctx, cases, label="deeply negative score cases")
+
+
+@register("special.short_documents", "documents of length 0 and 1, Lq > Lk (rows that see no key: exactly 0 output and "
+          "gradient) and Lq < Lk", defaults=_SPECIAL_TH, cost=0.7)
+def short_documents(ctx):
+    cases = [
+        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, seed_offset=111),
+        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=False, seed_offset=112),
+        ctx.case((1,) * 12 + (40,), heads=2, causal=True, seed_offset=113),
+    ]
+    return _special(ctx, cases, label="short-document cases")
