@@ -47,7 +47,9 @@ from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
 from flamia_verify.kernels.triton.config import FusedConfig, TileConfig, config_for, tiles, unsupported_reason
 from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
+    KIND_NVFP4,
     exp2i,
+    nvfp4_row_scale,
     quantize_first,
     quantize_last,
     round_e4m3,
@@ -450,6 +452,10 @@ def _attn_bwd_dkdv(Q, K, V, DO, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scal
         stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND,
         QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
         DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    if PT_KIND == KIND_NVFP4:  # NVFP4's fp32 row scale, factored out of every product of the row
+        dv = dv * nvfp4_row_scale(amax_pt)[:, None]
+    if DST_KIND == KIND_NVFP4:
+        dk = dk * nvfp4_row_scale(amax_dst)[:, None]
     dk = dk * sm_scale
     offs_d = tl.arange(0, HEAD_DIM)
     rows = (k_start + offs_n)[:, None].to(tl.int64)
@@ -583,6 +589,8 @@ def _attn_bwd_dq(Q, K, V, DO, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
         dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, full_end, hi,
         offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND, QK_BLOCK, P_POW2,
         P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+    if DS_KIND == KIND_NVFP4:
+        dq = dq * nvfp4_row_scale(amax_ds)[:, None]
     dq = dq * sm_scale
     offs_d = tl.arange(0, HEAD_DIM)
     ptrs = DQ + (q_start + offs_m)[:, None].to(tl.int64) * stride_dqt + h * stride_dqh + offs_d[None, :]

@@ -164,27 +164,41 @@ def mx_first(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl
 
 
 @triton.jit
-def nvfp4_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
-    """``nvfp4_fake_quantize(x, axis=-1, block_size=BLOCK, global_amax=row_amax)`` of an (R, C) tile.
+def nvfp4_row_scale(row_amax):
+    """NVFP4's fp32 global scale of each row: amax / 2688 (IEEE division), 1 for an all-zero row."""
+    s_global = tl.where(row_amax == 0, 1.0, tl.math.div_rn(row_amax, tl.full(row_amax.shape, NVFP4_GLOBAL_DIVISOR,
+                                                                              tl.float32)))
+    return tl.where(row_amax < float("inf"), s_global, float("nan"))
 
-    row_amax: (R,) fp32, the amax of each whole row (over every tile of the contraction axis).
-    The fp32 operations and their order are those of ``formats.blocks.nvfp4_quantize``; the
-    divisions are IEEE (``div_rn``).
+
+@triton.jit
+def nvfp4_blocks(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+    """NVFP4 of an (R, C) tile along its last axis, without the row scale: ``e2m1 * s_block``.
+
+    row_amax: (R,) fp32, the amax of each whole row (over every tile of the contraction axis). The
+    full value is ``nvfp4_blocks(...) * nvfp4_row_scale(row_amax)[:, None]`` (``nvfp4_last``), in
+    the order of ``formats.blocks.nvfp4_quantize``. ``e2m1 * s_block`` has at most 6 significant
+    bits, so it is exact in bf16; the fp32 row scale is not, and the kernels apply it to the
+    accumulated result of the dot instead (it is the same for every product of an output row).
     """
     tl.static_assert(C % BLOCK == 0)
-    s_global = tl.where(row_amax == 0, 1.0, tl.math.div_rn(row_amax, tl.full(row_amax.shape, NVFP4_GLOBAL_DIVISOR, tl.float32)))
-    s_global = tl.where(row_amax < float("inf"), s_global, float("nan"))
+    sg = nvfp4_row_scale(row_amax)[:, None]
     x3 = tl.reshape(x, (R, C // BLOCK, BLOCK))
     bamax = tl.max(tl.abs(x3), axis=2)
-    sg = s_global[:, None]
     per_elem = tl.math.div_rn(bamax, tl.full(bamax.shape, E2M1_MAX, tl.float32))
     s_block = round_grid(tl.math.div_rn(per_elem, tl.broadcast_to(sg, bamax.shape)), -6, 3, E4M3_MAX)
     s_block = tl.where(bamax < float("inf"), s_block, float("nan"))
     denom = tl.broadcast_to((s_block * sg)[:, :, None], x3.shape)
     data = round_e2m1(tl.math.div_rn(x3, tl.where(denom == 0, 1.0, denom)))
     data = tl.where(denom == 0, 0.0, data)
-    q = (data * s_block[:, :, None]) * sg[:, :, None]
-    return tl.reshape(q, (R, C))
+    return tl.reshape(data * s_block[:, :, None], (R, C))
+
+
+@triton.jit
+def nvfp4_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+    """``nvfp4_fake_quantize(x, axis=-1, block_size=BLOCK, global_amax=row_amax)`` of an (R, C) tile:
+    ``(e2m1 * s_block) * s_global`` in fp32, bit for bit."""
+    return nvfp4_blocks(x, row_amax, R, C, BLOCK) * nvfp4_row_scale(row_amax)[:, None]
 
 
 @triton.jit
@@ -193,11 +207,12 @@ def quantize_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, KIND: tl.conste
     """Round an (R, C) fp32 tile as an operand blocked along its last axis (fp32 values out).
 
     KIND_INPUT returns x unchanged: the kernels' dot (``attention._mma``) rounds its operands to
-    the input dtype, so rounding here too would only cost instructions."""
+    the input dtype, so rounding here too would only cost instructions. KIND_NVFP4 returns the
+    operand without its fp32 row scale (``nvfp4_blocks``); the caller multiplies the result rows."""
     if KIND == KIND_MX:
         return mx_last(x, R, C, BLOCK, RCEIL)
     elif KIND == KIND_NVFP4:
-        return nvfp4_last(x, row_amax, R, C, BLOCK)
+        return nvfp4_blocks(x, row_amax, R, C, BLOCK)
     else:
         return x
 
@@ -254,6 +269,8 @@ def _quantize_kernel(X, Y, RowAmax, R: tl.constexpr, C: tl.constexpr, KIND: tl.c
     if AXIS == 1:
         amax = tl.load(RowAmax + rows)
         y = quantize_last(x, amax, R, C, KIND, BLOCK, RCEIL, IS_FP16)
+        if KIND == KIND_NVFP4:
+            y = y * nvfp4_row_scale(amax)[:, None]
     else:
         y = quantize_first(x, R, C, KIND, BLOCK, RCEIL, IS_FP16)
     if KIND == KIND_INPUT:  # what the kernels' dot does to an input-precision operand
