@@ -89,11 +89,20 @@ _U_E2M1 = 2.0**-2
 
 @dataclass(frozen=True)
 class OperandModel:
-    """|x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor (see the module docstring)."""
+    """|x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor (see the module docstring).
+
+    ``exact_sig``: for power-of-two block scales (MX), an input element whose significand has at
+    most 3 fraction bits and is at most ``exact_sig`` (1.875 under RCEIL, 1.75 under FLOOR, where
+    1.875 x 2^8 = 480 saturates) and which lies within 2^-13 of its line maximum is represented
+    exactly: multiplying by a power of two keeps the significand, and x / X >= 224 x / a >= 2^-6
+    keeps it a normal E4M3 number. Such elements get rho = 0. None: no such guarantee (fp32 scales,
+    NVFP4, computed operands).
+    """
 
     u: float = 0.0
     eta: float = 0.0
     eta_g: float = 0.0
+    exact_sig: float | None = None
 
     def rho(self, x_abs: torch.Tensor, line_max: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
         r = self.u * x_abs
@@ -101,6 +110,12 @@ class OperandModel:
             r = r + self.eta * line_max
         if self.eta_g:
             r = r + self.eta_g * tensor_max
+        if self.exact_sig is not None:
+            mant, _ = torch.frexp(x_abs)  # x = mant * 2^e, mant in [0.5, 1)
+            sig = 2 * mant
+            on_grid = (sig * 8 == torch.floor(sig * 8)) & (sig <= self.exact_sig)
+            near_max = x_abs >= line_max * 2.0**-13
+            r = torch.where(on_grid & near_max & (x_abs > 0), torch.zeros_like(r), r)
         return r
 
     def describe(self) -> str:
@@ -164,12 +179,13 @@ def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
         p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA)
         return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in)
     u = _U_E4M3_FLOOR if recipe == "mxfp8-floor" else _U_E4M3
-    mx = OperandModel(u, E4M3_ETA)
+    mx = OperandModel(u, E4M3_ETA)  # computed operands (P, P^T, dS)
+    mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875)  # inputs q, k, v, dO
     if recipe in ("mxfp8", "mxfp8-floor"):
-        return RecipeBoundModel(recipe, mx, mx, mx, mx, mx, mx, mx, mx, mx, mx, mx, mx, u_in)
+        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in)
     if recipe == "nvfp4":
         nv = OperandModel(_U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA)
-        return RecipeBoundModel(recipe, mx, mx, mx, mx, mx, mx, nv, mx, nv, mx, nv, mx, u_in)
+        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, nv, mx_in, nv, mx_in, nv, mx_in, u_in)
     raise ConfigError(f"no bound model for recipe {recipe!r}")
 
 

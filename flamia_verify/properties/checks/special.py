@@ -88,6 +88,9 @@ def _special(ctx, cases, *, label: str, extra_metrics=None):
     return ctx.judged(out, ok_message=msg, worst_case=wc, details=details, extra_failures=extra)
 
 
+# q and k on the MX-exact grid: exact scores, so the bound is tight on P, V and dO
+_GRID = (("grid_q", True), ("grid_k", True))
+
 _SPECIAL_TH = lambda recipe, dtype: {"violations": 0, "nonfinite": 0, "convention_violations": 0}  # noqa: E731
 
 
@@ -96,7 +99,7 @@ _SPECIAL_TH = lambda recipe, dtype: {"violations": 0, "nonfinite": 0, "conventio
 def zero_blocks(ctx):
     L = ctx.settings.special_len
     cases = [
-        ctx.case((L,), overrides=(("zero_q", (20, 60)), ("zero_k", (20, 60)), ("zero_v", (20, 60))), seed_offset=51),
+        ctx.case((L,), overrides=(("zero_q", (16, 80)), ("zero_k", (16, 80)), ("zero_v", (16, 80))), seed_offset=51),
         ctx.case((L, 40), overrides=(("zero_k", (0, 40)), ("zero_v", (0, L + 40)), ("zero_q", (L, L + 40))),
                  causal=False, seed_offset=52),
         ctx.case((64, 33), overrides=(("zero_q", (0, 97)), ("zero_k", (0, 97)), ("zero_v", (0, 97)), ("zero_do", (0, 97))),
@@ -123,6 +126,7 @@ def magnitudes(ctx):
         ctx.case((L,), overrides=(("scale_v", 2.0**-9),), seed_offset=63),
         ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),), seed_offset=64),
         ctx.case((L,), overrides=(("scale_q", 2.0**-9), ("scale_k", 2.0**-9)), seed_offset=65),
+        ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),) + _GRID, seed_offset=66),
     ]
     return _special(ctx, cases, label="magnitude cases")
 
@@ -140,6 +144,7 @@ def outlier_channels(ctx):
     cases = [
         ctx.case((L,), distribution="outliers", seed_offset=71),
         ctx.case((30, L), distribution="outliers", causal=False, heads=2, heads_k=1, seed_offset=72),
+        ctx.case((L,), distribution="outliers", overrides=_GRID, seed_offset=73),
     ]
     ratio = 0.0
     for case in cases:
@@ -158,6 +163,8 @@ def attention_sink(ctx):
         ctx.case((L,), distribution="sink", seed_offset=81),
         ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
         ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
+        ctx.case((L,), distribution="sink", overrides=_GRID, seed_offset=84),
+        ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, overrides=(("scale_k", 2.0),) + _GRID, seed_offset=85),
     ]
     return _special(ctx, cases, label="attention-sink cases")
 
@@ -192,5 +199,7 @@ def short_documents(ctx):
         ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, seed_offset=111),
         ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=False, seed_offset=112),
         ctx.case((1,) * 12 + (40,), heads=2, causal=True, seed_offset=113),
+        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, overrides=_GRID,
+                 seed_offset=114),
     ]
     return _special(ctx, cases, label="short-document cases")
