@@ -1,10 +1,308 @@
-"""Placeholder: replaced below."""
-from dataclasses import dataclass
-__all__ = ["FuzzResult", "fuzz", "replay_case"]
+"""Property-based fuzzing of a kernel, and deterministic replay of what it finds.
+
+``fuzz`` draws cases from :func:`flamia_verify.properties.strategies.attention_cases` (packings,
+GQA ratios, head dims, value distributions) plus a target document, a position t and a
+perturbation, and checks on every example, in this order:
+
+    finite      out (and dQ, dK, dV) finite where the float64 reference is finite
+    bound       every element within the recipe's rigorous a-priori bound
+    causal      (causal cases) out and dQ of the target document at or before t bitwise unchanged when
+                everything after t is replaced (huge / tiny; NaN only in q and dO, see causal.nan)
+    isolation   (2+ documents) the target document bitwise unchanged when every other document is
+                replaced (huge / tiny / NaN)
+
+A kernel that raises on a valid case breaks the calling convention ("crash"). The first failing
+example is shrunk by hypothesis to a minimal one; its reproducer is a JSON-able dict
+
+    {"seed", "lens_q", "lens_k", "heads", "heads_k", "headdim", "causal", "dtype", "distribution",
+     "softmax_scale", "overrides", "property", "document", "t", "perturbation", "recipe", "kernel"}
+
+that ``replay_case`` (and ``flamia-verify fuzz --replay case.json``) reruns deterministically.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from flamia_verify.errors import ConfigError, FlamiaVerifyError
+from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
+from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
+from flamia_verify.properties.checks.causal import _future_inputs
+from flamia_verify.properties.compare import compare_bitwise, compare_within
+from flamia_verify.properties.engine import ProgressEvent, _resolve_device, build_context, environment, resolve_kernel
+from flamia_verify.properties.harness import KernelCallError
+from flamia_verify.properties.strategies import attention_cases
+from flamia_verify.reports.model import CheckResult, Report
+
+__all__ = ["FuzzResult", "fuzz", "replay_case", "PROPERTIES"]
+
+#: property -> the check name it is reported under
+PROPERTIES = {
+    "crash": "interface.fuzz",
+    "finite": "special.fuzz",
+    "bound": "bound.fuzz",
+    "causal": "causal.fuzz",
+    "isolation": "isolation.fuzz",
+}
+_KINDS = ("huge", "tiny", "nan")
+_CASE_FIELDS = set(Case.__dataclass_fields__)
+
+
 @dataclass
 class FuzzResult:
-    pass
-def fuzz(*a, **k):
-    raise NotImplementedError
-def replay_case(*a, **k):
-    raise NotImplementedError
+    """What a fuzzing run found.
+
+    passed: no example failed. examples: examples run (including shrinking). reproducer: the minimal
+    failing example (JSON-able, see the module docstring) or None. report: a Report with one check
+    per property (``causal.fuzz``, ...). message: one line for a person.
+    """
+
+    passed: bool
+    examples: int
+    seed: int
+    reproducer: dict | None
+    report: Report
+    message: str = ""
+    seconds: float = 0.0
+    counts: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "examples": self.examples,
+            "seed": self.seed,
+            "reproducer": self.reproducer,
+            "message": self.message,
+            "seconds": self.seconds,
+            "counts": self.counts,
+            "report": self.report.to_dict(),
+        }
+
+
+@dataclass
+class _Finding:
+    prop: str
+    message: str
+    detail: dict
+
+
+def _doc_slices(case: Case, b: int):
+    q0, k0 = sum(case.lens_q[:b]), sum(case.lens_k[:b])
+    return q0, q0 + case.lens_q[b], k0, k0 + case.lens_k[b]
+
+
+def _replace_others(inp: Inputs, b: int, kind: str, seed: int) -> Inputs:
+    """Every document but b replaced by huge / tiny random values or NaN."""
+    case = inp.case
+    q0, q1, k0, k1 = _doc_slices(case, b)
+    g = torch.Generator().manual_seed(seed)
+    new = {}
+    for name in ("q", "k", "v", "do"):
+        x = getattr(inp, name).clone()
+        lo, hi = (q0, q1) if name in ("q", "do") else (k0, k1)
+        mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        mask[lo:hi] = False
+        if kind == "nan":
+            fill = torch.full(x.shape, float("nan"))
+        else:
+            fill = torch.randn(x.shape, generator=g) * (1e4 if kind == "huge" else 1e-4)
+        x[mask] = fill.to(x.dtype).to(x.device)[mask]
+        new[name] = x
+    return inp.replace(**new)
+
+
+def evaluate_example(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None = None) -> _Finding | None:
+    """Check one example; the first failing property (or ``only`` that one)."""
+    inp = make_inputs(case, ctx.device)
+    try:
+        res = ctx.run(inp)
+    except KernelCallError as err:
+        return _Finding("crash", f"the kernel raised on a valid case: {err.summary}", {"exception": err.summary, "stage": err.stage})
+    ref = ctx.reference(inp)
+    names = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+
+    def want(p):
+        return only is None or only == p
+
+    if want("finite"):
+        for n in names:
+            x, r = getattr(res, n), getattr(ref, n)
+            if x is None:
+                continue
+            bad = ~torch.isfinite(x) & torch.isfinite(r.to(x.device))
+            if bool(bad.any()):
+                return _Finding("finite", f"{int(bad.sum())} non-finite {n} elements where the reference is finite",
+                                {"tensor": n, "nonfinite": int(bad.sum())})
+    if want("bound"):
+        B = attention_bounds(
+            inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale, causal=case.causal,
+            model=recipe_bound_model(ctx.recipe, ctx.dtype), ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
+        )
+        for n in names:
+            x = getattr(res, n)
+            if x is None:
+                continue
+            m = compare_within(x, getattr(ref, n), getattr(B, n), what=f"|{n} - reference|", rule="within the bound")
+            if not m.ok:
+                return _Finding("bound", m.summary(), {"tensor": n, "mismatch": m.to_dict()})
+    lq = case.lens_q[document] if document < len(case.lens_q) else 0
+    if want("causal") and case.causal and lq >= 2:
+        tt = min(t, lq - 2)
+        tensors = ("q", "do") if perturbation == "nan" else ("q", "k", "v", "do")
+        new = ctx.run(_future_inputs(inp, document, tt, perturbation, seed=case.seed + 1, tensors=tensors))
+        q0 = _doc_slices(case, document)[0]
+        region = torch.zeros(res.out.shape[0], 1, 1, dtype=torch.bool, device=res.out.device)
+        region[q0 : q0 + tt + 1] = True
+        for n in ("out", "dq"):
+            a, b_ = getattr(new, n), getattr(res, n)
+            if a is None or b_ is None:
+                continue
+            m = compare_bitwise(a, b_, what=f"{n} at/before t={tt} of document {document}", region=region)
+            if not m.ok:
+                return _Finding("causal", m.summary(), {"tensor": n, "t": tt, "mismatch": m.to_dict()})
+    nonempty = [b for b, (a, c) in enumerate(zip(case.lens_q, case.lens_k)) if a or c]
+    if want("isolation") and len(nonempty) >= 2 and lq > 0:
+        new = ctx.run(_replace_others(inp, document, perturbation, seed=case.seed + 2))
+        q0, q1, k0, k1 = _doc_slices(case, document)
+        for n in ("out", "dq", "dk", "dv"):
+            a, b_ = getattr(new, n), getattr(res, n)
+            if a is None or b_ is None:
+                continue
+            lo, hi = (q0, q1) if n in ("out", "dq") else (k0, k1)
+            m = compare_bitwise(a[lo:hi], b_[lo:hi], what=f"{n} of document {document} (others: {perturbation})")
+            if not m.ok:
+                return _Finding("isolation", m.summary(), {"tensor": n, "mismatch": m.to_dict()})
+    return None
+
+
+def _reproducer(case: Case, document: int, t: int, perturbation: str, finding: _Finding, recipe: str, kernel: str) -> dict:
+    rep = case.to_dict()
+    rep.update(property=finding.prop, document=document, t=t, perturbation=perturbation, recipe=recipe, kernel=kernel,
+               message=finding.message)
+    return rep
+
+
+def fuzz(
+    kernel,
+    *,
+    recipe: str | None = None,
+    examples: int = 100,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    max_tokens: int = 256,
+) -> FuzzResult:
+    """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``)."""
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise ConfigError(f"examples must be a positive integer, got {examples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    loaded, recipe = resolve_kernel(kernel, recipe)
+    device = _resolve_device(device)
+    ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dtype, seed=seed, thresholds=None,
+                        case_timeout_s=None)
+    start = time.perf_counter()
+    counts = {p: 0 for p in PROPERTIES}
+    state = {"n": 0, "last": None}
+
+    strategy = st.tuples(
+        attention_cases(max_tokens=max_tokens, dtype=dtype_name(dtype)),
+        st.integers(0, 16),
+        st.integers(0, 160),
+        st.sampled_from(_KINDS),
+    )
+
+    def fails(example) -> bool:
+        case, document, t, kind = example
+        document = document % max(1, len(case.lens_q))
+        state["n"] += 1
+        f = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
+        if on_progress is not None:
+            elapsed = time.perf_counter() - start
+            frac = min(1.0, state["n"] / examples)
+            on_progress(ProgressEvent("fuzz", 0, 1, frac, elapsed, elapsed / frac if frac > 0 else None, frac))
+        if f is None:
+            return False
+        counts[f.prop] += 1
+        state["last"] = (case, document, t, kind, f)
+        return True
+
+    cfg = settings(
+        max_examples=examples, database=None, deadline=None, derandomize=False,
+        suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+    )
+    reproducer, found = None, None
+    try:
+        find(strategy, fails, settings=cfg, random=random.Random(seed))
+    except NoSuchExample:
+        pass
+    except FlamiaVerifyError:
+        raise
+    if state["last"] is not None:
+        case, document, t, kind, f = state["last"]
+        # hypothesis ends on the minimal example; rerun it to make sure it fails deterministically
+        document = document % max(1, len(case.lens_q))
+        again = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
+        if again is not None:
+            f = again
+        reproducer = _reproducer(case, document, t, kind, f, recipe, loaded.name)
+        found = f
+    report = Report(kernel=loaded.name, recipe=recipe, suite="fuzz", seed=seed, environment=environment(device))
+    report.environment.update(dtype=dtype_name(dtype), backward=ctx.has_backward, examples=state["n"])
+    for prop, name in PROPERTIES.items():
+        family = name.partition(".")[0]
+        failed = found is not None and found.prop == prop
+        report.checks.append(CheckResult(
+            name=name, family=family, status="fail" if failed else "pass",
+            metrics={"examples": state["n"], "failing_examples": counts[prop]},
+            thresholds={"failing_examples": 0},
+            worst_case=dict(reproducer) if failed else {},
+            message=(found.message if failed else f"{prop}: no failure in {state['n']} examples"),
+            duration_s=0.0,
+        ))
+    seconds = time.perf_counter() - start
+    msg = (f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"
+           if found else f"no failure in {state['n']} examples")
+    return FuzzResult(found is None, state["n"], seed, reproducer, report, msg, seconds, counts)
+
+
+def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = "cpu") -> CheckResult:
+    """Rerun one reproducer (a dict from :class:`FuzzResult` or a case.json) deterministically."""
+    if not isinstance(case, dict):
+        raise ConfigError(f"a reproducer must be a JSON object, got {type(case).__name__}")
+    prop = case.get("property", "bound")
+    if prop not in PROPERTIES:
+        raise ConfigError(f"unknown property {prop!r} in the reproducer; known: {', '.join(PROPERTIES)}")
+    fields = {k: v for k, v in case.items() if k in _CASE_FIELDS}
+    c = Case.from_dict(fields)
+    loaded, recipe = resolve_kernel(kernel, recipe or case.get("recipe"))
+    device = _resolve_device(device)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c.dtype]
+    ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None,
+                        case_timeout_s=None)
+    name = PROPERTIES[prop]
+    t0 = time.perf_counter()
+    document = int(case.get("document", 0))
+    kw = dict(document=document, t=int(case.get("t", 0)), perturbation=str(case.get("perturbation", "huge")))
+    try:
+        f = evaluate_example(ctx, c, only=None if prop == "crash" else prop, **kw)
+    except KernelCallError as err:
+        f = _Finding("crash", err.summary, {})
+    status = "pass" if f is None else ("error" if f.prop == "crash" and prop != "crash" else "fail")
+    return CheckResult(
+        name=name, family=name.partition(".")[0], status=status,
+        metrics={"failing_examples": 0 if f is None else 1},
+        thresholds={"failing_examples": 0},
+        worst_case={**case, "replayed": True, **({"detail": f.detail} if f else {})},
+        message=f"replayed {prop} on {c.describe()}: " + ("passes" if f is None else f.message),
+        duration_s=time.perf_counter() - t0,
+    )

@@ -1,0 +1,177 @@
+"""Hypothesis strategies for what training feeds an attention kernel.
+
+In the style of ``hypothesis.extra.numpy``: keyword-only, typed arguments; an argument may be a value
+or a strategy for one; bad arguments raise :class:`hypothesis.errors.InvalidArgument` naming the
+value and the fix. Sizes default to what a CPU runs in a fraction of a second.
+
+    document_lengths()   0, 1, 2, lengths at and around 31/32/33, 63/64/65, 127/128/129, or any
+    packings()           (lens_q, lens_k): many tiny documents, one long one, mixed, empty ones,
+                         seqlen_q != seqlen_k
+    head_configs()       (heads, heads_k) with GQA / MQA ratios
+    value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked
+    attention_cases()    a complete :class:`~flamia_verify.properties.cases.Case`
+
+Everything shrinks toward the simple end: shorter and fewer documents, Lq = Lk, one head, the
+smallest headdim, Gaussian values, seed 0.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from flamia_verify.properties.cases import DISTRIBUTIONS, DTYPES, Case
+
+__all__ = [
+    "BOUNDARY_LENGTHS",
+    "attention_cases",
+    "document_lengths",
+    "head_configs",
+    "packings",
+    "value_distributions",
+]
+
+T = TypeVar("T")
+
+#: lengths where tiles and 32-element scale blocks begin and end (and the degenerate 0, 1, 2)
+BOUNDARY_LENGTHS = (0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+
+
+def _strategy(value, name: str) -> SearchStrategy:
+    if isinstance(value, SearchStrategy):
+        return value
+    return st.just(value)
+
+
+def _check_int(name: str, value, *, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name}={value!r} must be an int")
+    if value < minimum:
+        raise InvalidArgument(f"{name}={value!r} must be at least {minimum}")
+
+
+def document_lengths(*, min_len: int = 0, max_len: int = 129, boundaries: bool = True) -> SearchStrategy[int]:
+    """Document lengths in [min_len, max_len]; with ``boundaries``, half of the draws come from
+    :data:`BOUNDARY_LENGTHS` (the lengths where block-scaled kernels break)."""
+    _check_int("min_len", min_len)
+    _check_int("max_len", max_len)
+    if max_len < min_len:
+        raise InvalidArgument(f"max_len={max_len} must be >= min_len={min_len}; swap them or raise max_len")
+    anywhere = st.integers(min_len, max_len)
+    if not boundaries:
+        return anywhere
+    special = [n for n in BOUNDARY_LENGTHS if min_len <= n <= max_len]
+    if not special:
+        return anywhere
+    return st.one_of(st.sampled_from(special), anywhere)
+
+
+def packings(
+    *,
+    min_docs: int = 1,
+    max_docs: int = 8,
+    max_tokens: int = 256,
+    lengths: SearchStrategy[int] | None = None,
+    unequal_kv: bool | SearchStrategy[bool] = st.booleans(),
+) -> SearchStrategy[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``(lens_q, lens_k)`` with at most ``max_tokens`` query and key tokens in total.
+
+    Shapes: a few documents of any length, many tiny documents (1-3 tokens), one long document.
+    With ``unequal_kv`` each document's key length is drawn separately (seqlen_q != seqlen_k).
+    """
+    _check_int("min_docs", min_docs, minimum=1)
+    _check_int("max_docs", max_docs, minimum=1)
+    _check_int("max_tokens", max_tokens, minimum=1)
+    if max_docs < min_docs:
+        raise InvalidArgument(f"max_docs={max_docs} must be >= min_docs={min_docs}")
+    lens = lengths if lengths is not None else document_lengths(max_len=min(129, max_tokens))
+    if not isinstance(lens, SearchStrategy):
+        raise InvalidArgument(f"lengths={lengths!r} must be a strategy for ints, e.g. document_lengths(max_len=64)")
+    tiny = st.lists(st.integers(1, 3), min_size=max(min_docs, 1), max_size=max(max_docs, min_docs))
+    mixed = st.lists(lens, min_size=min_docs, max_size=max_docs)
+    long_one = st.integers(min(max_tokens, 64), max_tokens).map(lambda n: [n])
+    shapes = st.one_of(mixed, tiny, long_one) if min_docs <= 1 else st.one_of(mixed, tiny)
+
+    @st.composite
+    def build(draw):
+        lq = draw(shapes)
+        lq = _fit(lq, max_tokens)
+        if len(lq) < min_docs:
+            lq = lq + [1] * (min_docs - len(lq))
+            lq = _fit(lq, max_tokens)
+        if draw(_strategy(unequal_kv, "unequal_kv")):
+            lk = [draw(st.integers(0, max(0, min(129, n + 40)))) for n in lq]
+            lk = _fit(lk, max_tokens)
+        else:
+            lk = list(lq)
+        return tuple(lq), tuple(lk)
+
+    return build()
+
+
+def _fit(lens: list[int], max_tokens: int) -> list[int]:
+    """Trim lengths from the end so that they sum to at most max_tokens."""
+    out, total = [], 0
+    for n in lens:
+        n = min(n, max_tokens - total)
+        out.append(n)
+        total += n
+    return out
+
+
+def head_configs(
+    *, max_heads: int = 4, ratios: Sequence[int] = (1, 2, 4)
+) -> SearchStrategy[tuple[int, int]]:
+    """``(heads, heads_k)`` with heads = heads_k * ratio <= max_heads (ratio 1: MHA; > 1: GQA/MQA)."""
+    _check_int("max_heads", max_heads, minimum=1)
+    if not ratios or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ratios):
+        raise InvalidArgument(f"ratios={ratios!r} must be a non-empty sequence of positive ints, e.g. (1, 2, 4)")
+    pairs = sorted({(hk * r, hk) for r in ratios for hk in range(1, max_heads + 1) if hk * r <= max_heads})
+    if not pairs:
+        raise InvalidArgument(f"no head configuration with max_heads={max_heads} and ratios={tuple(ratios)}")
+    return st.sampled_from(pairs)
+
+
+def value_distributions(*, include: Sequence[str] | None = None) -> SearchStrategy[str]:
+    """Names of value distributions (see :mod:`flamia_verify.properties.cases`)."""
+    names = tuple(include) if include is not None else DISTRIBUTIONS
+    unknown = [n for n in names if n not in DISTRIBUTIONS]
+    if unknown or not names:
+        raise InvalidArgument(f"unknown distribution(s) {unknown or names!r}; choose from {DISTRIBUTIONS}")
+    return st.sampled_from(names)
+
+
+def attention_cases(
+    *,
+    max_tokens: int = 256,
+    headdims: Sequence[int] = (32, 64),
+    heads: SearchStrategy[tuple[int, int]] | tuple[int, int] | None = None,
+    causal: bool | SearchStrategy[bool] = st.booleans(),
+    dtype: str = "bf16",
+    distributions: SearchStrategy[str] | str | None = None,
+    packing: SearchStrategy | None = None,
+    seeds: SearchStrategy[int] = st.integers(0, 2**20),
+) -> SearchStrategy[Case]:
+    """Complete cases: packing, heads, headdim, causal, dtype, distribution and seed."""
+    _check_int("max_tokens", max_tokens, minimum=1)
+    if not headdims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in headdims):
+        raise InvalidArgument(f"headdims={headdims!r} must be a non-empty sequence of positive ints, e.g. (32, 64)")
+    if dtype not in DTYPES:
+        raise InvalidArgument(f"dtype={dtype!r} is not one of {tuple(DTYPES)}")
+    pk = packing if packing is not None else packings(max_tokens=max_tokens)
+    hs = _strategy(heads, "heads") if heads is not None else head_configs()
+    ds = _strategy(distributions, "distributions") if distributions is not None else value_distributions()
+
+    @st.composite
+    def build(draw):
+        lens_q, lens_k = draw(pk)
+        h, hk = draw(hs)
+        return Case(
+            lens_q, lens_k, heads=h, heads_k=hk, headdim=draw(st.sampled_from(tuple(headdims))),
+            causal=draw(_strategy(causal, "causal")), distribution=draw(ds), seed=draw(seeds), dtype=dtype,
+        )
+
+    return build()
