@@ -14,7 +14,9 @@ Inputs are bf16 q, k, v, dout ~ N(0, 1), one document of S tokens, softmax_scale
 "fwd" is attention_forward; "fwd+bwd" is reference_attention plus backward (autograd wrapper,
 analytic backward), timed as one. FLOPs count the GEMMs only: 4 S_q S_k H D for the forward
 (two GEMMs), 10 S_q S_k H D for the backward (five), halved for causal.
-Prints a Markdown table (and the command line and date) on stdout.
+Prints a Markdown table (and the command line and date) on stdout. The last column is the
+machine's 1-minute load average when the case finished: on a shared machine, a load above
+the core count means the time is inflated by other work.
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def _case(spec: dict) -> dict:
     cu = torch.tensor([0, S], dtype=torch.int32, device=device)
     scale = D**-0.5
 
+    def run(q, k, v, dout, cu, S):
+        if spec["mode"] == "fwd":
+            out, _ = attention_forward(q, k, v, cu, cu, softmax_scale=scale, causal=causal, chunk_size=spec["chunk_size"])
+            return out
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = reference_attention(q, k, v, cu, cu, S, S, softmax_scale=scale, causal=causal)
+        out.backward(dout)
+        return out
+
+    # Warm-up on 64 tokens: library initialisation (CUDA context, cuBLAS, MKL threads) is not
+    # the reference's cost.
+    n = 64
+    run(q[:n], k[:n], v[:n], dout[:n], torch.tensor([0, n], dtype=torch.int32, device=device), n)
+
     def rss_bytes() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -57,14 +73,7 @@ def _case(spec: dict) -> dict:
     else:
         before = rss_bytes()
     t0 = time.perf_counter()
-    if spec["mode"] == "fwd":
-        out, lse = attention_forward(q, k, v, cu, cu, softmax_scale=scale, causal=causal, chunk_size=spec["chunk_size"])
-    else:
-        if spec["chunk_size"] is not None:
-            raise SystemExit("--chunk-size applies to fwd only; fwd+bwd uses the automatic chunk")
-        q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-        out = reference_attention(q, k, v, cu, cu, S, S, softmax_scale=scale, causal=causal)
-        out.backward(dout)
+    out = run(q, k, v, dout, cu, S)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -73,7 +82,7 @@ def _case(spec: dict) -> dict:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     finite = bool(torch.isfinite(out).all())
-    return {"seconds": seconds, "peak_bytes": peak, "before_bytes": before, "finite": finite}
+    return {"seconds": seconds, "peak_bytes": peak, "before_bytes": before, "finite": finite, "load": os.getloadavg()[0]}
 
 
 def _flops(S: int, H: int, D: int, causal: bool, mode: str) -> float:
@@ -93,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the raw measurements here")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case, print JSON
     args = ap.parse_args(argv)
+    if args.chunk_size is not None and "fwd+bwd" in args.modes:
+        ap.error("--chunk-size applies to --modes fwd only; reference_attention uses the automatic chunk")
 
     if args.case:
         print(json.dumps(_case(json.loads(args.case))))
@@ -135,13 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         mem_cols = ("peak RSS (GiB)", "RSS before (GiB)", "added (GiB)")
     print(f"`{' '.join(['python', 'benchmarks/reference_scale.py', *(argv if argv is not None else sys.argv[1:])])}`")
     print(f"{datetime.date.today().isoformat()}, {where}, torch {torch.__version__}, H={args.heads}, D={args.headdim}, bf16 inputs\n")
-    print(f"| S | mask | mode | time (s) | GEMM GFLOP/s | {' | '.join(mem_cols)} |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|")
+    print(f"| S | mask | mode | time (s) | GEMM GFLOP/s | {' | '.join(mem_cols)} | load avg (1 min, at end) |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for m in rows:
         print(
             f"| {m['seqlen']} | {'causal' if m['causal'] else 'full'} | {m['mode']} | {m['seconds']:.2f} | "
             f"{m['gflops']:.1f} | {m['peak_bytes'] / GIB:.2f} | {m['before_bytes'] / GIB:.2f} | "
-            f"{(m['peak_bytes'] - m['before_bytes']) / GIB:.2f} |"
+            f"{(m['peak_bytes'] - m['before_bytes']) / GIB:.2f} | {m['load']:.1f} |"
         )
     if args.json:
         with open(args.json, "w") as f:

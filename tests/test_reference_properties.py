@@ -394,3 +394,36 @@ def test_cuda_matches_cpu() -> None:
     for name, got, want in zip(NAMES, gpu, cpu):
         assert got.device.type == "cuda"
         assert_same_math(f"{name} cuda vs cpu", got.cpu(), want, n)
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("where", ["q", "k", "v", "dout"])
+def test_poisoned_future_positions_do_not_cross_the_causal_mask(where: str, poison: float) -> None:
+    """NaN/Inf at positions after t leaves rows <= t bitwise unchanged: out, lse and dq.
+
+    A poisoned causal document runs one row per chunk by itself when the poison could cross
+    the mask through a 0 * NaN inside a GEMM (v in the forward; any input of the backward).
+    The clean run it is compared with uses the same chunking: chunk_size=1 where the
+    poisoned run falls back to it, the default otherwise. The other document is untouched.
+    """
+    H, Hk, D, L, t = 4, 2, 8, 24, 13
+    scale = D**-0.5
+    q, k, v, dout, cq, ck = make_inputs([(L, L), (5, 5)], H, Hk, D, seed=15)
+    fwd_chunk = 1 if where == "v" else None
+    clean_out, clean_lse = attention_forward(q, k, v, cq, ck, softmax_scale=scale, causal=True, chunk_size=fwd_chunk)
+    clean_grads = attention_backward(
+        dout, q, k, v, clean_out, clean_lse, cq, ck, softmax_scale=scale, causal=True, chunk_size=1
+    )
+    bad = {"q": q.clone(), "k": k.clone(), "v": v.clone(), "dout": dout.clone()}
+    bad[where][t + 1 : L, 1, ::3] = poison  # positions after t of document 0, one head
+    out, lse = attention_forward(bad["q"], bad["k"], bad["v"], cq, ck, softmax_scale=scale, causal=True)
+    grads = attention_backward(bad["dout"], bad["q"], bad["k"], bad["v"], out, lse, cq, ck, softmax_scale=scale, causal=True)
+    context = f"{where} = {poison} after position {t}"
+    for name, got, want in zip(("out", "lse", "dq"), (out, lse, grads[0]), (clean_out, clean_lse, clean_grads[0])):
+        assert_bitwise(name, got[: t + 1], want[: t + 1], context)
+    # The clean second document keeps the default chunking in the poisoned run.
+    default = forward_backward(q, k, v, dout, cq, ck, causal=True)
+    for name, got, want in zip(NAMES, (out, lse, *grads), default):
+        assert_bitwise(name, got[L:], want[L:], context + ", other document")
+    if where != "dout":
+        assert not torch.isfinite(out[t + 1 : L]).all(), "the poison should reach the rows that see it"

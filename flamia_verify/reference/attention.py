@@ -27,7 +27,7 @@ any offset (same shapes, same alignment, same operation sequence into the BLAS).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -280,6 +280,20 @@ def _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal: bool, chunk_size: int |
         yield cq[i], cq[i + 1], ck[i], ck[i + 1], _Doc(lq, lk, H, Hk, D, causal, chunk)
 
 
+def _exact_causality(doc: _Doc, *tensors: torch.Tensor) -> _Doc:
+    """One query row per chunk for a causal document with a non-finite entry in ``tensors``.
+
+    Inside a chunk the GEMMs run over the keys [0, kend) of the chunk's last row, so an
+    earlier row meets the keys it cannot see with a probability (or dS) of exactly 0, and
+    0 * NaN = NaN. With one row per chunk kend is that row's own horizon: an invisible NaN or
+    Inf never reaches it, and poisoning positions after i leaves row i bitwise unchanged (as
+    long as the clean run also used chunk_size=1). Finite inputs keep their chunking.
+    """
+    if doc.causal and doc.chunk > 1 and not all(bool(torch.isfinite(t).all()) for t in tensors):
+        return replace(doc, chunk=1)
+    return doc
+
+
 def attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -300,7 +314,8 @@ def attention_forward(
     Returns out: float64 (total_q, nheads, headdim) and lse: float64 (total_q, nheads), the
     natural log of sum_j exp(softmax_scale * q_i . k_j) over the keys row i sees. A row that
     sees no key has out = 0 and lse = -inf. ``chunk_size`` is the number of query rows per
-    chunk (default: :func:`query_chunk_size`, a 256 MiB score block).
+    chunk (default: :func:`query_chunk_size`, a 256 MiB score block). A causal document whose
+    v holds a NaN or Inf runs one row per chunk, so values a row cannot see never reach it.
     """
     validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     scale, causal, chunk_size = _check_scale(softmax_scale), _check_causal(causal), _check_chunk(chunk_size)
@@ -311,6 +326,9 @@ def attention_forward(
         for qs, qe, ks, ke, doc in _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal, chunk_size):
             if doc.lq == 0 or doc.lk == 0:
                 continue  # out stays 0, lse -inf
+            # Only v can carry a NaN across the mask here: invisible scores are overwritten
+            # with -inf, and a query row's scores stay in that row.
+            doc = _exact_causality(doc, v[ks:ke])
             _doc_forward(q[qs:qe], k[ks:ke], v[ks:ke], doc, scale, out[qs:qe], lse[qs:qe])
     return out, lse
 
@@ -339,7 +357,8 @@ def attention_backward(
 
     Returns dq: float64 (total_q, nheads, headdim) and dk, dv: float64
     (total_k, nheads_k, headdim), summed over the query heads that share a kv head. Rows
-    that see no key get 0 gradient.
+    that see no key get 0 gradient. A causal document with a NaN or Inf in dout, q, k, v or
+    out runs one row per chunk, so nothing crosses the causal mask.
     """
     validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     scale, causal, chunk_size = _check_scale(softmax_scale), _check_causal(causal), _check_chunk(chunk_size)
@@ -353,6 +372,8 @@ def attention_backward(
         for qs, qe, ks, ke, doc in _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal, chunk_size):
             if doc.lq == 0 or doc.lk == 0:
                 continue
+            # dS is exactly 0 on invisible pairs but multiplies q, k (and is formed from dout, out, v).
+            doc = _exact_causality(doc, q[qs:qe], k[ks:ke], v[ks:ke], dout[qs:qe], out[qs:qe])
             _doc_backward(
                 dout[qs:qe], q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe], lse[qs:qe],
                 doc, scale, dq[qs:qe], dk[ks:ke], dv[ks:ke],
