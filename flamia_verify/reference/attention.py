@@ -289,9 +289,17 @@ def _exact_causality(doc: _Doc, *tensors: torch.Tensor) -> _Doc:
     Inf never reaches it, and poisoning positions after i leaves row i bitwise unchanged (as
     long as the clean run also used chunk_size=1). Finite inputs keep their chunking.
     """
-    if doc.causal and doc.chunk > 1 and not all(bool(torch.isfinite(t).all()) for t in tensors):
+    if doc.causal and doc.chunk > 1 and not all(_all_finite(t) for t in tensors):
         return replace(doc, chunk=1)
     return doc
+
+
+_ISFINITE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    # torch.isfinite has no kernel for the float8 dtypes; float32 holds them exactly.
+    return bool(torch.isfinite(t if t.dtype in _ISFINITE_DTYPES else t.float()).all())
 
 
 def attention_forward(
