@@ -16,7 +16,9 @@ analytic backward), timed as one. FLOPs count the GEMMs only: 4 S_q S_k H D for 
 (two GEMMs), 10 S_q S_k H D for the backward (five), halved for causal.
 Prints a Markdown table (and the command line and date) on stdout. The last column is the
 machine's 1-minute load average when the case finished: on a shared machine, a load above
-the core count means the time is inflated by other work.
+the core count means the wall time is inflated by other work. "CPU time" is the child's user +
+system time for the timed call (all threads): less sensitive to other work than the wall time,
+and about threads x wall time on an idle machine.
 """
 
 from __future__ import annotations
@@ -72,17 +74,23 @@ def _case(spec: dict) -> dict:
         before = torch.cuda.memory_allocated()
     else:
         before = rss_bytes()
+    def cpu_seconds() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     out = run(q, k, v, dout, cu, S)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    cpu = cpu_seconds() - c0
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated()
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     finite = bool(torch.isfinite(out).all())
-    return {"seconds": seconds, "peak_bytes": peak, "before_bytes": before, "finite": finite, "load": os.getloadavg()[0]}
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": peak, "before_bytes": before, "finite": finite, "load": os.getloadavg()[0]}
 
 
 def _flops(S: int, H: int, D: int, causal: bool, mode: str) -> float:
@@ -146,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         mem_cols = ("peak RSS (GiB)", "RSS before (GiB)", "added (GiB)")
     print(f"`{' '.join(['python', 'benchmarks/reference_scale.py', *(argv if argv is not None else sys.argv[1:])])}`")
     print(f"{datetime.date.today().isoformat()}, {where}, torch {torch.__version__}, H={args.heads}, D={args.headdim}, bf16 inputs\n")
-    print(f"| S | mask | mode | time (s) | GEMM GFLOP/s | {' | '.join(mem_cols)} | load avg (1 min, at end) |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| S | mask | mode | time (s) | CPU time (s) | GEMM GFLOP/s | {' | '.join(mem_cols)} | load avg (1 min, at end) |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for m in rows:
         print(
             f"| {m['seqlen']} | {'causal' if m['causal'] else 'full'} | {m['mode']} | {m['seconds']:.2f} | "
+            f"{m['cpu_seconds']:.1f} | "
             f"{m['gflops']:.1f} | {m['peak_bytes'] / GIB:.2f} | {m['before_bytes'] / GIB:.2f} | "
             f"{(m['peak_bytes'] - m['before_bytes']) / GIB:.2f} | {m['load']:.1f} |"
         )
