@@ -427,3 +427,11 @@ def test_poisoned_future_positions_do_not_cross_the_causal_mask(where: str, pois
         assert_bitwise(name, got[L:], want[L:], context + ", other document")
     if where != "dout":
         assert not torch.isfinite(out[t + 1 : L]).all(), "the poison should reach the rows that see it"
+
+
+def test_repeated_runs_are_bitwise_identical() -> None:
+    q, k, v, dout, cq, ck = make_inputs([(30, 41), (0, 2), (17, 9)], 4, 2, 16, seed=16)
+    first = forward_backward(q, k, v, dout, cq, ck, causal=True, chunk_size=7)
+    again = forward_backward(q, k, v, dout, cq, ck, causal=True, chunk_size=7)
+    for name, got, want in zip(NAMES, again, first):
+        assert_bitwise(name, got, want, "second run vs first")
