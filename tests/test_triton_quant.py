@@ -34,6 +34,7 @@ from flamia_verify.kernels.triton.config import KIND_INPUT, KIND_MX, KIND_NVFP4 
 DEVICE = "cpu" if interpreting() else "cuda"
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []  # selected by `-m gpu` on a GPU machine
 
 from flamia_verify.kernels.triton.quant import quantize_tile, round_tile  # noqa: E402
 

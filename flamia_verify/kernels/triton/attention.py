@@ -80,14 +80,35 @@ P_POW2_OFFSET = tl.constexpr(8.0)  # P elements are E4M3(2^(s - M_b + 8)), as in
 
 
 @triton.jit
-def _mma(a, b, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a @ b, both operands rounded to the input dtype (exact for dequantized MX values)."""
+def _op(x, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """A dot operand: x rounded to the input dtype (exact for dequantized MX values and for tiles
+    loaded in the input dtype). Under the interpreter the values stay fp32 (see the module doc)."""
     if INTERPRET:
-        return tl.dot(round_input(a, IS_FP16), round_input(b, IS_FP16), acc, input_precision="ieee")
+        return round_input(x.to(tl.float32), IS_FP16)
     elif IS_FP16:
-        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+        return x.to(tl.float16)
     else:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _dot(a, b, acc, INTERPRET: tl.constexpr):
+    if INTERPRET:  # fp32 copies of bf16/fp16 values: products exact, fp32 sums as on the tensor cores
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _mma(a, b, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b with both operands rounded to the input dtype (``_op``), fp32 accumulation."""
+    return _dot(_op(a, IS_FP16, INTERPRET), _op(b, IS_FP16, INTERPRET), acc, INTERPRET)
+
+
+@triton.jit
+def _mma_t(a, b, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b^T: b is rounded to the input dtype before the transpose (half the data to move)."""
+    return _dot(_op(a, IS_FP16, INTERPRET), tl.trans(_op(b, IS_FP16, INTERPRET)), acc, INTERPRET)
 
 
 @triton.jit
@@ -104,19 +125,31 @@ def _to_input(x, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _quant_head(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
                 RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
-    """Round an (R, D) tile as a head_dim-contracted operand (BLOCK 0: one scale per row)."""
-    if BLOCK == 0:
-        return quantize_last(x, x, R, D, KIND, D, RCEIL, IS_FP16)
+    """Round an (R, D) input tile as a head_dim-contracted operand (BLOCK 0: one scale per row).
+    Input-precision operands stay in their dtype; quantized ones come back as fp32 values."""
+    if KIND == KIND_INPUT:
+        return x
+    elif BLOCK == 0:
+        return quantize_last(x.to(tl.float32), x, R, D, KIND, D, RCEIL, IS_FP16)
     else:
-        return quantize_last(x, x, R, D, KIND, BLOCK, RCEIL, IS_FP16)
+        return quantize_last(x.to(tl.float32), x, R, D, KIND, BLOCK, RCEIL, IS_FP16)
+
+
+@triton.jit
+def _quant_seq(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+               RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+    """Round an (R, D) input tile as a sequence-contracted operand (blocks along its rows)."""
+    if KIND == KIND_INPUT:
+        return x
+    else:
+        return quantize_first(x.to(tl.float32), R, D, KIND, BLOCK, RCEIL, IS_FP16)
 
 
 @triton.jit
 def _load_rows(Ptr, base, offs, mask, stride, HEAD_DIM: tl.constexpr):
-    """Load (len(offs), HEAD_DIM) rows ``base + offs * stride`` as fp32, 0 where masked."""
+    """Load (len(offs), HEAD_DIM) rows ``base + offs * stride`` in the input dtype, 0 where masked."""
     d = tl.arange(0, HEAD_DIM)
-    x = tl.load(Ptr + base + offs[:, None].to(tl.int64) * stride + d[None, :], mask=mask[:, None], other=0.0)
-    return x.to(tl.float32)
+    return tl.load(Ptr + base + offs[:, None].to(tl.int64) * stride + d[None, :], mask=mask[:, None], other=0.0)
 
 
 @triton.jit
@@ -170,7 +203,7 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_
     kmask = offs_n < lk
     k = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
     k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
-    s = _mma(q_op, tl.trans(k_op), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
+    s = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
     s2 = s * qk_scale
     if MASKED:
         vis = kmask[None, :]
@@ -202,7 +235,7 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_
     if V_KIND == KIND_INPUT:
         acc = _mma(p, v, acc, IS_FP16, INTERPRET)
     else:
-        v_op = quantize_first(v, BLOCK_N, HEAD_DIM, V_KIND, V_BLOCK, RCEIL, IS_FP16)
+        v_op = _quant_seq(v, BLOCK_N, HEAD_DIM, V_KIND, V_BLOCK, RCEIL, IS_FP16)
         if MASKED and FALLBACK and CAUSAL:
             # a V block that row i sees only partly is multiplied in the input precision
             blk_last = tl.minimum((offs_n // V_BLOCK) * V_BLOCK + (V_BLOCK - 1), lk - 1)
@@ -290,8 +323,8 @@ def _attn_bwd_delta(O, DO, Delta, total_q, stride_ot, stride_oh, stride_dot, str
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     h = tl.program_id(1)
     mask = offs_m < total_q
-    o = _load_rows(O, h * stride_oh, offs_m, mask, stride_ot, HEAD_DIM)
-    do = _load_rows(DO, h * stride_doh, offs_m, mask, stride_dot, HEAD_DIM)
+    o = _load_rows(O, h * stride_oh, offs_m, mask, stride_ot, HEAD_DIM).to(tl.float32)
+    do = _load_rows(DO, h * stride_doh, offs_m, mask, stride_dot, HEAD_DIM).to(tl.float32)
     tl.store(Delta + h * stride_lh + offs_m, tl.sum(o * do, axis=1), mask=mask)
 
 
@@ -315,7 +348,7 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delt
     delta = tl.load(Delta + l_base + offs_m, mask=qmask, other=0.0)
     q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
     do_op = _quant_head(do, BLOCK_M, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
-    sT = _mma(k_op, tl.trans(q_op), tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
+    sT = _mma_t(k_op, q_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
         vis = (offs_n < lk)[:, None] & qmask[None, :]
         if CAUSAL:
@@ -326,7 +359,7 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delt
     aT = tl.where(lse_ok[None, :], aT, 0.0)
     if MASKED:
         aT = tl.where(vis, aT, 0.0)
-    dpT = _mma(v_op, tl.trans(do_op), tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET)
+    dpT = _mma_t(v_op, do_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET)
     dsT = aT * (dpT - delta[None, :])
     if AMAX_PASS:
         amax_pt = tl.maximum(amax_pt, tl.max(tl.abs(aT), axis=1))
@@ -338,7 +371,7 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delt
         if DO_KIND == KIND_INPUT:
             dv = _mma(pt_op, do, dv, IS_FP16, INTERPRET)
         else:
-            do_seq = quantize_first(do, BLOCK_M, HEAD_DIM, DO_KIND, DO_BLOCK, RCEIL, IS_FP16)
+            do_seq = _quant_seq(do, BLOCK_M, HEAD_DIM, DO_KIND, DO_BLOCK, RCEIL, IS_FP16)
             if MASKED and FALLBACK and CAUSAL:
                 full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
                 dv = _mma(tl.where(full, pt_op, 0.0), do_seq, dv, IS_FP16, INTERPRET)
@@ -349,7 +382,7 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delt
         if Q_KIND == KIND_INPUT:
             dk = _mma(dst_op, q, dk, IS_FP16, INTERPRET)
         else:
-            q_seq = quantize_first(q, BLOCK_M, HEAD_DIM, Q_KIND, Q_BLOCK, RCEIL, IS_FP16)
+            q_seq = _quant_seq(q, BLOCK_M, HEAD_DIM, Q_KIND, Q_BLOCK, RCEIL, IS_FP16)
             if MASKED and FALLBACK and CAUSAL:
                 full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
                 dk = _mma(tl.where(full, dst_op, 0.0), q_seq, dk, IS_FP16, INTERPRET)
@@ -486,7 +519,7 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base
     v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
     k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
     v_op = _quant_head(v, BLOCK_N, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
-    s2 = _mma(q_op, tl.trans(k_op), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
+    s2 = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
         vis = kmask[None, :]
         if CAUSAL:
@@ -497,7 +530,7 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base
     a = tl.where(lse_ok[:, None], a, 0.0)
     if MASKED:
         a = tl.where(vis, a, 0.0)
-    dp = _mma(do_op, tl.trans(v_op), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
+    dp = _mma_t(do_op, v_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
     ds = a * (dp - delta[:, None])
     if AMAX_PASS:
         amax_ds = tl.maximum(amax_ds, tl.max(tl.abs(ds), axis=1))
@@ -506,7 +539,7 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base
         if K_KIND == KIND_INPUT:
             dq = _mma(ds_op, k, dq, IS_FP16, INTERPRET)
         else:
-            k_seq = quantize_first(k, BLOCK_N, HEAD_DIM, K_KIND, K_BLOCK, RCEIL, IS_FP16)
+            k_seq = _quant_seq(k, BLOCK_N, HEAD_DIM, K_KIND, K_BLOCK, RCEIL, IS_FP16)
             if MASKED and FALLBACK and CAUSAL:
                 blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)
                 full = blk_last[None, :] <= offs_m[:, None] + off
