@@ -1,7 +1,7 @@
 """Suites: how many cases, seeds and sizes each check runs.
 
-    quick     small sizes, one seed per packing; an emulated kernel runs the whole suite in well under
-              90 s on a 2-core CPU (the CI machine)
+    quick     small sizes (at most 256 tokens per call), two seeds per packing; an emulated kernel runs
+              the whole suite in a few seconds on an idle 2-core CPU (the CI machine), far under 90 s
     standard  more packings (many tiny documents, one long one, lengths around 32/64/128, GQA 4:1,
               headdim 128), two seeds per packing, longer causal documents; a fused kernel runs it in
               about a minute on an H200
@@ -12,7 +12,7 @@ Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distrib
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from flamia_verify.errors import ConfigError
 
@@ -46,13 +46,12 @@ class SuiteSettings:
     repeats: int  # runs compared by determinism.repeat
     heads: int = 2
     headdim: int = 64
-    bias_cases: int = 2  # cases pooled by the bias statistics (beyond the base cases)
-    extra: dict = field(default_factory=dict)
+    special_cases: int = 99  # at most this many cases per special check (the first ones)
 
 
 _QUICK = SuiteSettings(
     name="quick",
-    seeds=1,
+    seeds=2,
     base=(
         Packing((64, 130, 62), heads=2, heads_k=1),
         Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
@@ -110,7 +109,8 @@ _FULL = SuiteSettings(
 _BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
 
 #: suite settings a user may override (thresholds={"suite": {...}})
-SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int}
+SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int,
+                "special_cases": int}
 
 
 def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:

@@ -1,4 +1,6 @@
-"""Planted-bug kernels (see tests/zoo/kernels.py): each must fail the check that is for it."""
+"""Planted-bug kernels (tests/zoo/kernels.py), each of which must fail the check that is for it,
+and correct kernels from outside the project (tests/zoo/correct.py) that must pass everything."""
 
+from zoo.correct import sdpa_bf16  # noqa: F401
 from zoo.kernels import *  # noqa: F401,F403
-from zoo.kernels import BUGS, __all__  # noqa: F401
+from zoo.kernels import BUGS  # noqa: F401

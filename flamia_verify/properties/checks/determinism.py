@@ -23,7 +23,7 @@ __all__ = []
     cost=1.0,
 )
 def repeat(ctx):
-    cases = ctx.base_cases()[:2]
+    cases = ctx.base_cases()[:3]
     repeats = max(2, ctx.settings.repeats)
     mismatched, first, runs = 0, None, 0
     for n, case in enumerate(cases):

@@ -3,11 +3,16 @@
 Each check runs the suite's base cases (shared with bound, bias and consistency.grad_forward_ratio)
 and the built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs.
 
-Thresholds (docs/checks.md "error"): with the first-order RMS model
-``pred(recipe, T) = sqrt(sum_{x feeding T} u_x^2 / 3)``,
+Threshold (docs/checks.md "error"): the recipe's expected error on the same inputs, ``pred``, is
+measured by running float64 attention with the first-order rounding model (every operand the
+recipe rounds multiplied by 1 + e, e uniform on [-u, u]; flamia_verify.properties.noise_model), so
+the amplification of rounding by large scores, heavy tails or low rank is part of it;
 
-    rel_rmse      <= 2 pred(recipe, T)
-    ratio_to_bf16 <= 2 pred(recipe, T) / pred(bf16, T)
+    normalized_error = rel_rmse / pred <= 2
+
+(the factor 2 covers the model's independence assumption; correct kernels measure 0.4-1.2).
+``ratio_to_bf16`` (rel_rmse over the BF16 run's on the same inputs) is reported beside it: the
+number people quote.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import math
 from flamia_verify.properties.checks.common import case_record, worst_element
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, predicted_rel_rmse
+from flamia_verify.properties.bounds import recipe_bound_model
+from flamia_verify.properties.noise_model import predicted_errors
+from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
 
 __all__ = []
 
@@ -26,14 +33,26 @@ _LABEL = {"out": "O", "dq": "dQ", "dk": "dK", "dv": "dV"}
 
 def _defaults(tensor):
     def f(recipe, dtype):
-        pred = predicted_rel_rmse(recipe, dtype, tensor)
-        base = predicted_rel_rmse("bf16", dtype, tensor)
-        return {
-            "rel_rmse": ERROR_MODEL_FACTOR * pred,
-            "ratio_to_bf16": ERROR_MODEL_FACTOR * pred / base if base > 0 else math.inf,
-        }
+        return {"normalized_error": ERROR_MODEL_FACTOR}
 
     return f
+
+
+def predicted(ctx, case) -> dict[str, float]:
+    """The rounding model's relative RMSE of every tensor on this case (cached)."""
+
+    def compute():
+        model = recipe_bound_model(ctx.recipe, ctx.dtype)
+        return predicted_errors(ctx.inputs(case), ctx.reference(case), model, seed=case.seed)
+
+    return ctx.memo(("predicted", case), compute)
+
+
+def normalized_error(ctx, case, tensor: str, rel: float) -> float:
+    pred = predicted(ctx, case)[tensor]
+    if pred <= 0:
+        return 0.0 if rel == 0 else math.inf
+    return rel / pred
 
 
 def _error_check(ctx, tensor: str):
@@ -52,19 +71,21 @@ def _error_check(ctx, tensor: str):
         st = error_stats(x, r)
         bst = error_stats(b, r)
         ratio = st["rel_rmse"] / bst["rel_rmse"] if bst["rel_rmse"] > 0 else (1.0 if st["rel_rmse"] == 0 else math.inf)
-        row = dict(case=case, stats=st, bf16=bst, ratio=ratio, x=x, r=r, b=b)
+        norm = normalized_error(ctx, case, tensor, st["rel_rmse"])
+        row = dict(case=case, stats=st, bf16=bst, ratio=ratio, norm=norm, pred=predicted(ctx, case)[tensor], x=x, r=r, b=b)
         rows.append(row)
         if worst is None or _key(row) > _key(worst):
             worst = row
         ctx.progress((n + 1) / len(cases))
     metrics = {
+        "normalized_error": max(r["norm"] for r in rows),
         "rel_rmse": max(r["stats"]["rel_rmse"] for r in rows),
         "ratio_to_bf16": max(r["ratio"] for r in rows),
         "max_abs": max(r["stats"]["max_abs"] for r in rows),
         "cosine": min(r["stats"]["cosine"] for r in rows),
         "sqnr_db": min(r["stats"]["sqnr_db"] for r in rows),
         "bf16_rel_rmse": max(r["bf16"]["rel_rmse"] for r in rows),
-        "predicted_rel_rmse": predicted_rel_rmse(ctx.recipe, ctx.dtype, tensor),
+        "predicted_rel_rmse": max(r["pred"] for r in rows),
         "nonfinite": sum(r["stats"]["nonfinite"] for r in rows),
         "cases": len(rows),
     }
@@ -75,6 +96,8 @@ def _error_check(ctx, tensor: str):
         rel_rmse=w["stats"]["rel_rmse"],
         bf16_rel_rmse=w["bf16"]["rel_rmse"],
         ratio_to_bf16=w["ratio"],
+        normalized_error=w["norm"],
+        predicted_rel_rmse=w["pred"],
         worst_element=worst_element(w["x"], w["r"], w["case"], tensor, baseline=w["b"]),
     )
     label = _LABEL[tensor]
@@ -86,7 +109,6 @@ def _error_check(ctx, tensor: str):
                 "y_label": "RMS error / RMS reference",
                 "ys": {"kernel": per_position_error(w["x"], w["r"]), "bf16": per_position_error(w["b"], w["r"])},
                 "log_y": True,
-                "thresholds": {"rel_rmse limit": ctx.th.get("rel_rmse", math.inf)},
             }
         ],
         "histograms": [
@@ -100,7 +122,8 @@ def _error_check(ctx, tensor: str):
         ],
         "per_case": [
             {"case": r["case"].describe(), "rel_rmse": r["stats"]["rel_rmse"], "bf16_rel_rmse": r["bf16"]["rel_rmse"],
-             "ratio_to_bf16": r["ratio"], "sqnr_db": r["stats"]["sqnr_db"]}
+             "ratio_to_bf16": r["ratio"], "predicted_rel_rmse": r["pred"], "normalized_error": r["norm"],
+             "sqnr_db": r["stats"]["sqnr_db"]}
             for r in rows
         ],
     }
@@ -109,7 +132,8 @@ def _error_check(ctx, tensor: str):
         extra.append(f"{metrics['nonfinite']} non-finite {label} elements on finite inputs")
     return ctx.judged(
         metrics,
-        ok_message=f"{label}: rel RMSE {metrics['rel_rmse']:.3g} ({metrics['ratio_to_bf16']:.3g}x BF16) over {len(rows)} cases",
+        ok_message=(f"{label}: rel RMSE {metrics['rel_rmse']:.3g} ({metrics['ratio_to_bf16']:.3g}x BF16), "
+                    f"{metrics['normalized_error']:.2g}x the recipe's model, over {len(rows)} cases"),
         worst_case=worst_case,
         details=details,
         extra_failures=extra,
@@ -117,7 +141,7 @@ def _error_check(ctx, tensor: str):
 
 
 def _key(row) -> float:
-    v = row["ratio"]
+    v = row["norm"]
     return math.inf if v != v else v
 
 

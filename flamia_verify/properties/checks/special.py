@@ -11,7 +11,9 @@ Every special check runs the kernel (forward and backward) on structured cases a
     special.zero_blocks       32+ zero tokens in a row (q, k, v), and a document that is all zeros
     special.magnitudes        V x 2^+-100 (bf16; scaled to the dtype's range), V near 2^-9 (E4M3's
                               smallest subnormal), V rows of 464 (just above E4M3's 448), q and k x 2^-9
-    special.outlier_channels  two channels of v x 100 and of k x 100/sqrt(d); also error vs BF16
+    special.outlier_channels  two channels of v x 100 and of k x 100/sqrt(d) (O's error / BF16's reported:
+                              outlier keys make the scores peaked, which amplifies FP8 score errors
+                              beyond the Gaussian model, 66x BF16 measured for correct MXFP8)
     special.attention_sink    the first key takes most of the probability, the rest far below it
     special.constant_rows     all keys equal (uniform attention), all queries equal, all values equal
     special.negative_scores   every score about -1000 with a spread of a few units
@@ -29,7 +31,6 @@ from flamia_verify.properties.checks.bound import bound_report
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, predicted_rel_rmse
 
 __all__ = ["convention_violations"]
 
@@ -64,6 +65,7 @@ def convention_violations(ctx, case: Case, res) -> tuple[int, dict | None]:
 
 
 def _special(ctx, cases, *, label: str, extra_metrics=None):
+    cases = cases[: ctx.settings.special_cases]
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
     metrics, first, details, msg = bound_report(ctx, cases, tensors, inputs_label=label)
     nonfinite, conv, conv_first = 0, 0, None
@@ -121,31 +123,24 @@ def magnitudes(ctx):
     L = ctx.settings.special_len
     hi, lo = _magnitude_exponents(ctx.dtype)
     cases = [
-        ctx.case((L,), overrides=(("scale_v", 2.0**hi),), seed_offset=61),
-        ctx.case((L,), overrides=(("scale_v", 2.0**lo),), seed_offset=62),
+        ctx.case((L,), overrides=(("scale_v", 2.0**hi), ("scale_q", 2.0**-9), ("scale_k", 2.0**-9)), seed_offset=61),
+        ctx.case((L, 33), overrides=(("scale_v", 2.0**lo),), causal=False, seed_offset=62),
+        ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)), ("scale_v", 2.0**-9)) + _GRID, seed_offset=66),
         ctx.case((L,), overrides=(("scale_v", 2.0**-9),), seed_offset=63),
         ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),), seed_offset=64),
-        ctx.case((L,), overrides=(("scale_q", 2.0**-9), ("scale_k", 2.0**-9)), seed_offset=65),
-        ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),) + _GRID, seed_offset=66),
     ]
     return _special(ctx, cases, label="magnitude cases")
 
 
-def _outlier_defaults(recipe, dtype):
-    d = _SPECIAL_TH(recipe, dtype)
-    d["ratio_to_bf16"] = ERROR_MODEL_FACTOR * predicted_rel_rmse(recipe, dtype, "out") / predicted_rel_rmse("bf16", dtype, "out")
-    return d
-
-
-@register("special.outlier_channels", "two channels of v x 100 (and of k): within the bound, and O's error within the "
-          "error family's ratio to a BF16 run", defaults=_outlier_defaults, cost=0.7)
+@register("special.outlier_channels", "two channels of v x 100 (and of k x 100/sqrt(d)): finite, within the bound; O's "
+          "error relative to a BF16 run is reported", defaults=_SPECIAL_TH, cost=0.7)
 def outlier_channels(ctx):
     L = ctx.settings.special_len
     cases = [
         ctx.case((L,), distribution="outliers", seed_offset=71),
         ctx.case((30, L), distribution="outliers", causal=False, heads=2, heads_k=1, seed_offset=72),
         ctx.case((L,), distribution="outliers", overrides=_GRID, seed_offset=73),
-    ]
+    ][: ctx.settings.special_cases]
     ratio = 0.0
     for case in cases:
         ref = ctx.reference(case)
@@ -160,11 +155,11 @@ def outlier_channels(ctx):
 def attention_sink(ctx):
     L = ctx.settings.special_len
     cases = [
-        ctx.case((L,), distribution="sink", seed_offset=81),
-        ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
-        ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
         ctx.case((L,), distribution="sink", overrides=_GRID, seed_offset=84),
+        ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
         ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, overrides=(("scale_k", 2.0),) + _GRID, seed_offset=85),
+        ctx.case((L,), distribution="sink", seed_offset=81),
+        ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
     ]
     return _special(ctx, cases, label="attention-sink cases")
 
@@ -196,10 +191,10 @@ def negative_scores(ctx):
           "gradient) and Lq < Lk", defaults=_SPECIAL_TH, cost=0.7)
 def short_documents(ctx):
     cases = [
-        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, seed_offset=111),
-        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=False, seed_offset=112),
-        ctx.case((1,) * 12 + (40,), heads=2, causal=True, seed_offset=113),
         ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, overrides=_GRID,
                  seed_offset=114),
+        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=False, seed_offset=112),
+        ctx.case((1,) * 12 + (40,), heads=2, causal=True, seed_offset=113),
+        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, seed_offset=111),
     ]
     return _special(ctx, cases, label="short-document cases")

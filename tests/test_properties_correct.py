@@ -1,0 +1,47 @@
+"""No false alarms: the correct built-in kernels, the float64 reference and torch SDPA in BF16 pass
+every check of the quick suite, over several seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import sdpa_bf16
+
+from flamia_verify.properties import list_checks, run_checks
+from flamia_verify.reference import reference_attention
+
+CORRECT = {
+    "bf16": ("bf16", None),
+    "fp8": ("fp8", None),
+    "flamia-mxfp8": ("flamia-mxfp8", None),
+    "flamia-nvfp4": ("flamia-nvfp4", None),
+    "reference": (reference_attention, "bf16"),
+    "sdpa-bf16": (sdpa_bf16, "bf16"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small CPU tensors: one intra-op thread avoids oversubscription under pytest -n 2."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _explain(report) -> str:
+    lines = []
+    for c in report.checks:
+        if c.status != "pass":
+            lines.append(f"  {c.name}: {c.status}: {c.message}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_kernel_passes_every_check(name, seed):
+    kernel, recipe = CORRECT[name]
+    report = run_checks(kernel, recipe=recipe, suite="quick", seed=seed)
+    assert [c.name for c in report.checks] == [s.name for s in list_checks("quick")]
+    assert report.passed, f"{name} (seed {seed}) raised false alarms:\n{_explain(report)}"
+    assert all(c.status == "pass" for c in report.checks), _explain(report)
