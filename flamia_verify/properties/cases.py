@@ -78,7 +78,8 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
 class Case:
     """One call of a kernel: packing, shapes, distribution, seed.
 
-    ``lens_k`` defaults to ``lens_q``; ``heads_k`` to ``heads``; ``softmax_scale`` to headdim^-0.5.
+    ``lens_k`` defaults to ``lens_q``; ``heads_k`` to ``heads``; ``softmax_scale`` to headdim^-0.5
+    (filled in, so that a case equals its JSON round trip).
     ``overrides`` names structured edits applied after sampling (see :func:`make_tensors`).
     """
 
@@ -110,7 +111,11 @@ class Case:
             raise ConfigError(f"unknown distribution {self.distribution!r}; choose one of: {', '.join(DISTRIBUTIONS)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
-        object.__setattr__(self, "overrides", tuple((str(k), v) for k, v in self.overrides))
+        object.__setattr__(self, "overrides", tuple((str(k), _frozen(v)) for k, v in self.overrides))
+        if self.softmax_scale is None:
+            object.__setattr__(self, "softmax_scale", self.headdim**-0.5)
+        else:
+            object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
 
     @property
     def scale(self) -> float:
@@ -125,13 +130,14 @@ class Case:
         return sum(self.lens_k)
 
     def with_(self, **changes) -> "Case":
+        if "headdim" in changes and "softmax_scale" not in changes:
+            changes["softmax_scale"] = None  # the default follows the new headdim
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["lens_q"], d["lens_k"] = list(self.lens_q), list(self.lens_k)
-        d["overrides"] = [[k, v] for k, v in self.overrides]
-        d["softmax_scale"] = self.scale
+        d["overrides"] = [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.overrides]
         return d
 
     @classmethod
@@ -152,6 +158,13 @@ class Case:
             f"lens_q={list(self.lens_q)}{lk} heads={self.heads}/{self.heads_k} d={self.headdim} "
             f"{'causal' if self.causal else 'full'} {self.distribution} seed={self.seed} {self.dtype}"
         )
+
+
+def _frozen(v):
+    """Lists (from JSON) back to tuples, so that a case is hashable and equal to its round trip."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    return v
 
 
 def cu_from_lens(lens, device=None) -> torch.Tensor:
