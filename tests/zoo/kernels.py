@@ -1,7 +1,9 @@
 """The zoo: kernels with one planted bug each, built as small variations of the FLAMIA emulation.
 
 Each kernel follows the calling convention and carries ``recipe`` (what it claims) and ``catches``
-(the check that must catch it). They double as command-line specs:
+(the checks that must catch it). The buggy quantizers of ``truncating``, ``scale_off_by_one`` and
+``zero_block_nan`` run in front of the FLAMIA kernel along the sequence without its diagonal
+fallback, so they also leak causally (a second finding, not the one they are for). They double as command-line specs:
 ``flamia-verify check --kernel tests/zoo/kernels.py:v_scale_leak``.
 
     v_scale_leak        forward V blocks straddle the causal diagonal (no diagonal fallback in P V)
@@ -113,13 +115,13 @@ document_leak = _tag(
 _BF16_RECOMPUTE = replace(FLAMIA_MXFP8, name="bf16-recompute", qk=Quant("input"), p_mode="fa", p_quant=Quant("input"))
 
 fwd_bwd_mismatch = _tag(
-    _split_kernel(FLAMIA_MXFP8, _BF16_RECOMPUTE), "mxfp8", ("consistency.weights",),
+    _split_kernel(FLAMIA_MXFP8, _BF16_RECOMPUTE), "mxfp8", ("consistency.weights", "consistency.grad_forward_ratio"),
     "FLAMIA MXFP8 forward; the backward rebuilds P from BF16 scores and the forward's log-sum-exp",
 )
 
 mass_underflow = _tag(
     make_kernel(replace(FLAMIA_MXFP8, name="mass-underflow", p_mode="fa", p_quant=Quant("e4m3"), normalize="fp32")),
-    "mxfp8", ("consistency.conservation_forward", "special.attention_sink"),
+    "mxfp8", ("consistency.conservation_forward", "consistency.shift_invariance", "special.attention_sink", "bound.out"),
     "MXFP8 operands, but P = exp(S - m) cast to E4M3 without a scale and normalized by the fp32 sum",
 )
 
@@ -210,7 +212,7 @@ def _truncating(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 
 
 truncating = _tag(
-    _truncating, "mxfp8", ("bias.gain",),
+    _truncating, "mxfp8", ("bias.gain", "bias.mean"),
     "MXFP8 whose E4M3 conversions of q, k, v and dO truncate toward zero instead of rounding to nearest",
 )
 
@@ -224,7 +226,7 @@ def _v_quant_kernel(quantize):
 
 
 scale_off_by_one = _tag(
-    _v_quant_kernel(_mx_off_by_one), "mxfp8", ("bound.out",),
+    _v_quant_kernel(_mx_off_by_one), "mxfp8", ("bound.out", "error.out", "bias.gain"),
     "MXFP8 whose V block scale exponent is one too small: every element above half the block max saturates",
 )
 
@@ -245,7 +247,7 @@ def _one_token_wrong(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 
 one_token_wrong = _tag(
-    _one_token_wrong, "mxfp8", ("special.short_documents",),
+    _one_token_wrong, "mxfp8", ("special.short_documents", "bound.out", "error.out"),
     "FLAMIA MXFP8 that treats documents of length 1 as empty (outputs 0 for them)",
 )
 
