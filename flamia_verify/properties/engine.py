@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from flamia_verify.errors import ConfigError, FlamiaVerifyError, KernelCrashError
+from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.kernels.registry import LoadedKernel, load_kernel
 from flamia_verify.properties.cases import Case, dtype_name, make_inputs

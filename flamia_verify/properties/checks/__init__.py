@@ -12,4 +12,4 @@ from flamia_verify.properties.checks import (  # noqa: F401
     special,
 )
 
-__all__: list[str] = []
+__all__ = ["bias", "bound", "causal", "consistency", "determinism", "error", "interface", "isolation", "special"]

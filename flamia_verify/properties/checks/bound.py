@@ -38,7 +38,7 @@ def bounds_for(ctx, case, *, grads: bool):
 
 def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases"):
     """Count violations of the bound over ``cases`` for ``tensors``; metrics, worst case, details."""
-    violations, tight, first, worst_tight_case = 0, 0.0, None, None
+    violations, tight, first = 0, 0.0, None
     per_tensor = {t: 0 for t in tensors}
     tight_t = {t: 0.0 for t in tensors}
     series = None
@@ -65,7 +65,6 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases"):
                 tight_t[t] = mx
             if mx >= tight:
                 tight = mx
-                worst_tight_case = case
                 if ratio.numel():
                     series = {
                         "title": f"{t}: max |error| / bound per token ({case.describe()})",
