@@ -23,7 +23,7 @@ check: setup
 	$(BIN)/flamia-verify check
 
 test: setup
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 -q
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 -q
 
 clean:
 	rm -rf $(VENV) flamia-report .pytest_cache .hypothesis
