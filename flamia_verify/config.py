@@ -61,7 +61,9 @@ class Config:
     seed: int = 0
     out: str = "flamia-report"
     only: list[str] | None = None
-    case_timeout_s: float | None = None
+    # a kernel call (forward or backward of one case) running longer is stopped and reported as an error;
+    # generous because a fused kernel's first call on a fresh machine includes its compilation
+    case_timeout_s: float | None = 600.0
     compare_factor: float = 1.5
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str | None = None  # the file the values came from, for messages

@@ -206,3 +206,34 @@ def test_console_script_is_installed():
         pytest.skip("package not installed with its console script")
     res = subprocess.run([str(exe), "--version"], capture_output=True, text=True, env={**os.environ})
     assert res.returncode == 0 and "flamia-verify" in res.stdout
+
+
+def test_fuzz_finds_a_leak_writes_a_reproducer_and_replays_it(capsys, tmp_path):
+    leaky = _write(tmp_path, "leaky.py", LEAKY_KERNEL)
+    out = tmp_path / "fz"
+    code, stdout, _ = run_cli(["fuzz", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--examples", "20", "--out", out], capsys)
+    assert code == 1, stdout
+    case = out / "fuzz-case.json"
+    assert case.is_file() and "--replay" in stdout
+    repro = json.loads(case.read_text())
+    assert repro["property"] and repro["seed"] is not None
+    code, _, _ = run_cli(["fuzz", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--replay", case, "--out", tmp_path / "rp"], capsys)
+    assert code == 1
+    # the same case passes on the correct kernel
+    good = _write(tmp_path, "good.py", GOOD_KERNEL)
+    code, _, _ = run_cli(["fuzz", "--kernel", f"{good}:attn", "--recipe", "fp8", "--replay", case, "--out", tmp_path / "ok"], capsys)
+    assert code == 0
+
+
+def test_fuzz_passes_a_correct_kernel(capsys, tmp_path):
+    code, stdout, _ = run_cli(["fuzz", "--kernel", "flamia-mxfp8", "--examples", "5", "--out", tmp_path / "fz"], capsys)
+    assert code == 0, stdout
+    assert not (tmp_path / "fz" / "fuzz-case.json").exists()
+
+
+def test_replay_of_a_bad_file_is_exit_2(capsys, tmp_path):
+    bad = _write(tmp_path, "case.json", "[1, 2]")
+    code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", bad, "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "JSON object" in err
+    code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", tmp_path / "none.json", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "does not exist" in err
