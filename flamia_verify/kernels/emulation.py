@@ -293,6 +293,39 @@ def _to_hld(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 0, 2)
 
 
+def _documents(cu_q: torch.Tensor, cu_k: torch.Tensor):
+    """(q0, q1, k0, k1) of every document with at least one query and one key."""
+    sq, sk = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(sq) - 1):
+        q0, q1, k0, k1 = sq[b], sq[b + 1], sk[b], sk[b + 1]
+        if q1 > q0 and k1 > k0:
+            yield q0, q1, k0, k1
+
+
+def _log2_scale(scale: float) -> float:
+    """softmax_scale * log2(e), rounded once to fp32 (scores are kept in log2 units)."""
+    return torch.tensor(scale * LOG2E, dtype=torch.float32).item()
+
+
+def _scores(q_hd, k_hd, groups: int, vis: torch.Tensor, qk_scale: float) -> torch.Tensor:
+    """(H, Lq, Lk) fp32 scores of one document in log2 units, masked to -inf where not visible."""
+    s = torch.matmul(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
+    return torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
+
+
+def _lse2(l: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """log2 of the row normalizer, m + log2(l); -inf for rows that saw nothing (l == 0)."""
+    ok = l > 0
+    return torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), l.new_full((), -math.inf))
+
+
+def _fallback_mask(design: "EmulatedDesign", quant: "Quant", vis: torch.Tensor, causal: bool):
+    """Where the causal-safe split applies: entries whose sequence block the row sees whole."""
+    if design.diagonal_fallback and causal and quant.kind in ("mx", "nvfp4"):
+        return full_block_mask(vis, quant.block)
+    return None
+
+
 def _forward(design, q, k, v, cu_q, cu_k, scale, causal):
     dtype = q.dtype
     H, Hk = q.shape[1], k.shape[1]
@@ -303,30 +336,21 @@ def _forward(design, q, k, v, cu_q, cu_k, scale, causal):
     v_seq = _seq_quantize(vf, design.v_seq, design, cu_k, dtype)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse2 = torch.full((q.shape[0], H), -math.inf, dtype=torch.float32, device=q.device)
-    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32).item()
-    sq, sk = cu_q.tolist(), cu_k.tolist()
-    for b in range(len(sq) - 1):
-        q0, q1, k0, k1 = sq[b], sq[b + 1], sk[b], sk[b + 1]
-        lq, lk = q1 - q0, k1 - k0
-        if lq == 0 or lk == 0:
-            continue
-        vis = visible(lq, lk, causal, q.device)
-        s = torch.matmul(_to_hld(q_hd[q0:q1]), _to_hld(_expand_kv(k_hd[k0:k1], groups)).transpose(1, 2))
-        s2 = torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
+    qk_scale = _log2_scale(scale)
+    for q0, q1, k0, k1 in _documents(cu_q, cu_k):
+        vis = visible(q1 - q0, k1 - k0, causal, q.device)
+        s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
         p_used, l, m = _probabilities(s2, vis, design, k0, dtype)
-        full = None
-        if design.diagonal_fallback and causal and design.v_seq.kind in ("mx", "nvfp4"):
-            full = full_block_mask(vis, design.v_seq.block)
         acc = _gemm_seq(
             p_used,
             _to_hld(_expand_kv(v_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
-            full,
+            _fallback_mask(design, design.v_seq, vis, causal),
         )
         ok = l > 0
         o = torch.where(ok[..., None], acc / torch.where(ok, l, torch.ones_like(l))[..., None], acc.new_zeros(()))
         out[q0:q1] = o.permute(1, 0, 2)
-        lse2[q0:q1] = torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), lse2.new_full((), -math.inf)).T
+        lse2[q0:q1] = _lse2(l, m).T
     return out.to(dtype), lse2
 
 
@@ -353,39 +377,30 @@ def _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros((k.shape[0], H, k.shape[2]), dtype=torch.float32, device=q.device)
     dv = torch.zeros((v.shape[0], H, v.shape[2]), dtype=torch.float32, device=q.device)
-    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32).item()
+    qk_scale = _log2_scale(scale)
     scale32 = torch.tensor(scale, dtype=torch.float32).item()
-    sq, sk = cu_q.tolist(), cu_k.tolist()
-    for b in range(len(sq) - 1):
-        q0, q1, k0, k1 = sq[b], sq[b + 1], sk[b], sk[b + 1]
-        lq, lk = q1 - q0, k1 - k0
-        if lq == 0 or lk == 0:
-            continue
-        vis = visible(lq, lk, causal, q.device)
-        s = torch.matmul(_to_hld(q_hd[q0:q1]), _to_hld(_expand_kv(k_hd[k0:k1], groups)).transpose(1, 2))
-        s2 = torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
+    for q0, q1, k0, k1 in _documents(cu_q, cu_k):
+        vis = visible(q1 - q0, k1 - k0, causal, q.device)
+        s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
         a = _recomputed_probabilities(s2, vis, lse2[q0:q1].T, design)  # (H, Lq, Lk)
         dp = torch.matmul(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
         ds = a * (dp - delta[q0:q1].T[..., None])
-        fallback = design.diagonal_fallback and causal
-        full_k = full_q = None
-        # dV = P^T dO and dK = dS^T Q contract over queries; dQ = dS K over keys
+        # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
         at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
-        if fallback and design.do_seq.kind in ("mx", "nvfp4"):
-            full_q = full_block_mask(vis.T, design.do_seq.block)
-        dv_d = _gemm_seq(at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), full_q)
+        dv_d = _gemm_seq(at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), _fallback_mask(design, design.do_seq, vis.T, causal))
         dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
-        if fallback and design.q_seq.kind in ("mx", "nvfp4"):
-            full_q = full_block_mask(vis.T, design.q_seq.block)
-        dk_d = _gemm_seq(dst, _to_hld(q_seq[q0:q1]), _to_hld(_round_input(qf[q0:q1], dtype)), full_q)
+        dk_d = _gemm_seq(
+            dst,
+            _to_hld(q_seq[q0:q1]),
+            _to_hld(_round_input(qf[q0:q1], dtype)),
+            _fallback_mask(design, design.q_seq, vis.T, causal),
+        )
         dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
-        if fallback and design.k_seq.kind in ("mx", "nvfp4"):
-            full_k = full_block_mask(vis, design.k_seq.block)
         dq_d = _gemm_seq(
             dsq,
             _to_hld(_expand_kv(k_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
-            full_k,
+            _fallback_mask(design, design.k_seq, vis, causal),
         )
         dq[q0:q1] = (dq_d * scale32).permute(1, 0, 2)
         dk[k0:k1] = (dk_d * scale32).permute(1, 0, 2)
@@ -448,27 +463,20 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     lq, lk = q.shape[0], k.shape[0]
     cu_q = torch.tensor([0, lq], dtype=torch.int32, device=q.device)
     cu_k = torch.tensor([0, lk], dtype=torch.int32, device=q.device)
-    qk_scale = torch.tensor(softmax_scale * LOG2E, dtype=torch.float32).item()
+    qk_scale = _log2_scale(softmax_scale)
     vis = visible(lq, lk, causal, q.device)
-
-    def scores(qq, kk):
-        s = torch.matmul(_to_hld(qq), _to_hld(_expand_kv(kk, groups)).transpose(1, 2))
-        return torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
-
     q_hd = quantize_operand(q.float(), design.qk, -1, input_dtype=dtype)
     k_hd = quantize_operand(k.float(), design.qk, -1, input_dtype=dtype)
-    s2 = scores(q_hd, k_hd)
+    s2 = _scores(q_hd, k_hd, groups, vis, qk_scale)
     p_used, l, m = _probabilities(s2, vis, design, 0, dtype)
     if not backward:
         ok = (l > 0)[..., None]
         return torch.where(ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(()))
-    lse2 = torch.where(l > 0, m + torch.log2(torch.where(l > 0, l, torch.ones_like(l))), l.new_full((), -math.inf))
     if design.recompute_from_seq:
-        s2 = scores(
-            _seq_quantize(q.float(), design.q_seq, design, cu_q, dtype),
-            _seq_quantize(k.float(), design.k_seq, design, cu_k, dtype),
-        )
-    return _recomputed_probabilities(s2, vis, lse2, design)
+        q_s = _seq_quantize(q.float(), design.q_seq, design, cu_q, dtype)
+        k_s = _seq_quantize(k.float(), design.k_seq, design, cu_k, dtype)
+        s2 = _scores(q_s, k_s, groups, vis, qk_scale)
+    return _recomputed_probabilities(s2, vis, _lse2(l, m), design)
 
 
 def emulated_forward_with_lse(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale, causal):
