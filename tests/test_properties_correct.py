@@ -4,7 +4,6 @@ every check of the quick suite, over several seeds."""
 from __future__ import annotations
 
 import pytest
-import torch
 from zoo import sdpa_bf16
 
 from flamia_verify.properties import list_checks, run_checks
@@ -18,15 +17,6 @@ CORRECT = {
     "reference": (reference_attention, "bf16"),
     "sdpa-bf16": (sdpa_bf16, "bf16"),
 }
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small CPU tensors: one intra-op thread avoids oversubscription under pytest -n 2."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _explain(report) -> str:

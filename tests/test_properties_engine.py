@@ -25,14 +25,6 @@ from flamia_verify.properties import (
 from flamia_verify.reports.model import FAMILIES, Report
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_public_api_names():
     assert set(P.__all__) == {
         "run_checks", "list_checks", "fuzz", "replay_case", "default_thresholds", "SUITES", "CheckSpec",

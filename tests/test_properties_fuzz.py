@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -23,14 +22,6 @@ from flamia_verify.properties.strategies import (
     value_distributions,
 )
 from flamia_verify.reports.model import Report
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @settings(max_examples=60, deadline=None)

@@ -23,14 +23,6 @@ from flamia_verify.reference import attention_backward, attention_forward
 KERNELS = builtin_kernels()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _ref(inp):
     c = inp.case
     out, lse = attention_forward(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, softmax_scale=c.scale, causal=c.causal)

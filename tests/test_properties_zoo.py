@@ -4,19 +4,9 @@ it, and the known-bad built-in kernels fail where the design table says they lea
 from __future__ import annotations
 
 import pytest
-import torch
 from zoo import kernels as Z
 
 from flamia_verify.properties import run_checks
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small CPU tensors: one intra-op thread avoids oversubscription under pytest -n 2."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _run(kernel, only, **kw):
