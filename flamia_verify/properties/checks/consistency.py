@@ -30,7 +30,8 @@ first-order (docs/checks.md "consistency" derives each):
     consistency.grad_forward_ratio     the gradient's normalized error (error family: error over the
         rounding model's prediction on the same inputs) over the forward's: a backward that does not
         differentiate the forward errs more than its formats explain while the forward does not.
-        threshold 2^2 = 4 (each normalized error may sit anywhere in the model's factor-2 band).
+        threshold 2^2 = 4 (each normalized error may sit anywhere in the model's factor-2 band; a
+        forward below the band's lower edge 1/2, e.g. an fp32 output, counts as 1/2).
 """
 
 from __future__ import annotations
@@ -347,14 +348,17 @@ def grad_forward_ratio(ctx):
         res, ref, base = ctx.run(case), ctx.reference(case), ctx.baseline(case)
         e_out, b_out = rel_rmse(res.out, ref.out), rel_rmse(base.out, ref.out)
         n_out = normalized_error(ctx, case, "out", e_out)
+        # A forward more accurate than the model explains (a wider output dtype than q's, an exact
+        # forward) says nothing against the backward: its normalized error counts at no less than
+        # the lower edge 1/ERROR_MODEL_FACTOR of the model's band. Dividing by the raw value made a
+        # correct kernel with an fp32 output fail by 10^4, and skipped an exact forward altogether.
+        n_fwd = max(n_out, 1.0 / ERROR_MODEL_FACTOR)
         for t in ("dq", "dk", "dv"):
             if getattr(res, t) is None:
                 continue
             e_t, b_t = rel_rmse(getattr(res, t), getattr(ref, t)), rel_rmse(getattr(base, t), getattr(ref, t))
             n_t = normalized_error(ctx, case, t, e_t)
-            if n_out == 0:
-                continue
-            r = n_t / n_out
+            r = n_t / n_fwd
             rows.append({"case": case.describe(), "tensor": t, "normalized_ratio": r})
             if r > worst:
                 worst = r
