@@ -1,0 +1,439 @@
+"""Planted bugs aimed at single checks: one kernel for every check that no kernel of
+``zoo/kernels.py`` is asserted to fail (docs/checks.md, "Every check fails on its bug").
+
+Each kernel follows the calling convention and carries ``recipe``, ``catches`` (the checks that
+must report ``fail`` on it) and ``quiet`` (checks or families its bug cannot reach, which must pass,
+so that the failure is the bug's doing and not a side effect).
+
+    detached_k              k is detached before the GEMMs: dq and dv arrive, dk never does
+    dq_without_delta        the separate dQ pass forgets D = rowsum(dO * O): dS = P * dP
+    dk_without_delta        the dK/dV pass forgets D in the dS it multiplies with Q
+    dv_saturating_do        the dV GEMM scales dO's sequence blocks one exponent too small
+    pt_unscaled             dV = P^T dO with P^T cast to E4M3 without a block scale
+    non_finite_fallback     any NaN/Inf in q, k, v (or dO) switches the whole call to a BF16 path
+    dense_mask              varlen by a block-diagonal mask over the packed batch: O = P V with P = 0
+                            across documents, so 0 * NaN from another document reaches the output
+    no_row_max              softmax without the row maximum: exp(-1000) underflows, the row loses
+                            its mass (and scores above 88 overflow)
+    packed_tiles            key tiles aligned to the packed batch: the fp32 summation order, hence
+                            the bits, of a document depend on its offset
+    packed_tiles_skip_head  the same, with the key loop starting at the first tile boundary after
+                            the document start: unaligned documents lose their first keys
+    v_unscaled              V cast to E4M3 without a scale (huge values saturate, tiny ones flush)
+    static_v_scale          V cast to E4M3 with a fixed scale calibrated on outlier-free data
+    range_scale_do          dO's sequence blocks scaled by their range max - min (an int8 habit) and
+                            cast without saturation: a constant block becomes NaN
+
+Known misses (``KNOWN_MISSES``, kept as strict expected failures in the tests): ``ds_unscaled``
+(dS cast to E4M3 without a scale), ``ignores_softmax_scale``, ``range_scale_do_flush`` (the same
+range bug with a saturating cast: constant dO blocks become 0).
+
+The front quantizers of ``dv_saturating_do`` and ``range_scale_do`` block dO along the queries
+without the FLAMIA kernel's diagonal fallback, so they also leak causally (a second finding, not
+the one they are for; their ``quiet`` leaves causal out). The fp32 kernels return out in float32
+(the convention allows a wider dtype than q's).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
+from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
+from zoo.kernels import _STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one
+
+__all__ = [
+    "TARGETED",
+    "KNOWN_MISSES",
+    "detached_k",
+    "dq_without_delta",
+    "dk_without_delta",
+    "dv_saturating_do",
+    "pt_unscaled",
+    "non_finite_fallback",
+    "dense_mask",
+    "no_row_max",
+    "packed_tiles",
+    "packed_tiles_skip_head",
+    "v_unscaled",
+    "static_v_scale",
+    "range_scale_do",
+    "ds_unscaled",
+    "ignores_softmax_scale",
+    "range_scale_do_flush",
+]
+
+
+def _tag(fn, recipe: str, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):
+    fn.recipe = recipe
+    fn.catches = catches
+    fn.quiet = quiet
+    fn.__doc__ = doc
+    return fn
+
+
+def _scale_of(q, softmax_scale):
+    return q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# interface
+# ---------------------------------------------------------------------------------------------
+
+
+def _detached_k(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+    k_op = k.detach()  # pre-quantized operand built outside autograd: the graph no longer reaches k
+    return _flamia(q, k_op, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale=softmax_scale, causal=causal)
+
+
+detached_k = _tag(
+    _detached_k, "mxfp8", ("interface.backward",), ("interface.output", "error.dq", "error.dv"),
+    "FLAMIA MXFP8 that detaches k before the GEMMs: dq and dv arrive, dk never does",
+)
+
+# ---------------------------------------------------------------------------------------------
+# one gradient computed differently from the other two (a separate dQ pass, or the dK/dV pass)
+# ---------------------------------------------------------------------------------------------
+
+
+class _OneGradient(torch.autograd.Function):
+    """FLAMIA MXFP8 forward and backward, except that gradient ``which`` (0: dQ, 1: dK, 2: dV) comes
+    from a backward run on ``change(out, dout, cu_q)`` instead of (out, dout)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, which, change):
+        out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal, ctx.which, ctx.change = scale, causal, which, change
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        grads = list(_backward(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal))
+        out2, dout2 = ctx.change(out, dout, cu_q)
+        grads[ctx.which] = _backward(FLAMIA_MXFP8, q, k, v, out2, lse2, dout2, cu_q, cu_k, ctx.scale, ctx.causal)[ctx.which]
+        return (*grads, None, None, None, None, None, None)
+
+
+def _one_gradient_kernel(which: int, change):
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        return _OneGradient.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal),
+                                  which, change)
+
+    return kernel
+
+
+def _without_delta(out, dout, cu_q):
+    """D = rowsum(dO * O) = 0: the pass computes dS = P * dP instead of P * (dP - D)."""
+    return torch.zeros_like(out), dout
+
+
+def _do_scale_off_by_one(out, dout, cu_q):
+    """dO's MX block scale along the queries (the dV GEMM's operand) one exponent too small."""
+    return out, _blockwise(dout, cu_q, 0, _mx_off_by_one)
+
+
+dq_without_delta = _tag(
+    _one_gradient_kernel(0, _without_delta), "mxfp8", ("error.dq",),
+    ("error.out", "error.dk", "error.dv", "consistency.conservation_backward", "causal", "isolation"),
+    "FLAMIA MXFP8 whose separate dQ pass forgets the D = rowsum(dO * O) term: dS = P * dP",
+)
+
+dk_without_delta = _tag(
+    _one_gradient_kernel(1, _without_delta), "mxfp8", ("error.dk",),
+    ("error.out", "error.dq", "error.dv", "consistency.conservation_backward", "causal", "isolation"),
+    "FLAMIA MXFP8 whose dK/dV pass forgets the D term in the dS it multiplies with Q",
+)
+
+dv_saturating_do = _tag(
+    _one_gradient_kernel(2, _do_scale_off_by_one), "mxfp8", ("error.dv", "consistency.conservation_backward"),
+    ("error.out", "error.dq", "error.dk", "consistency.conservation_forward", "isolation"),
+    "FLAMIA MXFP8 whose dV GEMM scales dO's blocks one exponent too small (the top half of a block saturates)",
+)
+
+# ---------------------------------------------------------------------------------------------
+# one backward GEMM operand cast to E4M3 without a block scale
+# ---------------------------------------------------------------------------------------------
+
+_E4M3 = Quant("e4m3")
+
+pt_unscaled = _tag(
+    make_kernel(replace(FLAMIA_MXFP8, name="pt-unscaled", pt_quant=_E4M3)), "mxfp8",
+    ("bound.grad",), ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "causal", "isolation"),
+    "FLAMIA MXFP8 whose dV = P^T dO casts P^T to E4M3 without a block scale (probabilities below 2^-10 "
+    "vanish from dV)",
+)
+
+#: not caught by any check (docs/checks.md, "Every check fails on its bug"): with dO ~ N(0, 1) the
+#: entries of dS are large enough for E4M3 without a scale; no case makes the upstream gradient small
+ds_unscaled = _tag(
+    make_kernel(replace(FLAMIA_MXFP8, name="ds-unscaled", ds_quant=_E4M3)), "mxfp8", (), (),
+    "FLAMIA MXFP8 whose dQ = dS K casts dS to E4M3 without a block scale (|dS| < 2^-10 flushes to 0)",
+)
+
+# ---------------------------------------------------------------------------------------------
+# a global non-finite guard: the path taken depends on every row of the packed batch
+# ---------------------------------------------------------------------------------------------
+
+
+def _finite(*xs) -> bool:
+    return all(bool(torch.isfinite(x).all()) for x in xs)
+
+
+class _FiniteFallback(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
+        design = FLAMIA_MXFP8 if _finite(q, k, v) else BF16
+        out, lse2 = _forward(design, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal, ctx.design = scale, causal, design
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        design = ctx.design if _finite(dout) else BF16
+        dq, dk, dv = _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None
+
+
+def _non_finite_fallback(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                         causal=False):
+    return _FiniteFallback.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal))
+
+
+non_finite_fallback = _tag(
+    _non_finite_fallback, "mxfp8", ("causal.nan", "isolation.nan"),
+    ("causal.forward", "causal.dq", "causal.dk_dv", "isolation.neighbours", "isolation.offset"),
+    "FLAMIA MXFP8 that runs the whole call in BF16 when any input (or dO) holds a NaN or Inf",
+)
+
+# ---------------------------------------------------------------------------------------------
+# plain fp32 attention with autograd: a dense block-diagonal mask, no row maximum, packed tiles
+# ---------------------------------------------------------------------------------------------
+
+
+def _positions(cu: torch.Tensor, total: int):
+    """(document id, position in document, document length) of every packed token."""
+    c = cu.tolist()
+    doc = torch.empty(total, dtype=torch.long)
+    pos = torch.empty(total, dtype=torch.long)
+    length = torch.empty(total, dtype=torch.long)
+    for b in range(len(c) - 1):
+        doc[c[b] : c[b + 1]] = b
+        pos[c[b] : c[b + 1]] = torch.arange(c[b + 1] - c[b])
+        length[c[b] : c[b + 1]] = c[b + 1] - c[b]
+    return doc, pos, length
+
+
+def _softmax_pv(q, k, v, allowed, scale, *, row_max: bool, key_tiles=None):
+    """(H, Tq, D) fp32 attention of q (Tq, H, D) over k, v (Tk, H, D) where ``allowed`` (Tq, Tk) holds:
+    P = exp(S - m) (exp(S) without ``row_max``), O = P V / sum P; ``key_tiles`` lists [a, b) ranges of
+    keys whose partial products P V are added one after the other."""
+    qf, kf, vf = (x.float().permute(1, 0, 2) for x in (q, k, v))
+    s = torch.where(allowed, scale * qf @ kf.transpose(1, 2), torch.full((), -math.inf, device=q.device))
+    if row_max:
+        m = s.amax(dim=-1, keepdim=True)
+        s = s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    p = torch.where(allowed, torch.exp(s), torch.zeros((), device=q.device))
+    l = p.sum(dim=-1, keepdim=True)
+    if key_tiles is None:
+        acc = p @ vf
+    else:
+        acc = sum(p[..., a:b] @ vf[:, a:b] for a, b in key_tiles)
+    return acc / torch.where(l > 0, l, torch.ones_like(l))
+
+
+def _fp32_attention(q, k, v, cu_q, cu_k, scale, causal, *, dense=False, row_max=True, key_tile=0,
+                    skip_partial_tile=False):
+    """fp32 attention in the calling convention. ``dense``: one masked product over the whole packed
+    batch (P = 0 across documents, but P V still multiplies every packed key's V); otherwise one
+    document at a time. ``key_tile`` > 0: P V accumulated over key tiles aligned to absolute
+    multiples of ``key_tile`` of the packed batch; ``skip_partial_tile``: the key loop starts at the
+    first tile boundary at or after the document start (the keys before it are never seen).
+    Returns float32 (the convention allows a wider dtype than q's)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    dq_, pq, lq = _positions(cu_q, q.shape[0])
+    dk_, pk, lk = _positions(cu_k, k.shape[0])
+    allowed = dq_[:, None] == dk_[None, :]
+    if causal:
+        allowed &= pk[None, :] <= pq[:, None] + (lk[None, :] - lq[:, None])
+    allowed = allowed.to(q.device)
+    if dense:
+        return _softmax_pv(q, k, v, allowed, scale, row_max=row_max).permute(1, 0, 2)
+    sq, sk = cu_q.tolist(), cu_k.tolist()
+    outs = []
+    for b in range(len(sq) - 1):
+        q0, q1, k0, k1 = sq[b], sq[b + 1], sk[b], sk[b + 1]
+        if k1 == k0:  # no key: the convention's zero output (and zero gradient)
+            outs.append(q[q0:q1].float().permute(1, 0, 2) * 0)
+            continue
+        tiles, mask = None, allowed[q0:q1, k0:k1].clone()
+        if key_tile and skip_partial_tile and k0 % key_tile:
+            mask[:, : (k0 // key_tile + 1) * key_tile - k0] = False
+        if key_tile:
+            cuts = [k0] + [c for c in range((k0 // key_tile + 1) * key_tile, k1, key_tile)] + [k1]
+            tiles = [(a - k0, e - k0) for a, e in zip(cuts[:-1], cuts[1:])]
+        outs.append(_softmax_pv(q[q0:q1], k[k0:k1], v[k0:k1], mask, scale, row_max=row_max,
+                                key_tiles=tiles))
+    return torch.cat(outs, dim=1).permute(1, 0, 2) if outs else q.float() * 0
+
+
+def _fp32_kernel(**switches):
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        return _fp32_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal), **switches)
+
+    return kernel
+
+
+dense_mask = _tag(
+    _fp32_kernel(dense=True), "bf16", ("isolation.nan",),
+    ("isolation.neighbours", "causal", "error.out", "bound"),
+    "fp32 attention over the packed batch with a block-diagonal mask: P V multiplies exact zeros with "
+    "other documents' values (0 * NaN = NaN)",
+)
+
+no_row_max = _tag(
+    _fp32_kernel(row_max=False), "bf16", ("special.negative_scores",),
+    ("error.out", "special.constant_rows", "special.short_documents", "special.zero_blocks", "isolation", "causal"),
+    "fp32 attention whose softmax does not subtract the row maximum: exp(-1000) = 0, the row loses its "
+    "mass (and scores above 88 overflow)",
+)
+
+#: key tile of ``packed_tiles`` (the tile loop of a FlashAttention-style kernel)
+KEY_TILE = 16
+
+packed_tiles = _tag(
+    _fp32_kernel(key_tile=KEY_TILE), "bf16", ("isolation.offset",),
+    ("isolation.neighbours", "isolation.nan", "causal", "error", "bound"),
+    "fp32 attention whose key tiles are aligned to the packed batch, not to the document: the order of "
+    "the fp32 sums, hence the bits of a document's output, depend on its offset",
+)
+
+packed_tiles_skip_head = _tag(
+    _fp32_kernel(key_tile=KEY_TILE, skip_partial_tile=True), "bf16", ("isolation.offset",), ("isolation.neighbours",),
+    "packed_tiles whose key loop starts at the first tile boundary after the document start: a document "
+    "packed at an unaligned offset loses its first keys",
+)
+
+# ---------------------------------------------------------------------------------------------
+# front quantizers of V and dO (straight-through gradient)
+# ---------------------------------------------------------------------------------------------
+
+
+def _static_e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (_e4m3_rne(x.float() / scale) * scale).to(x.dtype)
+
+
+def _v_elementwise_kernel(scale: float):
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        vq = _STE.apply(v, lambda x: _static_e4m3(x, scale))
+        return _flamia(q, k, vq, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+                       causal=causal)
+
+    return kernel
+
+
+v_unscaled = _tag(
+    _v_elementwise_kernel(1.0), "mxfp8", ("special.magnitudes",),
+    ("special.outlier_channels", "error.out", "causal", "isolation"),
+    "MXFP8 whose V is first cast to E4M3 without a scale: |v| > 448 saturates, |v| < 2^-10 flushes to 0",
+)
+
+#: the fixed V scale of ``static_v_scale``: 2^-4, so the largest representable |v| is 448 / 16 = 28
+#: (a calibration amax of a few standard deviations of N(0, 1) data, no outlier channel in it)
+STATIC_V_SCALE = 2.0**-4
+
+static_v_scale = _tag(
+    _v_elementwise_kernel(STATIC_V_SCALE), "mxfp8", ("special.outlier_channels",),
+    ("error.out", "bound.out", "causal", "isolation"),
+    "MXFP8 whose V is cast to E4M3 with a fixed scale calibrated on outlier-free data (|v| > 28 saturates)",
+)
+
+
+def _mx_range_scale(saturate: bool):
+    """E4M3 with the scale 2^ceil(log2((max - min) / 448)) of the block's range (a short block counts
+    its zero padding), guarded only against all-zero blocks. A constant block has range 0, scale 0:
+    x / 0 = inf, which a saturating cast turns into 448 (times 0: the block flushes to 0) and a cast
+    without saturation (torch's E4M3 cast before 2.13) into NaN."""
+    from flamia_verify.formats import E4M3, round_to_format
+
+    def quantize(block: torch.Tensor, axis: int) -> torch.Tensor:
+        hi, lo = block.amax(dim=axis, keepdim=True), block.amin(dim=axis, keepdim=True)
+        if block.shape[axis] < MX_BLOCK:
+            hi, lo = hi.clamp_min(0), lo.clamp_max(0)
+        amax = block.abs().amax(dim=axis, keepdim=True)
+        scale = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2((hi - lo) / E4M3_MAX))), torch.ones_like(amax))
+        return round_to_format(block / scale, E4M3, saturate=saturate) * scale
+
+    return quantize
+
+
+def _range_scale_do_kernel(saturate: bool):
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        out = _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+                      causal=causal)
+        return _GradQuant.apply(out, lambda g: _blockwise(g, cu_seqlens_q, 0, _mx_range_scale(saturate)))
+
+    return kernel
+
+
+range_scale_do = _tag(
+    _range_scale_do_kernel(saturate=False), "mxfp8", ("special.constant_rows",),
+    ("error", "bound", "special.zero_blocks", "special.short_documents", "consistency.weights"),
+    "MXFP8 whose dO blocks along the sequence take their scale from the range max - min and are cast "
+    "without saturation: a constant block of dO becomes NaN",
+)
+
+#: not caught by special.constant_rows (docs/checks.md, "Every check fails on its bug"): the same
+#: bug with a saturating cast zeroes the constant dO blocks, hence dV, and the bound of those cases
+#: (q and k off the exact grid) allows it
+range_scale_do_flush = _tag(
+    _range_scale_do_kernel(saturate=True), "mxfp8", (), (),
+    "range_scale_do with a saturating cast: a constant block of dO becomes 0",
+)
+
+
+def _ignores_softmax_scale(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                           causal=False):
+    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=causal)
+
+
+#: not caught by any check: every case of the suites passes softmax_scale = headdim^-0.5, the default
+ignores_softmax_scale = _tag(
+    _ignores_softmax_scale, "mxfp8", (), (),
+    "FLAMIA MXFP8 that ignores softmax_scale and always uses headdim^-0.5",
+)
+
+#: the kernels that some check must fail, by name
+TARGETED = {
+    name: globals()[name]
+    for name in (
+        "detached_k",
+        "dq_without_delta",
+        "dk_without_delta",
+        "dv_saturating_do",
+        "pt_unscaled",
+        "non_finite_fallback",
+        "dense_mask",
+        "packed_tiles",
+        "packed_tiles_skip_head",
+        "v_unscaled",
+        "static_v_scale",
+        "range_scale_do",
+        "no_row_max",
+    )
+}
+
+#: bugs that no check of the quick suite catches where it should (known misses, kept as strict
+#: expected failures): kernel name -> the check that should fail on it (None: any check)
+KNOWN_MISSES = {
+    "ds_unscaled": None,
+    "ignores_softmax_scale": None,
+    "range_scale_do_flush": "special.constant_rows",
+}
