@@ -154,8 +154,9 @@ class Case:
 
     def describe(self) -> str:
         lk = "" if self.lens_k == self.lens_q else f" lens_k={list(self.lens_k)}"
+        sc = "" if self.softmax_scale == self.headdim**-0.5 else f" softmax_scale={self.softmax_scale:.4g}"
         return (
-            f"lens_q={list(self.lens_q)}{lk} heads={self.heads}/{self.heads_k} d={self.headdim} "
+            f"lens_q={list(self.lens_q)}{lk} heads={self.heads}/{self.heads_k} d={self.headdim}{sc} "
             f"{'causal' if self.causal else 'full'} {self.distribution} seed={self.seed} {self.dtype}"
         )
 

@@ -101,7 +101,18 @@ class CheckContext:
         return Case(
             p.lens_q, p.lens_k, heads=p.heads, heads_k=p.heads_k, headdim=p.headdim, causal=p.causal,
             distribution=p.distribution, seed=self.seed + seed_offset, dtype=self.dtype_str,
+            softmax_scale=p.softmax_scale, overrides=self._do_scale(p.do_log2),
         )
+
+    def _do_scale(self, log2: int) -> tuple:
+        """The override that scales dO by 2^log2, clamped so that dO and the gradients stay normal in
+        the dtype (fp16: 2^-6 at the least)."""
+        if not log2:
+            return ()
+        fi = torch.finfo(self.dtype)
+        lo = max(-100, int(math.ceil(math.log2(fi.tiny))) + 8)
+        hi = min(100, int(math.floor(math.log2(fi.max))) - 8)
+        return (("scale_do", 2.0 ** min(hi, max(lo, int(log2)))),)
 
     def base_cases(self) -> list[Case]:
         """The suite's base packings, each with ``seeds`` seeds (distinct per packing)."""

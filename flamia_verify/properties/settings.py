@@ -7,7 +7,9 @@
               about a minute on an H200
     full      everything, larger: four seeds, documents up to 2048 tokens, four heads
 
-Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distribution)``.
+Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distribution, softmax_scale,
+do_log2)``; in every suite one base packing passes a softmax_scale other than the default headdim^-0.5
+and one scales the upstream gradient dO by 2^-20.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ class Packing:
     headdim: int = 64
     causal: bool = True
     distribution: str = "gaussian"
+    softmax_scale: float | None = None  # None: headdim^-0.5, the default of the convention
+    do_log2: int = 0  # the upstream gradient dO x 2^do_log2 (kept inside the dtype's range)
+
+
+#: the upstream gradient of a base packing, as small as in training (loss / tokens, loss scaling): a
+#: power of two, so the reference gradients scale exactly; a gradient operand cast to FP8 without a
+#: scale flushes to 0 there
+SMALL_DO_LOG2 = -20
+
+#: a non-default softmax_scale for a base packing (1/sqrt(128) at headdim 64, 0.71x the default, not a
+#: power of two): a kernel that ignores the argument, or scales by the default, fails error and bound
+OFF_DEFAULT_SCALE = 0.0883
 
 
 @dataclass(frozen=True)
@@ -53,9 +67,9 @@ _QUICK = SuiteSettings(
     name="quick",
     seeds=2,
     base=(
-        Packing((64, 130, 62), heads=2, heads_k=1),
+        Packing((64, 130, 62), heads=2, heads_k=1, do_log2=SMALL_DO_LOG2),
         Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
-        Packing((33, 96), causal=False, distribution="heavy_tail"),
+        Packing((33, 96), causal=False, distribution="heavy_tail", softmax_scale=OFF_DEFAULT_SCALE),
     ),
     causal_len=96,
     causal_positions=(0, 5, 31, 40, 63),
@@ -70,9 +84,9 @@ _STANDARD = SuiteSettings(
     name="standard",
     seeds=2,
     base=(
-        Packing((64, 130, 62), heads=2, heads_k=1),
+        Packing((64, 130, 62), heads=2, heads_k=1, do_log2=SMALL_DO_LOG2),
         Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
-        Packing((33, 96), causal=False, distribution="heavy_tail"),
+        Packing((33, 96), causal=False, distribution="heavy_tail", softmax_scale=OFF_DEFAULT_SCALE),
         Packing((1, 2, 3, 5, 8, 13, 1, 1, 21, 0, 34), heads=4, heads_k=1),
         Packing((31, 32, 33, 63, 64, 65, 127, 128, 129), distribution="outliers"),
         Packing((512,), heads=2, headdim=128, distribution="peaked"),
