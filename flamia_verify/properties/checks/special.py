@@ -10,12 +10,15 @@ Every special check runs the kernel (forward and backward) on structured cases a
 
     special.zero_blocks       32+ zero tokens in a row (q, k, v), and a document that is all zeros
     special.magnitudes        V x 2^+-100 (bf16; scaled to the dtype's range), V near 2^-9 (E4M3's
-                              smallest subnormal), V rows of 464 (just above E4M3's 448), q and k x 2^-9
+                              smallest subnormal), V rows of 464 (just above E4M3's 448), q and k x 2^-9,
+                              the upstream gradient dO x 2^-40, 2^-20, 2^+20 (softmax_scale 0.5 and 2
+                              times the default on two of them)
     special.outlier_channels  two channels of v x 100 and of k x 100/sqrt(d) (O's error / BF16's reported:
                               outlier keys make the scores peaked, which amplifies FP8 score errors
                               beyond the Gaussian model, 66x BF16 measured for correct MXFP8)
     special.attention_sink    the first key takes most of the probability, the rest far below it
-    special.constant_rows     all keys equal (uniform attention), all queries equal, all values equal
+    special.constant_rows     all keys equal (uniform attention), all queries equal, all values and dO
+                              rows equal (also with q, k on the MX-exact grid: a tight bound on dV)
     special.negative_scores   every score about -1000 with a spread of a few units
     special.short_documents   documents of length 0 and 1, Lq > Lk (rows that see nothing), Lq < Lk
 """
@@ -118,16 +121,25 @@ def _magnitude_exponents(dtype) -> tuple[int, int]:
 
 
 @register("special.magnitudes", "V scaled by 2^+-100, near E4M3's smallest subnormal (2^-9), rows of 464 (above E4M3's "
-          "max 448); q, k x 2^-9: finite, within the bound", defaults=_SPECIAL_TH, cost=1.0)
+          "max 448); q, k x 2^-9; the upstream gradient dO x 2^-40, 2^-20, 2^+20: finite, within the bound",
+          defaults=_SPECIAL_TH, cost=1.0)
 def magnitudes(ctx):
     L = ctx.settings.special_len
     hi, lo = _magnitude_exponents(ctx.dtype)
+    do_lo, do_mid, do_hi = max(-40, lo), max(-20, lo), min(20, hi)
+    d = ctx.settings.headdim
     cases = [
         ctx.case((L,), overrides=(("scale_v", 2.0**hi), ("scale_q", 2.0**-9), ("scale_k", 2.0**-9)), seed_offset=61),
         ctx.case((L, 33), overrides=(("scale_v", 2.0**lo),), causal=False, seed_offset=62),
         ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)), ("scale_v", 2.0**-9)) + _GRID, seed_offset=66),
         ctx.case((L,), overrides=(("scale_v", 2.0**-9),), seed_offset=63),
         ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),), seed_offset=64),
+        # the upstream gradient: small in training (loss scaling, 1/tokens), large after a loss scale;
+        # powers of two, so dO and the reference gradients scale exactly and the bound with them
+        ctx.case((L,), overrides=(("scale_do", 2.0**do_lo),), seed_offset=67),
+        ctx.case((L, 33), overrides=(("scale_do", 2.0**do_mid),), causal=False, heads=2, heads_k=1,
+                 softmax_scale=0.5 * d**-0.5, seed_offset=68),
+        ctx.case((L,), overrides=(("scale_do", 2.0**do_hi),), softmax_scale=2.0 * d**-0.5, seed_offset=69),
     ]
     return _special(ctx, cases, label="magnitude cases")
 
@@ -172,6 +184,9 @@ def constant_rows(ctx):
         ctx.case((L,), overrides=(("const_k", True),), seed_offset=91),
         ctx.case((L,), overrides=(("const_q", True),), seed_offset=92),
         ctx.case((L, 33), overrides=(("const_v", True), ("const_do", True)), causal=False, seed_offset=93),
+        # q and k on the MX-exact grid: exact scores, so the bound on dV = P^T dO is tight and a constant
+        # dO block that a kernel flushes to 0 (dV = 0) falls outside it
+        ctx.case((L, 33), overrides=(("const_v", True), ("const_do", True)) + _GRID, causal=False, seed_offset=94),
     ]
     return _special(ctx, cases, label="constant-row cases")
 
