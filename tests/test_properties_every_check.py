@@ -137,23 +137,43 @@ def test_a_correct_kernel_with_an_fp32_output_passes_grad_forward_ratio(name):
 
 
 # ---------------------------------------------------------------------------------------------
-# known misses: bugs that the checks should catch and do not (docs/checks.md)
+# former known misses: caught since the suites' inputs include them (docs/checks.md)
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="no case makes the upstream gradient small: dS survives E4M3 without a scale")
-def test_known_miss_gradient_operand_without_a_scale():
-    report = _run(T.ds_unscaled, [s.name for s in list_checks("quick")])
-    assert not report.passed
+def test_known_misses_are_none():
+    assert T.KNOWN_MISSES == {}
 
 
-@pytest.mark.xfail(strict=True, reason="every case passes softmax_scale = headdim^-0.5, the default")
-def test_known_miss_softmax_scale_ignored():
-    report = _run(T.ignores_softmax_scale, [s.name for s in list_checks("quick")])
-    assert not report.passed
+def _reproduces(worst_case: dict) -> Case:
+    case = Case.from_dict(worst_case["case"])
+    assert Case.from_dict(case.to_dict()) == case
+    return case
 
 
-@pytest.mark.xfail(strict=True, reason="special.constant_rows keeps q and k off the exact grid: its bound allows dV = 0")
-def test_known_miss_constant_rows_flushed_silently():
+def test_a_gradient_operand_without_a_scale_fails_on_a_small_upstream_gradient():
+    """dS cast to E4M3 without a scale: the base packing with dO x 2^-20 flushes dQ to 0."""
+    report = _run(T.ds_unscaled, ["error.dq", "error.dk", "consistency.grad_forward_ratio"])
+    res = report.check("error.dq")
+    assert res.status == "fail" and res.metrics["normalized_error"] > 5, res.message
+    case = _reproduces(res.worst_case)
+    assert ("scale_do", 2.0**-20) in case.overrides
+    assert res.worst_case["worst_element"]["kernel"] == 0.0
+    assert report.check("error.dk").status == "pass"
+
+
+def test_a_kernel_that_ignores_softmax_scale_fails():
+    report = _run(T.ignores_softmax_scale, ["error.out", "special.magnitudes"])
+    res = report.check("error.out")
+    assert res.status == "fail", res.message
+    case = _reproduces(res.worst_case)
+    assert abs(case.softmax_scale - 0.0883) < 1e-12 and case.softmax_scale != case.headdim**-0.5
+    mag = report.check("special.magnitudes")
+    assert mag.status == "fail", mag.message
+    assert _reproduces(mag.worst_case).softmax_scale != 64**-0.5
+
+
+def test_constant_rows_sees_a_kernel_that_zeroes_dv_on_constant_dO():
     res = _run(T.range_scale_do_flush, ["special.constant_rows"]).check("special.constant_rows")
-    assert res.status == "fail"
+    assert res.status == "fail" and res.metrics["nonfinite"] == 0, res.message
+    assert res.metrics["violations"] > 0
