@@ -18,10 +18,15 @@ memory is linear in sequence length: the only quadratic object is one
           q2 [ x  . ]
           q3 [ x  x ]
 
-Reproducibility by construction: each document's keys, values and each chunk of its query
-rows are converted into freshly allocated float64 tensors, and chunk boundaries are counted from the document's first query, so a document
-gives bitwise the same out, lse and gradients whether it is alone or packed among others at
-any offset (same shapes, same alignment, same operation sequence into the BLAS).
+Reproducibility by construction: each document's keys and values, and each chunk of its
+query rows, are converted into freshly allocated float64 tensors, and chunk boundaries are
+counted from the document's first query, so a document gives bitwise the same out, lse and
+gradients whether it is alone or packed among others at any offset (same shapes, same
+alignment, same operation sequence into the BLAS). Different chunk sizes agree to rounding
+only (the BLAS kernel depends on the row count).
+
+Causality is exact even for NaN/Inf inputs: a causal document holding one runs a query row
+per chunk, so no row ever meets a key it cannot see (see :func:`_exact_causality`).
 """
 
 from __future__ import annotations
