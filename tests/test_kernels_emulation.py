@@ -330,3 +330,27 @@ def test_emulation_on_cuda_matches_cpu_and_keeps_the_fixes(name):
         base = run(kernel, *(x.cuda() for x in (q, k, v, do, cu_q, cu_k)), causal=True)
         new = run(kernel, *(x.cuda() for x in (q2, k2, v2, do2, cu_q, cu_k)), causal=True)
         assert torch.equal(base[0][: t + 1], new[0][: t + 1]) and torch.equal(base[1][: t + 1], new[1][: t + 1])
+
+
+def test_convention_errors_name_the_problem():
+    from flamia_verify.errors import InputError
+    from flamia_verify.kernels import validate_varlen_inputs
+
+    q, k, v, _, cu_q, cu_k = make_case([5, 7])
+    cases = [
+        ((q, k, v, cu_q.long(), cu_k), "int32"),
+        ((q, k, v, torch.tensor([0, 7, 5, 12], dtype=torch.int32)[:3], cu_k), "cu_seqlens_q"),
+        ((q, k, v, torch.tensor([1, 5, 12], dtype=torch.int32), cu_k), "cu_seqlens_q[0]"),
+        ((q, k, v, torch.tensor([0, 7, 5], dtype=torch.int32), cu_k), "non-decreasing"),
+        ((q, k[:, :1].expand(-1, 3, -1).contiguous(), v[:, :1].expand(-1, 3, -1).contiguous(), cu_q, cu_k), "multiple"),
+        ((q, k, v.float(), cu_q, cu_k), "dtype"),
+        ((q[0], k, v, cu_q, cu_k), "shape"),
+        ((q, k, v, cu_q, torch.tensor([0, 12], dtype=torch.int32)), "same number of documents"),
+        ((q, k, v, cu_q, cu_k[:2]), "cu_seqlens_k[-1]"),
+    ]
+    for args, needle in cases:
+        with pytest.raises(InputError) as exc:
+            validate_varlen_inputs(*args)
+        assert needle in str(exc.value), (needle, str(exc.value))
+    with pytest.raises(InputError, match="max_seqlen_q"):
+        validate_varlen_inputs(q, k, v, cu_q, cu_k, 3, 7)

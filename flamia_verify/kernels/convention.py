@@ -93,6 +93,8 @@ def validate_varlen_inputs(
         raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[2] != k.shape[2]:
         raise InputError(f"q and k must have the same headdim, got {q.shape[2]} and {k.shape[2]}")
+    if q.device != k.device or q.device != v.device:
+        raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
