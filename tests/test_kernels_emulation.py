@@ -354,3 +354,23 @@ def test_convention_errors_name_the_problem():
         assert needle in str(exc.value), (needle, str(exc.value))
     with pytest.raises(InputError, match="max_seqlen_q"):
         validate_varlen_inputs(q, k, v, cu_q, cu_k, 3, 7)
+
+
+def test_entry_point_kernels_are_found_by_name(monkeypatch):
+    """A third-party package registers `name = "pkg.module:function"` in the group flamia_verify.kernels."""
+    from importlib.metadata import EntryPoint
+
+    from flamia_verify.errors import KernelLoadError
+    from flamia_verify.kernels import registry
+
+    eps = {
+        "vendor-attn": EntryPoint("vendor-attn", "flamia_verify.reference:reference_attention", registry.ENTRY_POINT_GROUP),
+        "broken-attn": EntryPoint("broken-attn", "no_such_vendor_module:attn", registry.ENTRY_POINT_GROUP),
+    }
+    monkeypatch.setattr(registry, "_entry_point_kernels", lambda: eps)
+    loaded = load_kernel("vendor-attn")
+    assert loaded.source == "entry-point" and loaded.name == "vendor-attn"
+    with pytest.raises(KernelLoadError, match="broken-attn"):
+        load_kernel("broken-attn")
+    with pytest.raises(KernelLoadError, match="vendor-attn"):  # the error lists what is registered
+        load_kernel("nothing-by-this-name")
