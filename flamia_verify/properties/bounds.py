@@ -11,24 +11,26 @@ No statistics: every rounding is taken at its worst. The derivation is in docs/c
 Operand rounding model (:class:`OperandModel`). A GEMM operand x, rounded with a block scale
 whose layout the checker does not know, obeys
 
-    |x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor
+    |x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor + alpha
 
 u: the element format's unit roundoff (saturation folded in where a scale rule saturates);
 eta: the largest absolute rounding error of a subnormal (or flushed) element relative to its
 block's amax; a_line: the amax of the whole line along the GEMM's contraction axis (it contains
 every block of that line, whatever the layout: rigorous for any block size or alignment);
 eta_g, a_tensor: the same for a scale shared by the whole tensor (per-tensor FP8 scaling, NVFP4's
-fp32 global scale).
+fp32 global scale); alpha: the absolute underflow floor of a format without a scale (half its
+smallest subnormal: FP16 2^-25, BF16 2^-134), for operands rounded to the input dtype. The outputs
+are rounded to the input dtype with the same floor (u_out |x| + alpha_out).
 
 Forward (per document, head; exact S = s Q K^T, a = exp(S - m), A = a / L, L = sum_j a_ij):
 
     Delta_ij = s (rho_Q |K|^T + |Q| rho_K^T + rho_Q rho_K^T)_ij + s gamma_D (|Q|+rho_Q)(|K|+rho_K)^T_ij
                + fp32 exponent arithmetic                          (bound on |S^ - S|)
-    tau_i    = (eta_P + eta_gP) e^{max_j Delta_ij}                 (absolute rounding of P, row-max units)
+    tau_i    = (eta_P + eta_gP + alpha_P) e^{max_j Delta_ij}       (absolute rounding of P, row-max units)
     N_ij in [a e^{-Delta}(1-u_P) - tau, a e^{Delta}(1+u_P) + tau]  (numerator: rounded P)
     D_i  in [sum a e^{-Delta}(1-u_P) - n tau, sum a e^{Delta}(1+u_P) + n tau] (either normalizer)
     E_ij = max(N_hi/D_lo - A, A - max(N_lo, 0)/D_hi)               (bound on |A_kernel - A|)
-    B_O  = E |V| + (A + E) rho_V + gamma_n (A + E)(|V| + rho_V) + u_out (|O| + B_O)
+    B_O  = E |V| + (A + E) rho_V + gamma_n (A + E)(|V| + rho_V) + u_out (|O| + B_O) + alpha_out
 
 Backward (FlashAttention-2 structure: recompute P from S and the saved log-sum-exp, dP = dO V^T,
 D = rowsum(dO * O_kernel), dS = P (dP - D)); the rebuilt weights obey the same E:
@@ -77,6 +79,10 @@ E2M1_ETA = 0.25 * (1 + 2.0**-4) / 6.0
 NVFP4_GLOBAL_ETA = 2.0**-6 / 448.0
 # fp32 exponent arithmetic (scale * log2(e) in fp32, exp2, log2 of the sum): a few ulps of |S| + |m| + 1
 EXP_SLACK = 2.0**-20
+# half the smallest subnormal of each input dtype: the absolute error of RNE below the normal range
+_ALPHA_FP16 = 2.0**-25  # smallest subnormal 2^-24
+_ALPHA_BF16 = 2.0**-134  # smallest subnormal 2^-133
+_ALPHA_FP32 = 2.0**-150  # smallest subnormal 2^-149
 # relative fp32 rounding of the elementwise steps (products, the difference dP - D, the division by l)
 REL32 = 8 * U32
 
@@ -89,7 +95,11 @@ _U_E2M1 = 2.0**-2
 
 @dataclass(frozen=True)
 class OperandModel:
-    """|x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor (see the module docstring).
+    """|x^ - x| <= u |x| + eta * a_line + eta_g * a_tensor + alpha (see the module docstring).
+
+    ``alpha``: absolute error floor of an unscaled format's underflow (half its smallest subnormal);
+    RNE on FP16 has |x^ - x| <= 2^-11 |x| in the normal range and <= 2^-25 below 2^-14, so
+    u |x| + 2^-25 bounds both. An element that is exactly representable gets rho = 0 regardless.
 
     ``exact_sig``: for power-of-two block scales (MX), an input element whose significand has at
     most 3 fraction bits and is at most ``exact_sig`` (1.875 under RCEIL, 1.75 under FLOOR, where
@@ -103,6 +113,7 @@ class OperandModel:
     eta: float = 0.0
     eta_g: float = 0.0
     exact_sig: float | None = None
+    alpha: float = 0.0
 
     def rho(self, x_abs: torch.Tensor, line_max: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
         r = self.u * x_abs
@@ -110,6 +121,8 @@ class OperandModel:
             r = r + self.eta * line_max
         if self.eta_g:
             r = r + self.eta_g * tensor_max
+        if self.alpha:
+            r = r + self.alpha
         if self.exact_sig is not None:
             mant, _ = torch.frexp(x_abs)  # x = mant * 2^e, mant in [0.5, 1)
             sig = 2 * mant
@@ -119,7 +132,8 @@ class OperandModel:
         return r
 
     def describe(self) -> str:
-        return f"u={self.u:.3g}, eta={self.eta:.3g}, eta_g={self.eta_g:.3g}"
+        text = f"u={self.u:.3g}, eta={self.eta:.3g}, eta_g={self.eta_g:.3g}"
+        return text + (f", alpha={self.alpha:.3g}" if self.alpha else "")
 
 
 EXACT = OperandModel()
@@ -143,6 +157,7 @@ class RecipeBoundModel:
     dst: OperandModel  # dS^T along queries (dK = dS^T Q)
     q_seq: OperandModel
     u_out: float  # rounding of the outputs to the input dtype
+    alpha_out: float = 0.0  # absolute floor of that rounding (half the input dtype's smallest subnormal)
 
     def describe(self) -> dict[str, str]:
         return {f: getattr(self, f).describe() for f in self.__dataclass_fields__ if isinstance(getattr(self, f), OperandModel)}
@@ -158,6 +173,17 @@ def _unit_roundoff(dtype: torch.dtype) -> float:
     return 2.0**-53
 
 
+def _underflow_floor(dtype: torch.dtype) -> float:
+    """Half the smallest subnormal of ``dtype``: RNE's absolute error bound below the normal range."""
+    if dtype == torch.bfloat16:
+        return _ALPHA_BF16
+    if dtype == torch.float16:
+        return _ALPHA_FP16
+    if dtype == torch.float32:
+        return _ALPHA_FP32
+    return 0.0  # float64 outputs: below every bound's other terms
+
+
 def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
     """The operand models that ``recipe`` implies for inputs of ``dtype``.
 
@@ -168,24 +194,27 @@ def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
     u_in = _unit_roundoff(dtype)
-    computed = OperandModel(u_in)
+    a_in = _underflow_floor(dtype)
+    # P, P^T, dS, dS^T rounded to the input dtype without a scale: FP16's underflow below 2^-14
+    # is an absolute error of up to 2^-25 per element (docs/checks.md, "Underflow of FP16 operands")
+    computed = OperandModel(u_in, alpha=a_in)
     if recipe == "bf16":
         # a BF16 GEMM on BF16 inputs rounds only what it computes; on fp32 inputs it rounds those too
-        inp = EXACT if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16)
-        c = computed if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16)
-        return RecipeBoundModel(recipe, inp, inp, c, inp, inp, inp, c, inp, c, inp, c, inp, u_in)
+        inp = EXACT if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16, alpha=_ALPHA_BF16)
+        c = computed if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16, alpha=_ALPHA_BF16)
+        return RecipeBoundModel(recipe, inp, inp, c, inp, inp, inp, c, inp, c, inp, c, inp, u_in, a_in)
     if recipe == "fp8":
         x = OperandModel(_U_E4M3, 0.0, E4M3_ETA)  # any granularity: the scale may cover the whole tensor
         p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA)
-        return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in)
+        return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in, a_in)
     u = _U_E4M3_FLOOR if recipe == "mxfp8-floor" else _U_E4M3
     mx = OperandModel(u, E4M3_ETA)  # computed operands (P, P^T, dS)
     mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875)  # inputs q, k, v, dO
     if recipe in ("mxfp8", "mxfp8-floor"):
-        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in)
+        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in, a_in)
     if recipe == "nvfp4":
         nv = OperandModel(_U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA)
-        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, nv, mx_in, nv, mx_in, nv, mx_in, u_in)
+        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, nv, mx_in, nv, mx_in, nv, mx_in, u_in, a_in)
     raise ConfigError(f"no bound model for recipe {recipe!r}")
 
 
@@ -280,7 +309,9 @@ def attention_bounds(
         delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs())
         delta = torch.where(vis, delta, torch.zeros_like(delta))
         dmax = delta.amax(-1, keepdim=True)
-        tau = (m.p.eta + m.p.eta_g) * torch.exp(dmax)
+        # alpha_P is absolute in the kernel's units of P = exp(S^ - running max) <= 1 (FlashAttention
+        # rounds the unnormalized P): at most alpha_P of the row maximum, like eta_gP
+        tau = (m.p.eta + m.p.eta_g + m.p.alpha) * torch.exp(dmax)
         n_vis = vis.sum(-1, keepdim=True).to(f64)
         up, ep, em = m.p.u + REL32, torch.exp(delta), torch.exp(-delta)
         N_hi = torch.where(vis, a * ep * (1 + up) + tau, torch.zeros_like(a))
@@ -296,7 +327,7 @@ def attention_bounds(
         Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + _gamma(lk) * torch.matmul(AE, aV + rV)
         Bo = Bo * (1 + REL32)
         Oref = _heads_first(ref_out[q0:q1].to(f64))
-        Bo = Bo + m.u_out * (Oref.abs() + Bo)
+        Bo = Bo + m.u_out * (Oref.abs() + Bo) + m.alpha_out
         Bo = torch.where(row_has[..., None], Bo, torch.zeros_like(Bo))
         B_out[q0:q1] = Bo.permute(1, 0, 2)
         docs.append((b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref))
@@ -362,7 +393,8 @@ def attention_bounds(
     B_dk = B_dk.view(total_k, Hk, group, Dh).sum(2)
     B_dv = B_dv.view(total_k, Hk, group, Dh).sum(2)
     u = m.u_out
-    B_dq = B_dq + u * (dq_ref.abs() + B_dq)
-    B_dk = B_dk + u * (dk_ref.abs() + B_dk)
-    B_dv = B_dv + u * (dv_ref.abs() + B_dv)
+    a = m.alpha_out
+    B_dq = B_dq + u * (dq_ref.abs() + B_dq) + a
+    B_dk = B_dk + u * (dk_ref.abs() + B_dk) + a
+    B_dv = B_dv + u * (dv_ref.abs() + B_dv) + a
     return BoundResult(B_out, B_dq, B_dk, B_dv)

@@ -25,7 +25,8 @@ first-order (docs/checks.md "consistency" derives each):
     consistency.weights                V_j = e_j and dO_i = e_i (one-hot, exact everywhere): the
         forward's weights appear in O (O_ij = A~_ij) and the backward's in dV (dV_ji = A^_ij,
         rounded once as the P^T operand). Elementwise |dV_ji - O_ij| <= u_PT/(1-u_PT)|dV_ji| +
-        (u_out/(1-u_out) + u_in)|O_ij| + eta_PT colmax + eta_g: threshold 1. q x 4 spreads the
+        (u_out/(1-u_out) + u_in)|O_ij| + eta_PT colmax + eta_g + alpha (FP16 underflow of P, P^T
+        and O: 2^-25 each): threshold 1. q x 4 spreads the
         scores, so a backward that rebuilds P from other operands differs by e^{dS} - 1 >> u.
     consistency.grad_forward_ratio     the gradient's normalized error (error family: error over the
         rounding model's prediction on the same inputs) over the forward's: a backward that does not
@@ -246,10 +247,13 @@ def conservation_backward(ctx):
             rdo = model.do_seq.rho(adO, colmax_do[:, None, :], do_tmax)
             # per row: sum_j rho_PT(i, j) <= u_pt sum_j A + eta_pt sum_j colmax_j(A) + lk eta_g (+ u_in mismatch)
             colmax = A.amax(1, keepdim=True)  # (H, 1, lk)
-            per_row = (model.pt.u + model.u_out) * A.sum(-1) + model.pt.eta * colmax.sum(-1) + A.shape[-1] * model.pt.eta_g
+            per_row = (model.pt.u + model.u_out) * A.sum(-1) + model.pt.eta * colmax.sum(-1)
+            per_row = per_row + A.shape[-1] * (model.pt.eta_g + model.pt.alpha)  # alpha: P^T underflow per element
             gam = (max(A.shape[1], A.shape[2]) + 2) * 2.0**-24
             budget = ((adO + rdo) * (per_row[..., None] + gam)).sum(1) + (rdo * (1 + model.pt.u)).sum(1)
+            # each of the lk dV elements is rounded to the output dtype: u_out relative, alpha_out absolute
             budget = budget.view(case.heads_k, g, -1).sum(1) + model.u_out * (lhs.abs() + rhs.abs())
+            budget = budget + (k1 - k0) * model.alpha_out
             ratio = torch.nan_to_num(resid / budget.clamp_min(1e-300), nan=math.inf)
             r = float(ratio.max())
             if r > worst:
@@ -299,6 +303,9 @@ def weights(ctx):
     ]
     model = recipe_bound_model(ctx.recipe, ctx.dtype)
     u_pt, eta, eta_g, u_out = model.pt.u, model.pt.eta, model.pt.eta_g, model.u_out
+    # absolute underflow floors (FP16: 2^-25 each): P^T in the backward, then the forward's P
+    # (unnormalized, <= 1, divided by l >= 1) and O's rounding to the output dtype
+    alpha = model.pt.alpha / (1 - u_pt) + model.p.alpha + model.alpha_out / (1 - u_out)
     worst, rec = 0.0, None
     for n, case in enumerate(cases):
         inp = one_hot_inputs(case, ctx.device)
@@ -315,7 +322,7 @@ def weights(ctx):
             B = res.dv[k0:k1, :, :lq].double().permute(1, 2, 0)  # (H, i, j) backward weights (rounded)
             colmax = B.abs().amax(1, keepdim=True)
             tol = (u_pt / (1 - u_pt)) * B.abs() + (u_out / (1 - u_out) + u_out) * W.abs()
-            tol = tol + (eta * colmax + eta_g) / (1 - u_pt) + 2.0**-20 * (W.abs() + B.abs())
+            tol = tol + (eta * colmax + eta_g) / (1 - u_pt) + alpha + 2.0**-20 * (W.abs() + B.abs())
             ratio = torch.where((B - W).abs() == 0, torch.zeros_like(W), (B - W).abs() / tol.clamp_min(1e-300))
             ratio = torch.nan_to_num(ratio, nan=math.inf)
             r = float(ratio.max())
