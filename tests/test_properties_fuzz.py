@@ -135,3 +135,16 @@ def test_replay_rejects_bad_reproducers():
 def test_strategies_accept_strategies_as_arguments(data):
     case = data.draw(attention_cases(causal=st.just(True), heads=st.just((2, 1)), distributions="sink", max_tokens=64))
     assert case.causal and (case.heads, case.heads_k) == (2, 1) and case.distribution == "sink"
+
+
+def test_fuzz_varies_softmax_scale_and_catches_a_kernel_that_ignores_it():
+    from zoo import targeted
+
+    bad = fuzz(targeted.ignores_softmax_scale, examples=30, seed=0)
+    assert not bad.passed, bad.message
+    case = bad.reproducer
+    assert case["softmax_scale"] != case["headdim"] ** -0.5, case  # the minimal case keeps the unusual scale
+    assert replay_case(targeted.ignores_softmax_scale, case).status == "fail"
+    assert replay_case("flamia-mxfp8", case).status == "pass"
+    good = fuzz("flamia-mxfp8", examples=30, seed=0)
+    assert good.passed, good.message

@@ -154,8 +154,14 @@ def attention_cases(
     distributions: SearchStrategy[str] | str | None = None,
     packing: SearchStrategy | None = None,
     seeds: SearchStrategy[int] = st.integers(0, 2**20),
+    scale_factors: SearchStrategy[float] | float = st.sampled_from((1.0, 0.5, 2.0)),
 ) -> SearchStrategy[Case]:
-    """Complete cases: packing, heads, headdim, causal, dtype, distribution and seed."""
+    """Complete cases: packing, heads, headdim, causal, dtype, distribution, seed and softmax_scale.
+
+    ``softmax_scale`` is ``factor * headdim^-0.5`` with ``factor`` drawn from ``scale_factors``
+    (default 1, 1/2 or 2; shrinking goes to 1, the conventional scale), so a kernel that ignores
+    its softmax_scale argument meets a scale it does not expect.
+    """
     _check_int("max_tokens", max_tokens, minimum=1)
     if not headdims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in headdims):
         raise InvalidArgument(f"headdims={headdims!r} must be a non-empty sequence of positive ints, e.g. (32, 64)")
@@ -169,9 +175,14 @@ def attention_cases(
     def build(draw):
         lens_q, lens_k = draw(pk)
         h, hk = draw(hs)
+        headdim = draw(st.sampled_from(tuple(headdims)))
+        factor = draw(_strategy(scale_factors, "scale_factors"))
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise InvalidArgument(f"scale_factors must give positive numbers, got {factor!r}")
         return Case(
-            lens_q, lens_k, heads=h, heads_k=hk, headdim=draw(st.sampled_from(tuple(headdims))),
+            lens_q, lens_k, heads=h, heads_k=hk, headdim=headdim,
             causal=draw(_strategy(causal, "causal")), distribution=draw(ds), seed=draw(seeds), dtype=dtype,
+            softmax_scale=float(factor) * headdim**-0.5,
         )
 
     return build()
