@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -99,6 +100,38 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _prepare_out(out: str) -> Path:
+    """Make ``out`` a writable directory before any kernel runs (a bad --out is a usage error, found
+    before the checks spend their time, not after)."""
+    if not out.strip():
+        raise UsageError("--out must name a directory, got an empty string")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out directory {str(out)!r}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"--out directory {str(out)!r} is not writable")
+    return out
+
+
+def _remove_stale(out: Path, names) -> None:
+    """Remove files an earlier run left in ``out`` that this run did not replace."""
+    for name in names:
+        try:
+            (out / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot remove the stale {str(out / name)!r}: {exc.strerror or exc}") from None
+
+
+def _report_names() -> tuple[str, ...]:
+    from flamia_verify.reports.store import REPORT_FILES
+
+    return tuple(REPORT_FILES.values())
+
+
 def _cmd_check(args) -> int:
     from flamia_verify.api import resolve_device, resolve_dtype
     from flamia_verify.config import load_config
@@ -114,9 +147,9 @@ def _cmd_check(args) -> int:
     device = resolve_device(args.device or cfg.device)
     dtype = resolve_dtype(args.dtype or cfg.dtype)
     seed = args.seed if args.seed is not None else cfg.seed
-    out = Path(args.out or cfg.out)
     only = args.only or cfg.only
     kernel = load_kernel(spec)
+    out = _prepare_out(cfg.out if args.out is None else args.out)
 
     console = _console()
     finished = []
@@ -172,7 +205,11 @@ def _cmd_check(args) -> int:
     except KernelCrashError as exc:
         if finished:
             write_reports(partial, out)
-        return _fail(f"kernel {kernel.name!r} crashed: {exc} (finished checks written to {out})", EXIT_KERNEL)
+            where = f" (finished checks written to {out})"
+        else:  # reports of an earlier run must not stand in for this one
+            _remove_stale(out, _report_names())
+            where = " (no check finished; no reports written)"
+        return _fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
     paths = write_reports(report, out)
     render_terminal(report, console)
     console.print(f"checked in {time.monotonic() - started:.1f} s; reports:")
@@ -192,17 +229,27 @@ def _cmd_fuzz(args) -> int:
     dtype = resolve_dtype(args.dtype)
     kernel = load_kernel(args.kernel)
     console = _console()
-    out = Path(args.out)
     if args.replay:
         try:
             case = json.loads(Path(args.replay).read_text())
         except FileNotFoundError:
             raise UsageError(f"replay file {args.replay!r} does not exist") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read replay file {args.replay!r}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"replay file {args.replay!r} is not UTF-8 text") from None
         except json.JSONDecodeError as exc:
             raise UsageError(f"replay file {args.replay!r} is not JSON: {exc}") from None
         if not isinstance(case, dict):
             raise UsageError(f"replay file {args.replay!r} must hold one JSON object (a fuzz reproducer)")
-        result = replay_case(kernel, case, recipe=args.recipe, device=device)
+        out = _prepare_out(args.out)
+        try:
+            result = replay_case(kernel, case, recipe=args.recipe, device=device)
+        except FlamiaVerifyError:
+            raise
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            # kernel failures are caught inside; what escapes comes from the reproducer's fields
+            raise UsageError(f"replay file {args.replay!r} is not a valid fuzz reproducer: {type(exc).__name__}: {exc}") from None
         report = Report(kernel=kernel.name, recipe=args.recipe or kernel.recipe or "?", suite="fuzz-replay",
                         seed=int(case.get("seed", 0)), checks=[result])
         write_reports(report, out)
@@ -210,8 +257,15 @@ def _cmd_fuzz(args) -> int:
         return EXIT_PASS if report.passed else EXIT_FAIL
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
-    result = fuzz(kernel, recipe=args.recipe, examples=args.examples, seed=args.seed, device=device, dtype=dtype)
+    out = _prepare_out(args.out)
+    try:
+        result = fuzz(kernel, recipe=args.recipe, examples=args.examples, seed=args.seed, device=device, dtype=dtype)
+    except KernelCrashError:
+        _remove_stale(out, _report_names() + ("fuzz-case.json",))
+        raise
     paths = write_reports(result.report, out)
+    if not getattr(result, "reproducer", None):  # a passing run leaves no earlier run's reproducer behind
+        _remove_stale(out, ("fuzz-case.json",))
     render_terminal(result.report, console)
     if getattr(result, "reproducer", None):
         case_path = out / "fuzz-case.json"
@@ -267,10 +321,15 @@ def _cmd_report(args) -> int:
     report = load_report(args.report)
     if not args.html and not args.md:
         render_terminal(report, _console())
-    if args.html:
-        atomic_write_text(Path(args.html), render_html(report))
-    if args.md:
-        atomic_write_text(Path(args.md), render_markdown(report))
+    for target, render in ((args.html, render_html), (args.md, render_markdown)):
+        if not target:
+            continue
+        if Path(target).is_dir():
+            raise UsageError(f"{target!r} is a directory; give a file name")
+        try:
+            atomic_write_text(Path(target), render(report))
+        except OSError as exc:
+            raise UsageError(f"cannot write {target!r}: {exc.strerror or exc}") from None
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
@@ -331,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+    except OSError as exc:  # a file the command reads or writes (reports, --out): not the kernel's failure
+        where = f" {exc.filename!r}" if exc.filename else ""
+        return _fail(f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE)
 
 
 if __name__ == "__main__":  # pragma: no cover

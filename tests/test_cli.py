@@ -237,3 +237,120 @@ def test_replay_of_a_bad_file_is_exit_2(capsys, tmp_path):
     assert code == 2 and "JSON object" in err
     code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", tmp_path / "none.json", "--out", tmp_path / "r"], capsys)
     assert code == 2 and "does not exist" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input reaches the user as one line and the documented exit code, never a traceback
+# ---------------------------------------------------------------------------------------------
+
+
+def _one_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("only", [["no_such_family"], ["error.no_such_check"], ["causal", "bogus"]])
+def test_only_with_an_unknown_name_is_exit_2_naming_it(capsys, tmp_path, only):
+    code, _, err = run_cli(["check", "--kernel", "bf16", "--only", *only, "--out", tmp_path / "r"], capsys)
+    assert code == 2 and only[-1] in err and _one_line(err)
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+@pytest.mark.parametrize("command", [["check", "--kernel", "bf16", "--only", "interface"], ["fuzz", "--kernel", "bf16", "--examples", "2"]])
+@pytest.mark.parametrize("where", ["file", "under_file", "empty"])
+def test_bad_out_is_exit_2_before_any_check_runs(capsys, tmp_path, command, where):
+    f = _write(tmp_path, "afile", "x")
+    out = {"file": str(f), "under_file": str(f / "sub"), "empty": ""}[where]
+    code, _, err = run_cli([*command, "--out", out], capsys)
+    assert code == 2 and "--out" in err and _one_line(err), err
+    assert f.read_text() == "x"
+
+
+def test_report_to_an_unwritable_target_is_exit_2(capsys, tmp_path):
+    out = tmp_path / "rep"
+    assert run_cli(["check", "--kernel", "bf16", "--only", "interface", "--out", out], capsys)[0] == 0
+    f = _write(tmp_path, "afile", "x")
+    for option, target in (("--html", f / "x.html"), ("--md", tmp_path)):
+        code, _, err = run_cli(["report", out / "report.json", option, target], capsys)
+        assert code == 2 and str(target) in err and _one_line(err), err
+
+
+def test_report_and_compare_on_a_directory_or_truncated_json_are_exit_2(capsys, tmp_path):
+    out = tmp_path / "rep"
+    assert run_cli(["check", "--kernel", "bf16", "--only", "interface", "--out", out], capsys)[0] == 0
+    truncated = _write(tmp_path, "trunc.json", (out / "report.json").read_text()[:150])
+    for args in (["report", tmp_path], ["report", truncated], ["compare", truncated, out / "report.json"],
+                 ["compare", out / "report.json", tmp_path]):
+        code, _, err = run_cli(args, capsys)
+        assert code == 2 and _one_line(err), (args, err)
+
+
+def test_replay_of_a_directory_or_a_malformed_reproducer_is_exit_2(capsys, tmp_path):
+    code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", tmp_path, "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "replay" in err and _one_line(err), err
+    bad = _write(tmp_path, "case.json", json.dumps({"property": "causal", "lens_q": [16], "lens_k": [16], "seed": "x"}))
+    code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", bad, "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "reproducer" in err and _one_line(err), err
+
+
+KERNEL_EXITS_AT_IMPORT = "import sys\nsys.exit(0)\n"
+KERNEL_CALLS_EXIT = """
+import sys
+def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    "make_spec, needle",
+    [
+        (lambda d: f"{_write(d, 'k.py', KERNEL_EXITS_AT_IMPORT)}:attn", "SystemExit"),
+        (lambda d: f"{_write(d, 'k.py', KERNEL_CALLS_EXIT)}:attn", "SystemExit"),
+        (lambda d: f"{_write(d, 'k.py', 'def attn(:')}:attn", "SyntaxError"),
+        (lambda d: f"{_write(d, 'k.py', KERNEL_CALLS_EXIT)}:", "names no function"),
+        (lambda d: ":attn", "names no module"),
+        (lambda d: "json:not.callable", "not.callable"),
+        (lambda d: f"{_write(d, 'k.py', 'attn = 3')}:attn", "not callable"),
+    ],
+)
+def test_kernel_that_cannot_load_or_exits_is_exit_3(capsys, tmp_path, make_spec, needle):
+    spec = make_spec(tmp_path)
+    code, _, err = run_cli(["check", "--kernel", spec, "--recipe", "bf16", "--only", "interface", "--out", tmp_path / "r"], capsys)
+    assert code == 3 and needle in err and _one_line(err), err
+
+
+def test_crash_before_any_check_leaves_no_reports_of_an_earlier_run(capsys, tmp_path):
+    out = tmp_path / "rep"
+    assert run_cli(["check", "--kernel", "bf16", "--only", "interface", "--out", out], capsys)[0] == 0
+    assert (out / "report.json").is_file()
+    crash = _write(tmp_path, "crash.py", CRASHING_KERNEL)
+    code, _, err = run_cli(["check", "--kernel", f"{crash}:attn", "--recipe", "bf16", "--out", out], capsys)
+    assert code == 3 and "no reports written" in err
+    assert not any((out / name).exists() for name in ("report.json", "report.md", "report.html", "junit.xml"))
+
+
+def test_check_twice_into_one_out_replaces_the_reports(capsys, tmp_path):
+    out = tmp_path / "rep"
+    assert run_cli(["check", "--kernel", "bf16", "--only", "interface", "--out", out], capsys)[0] == 0
+    assert run_cli(["check", "--kernel", "bf16", "--only", "determinism", "--out", out], capsys)[0] == 0
+    data = json.loads((out / "report.json").read_text())
+    assert {c["family"] for c in data["checks"]} == {"determinism"}
+    assert "interface" not in (out / "junit.xml").read_text()
+
+
+def test_passing_fuzz_run_removes_an_earlier_reproducer(capsys, tmp_path):
+    out = tmp_path / "fz"
+    out.mkdir()
+    _write(out, "fuzz-case.json", json.dumps({"property": "causal"}))
+    code, stdout, _ = run_cli(["fuzz", "--kernel", "bf16", "--examples", "3", "--out", out], capsys)
+    assert code == 0, stdout
+    assert not (out / "fuzz-case.json").exists() and (out / "report.json").is_file()
+
+
+def test_infinite_case_timeout_is_a_config_error(capsys, tmp_path):
+    f = _write(tmp_path, "inf.toml", "case_timeout_s = inf\n")
+    code, _, err = run_cli(["check", "--kernel", "bf16", "--config", f, "--only", "interface", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "case_timeout_s" in err and _one_line(err)
+    import flamia_verify
+
+    with pytest.raises(ConfigError, match="case_timeout_s"):
+        flamia_verify.check("bf16", only=["interface"], case_timeout_s=float("inf"))
