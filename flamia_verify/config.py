@@ -22,6 +22,7 @@ Threshold names and values are validated by the check engine against the checks 
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,8 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: {key} = {value!r} is not one of {', '.join(_CHOICES[key])}")
         if key == "only" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: only must be a list of family or check names, got {value!r}")
-        if key in ("case_timeout_s", "compare_factor") and value <= 0:
-            raise ConfigError(f"{where}: {key} must be positive, got {value!r}")
+        if key in ("case_timeout_s", "compare_factor") and not (0 < value < math.inf):
+            raise ConfigError(f"{where}: {key} must be a positive finite number, got {value!r}")
         if key == "thresholds":
             for check, values in value.items():
                 if not isinstance(values, dict):

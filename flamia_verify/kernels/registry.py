@@ -51,9 +51,11 @@ def builtin_kernels() -> dict[str, LoadedKernel]:
 
 def _from_module(spec: str) -> LoadedKernel:
     mod_name, _, attr = spec.partition(":")
+    if not mod_name:
+        raise KernelLoadError(f"kernel spec {spec!r} names no module; write module:function or file.py:function")
     try:
         module = importlib.import_module(mod_name)
-    except Exception as exc:  # an import error inside the user's module is a load failure
+    except (Exception, SystemExit) as exc:  # an import error (or sys.exit) inside the user's module is a load failure
         raise KernelLoadError(f"cannot import module {mod_name!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc
     return _attr(module, attr, spec, "module")
 
@@ -69,7 +71,7 @@ def _from_file(spec: str) -> LoadedKernel:
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[mod_name] = module
         loader_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import must not end the command with its code
         sys.modules.pop(mod_name, None)
         raise KernelLoadError(f"cannot load {path_s!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc
     return _attr(module, attr, spec, "file")
@@ -117,7 +119,7 @@ def load_kernel(spec) -> LoadedKernel:
     if spec in eps:
         try:
             obj = eps[spec].load()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise KernelLoadError(f"entry point {spec!r} failed to load: {type(exc).__name__}: {exc}") from exc
         loaded = load_kernel(obj)
         return LoadedKernel(spec, loaded.fn, loaded.recipe, "entry-point", loaded.description)

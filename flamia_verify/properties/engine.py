@@ -139,8 +139,9 @@ def _resolve_device(device: str) -> str:
 def build_context(loaded: LoadedKernel, recipe: str, *, suite: str, device: str, dtype, seed: int,
                   thresholds: dict | None, case_timeout_s: float | None) -> CheckContext:
     dtype_name(dtype)
-    if case_timeout_s is not None and not case_timeout_s > 0:
-        raise ConfigError(f"case_timeout_s must be a positive number of seconds, got {case_timeout_s!r}")
+    # inf is not "no limit" (None is): the timed wait overflows the platform's time_t
+    if case_timeout_s is not None and not 0 < case_timeout_s < float("inf"):
+        raise ConfigError(f"case_timeout_s must be a positive finite number of seconds (or None), got {case_timeout_s!r}")
     th, opts, suite_over = resolve_thresholds(recipe, dtype, thresholds)
     settings = suite_settings(suite, suite_over)
     harness = KernelHarness(loaded.fn, timeout_s=case_timeout_s)
