@@ -34,7 +34,17 @@ _INT_VIEW = {
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns for bitwise comparison, with -0.0 read as +0.0.
+
+    The sign of an exact zero carries no value, and a correct kernel's zero can take either sign
+    from data it is allowed to ignore: a row that sees no key gets dQ = 0 * K through a GEMM whose
+    blocking decides which zeros come out negative (measured: the bf16 emulation's dQ row of a query
+    with no visible key flips the sign of half its zeros when later queries change). Every other bit
+    pattern, NaN payloads included, must match.
+    """
     t = t.detach().contiguous()
+    if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        t = torch.where(t == 0, torch.zeros_like(t), t)
     view = _INT_VIEW.get(t.dtype)
     return t.view(view) if view is not None else t
 
