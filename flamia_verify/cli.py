@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("new")
     cmp_.add_argument("--factor", type=float, default=None, help="a metric worse by more than this factor regresses (default 1.5)")
     cmp_.add_argument("--config")
+    cmp_.add_argument("--allow-missing", action="store_true",
+                      help="do not fail when a check of BASE is missing from NEW (a deliberately narrower run)")
 
     r = sub.add_parser("report", help="render a report.json again")
     r.add_argument("report")
@@ -309,7 +311,7 @@ def _cmd_compare(args) -> int:
     if factor <= 1.0:
         raise UsageError(f"--factor must be greater than 1, got {factor}")
     base, new = load_report(args.base), load_report(args.new)
-    cmp = compare_reports(base, new, factor=factor)
+    cmp = compare_reports(base, new, factor=factor, allow_missing=args.allow_missing)
     render_comparison(cmp, _console())
     return cmp.exit_code
 

@@ -354,3 +354,14 @@ def test_infinite_case_timeout_is_a_config_error(capsys, tmp_path):
 
     with pytest.raises(ConfigError, match="case_timeout_s"):
         flamia_verify.check("bf16", only=["interface"], case_timeout_s=float("inf"))
+
+
+def test_compare_fails_when_checks_go_missing_unless_allowed(capsys, tmp_path):
+    good = _write(tmp_path, "good.py", GOOD_KERNEL)
+    base, narrow = tmp_path / "base", tmp_path / "narrow"
+    assert run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface", "--out", base], capsys)[0] == 0
+    assert run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface.output", "--out", narrow], capsys)[0] == 0
+    code, out, _ = run_cli(["compare", base / "report.json", narrow / "report.json"], capsys)
+    assert code == 1 and "missing" in out
+    code, _, _ = run_cli(["compare", base / "report.json", narrow / "report.json", "--allow-missing"], capsys)
+    assert code == 0

@@ -141,14 +141,24 @@ def test_custom_direction_compares_more_metrics():
     assert flipped.exit_code == 0 and [c.metric for c in flipped.improvements] == ["rms_err_O"]
 
 
-def test_new_and_removed_checks_and_context_are_reported_but_do_not_gate():
+def test_new_and_removed_checks_and_context_are_reported_and_lost_coverage_gates():
     base = passing_report()
     new = copy.deepcopy(base)
     new.seed = 99
     new.checks = [c for c in new.checks if c.name != "determinism.forward"]
     new.checks.append(CheckResult("bound.forward", "bound", "fail", {"bound_violations": 3}, {"bound_violations": 0}))
     cmp = compare_reports(base, new)
-    assert cmp.exit_code == 0
+    # a passing check that went missing, and a new check that fails, both close the gate
+    assert cmp.exit_code == 1
+    assert sorted((c.check, c.base, c.new) for c in cmp.regressions) == [
+        ("bound.forward", "absent", "fail"),
+        ("determinism.forward", "skip", "missing"),
+    ]
+    narrower = compare_reports(base, new, allow_missing=True)
+    assert [c.check for c in narrower.regressions] == ["bound.forward"]
+    new.checks = [c for c in new.checks if c.name != "bound.forward"]
+    assert compare_reports(base, new, allow_missing=True).exit_code == 0
+    new.checks.append(CheckResult("bound.forward", "bound", "fail", {"bound_violations": 3}, {"bound_violations": 0}))
     assert cmp.new_checks == ["bound.forward"] and cmp.removed_checks == ["determinism.forward"]
     assert cmp.context_notes == ["seed differs: 1234 in base, 99 in new"]
     text = _text(cmp)
@@ -161,6 +171,7 @@ def test_example_against_passing_baseline():
     cmp = compare_reports(passing_report(), example_report())
     assert cmp.exit_code == 1
     assert [c.describe() for c in cmp.regressions if c.kind == "status"] == [
+        "determinism.forward: SKIP -> missing", "causal.backward: absent -> ERROR",
         "error.backward: PASS -> FAIL", "causal.forward: PASS -> FAIL"]
 
 

@@ -26,8 +26,12 @@ means the same thing on every scale:
 NaN counts as infinitely bad. A regression is ``new_badness > factor * base_badness`` (so a metric that
 was exactly 0 regresses on any non-zero value); an improvement is ``base_badness > factor * new_badness``.
 
-Status changes that neither fail nor fix a check (pass -> skip, fail -> error, ...) are listed as notes;
-checks only in one report are listed as new or removed; neither changes the exit code. The comparison
+Status changes that neither fail nor fix a check (pass -> skip, fail -> error, ...) are listed as notes.
+Checks only in one report are listed as new or removed, and two of them gate, because a gate must not
+pass by losing coverage: a check that passed (or skipped) in the baseline and is missing from the new
+report regresses to ``missing`` (``allow_missing=True``, ``--allow-missing`` on the command line, turns
+that off for a deliberately narrower run), and a check new in the new report that fails or errors
+regresses from ``absent``. The comparison
 also notes when kernel, recipe, suite or seed differ, because the metrics then come from other cases.
 ``Comparison.exit_code`` is 1 when there is any regression, else 0.
 """
@@ -161,6 +165,7 @@ def compare_reports(
     *,
     factor: float = DEFAULT_FACTOR,
     higher_is_worse: HigherIsWorse | None = None,
+    allow_missing: bool = False,
 ) -> Comparison:
     """Compare `new` against the baseline `base` (rules in the module docstring)."""
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor < 1:
@@ -177,6 +182,13 @@ def compare_reports(
     new_checks = {c.name: c for c in new.checks}
     cmp.new_checks = [n for n in new_checks if n not in base_checks]
     cmp.removed_checks = [n for n in base_checks if n not in new_checks]
+    if not allow_missing:
+        for name in cmp.removed_checks:
+            if base_checks[name].status in _GOOD:
+                cmp.regressions.append(Change(name, "status", base_checks[name].status, "missing", worse=True))
+    for name in cmp.new_checks:
+        if new_checks[name].status in _BAD:
+            cmp.regressions.append(Change(name, "status", "absent", new_checks[name].status, worse=True))
 
     for name, after in new_checks.items():
         before = base_checks.get(name)
