@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from flamia_verify.reports.model import json_number
+
 __all__ = ["Mismatch", "compare_bitwise", "compare_within", "locate", "FIRST_FEW"]
 
 #: offending positions listed in full (numpy.testing prints a few; so do we)
@@ -47,15 +49,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
         t = torch.where(t == 0, torch.zeros_like(t), t)
     view = _INT_VIEW.get(t.dtype)
     return t.view(view) if view is not None else t
-
-
-def _num(x: float) -> float | str:
-    x = float(x)
-    if x != x:
-        return "nan"
-    if x in (float("inf"), float("-inf")):
-        return "inf" if x > 0 else "-inf"
-    return x
 
 
 def locate(flat_index: int, shape: tuple[int, ...], cu_seqlens: list[int] | None = None) -> dict[str, Any]:
@@ -125,8 +118,8 @@ class Mismatch:
             "total": self.total,
             "mismatch_percent": 100 * self.fraction,
             "nonfinite": self.nonfinite,
-            "max_abs_diff": _num(self.max_abs_diff),
-            "max_rel_diff": _num(self.max_rel_diff),
+            "max_abs_diff": json_number(self.max_abs_diff),
+            "max_rel_diff": json_number(self.max_rel_diff),
             "first": self.first,
             "worst": self.worst,
         }
@@ -152,20 +145,20 @@ def _finish(what, rule, actual, expected, bad, cu, extra: torch.Tensor | None = 
     shape = tuple(actual.shape)
     for i in flat_bad[:FIRST_FEW].tolist():
         entry = locate(i, shape, cu)
-        entry.update(actual=_num(a64.reshape(-1)[i]), expected=_num(e64.reshape(-1)[i]))
+        entry.update(actual=json_number(a64.reshape(-1)[i]), expected=json_number(e64.reshape(-1)[i]))
         if extra is not None:
-            entry["tolerance"] = _num(extra.reshape(-1)[i])
+            entry["tolerance"] = json_number(extra.reshape(-1)[i])
         m.first.append(entry)
     score = d_bad if extra is None else d_bad / extra.clamp_min(torch.finfo(torch.float64).tiny)
     worst_i = int(torch.argmax(torch.nan_to_num(score.reshape(-1), nan=float("inf"))))
     w = locate(worst_i, shape, cu)
     w.update(
-        actual=_num(a64.reshape(-1)[worst_i]),
-        expected=_num(e64.reshape(-1)[worst_i]),
-        abs_diff=_num(diff.reshape(-1)[worst_i]),
+        actual=json_number(a64.reshape(-1)[worst_i]),
+        expected=json_number(e64.reshape(-1)[worst_i]),
+        abs_diff=json_number(diff.reshape(-1)[worst_i]),
     )
     if extra is not None:
-        w["tolerance"] = _num(extra.reshape(-1)[worst_i])
+        w["tolerance"] = json_number(extra.reshape(-1)[worst_i])
     m.worst = w
     return m
 

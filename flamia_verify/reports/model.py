@@ -19,7 +19,7 @@ from typing import Any
 
 from flamia_verify.errors import ReportSchemaError
 
-__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report"]
+__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "json_number"]
 
 SCHEMA = "flamia-verify/report/v1"
 STATUSES = ("pass", "fail", "error", "skip")
@@ -36,14 +36,20 @@ FAMILIES = (
 )
 
 
+def json_number(value) -> float | str:
+    """A number as report.json holds it: a float, or "nan", "inf", "-inf" for the non-finite ones."""
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
 def _jsonable(value: Any) -> Any:
     """Make floats JSON-safe: NaN and +-Inf become strings "nan", "inf", "-inf"."""
     if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
+        return json_number(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -6,6 +6,7 @@ import torch
 
 from flamia_verify.properties.cases import Case
 from flamia_verify.properties.harness import KernelOutputs
+from flamia_verify.reports.model import json_number
 
 __all__ = ["TENSORS", "GRADS", "tensors_of", "case_record", "worst_element"]
 
@@ -56,19 +57,12 @@ def worst_element(x: torch.Tensor, ref: torch.Tensor, case: Case, tensor: str, *
         "channel": idx[2],
         "document": doc,
         "position": idx[0] - cu[doc] if doc is not None else None,
-        "kernel": _num(x64.reshape(-1)[flat]),
-        "reference": _num(r64.reshape(-1)[flat]),
-        "abs_error": _num(err.reshape(-1)[flat]),
+        "kernel": json_number(x64.reshape(-1)[flat]),
+        "reference": json_number(r64.reshape(-1)[flat]),
+        "abs_error": json_number(err.reshape(-1)[flat]),
     }
     if baseline is not None:
-        rec["bf16"] = _num(baseline.detach().double().reshape(-1)[flat])
+        rec["bf16"] = json_number(baseline.detach().double().reshape(-1)[flat])
     return rec
 
 
-def _num(v) -> float | str:
-    v = float(v)
-    if v != v:
-        return "nan"
-    if v in (float("inf"), float("-inf")):
-        return "inf" if v > 0 else "-inf"
-    return v
