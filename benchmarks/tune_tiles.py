@@ -1,0 +1,114 @@
+"""Tile sweep of the fused kernels on a GPU: forward, dK/dV and dQ timed separately per tile config.
+
+    python benchmarks/tune_tiles.py --kernels bf16 flamia-mxfp8 --seqlen 8192 --causal true
+
+Each candidate's output is compared with the default configuration's (max abs difference over
+out, dq, dk, dv): a configuration that changes results beyond fp32 reassociation is reported, so
+a fast but wrong pipelining shows up here before it becomes a default. Writes a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
+from flamia_verify.kernels.triton.attention import fused_backward, fused_forward  # noqa: E402
+from flamia_verify.kernels.triton.config import TileConfig, config_for, tiles  # noqa: E402
+
+FWD = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 2)]
+DKDV = [(32, 128, 4, 3), (64, 128, 8, 2), (64, 128, 8, 1), (64, 64, 4, 3), (32, 64, 4, 3), (128, 128, 8, 1),
+        (128, 64, 8, 2), (32, 128, 8, 2)]
+DQ = [(128, 32, 4, 1), (128, 32, 4, 3), (128, 64, 8, 1), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3),
+      (128, 128, 8, 1), (64, 128, 4, 1)]
+
+
+def _ms(fn, rep):
+    return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
+
+
+def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: bool, rep: int):
+    cfg = config_for(DESIGNS[name])
+    base = tiles(cfg, dim, interpret=False)
+    batch = tokens // seqlen
+    total = batch * seqlen
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    cu = torch.arange(0, total + 1, seqlen, dtype=torch.int32, device="cuda")
+    sc = dim ** -0.5
+    out, lse = fused_forward(cfg, q, k, v, cu, cu, seqlen, seqlen, sc, causal)
+    ref_bwd = fused_backward(cfg, q, k, v, out, lse, do, cu, cu, seqlen, seqlen, sc, causal)
+    rows = []
+
+    def ok_block(t, m_mult, n_mult):
+        return t[0] % m_mult == 0 and t[1] % n_mult == 0
+
+    p = cfg.p_block if cfg.p_pow2 else 16
+    fwd_n = max(p, cfg.seq_block("v_seq"))
+    dkdv_m = cfg.seq_block("pt", "do_seq", "dst", "q_seq")
+    dq_n = max(p, cfg.seq_block("ds", "k_seq"))
+    for phase, cands in (("fwd", FWD), ("dkdv", DKDV), ("dq", DQ)):
+        for c in cands:
+            t = TileConfig(*c)
+            if phase == "fwd" and not ok_block(c, 1, fwd_n):
+                continue
+            if phase == "dkdv" and not ok_block(c, dkdv_m, p):
+                continue
+            if phase == "dq" and not ok_block(c, 1, dq_n):
+                continue
+            row = {"kernel": name, "phase": phase, "tile": c, "default": t == base[phase]}
+            try:
+                if phase == "fwd":
+                    o2, _ = fused_forward(cfg, q, k, v, cu, cu, seqlen, seqlen, sc, causal, tile=t)
+                    row["maxdiff"] = float((o2.float() - out.float()).abs().max())
+                    row["ms"] = _ms(lambda: fused_forward(cfg, q, k, v, cu, cu, seqlen, seqlen, sc, causal, tile=t),
+                                    rep)
+                else:
+                    kw = {"tile_dkdv": t} if phase == "dkdv" else {"tile_dq": t}
+                    got = fused_backward(cfg, q, k, v, out, lse, do, cu, cu, seqlen, seqlen, sc, causal, **kw)
+                    idx = (1, 2) if phase == "dkdv" else (0,)
+                    row["maxdiff"] = max(float((got[i].float() - ref_bwd[i].float()).abs().max()) for i in idx)
+                    row["ms"] = _ms(lambda: fused_backward(cfg, q, k, v, out, lse, do, cu, cu, seqlen, seqlen, sc,
+                                                           causal, **kw), rep)
+            except Exception as exc:  # out of resources etc.
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernels", nargs="+", default=["bf16", "flamia-mxfp8"])
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", choices=["true", "false"], default="true")
+    ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--md", type=Path)
+    args = ap.parse_args(argv)
+    lines = [f"{torch.cuda.get_device_name()}, triton {triton.__version__}, S = {args.seqlen}, "
+             f"causal = {args.causal}; bwd phases time the whole backward with one kernel's tiles changed", "",
+             "| kernel | phase | (BM, BN, warps, stages) | default | ms | max diff vs default | error |",
+             "|---|---|---|---|---|---|---|"]
+    for name in args.kernels:
+        for r in sweep(name, args.seqlen, args.tokens, args.heads, args.head_dim, args.causal == "true", args.rep_ms):
+            lines.append(f"| {r['kernel']} | {r['phase']} | {r['tile']} | {'yes' if r['default'] else ''} | "
+                         f"{r.get('ms', float('nan')):.2f} | {r.get('maxdiff', float('nan')):.3g} | "
+                         f"{r.get('error', '')} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        args.md.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
