@@ -123,6 +123,15 @@ def _to_input(x, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _mma_split(a, b_op, b_raw, full, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """The causal-safe GEMM: acc + a @ b, where the columns of ``a`` marked ``full`` (their sequence
+    block of b is wholly visible) multiply the quantized ``b_op`` and the rest the input-precision
+    ``b_raw`` (the twin of ``emulation._gemm_seq``)."""
+    acc = _mma(tl.where(full, a, 0.0), b_op, acc, IS_FP16, INTERPRET)
+    return _mma(tl.where(full, 0.0, a), b_raw, acc, IS_FP16, INTERPRET)
+
+
+@triton.jit
 def _quant_head(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
                 RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
     """Round an (R, D) input tile as a head_dim-contracted operand (BLOCK 0: one scale per row).
@@ -159,7 +168,12 @@ def _p_rows(s2, lse, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P_POW2: tl.co
     Power-of-two P: E4M3(2^(s - M_b + 8)) * 2^((M_b - 8) - lse); FlashAttention P: 2^(s - lse).
     lse must be finite (callers zero the rows whose lse is -inf).
     """
-    if P_POW2:
+    if P_POW2 and BLOCK_N == P_BLOCK:  # one block per row: no 3-d view
+        mb = tl.ceil(tl.max(s2, axis=1))
+        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        elem = round_e4m3(tl.exp2((s2 - mb[:, None]) + P_POW2_OFFSET))
+        return elem * tl.exp2((mb - P_POW2_OFFSET) - lse)[:, None]
+    elif P_POW2:
         NB: tl.constexpr = BLOCK_N // P_BLOCK
         s3 = tl.reshape(s2, (BLOCK_M, NB, P_BLOCK))
         mb = tl.ceil(tl.max(s3, axis=2))
@@ -174,7 +188,12 @@ def _p_rows(s2, lse, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P_POW2: tl.co
 @triton.jit
 def _p_cols(sT, lse, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr):
     """``_p_rows`` of a transposed (N keys, M queries) score tile: key blocks along axis 0."""
-    if P_POW2:
+    if P_POW2 and BLOCK_N == P_BLOCK:
+        mb = tl.ceil(tl.max(sT, axis=0))
+        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        elem = round_e4m3(tl.exp2((sT - mb[None, :]) + P_POW2_OFFSET))
+        return elem * tl.exp2((mb - P_POW2_OFFSET) - lse)[None, :]
+    elif P_POW2:
         NB: tl.constexpr = BLOCK_N // P_BLOCK
         s3 = tl.reshape(sT, (NB, P_BLOCK, BLOCK_M))
         mb = tl.ceil(tl.max(s3, axis=1))
@@ -192,17 +211,17 @@ def _p_cols(sT, lse, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, P_POW2: tl.co
 
 
 @triton.jit
-def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_vt, start_n, offs_m, lk, off,
+def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt, start_n, offs_m, lk, off,
                    qk_scale,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                   MASKED: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, V_KIND: tl.constexpr,
-                   V_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr,
-                   RCEIL: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """One key tile of the online softmax: returns the updated (acc, l_i, m_i)."""
+                   MASKED: tl.constexpr, V_KIND: tl.constexpr, V_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
+                   P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """One key tile of the online softmax: returns the updated (acc, l_i, m_i). K holds the
+    head_dim-rounded keys, Vop the sequence-rounded values (V itself when they are in the input
+    precision), V the input values for the diagonal fallback."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < lk
-    k = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
-    k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    k_op = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
     s = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
     s2 = s * qk_scale
     if MASKED:
@@ -210,8 +229,19 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_
         if CAUSAL:
             vis = vis & (offs_n[None, :] <= offs_m[:, None] + off)
         s2 = tl.where(vis, s2, NEG_INF)
-    if P_POW2:
-        # FLAMIA P: per block of P_BLOCK keys, M_b = ceil(max s); E4M3(2^(s - M_b + 8)) * 2^(M_b - 8 - m)
+    if P_POW2 and BLOCK_N == P_BLOCK:
+        # FLAMIA P, one block per tile row: M_b = ceil(max s); E4M3(2^(s - M_b + 8)) * 2^(M_b - 8 - m)
+        mb = tl.ceil(tl.max(s2, axis=1))
+        m_new = tl.maximum(m_i, mb)
+        live = mb > NEG_INF
+        mb_s = tl.where(live, mb, 0.0)
+        m_new_s = tl.where(m_new > NEG_INF, m_new, 0.0)
+        elem = round_e4m3(tl.exp2((s2 - mb_s[:, None]) + P_POW2_OFFSET))
+        e = tl.where(live, tl.maximum((mb_s - P_POW2_OFFSET) - m_new_s, -1000.0), -1000.0)
+        p = elem * exp2i(e.to(tl.int32))[:, None]
+        alpha = exp2i(tl.maximum(tl.where(m_i > NEG_INF, m_i - m_new_s, 0.0), -1000.0).to(tl.int32))
+    elif P_POW2:
+        # the same per block of P_BLOCK keys, through a 3-d view of the tile
         NB: tl.constexpr = BLOCK_N // P_BLOCK
         s3 = tl.reshape(s2, (BLOCK_M, NB, P_BLOCK))
         mb = tl.ceil(tl.max(s3, axis=2))
@@ -231,30 +261,26 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_
         alpha = tl.exp2(tl.where(m_i > NEG_INF, m_i - m_new_s, 0.0))
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
-    if V_KIND == KIND_INPUT:
-        acc = _mma(p, v, acc, IS_FP16, INTERPRET)
+    v_op = _load_rows(Vop, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
+    if V_KIND != KIND_INPUT and MASKED and FALLBACK and CAUSAL:
+        # a V block that row i sees only partly is multiplied in the input precision
+        v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
+        blk_last = tl.minimum((offs_n // V_BLOCK) * V_BLOCK + (V_BLOCK - 1), lk - 1)
+        acc = _mma_split(p, v_op, v, blk_last[None, :] <= offs_m[:, None] + off, acc, IS_FP16, INTERPRET)
     else:
-        v_op = _quant_seq(v, BLOCK_N, HEAD_DIM, V_KIND, V_BLOCK, RCEIL, IS_FP16)
-        if MASKED and FALLBACK and CAUSAL:
-            # a V block that row i sees only partly is multiplied in the input precision
-            blk_last = tl.minimum((offs_n // V_BLOCK) * V_BLOCK + (V_BLOCK - 1), lk - 1)
-            full = blk_last[None, :] <= offs_m[:, None] + off
-            acc = _mma(tl.where(full, p, 0.0), v_op, acc, IS_FP16, INTERPRET)
-            acc = _mma(tl.where(full, 0.0, p), v, acc, IS_FP16, INTERPRET)
-        else:
-            acc = _mma(p, v_op, acc, IS_FP16, INTERPRET)
+        acc = _mma(p, v_op, acc, IS_FP16, INTERPRET)
     return acc, l_i, m_new
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse2, CuQ, CuK, qk_scale,
+def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
               GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, V_KIND: tl.constexpr,
-              V_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr,
-              RCEIL: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """Grid (query tiles of the longest document, documents, heads); longest-running tiles first."""
+              CAUSAL: tl.constexpr, V_KIND: tl.constexpr, V_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
+              P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """Grid (query tiles of the longest document, documents, heads); longest-running tiles first.
+    Q, K: the head_dim-rounded operands; Vop: V rounded along keys; V: the input values (all in
+    the input dtype, with the strides of V for V and Vop)."""
     tl.static_assert(BLOCK_N % 16 == 0)
     if V_KIND != KIND_INPUT:
         tl.static_assert(BLOCK_N % V_BLOCK == 0)
@@ -274,8 +300,7 @@ def _attn_fwd(Q, K, V, Out, Lse2, CuQ, CuK, qk_scale,
     off = lk - lq  # bottom-right causal alignment: key j visible to query i iff j <= i + off
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
-    q = _load_rows(Q, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
-    q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
+    q_op = _load_rows(Q, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
     m_i = tl.full((BLOCK_M,), NEG_INF, tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
@@ -291,15 +316,13 @@ def _attn_fwd(Q, K, V, Out, Lse2, CuQ, CuK, qk_scale,
         full_end = lk
     full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
     for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_vt, start_n,
-                                       offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
-                                       QK_KIND, QK_BLOCK, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, RCEIL,
-                                       IS_FP16, INTERPRET)
+        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
+                                       start_n, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
+                                       False, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, IS_FP16, INTERPRET)
     for start_n in range(full_end, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, k_base, v_base, stride_kt, stride_vt, start_n,
-                                       offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
-                                       QK_KIND, QK_BLOCK, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, RCEIL,
-                                       IS_FP16, INTERPRET)
+        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
+                                       start_n, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
+                                       True, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, IS_FP16, INTERPRET)
     ok = l_i > 0
     l_s = tl.where(ok, l_i, 1.0)
     o = tl.math.div_rn(acc, tl.broadcast_to(l_s[:, None], (BLOCK_M, HEAD_DIM)))
@@ -329,25 +352,55 @@ def _attn_bwd_delta(O, DO, Delta, total_q, stride_ot, stride_oh, stride_dot, str
 
 
 @triton.jit
-def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base,
-                        stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale,
+def _load_op(Raw, Op, base, offs, mask, stride, HEAD_DIM: tl.constexpr, KIND: tl.constexpr):
+    """(raw, op) rows of an operand for one GEMM: with KIND_INPUT both are the input tile (one load,
+    and callers may reuse it as the input values); otherwise both are the rounded tile ``Op`` (the
+    input values are loaded only where a causal-safe split needs them)."""
+    if KIND == KIND_INPUT:
+        raw = _load_rows(Raw, base, offs, mask, stride, HEAD_DIM)
+    else:
+        raw = _load_rows(Op, base, offs, mask, stride, HEAD_DIM)
+    return raw, raw
+
+
+@triton.jit
+def _seq_rhs(a, raw, Raw, Seq, base, offs, mask, stride, full, acc, HEAD_DIM: tl.constexpr, KIND: tl.constexpr,
+             RAW_LOADED: tl.constexpr, SPLIT: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b for a sequence-contracted right operand b: its sequence rounding (``Seq``), with
+    the causal-safe split where SPLIT (``full`` marks a's columns whose block of b is wholly visible).
+    ``raw`` is b's input tile when RAW_LOADED (else it is loaded here when needed)."""
+    if KIND == KIND_INPUT:
+        if not RAW_LOADED:
+            raw = _load_rows(Raw, base, offs, mask, stride, HEAD_DIM)
+        return _mma(a, raw, acc, IS_FP16, INTERPRET)
+    else:
+        b_seq = _load_rows(Seq, base, offs, mask, stride, HEAD_DIM)
+        if SPLIT:
+            if not RAW_LOADED:
+                raw = _load_rows(Raw, base, offs, mask, stride, HEAD_DIM)
+            return _mma_split(a, b_seq, raw, full, acc, IS_FP16, INTERPRET)
+        else:
+            return _mma(a, b_seq, acc, IS_FP16, INTERPRET)
+
+
+@triton.jit
+def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base,
+                        do_base, l_base, stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                         CAUSAL: tl.constexpr, MASKED: tl.constexpr, AMAX_PASS: tl.constexpr,
-                        QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
-                        DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, PT_KIND: tl.constexpr,
-                        PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
-                        DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
-                        Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
+                        QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
+                        DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
+                        DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr,
+                        Q_KIND: tl.constexpr, Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
                         IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows)."""
+    """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows).
+    Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
-    q = _load_rows(Q, q_base, offs_m, qmask, stride_qt, HEAD_DIM)
-    do = _load_rows(DO, do_base, offs_m, qmask, stride_dot, HEAD_DIM)
+    q, q_op = _load_op(Q, Qh, q_base, offs_m, qmask, stride_qt, HEAD_DIM, QK_KIND)
+    do, do_op = _load_op(DO, DOh, do_base, offs_m, qmask, stride_dot, HEAD_DIM, DP_KIND)
     lse = tl.load(Lse2 + l_base + offs_m, mask=qmask, other=0.0)
     delta = tl.load(Delta + l_base + offs_m, mask=qmask, other=0.0)
-    q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
-    do_op = _quant_head(do, BLOCK_M, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
     sT = _mma_t(k_op, q_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
         vis = (offs_n < lk)[:, None] & qmask[None, :]
@@ -367,38 +420,24 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delt
     else:
         pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
         dst_op = quantize_last(dsT, amax_dst, BLOCK_N, BLOCK_M, DST_KIND, DST_BLOCK, RCEIL, IS_FP16)
-        # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in bf16
-        if DO_KIND == KIND_INPUT:
-            dv = _mma(pt_op, do, dv, IS_FP16, INTERPRET)
-        else:
-            do_seq = _quant_seq(do, BLOCK_M, HEAD_DIM, DO_KIND, DO_BLOCK, RCEIL, IS_FP16)
-            if MASKED and FALLBACK and CAUSAL:
-                full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
-                dv = _mma(tl.where(full, pt_op, 0.0), do_seq, dv, IS_FP16, INTERPRET)
-                dv = _mma(tl.where(full, 0.0, pt_op), do, dv, IS_FP16, INTERPRET)
-            else:
-                dv = _mma(pt_op, do_seq, dv, IS_FP16, INTERPRET)
+        SPLIT: tl.constexpr = MASKED and FALLBACK and CAUSAL
+        # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in the input precision
+        full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
+        dv = _seq_rhs(pt_op, do, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv, HEAD_DIM, DO_KIND,
+                      DP_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
         # dK = dS^T Q: Q blocked along queries
-        if Q_KIND == KIND_INPUT:
-            dk = _mma(dst_op, q, dk, IS_FP16, INTERPRET)
-        else:
-            q_seq = _quant_seq(q, BLOCK_M, HEAD_DIM, Q_KIND, Q_BLOCK, RCEIL, IS_FP16)
-            if MASKED and FALLBACK and CAUSAL:
-                full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
-                dk = _mma(tl.where(full, dst_op, 0.0), q_seq, dk, IS_FP16, INTERPRET)
-                dk = _mma(tl.where(full, 0.0, dst_op), q, dk, IS_FP16, INTERPRET)
-            else:
-                dk = _mma(dst_op, q_seq, dk, IS_FP16, INTERPRET)
+        full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
+        dk = _seq_rhs(dst_op, q, Q, Qs, q_base, offs_m, qmask, stride_qt, full, dk, HEAD_DIM, Q_KIND,
+                      QK_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
     return dk, dv, amax_pt, amax_dst
 
 
 @triton.jit
-def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base,
-                         stride_qt, stride_dot, start_n, lq, lk, off, qk_scale,
+def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base,
+                         do_base, l_base, stride_qt, stride_dot, start_n, lq, lk, off, qk_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         CAUSAL: tl.constexpr, AMAX_PASS: tl.constexpr,
-                         QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
-                         DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, PT_KIND: tl.constexpr,
+                         CAUSAL: tl.constexpr, AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr,
+                         P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, PT_KIND: tl.constexpr,
                          PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
                          DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
                          Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
@@ -417,38 +456,38 @@ def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Del
     m_full_end = tl.maximum(lq // BLOCK_M * BLOCK_M, m_diag_end)
     for start_m in range(m_lo, m_diag_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
-            stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
-            AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND,
-            DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
+            stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
+            AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     for start_m in range(m_diag_end, m_full_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
-            stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
-            AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND,
-            DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
+            stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
+            False, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     for start_m in range(m_full_end, lq_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
-            stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
-            AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND,
-            DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
+            stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
+            AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     return dk, dv, amax_pt, amax_dst
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scale,
+def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scale,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
                    GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
-                   P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, PT_KIND: tl.constexpr,
-                   PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
-                   DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr, Q_BLOCK: tl.constexpr,
-                   FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, OUT_F32: tl.constexpr,
-                   IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+                   CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
+                   DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
+                   DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
+                   Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr,
+                   OUT_F32: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """Grid (key tiles of the longest document, documents, query heads). Each program owns a key
     tile of one query head: dK = scale * sum dS^T Q, dV = sum P^T dO over the query tiles that see it.
+    Kh, Vh: K and V rounded along head_dim (S, dP); the query-side operands as in the tile function.
     OUT_F32 (GQA): write fp32 per query head; the caller sums each group."""
     start_n = tl.program_id(0) * BLOCK_N
     doc = tl.program_id(1)
@@ -463,10 +502,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scal
     off = lk - lq
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < lk
-    k = _load_rows(K, k_start.to(tl.int64) * stride_kt + hk * stride_kh, offs_n, kmask, stride_kt, HEAD_DIM)
-    v = _load_rows(V, k_start.to(tl.int64) * stride_vt + hk * stride_vh, offs_n, kmask, stride_vt, HEAD_DIM)
-    k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
-    v_op = _quant_head(v, BLOCK_N, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
+    k_op = _load_rows(Kh, k_start.to(tl.int64) * stride_kt + hk * stride_kh, offs_n, kmask, stride_kt, HEAD_DIM)
+    v_op = _load_rows(Vh, k_start.to(tl.int64) * stride_vt + hk * stride_vh, offs_n, kmask, stride_vt, HEAD_DIM)
     q_base = q_start.to(tl.int64) * stride_qt + h * stride_qh
     do_base = q_start.to(tl.int64) * stride_dot + h * stride_doh
     l_base = h * stride_lh + q_start
@@ -476,15 +513,15 @@ def _attn_bwd_dkdv(Q, K, V, DO, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scal
     amax_dst = tl.zeros((BLOCK_N,), tl.float32)
     if TWO_PASS:  # NVFP4 P^T, dS^T: the row scale needs the amax over every query first
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
-            stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, QK_KIND,
-            QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
+            stride_qt, stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
+            QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND,
+            Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
-        dk, dv, amax_pt, amax_dst, k_op, v_op, Q, DO, Lse2, Delta, q_base, do_base, l_base, stride_qt,
-        stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND,
-        QK_BLOCK, P_POW2, P_BLOCK, DP_KIND, DP_BLOCK, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-        DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+        dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
+        stride_qt, stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
+        QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND,
+        Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     if PT_KIND == KIND_NVFP4:  # NVFP4's fp32 row scale, factored out of every product of the row
         dv = dv * nvfp4_row_scale(amax_pt)[:, None]
     if DST_KIND == KIND_NVFP4:
@@ -504,21 +541,19 @@ def _attn_bwd_dkdv(Q, K, V, DO, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scal
 
 
 @triton.jit
-def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt,
+def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,
                       start_n, offs_m, lk, off, qk_scale,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr, AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr,
-                      QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr,
-                      DP_BLOCK: tl.constexpr, DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr,
-                      K_KIND: tl.constexpr, K_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
-                      IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """One key tile of the dQ sweep."""
+                      MASKED: tl.constexpr, AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr,
+                      P_BLOCK: tl.constexpr, DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr,
+                      K_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    """One key tile of the dQ sweep. K: input keys; Kh, Vh: rounded along head_dim (S, dP); Ks:
+    keys rounded along the sequence (dQ = dS K)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < lk
-    k = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
-    v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
-    k_op = _quant_head(k, BLOCK_N, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
-    v_op = _quant_head(v, BLOCK_N, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
+    k, k_op = _load_op(K, Kh, k_base, offs_n, kmask, stride_kt, HEAD_DIM, QK_KIND)
+    v_op = _load_rows(Vh, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
     s2 = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
         vis = kmask[None, :]
@@ -536,52 +571,45 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base
         amax_ds = tl.maximum(amax_ds, tl.max(tl.abs(ds), axis=1))
     else:
         ds_op = quantize_last(ds, amax_ds, BLOCK_M, BLOCK_N, DS_KIND, DS_BLOCK, RCEIL, IS_FP16)
-        if K_KIND == KIND_INPUT:
-            dq = _mma(ds_op, k, dq, IS_FP16, INTERPRET)
-        else:
-            k_seq = _quant_seq(k, BLOCK_N, HEAD_DIM, K_KIND, K_BLOCK, RCEIL, IS_FP16)
-            if MASKED and FALLBACK and CAUSAL:
-                blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)
-                full = blk_last[None, :] <= offs_m[:, None] + off
-                dq = _mma(tl.where(full, ds_op, 0.0), k_seq, dq, IS_FP16, INTERPRET)
-                dq = _mma(tl.where(full, 0.0, ds_op), k, dq, IS_FP16, INTERPRET)
-            else:
-                dq = _mma(ds_op, k_seq, dq, IS_FP16, INTERPRET)
+        blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)
+        full = blk_last[None, :] <= offs_m[:, None] + off
+        dq = _seq_rhs(ds_op, k, K, Ks, k_base, offs_n, kmask, stride_kt, full, dq, HEAD_DIM, K_KIND,
+                      QK_KIND == KIND_INPUT, MASKED and FALLBACK and CAUSAL, IS_FP16, INTERPRET)
     return dq, amax_ds
 
 
 @triton.jit
-def _attn_bwd_dq_sweep(dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt,
+def _attn_bwd_dq_sweep(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,
                        full_end, hi, offs_m, lk, off, qk_scale,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                       AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr,
-                       P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr,
+                       AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
                        DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
                        FALLBACK: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
                        INTERPRET: tl.constexpr):
     for start_n in range(0, full_end, BLOCK_N):
         dq, amax_ds = _attn_bwd_dq_tile(
-            dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, start_n, offs_m,
-            lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2,
-            P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, start_n,
+            offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, AMAX_PASS, QK_KIND, P_POW2,
+            P_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     for start_n in range(full_end, hi, BLOCK_N):
         dq, amax_ds = _attn_bwd_dq_tile(
-            dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, start_n, offs_m,
-            lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, QK_BLOCK, P_POW2,
-            P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, start_n,
+            offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, P_POW2,
+            P_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     return dq, amax_ds
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
+def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dqt, stride_dqh, stride_lh,
                  GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, QK_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
-                 P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, DP_BLOCK: tl.constexpr, DS_KIND: tl.constexpr,
-                 DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr, FALLBACK: tl.constexpr,
-                 RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """Grid (query tiles of the longest document, documents, heads): dQ = scale * sum dS K."""
+                 CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
+                 DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
+                 FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, IS_FP16: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """Grid (query tiles of the longest document, documents, heads): dQ = scale * sum dS K.
+    Qh, DOh: Q and dO rounded along head_dim (S, dP)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     doc = tl.program_id(1)
     h = tl.program_id(2)
@@ -596,12 +624,10 @@ def _attn_bwd_dq(Q, K, V, DO, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
     off = lk - lq
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
-    q = _load_rows(Q, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
-    do = _load_rows(DO, q_start.to(tl.int64) * stride_dot + h * stride_doh, offs_m, qmask, stride_dot, HEAD_DIM)
+    q_op = _load_rows(Qh, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
+    do_op = _load_rows(DOh, q_start.to(tl.int64) * stride_dot + h * stride_doh, offs_m, qmask, stride_dot, HEAD_DIM)
     lse = tl.load(Lse2 + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
     delta = tl.load(Delta + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
-    q_op = _quant_head(q, BLOCK_M, HEAD_DIM, QK_KIND, QK_BLOCK, RCEIL, IS_FP16)
-    do_op = _quant_head(do, BLOCK_M, HEAD_DIM, DP_KIND, DP_BLOCK, RCEIL, IS_FP16)
     k_base = k_start.to(tl.int64) * stride_kt + hk * stride_kh
     v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
     if CAUSAL:
@@ -615,19 +641,71 @@ def _attn_bwd_dq(Q, K, V, DO, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
     amax_ds = tl.zeros((BLOCK_M,), tl.float32)
     if TWO_PASS:  # NVFP4 dS: the row scale needs the amax over every key first
         dq, amax_ds = _attn_bwd_dq_sweep(
-            dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, full_end, hi,
-            offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, QK_KIND, QK_BLOCK, P_POW2,
-            P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, full_end,
+            hi, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, QK_KIND, P_POW2, P_BLOCK,
+            DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     dq, amax_ds = _attn_bwd_dq_sweep(
-        dq, amax_ds, q_op, do_op, lse, delta, K, V, k_base, v_base, stride_kt, stride_vt, full_end, hi,
-        offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND, QK_BLOCK, P_POW2,
-        P_BLOCK, DP_KIND, DP_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+        dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, full_end, hi,
+        offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND, P_POW2, P_BLOCK, DS_KIND,
+        DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
     if DS_KIND == KIND_NVFP4:
         dq = dq * nvfp4_row_scale(amax_ds)[:, None]
     dq = dq * sm_scale
     offs_d = tl.arange(0, HEAD_DIM)
     ptrs = DQ + (q_start + offs_m)[:, None].to(tl.int64) * stride_dqt + h * stride_dqh + offs_d[None, :]
     tl.store(ptrs, _to_input(dq, IS_FP16, INTERPRET), mask=qmask[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# operand rounding: one pass per input tensor and GEMM role
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_operand(X, Y, Cu, stride_t, stride_h, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, KIND: tl.constexpr,
+                   BLOCK: tl.constexpr, SEQ: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """Grid (row tiles of the longest document, documents, heads): Y = X rounded as a GEMM operand,
+    blocked along head_dim (SEQ False; BLOCK 0: one scale per row) or along the sequence (SEQ True;
+    tiles start at the document's first row, so blocks restart there), stored in the input dtype
+    (exact: E4M3 values times power-of-two scales)."""
+    start = tl.program_id(0) * ROWS
+    doc = tl.program_id(1)
+    h = tl.program_id(2)
+    t0 = tl.load(Cu + doc)
+    n = tl.load(Cu + doc + 1) - t0
+    if start >= n:
+        return
+    offs = start + tl.arange(0, ROWS)
+    mask = offs < n
+    base = t0.to(tl.int64) * stride_t + h * stride_h
+    x = _load_rows(X, base, offs, mask, stride_t, HEAD_DIM)
+    if SEQ:
+        y = _quant_seq(x, ROWS, HEAD_DIM, KIND, BLOCK, RCEIL, IS_FP16)
+    else:
+        y = _quant_head(x, ROWS, HEAD_DIM, KIND, BLOCK, RCEIL, IS_FP16)
+    ptrs = Y + base + offs[:, None].to(tl.int64) * stride_t + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(ptrs, _to_input(y, IS_FP16, INTERPRET), mask=mask[:, None])
+
+
+def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, *, seq: bool, rceil: bool):
+    """``x`` (total, heads, head_dim) rounded as a GEMM operand of kind ``spec = (kind, block)``:
+    along the sequence (``seq``, blocks restarting at each document of ``cu``) or along head_dim.
+    Returns ``x`` itself for input-precision operands; otherwise a new tensor with x's strides
+    (rows outside every document are left unwritten: no kernel reads them)."""
+    kind, block = spec
+    if kind == KIND_INPUT:
+        return x
+    y = torch.empty_like(x)
+    batch = cu.numel() - 1
+    if x.numel() == 0 or batch == 0 or max_len == 0:
+        return y
+    rows = max(64, block) if seq else 64
+    grid = (triton.cdiv(max_len, rows), batch, x.shape[1])
+    _round_operand[grid](x, y, cu, x.stride(0), x.stride(1), ROWS=rows, HEAD_DIM=x.shape[-1], KIND=kind,
+                         BLOCK=block, SEQ=seq, RCEIL=rceil, IS_FP16=x.dtype == torch.float16,
+                         INTERPRET=_interpreting(), num_warps=4)
+    return y
 
 
 # ----------------------------------------------------------------------------------------------
@@ -641,19 +719,18 @@ def _check_inputs(q, k, v):
     d = q.shape[-1]
     if d < 32 or d > 256 or d & (d - 1):
         raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {d}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous along head_dim")
 
 
-def _head_block(block: int) -> int:
-    return block  # 0 stays 0: one scale per row
+def _seq_block(spec: tuple) -> int:
+    """A sequence operand's block as a constexpr (1 for input-precision operands, never used)."""
+    return max(spec[1], 1)
 
 
 def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
                   *, tile: TileConfig | None = None):
     """Forward kernel: (out in q's dtype, lse2 (nheads, total_q) fp32 in log2 units)."""
     _check_inputs(q, k, v)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     total_q, H, D = q.shape
     Hk = k.shape[1]
     out = torch.empty_like(q)
@@ -663,15 +740,17 @@ def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int,
         return out, lse2
     t = tile or tiles(cfg, D, interpret=_interpreting())["fwd"]
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
+    qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
+    kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
+    vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
     grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
     _attn_fwd[grid](
-        q, k, v, out, lse2, cu_q, cu_k, qk_scale,
+        qh, kh, v, vs, out, lse2, cu_q, cu_k, qk_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         lse2.stride(0),
         GROUPS=H // Hk, HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
-        QK_KIND=cfg.qk[0], QK_BLOCK=_head_block(cfg.qk[1]), V_KIND=cfg.v_seq[0], V_BLOCK=cfg.v_seq[1],
-        P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block, FALLBACK=cfg.fallback, RCEIL=cfg.rceil,
-        IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
+        V_KIND=cfg.v_seq[0], V_BLOCK=_seq_block(cfg.v_seq), P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
+        FALLBACK=cfg.fallback, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out, lse2
@@ -681,6 +760,7 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
                    causal: bool, *, tile_dkdv: TileConfig | None = None, tile_dq: TileConfig | None = None):
     """Backward kernels from the forward's out and lse2 ((nheads, total_q), log2 units): (dq, dk, dv)."""
     _check_inputs(q, k, v)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     total_q, H, D = q.shape
     total_k, Hk, _ = k.shape
     groups = H // Hk
@@ -703,28 +783,37 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
         out, dout, delta, total_q, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), delta.stride(0),
         BLOCK_M=64, HEAD_DIM=D,
     )
+    # every operand rounded once, in its role (head_dim: S and dP; sequence: dV, dK, dQ)
+    r = cfg.rceil
+    qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=r)
+    kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=r)
+    vh = round_operand(v, cu_k, max_k, cfg.dp, seq=False, rceil=r)
+    doh = round_operand(dout, cu_q, max_q, cfg.dp, seq=False, rceil=r)
+    qs = round_operand(q, cu_q, max_q, cfg.q_seq, seq=True, rceil=r)
+    dos = round_operand(dout, cu_q, max_q, cfg.do_seq, seq=True, rceil=r)
+    ks = round_operand(k, cu_k, max_k, cfg.k_seq, seq=True, rceil=r)
     t = tiles(cfg, D, interpret=_interpreting())
     t1 = tile_dkdv or t["dkdv"]
     t2 = tile_dq or t["dq"]
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
-    common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], QK_BLOCK=_head_block(cfg.qk[1]), P_POW2=cfg.p_pow2,
-                  P_BLOCK=cfg.p_block, DP_KIND=cfg.dp[0], DP_BLOCK=_head_block(cfg.dp[1]), FALLBACK=cfg.fallback,
-                  RCEIL=cfg.rceil, TWO_PASS=cfg.two_pass, IS_FP16=q.dtype == torch.float16,
+    common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
+                  FALLBACK=cfg.fallback, RCEIL=r, TWO_PASS=cfg.two_pass, IS_FP16=q.dtype == torch.float16,
                   INTERPRET=_interpreting(), GROUPS=groups)
     _attn_bwd_dkdv[(triton.cdiv(max(max_k, 1), t1.block_n), batch, H)](
-        q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
+        q, qh, qs, kh, vh, dout, doh, dos, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0),
-        BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1], DO_KIND=cfg.do_seq[0],
-        DO_BLOCK=cfg.do_seq[1], DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1], Q_KIND=cfg.q_seq[0],
-        Q_BLOCK=cfg.q_seq[1], OUT_F32=groups > 1, num_warps=t1.num_warps, num_stages=t1.num_stages, **common,
+        BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0], PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1],
+        DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq), DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1],
+        Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, num_warps=t1.num_warps,
+        num_stages=t1.num_stages, **common,
     )
     _attn_bwd_dq[(triton.cdiv(max(max_q, 1), t2.block_m), batch, H)](
-        q, k, v, dout, lse2, delta, dq, cu_q, cu_k, qk_scale, scale,
+        qh, k, kh, ks, vh, doh, lse2, delta, dq, cu_q, cu_k, qk_scale, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
         dq.stride(0), dq.stride(1), lse2.stride(0),
         BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, DS_KIND=cfg.ds[0], DS_BLOCK=cfg.ds[1], K_KIND=cfg.k_seq[0],
-        K_BLOCK=cfg.k_seq[1], num_warps=t2.num_warps, num_stages=t2.num_stages, **common,
+        K_BLOCK=_seq_block(cfg.k_seq), num_warps=t2.num_warps, num_stages=t2.num_stages, **common,
     )
     return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
 
@@ -740,7 +829,7 @@ def _group_sum(x: torch.Tensor, like: torch.Tensor, groups: int) -> torch.Tensor
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, cfg):
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out, lse2 = fused_forward(cfg, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.args = (max_q, max_k, scale, causal, cfg)

@@ -146,21 +146,42 @@ def _mx_blocks(x3, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _mx_tile(x, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
+    """Fake-quantize a 2-d tile that is one block along AXIS (the amax is that axis' reduction)."""
+    e = mx_exponent(amax, RCEIL)
+    if AXIS == 1:
+        data = round_e4m3(x * exp2i(-e)[:, None])
+        q = data * exp2i(e)[:, None]
+        return tl.where((amax < float("inf"))[:, None], q, float("nan"))
+    else:
+        data = round_e4m3(x * exp2i(-e)[None, :])
+        q = data * exp2i(e)[None, :]
+        return tl.where((amax < float("inf"))[None, :], q, float("nan"))
+
+
+@triton.jit
 def mx_last(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl.constexpr):
-    """``mx_fake_quantize(x, axis=-1, block_size=BLOCK)`` of an (R, C) fp32 tile (C % BLOCK == 0)."""
+    """``mx_fake_quantize(x, axis=-1, block_size=BLOCK)`` of an (R, C) fp32 tile (C % BLOCK == 0).
+    A tile one block wide is reduced in place; wider tiles go through a 3-d view (a layout change)."""
     tl.static_assert(C % BLOCK == 0)
-    x3 = tl.reshape(x, (R, C // BLOCK, BLOCK))
-    q = _mx_blocks(x3, tl.max(tl.abs(x3), axis=2), RCEIL, 2)
-    return tl.reshape(q, (R, C))
+    if C == BLOCK:
+        return _mx_tile(x, tl.max(tl.abs(x), axis=1), RCEIL, 1)
+    else:
+        x3 = tl.reshape(x, (R, C // BLOCK, BLOCK))
+        q = _mx_blocks(x3, tl.max(tl.abs(x3), axis=2), RCEIL, 2)
+        return tl.reshape(q, (R, C))
 
 
 @triton.jit
 def mx_first(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl.constexpr):
     """``mx_fake_quantize(x, axis=0, block_size=BLOCK)`` of an (R, C) fp32 tile (R % BLOCK == 0)."""
     tl.static_assert(R % BLOCK == 0)
-    x3 = tl.reshape(x, (R // BLOCK, BLOCK, C))
-    q = _mx_blocks(x3, tl.max(tl.abs(x3), axis=1), RCEIL, 1)
-    return tl.reshape(q, (R, C))
+    if R == BLOCK:
+        return _mx_tile(x, tl.max(tl.abs(x), axis=0), RCEIL, 0)
+    else:
+        x3 = tl.reshape(x, (R // BLOCK, BLOCK, C))
+        q = _mx_blocks(x3, tl.max(tl.abs(x3), axis=1), RCEIL, 1)
+        return tl.reshape(q, (R, C))
 
 
 @triton.jit
