@@ -275,7 +275,7 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, st
 @triton.jit
 def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-              GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, V_KIND: tl.constexpr, V_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
               P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """Grid (query tiles of the longest document, documents, heads); longest-running tiles first.
@@ -479,7 +479,7 @@ def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, D
 def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scale,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
-                   GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
                    DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
                    DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
@@ -603,7 +603,7 @@ def _attn_bwd_dq_sweep(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_ba
 def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dqt, stride_dqh, stride_lh,
-                 GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
                  DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
                  FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, IS_FP16: tl.constexpr,
