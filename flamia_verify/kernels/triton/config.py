@@ -142,7 +142,7 @@ def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, Tile
     big = max(fwd_n, dkdv_m, dq_n) >= 128
     return {
         "fwd": TileConfig(128, fwd_n, num_warps=4, num_stages=3) if cfg.p_pow2 and not big
-        else TileConfig(128, max(64, fwd_n), num_warps=8, num_stages=3),
+        else TileConfig(128, max(64, fwd_n), num_warps=8, num_stages=2 if big else 3),
         "dkdv": TileConfig(max(32, dkdv_m), 128, num_warps=8, num_stages=1 if big else 2),
         # one stage: the only GPU run so far (see benchmarks/RESULTS.md) saw dQ differ from the
         # emulation with 3 stages on multi-tile documents and agree with 1 (the fp8 config)
