@@ -10,9 +10,12 @@ tile:
   multiple of every block size along its axis, so quantization blocks along the sequence restart
   at document starts without any bookkeeping, and a document's tiles are the same wherever it is
   packed.
-* MX / FP8 operands are quantized in registers (``quant.py``, bit-exact twins of
-  :mod:`flamia_verify.formats`) and dequantized to BF16 for the tensor-core dot. That is exact:
-  E4M3 values have 4 significant bits and E8M0 scales are powers of two.
+* Each input operand is rounded once per GEMM role by a pre-pass (``round_operand``: Q, K along
+  head_dim; V along keys; in the backward also V, dO along head_dim and Q, K, dO along the
+  sequence) and stored dequantized in the input dtype; the loops round only P, P^T, dS, dS^T, in
+  registers (``quant.py``; both bit-exact twins of :mod:`flamia_verify.formats`). The dots run in
+  BF16 on dequantized values, which is exact: E4M3 values have 4 significant bits and E8M0 scales
+  are powers of two.
 * FLAMIA's P: per 32-key block (128 for ``fp8``) ``M_b = ceil(block max of s)`` (log2 units),
   elements ``E4M3(2^(s - M_b + 8))``, block scale ``2^(M_b - 8 - m)``. The running maximum ``m``
   is the max of the integers ``M_b``, so the online-softmax rescaling ``2^(m_old - m_new)`` is an
