@@ -40,7 +40,7 @@ def test_fp16_operand_model_covers_rounding_through_the_subnormal_range():
     assert bool((err > OperandModel(2.0**-11).rho(x.abs(), 0.0, 0.0)).any())
 
 
-@pytest.mark.parametrize("name", ["bf16", "flamia-mxfp8", "fp8"])
+@pytest.mark.parametrize("name", ["bf16", "flamia-mxfp8", "fp8", "flamia-nvfp4"])
 def test_correct_kernel_passes_the_quick_suite_with_fp16_inputs(name):
     report = run_checks(name, suite="quick", dtype=torch.float16, seed=0)
     assert [c.name for c in report.checks] == [s.name for s in list_checks("quick")]
@@ -54,6 +54,8 @@ CAUGHT_WITH_FP16 = {
     "scale_off_by_one": (Z.BUGS["scale_off_by_one"], ("bound.out",)),
     "pt_unscaled": (T.TARGETED["pt_unscaled"], ("bound.grad",)),
     "no_row_max": (T.TARGETED["no_row_max"], ("special.negative_scores",)),
+    # dO x 2^-10 (the fp16 floor of the small-dO packing) puts dS below E4M3's normal range
+    "ds_unscaled": (T.TARGETED["ds_unscaled"], ("error.dq", "consistency.grad_forward_ratio")),
 }
 
 
