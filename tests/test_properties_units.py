@@ -69,6 +69,28 @@ def test_case_validation_names_the_problem():
         make_inputs(Case((4,), overrides=(("warp_q", 1),)))
 
 
+def test_one_hot_key_case_has_integer_log2_scores_and_one_key_per_dq_channel():
+    """bound's one-hot-key case: every key a distinct unit vector within its document, integer
+    queries, softmax_scale ln 2 (scores q.k * ln 2 * log2(e) are the integers q.k)."""
+    from types import SimpleNamespace
+
+    from flamia_verify.properties.checks.bound import LN2, one_hot_keys_case
+
+    ctx = SimpleNamespace(settings=SimpleNamespace(headdim=64),
+                          case=lambda lens, **kw: Case(tuple(lens), seed=kw.pop("seed_offset"), **kw))
+    case = one_hot_keys_case(ctx)
+    assert case.softmax_scale == LN2 and max(case.lens_k) <= 64
+    inp = make_inputs(case)
+    k, q = inp.k.double(), inp.q.double()
+    assert bool((k.abs().sum(-1) == 1).all()) and bool((k.abs().amax(-1) == 1).all())
+    cu = inp.cu_k.tolist()
+    for a, b in zip(cu[:-1], cu[1:]):  # distinct unit vectors inside a document, per head
+        for h in range(k.shape[1]):
+            assert len(set(k[a:b, h].argmax(-1).tolist())) == b - a
+    assert torch.equal(q, torch.round(q)) and float(q.abs().max()) >= 2
+    assert torch.equal(e4m3_grid(inp.v.float()), inp.v.float()) and torch.equal(e4m3_grid(inp.do.float()), inp.do.float())
+
+
 def test_e4m3_grid_values_survive_every_mx_quantization():
     x = torch.randn(4, 96, 64) * 3
     g = e4m3_grid(x)

@@ -280,8 +280,10 @@ def e4m3_grid(x: torch.Tensor) -> torch.Tensor:
 def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     """Structured edits: ``scale_<t>`` multiplies tensor t; ``zero_<t>`` zeroes rows [a, b) of t;
     ``const_<t>`` sets every row of t to its first row; ``fill_<t>`` sets rows [a, b) to a value;
-    ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``negscore_q`` makes every
-    score deeply negative (about -value * scale * headdim)."""
+    ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``int_<t>`` rounds t to
+    integers; ``onehot_<t>`` makes row r of t ``value`` times the unit vector e_(r mod headdim)
+    (distinct within every document of at most headdim rows); ``negscore_q`` makes every score deeply
+    negative (about -value * scale * headdim)."""
     kind, _, name = key.partition("_")
     if name not in tensors:
         raise ConfigError(f"override {key!r} names no tensor (q, k, v, do)")
@@ -301,11 +303,19 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         tensors["q"] = -lam * (1.0 + 0.05 * tensors["q"])
     elif kind == "grid":
         tensors[name] = e4m3_grid(t)
+    elif kind == "int":
+        tensors[name] = torch.round(t)
+    elif kind == "onehot":
+        rows, d = t.shape[0], t.shape[-1]
+        one = torch.zeros_like(t)
+        one[torch.arange(rows), :, torch.arange(rows) % d] = float(value)
+        tensors[name] = one
     elif kind == "fill":
         a, b, x = value
         t[int(a) : int(b)] = float(x)
     else:
-        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, fill_ or grid_ with q, k, v or do")
+        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, fill_, grid_, int_ or onehot_ "
+                          "with q, k, v or do")
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:

@@ -11,6 +11,8 @@ MX-exact E4M3 grid: with exact scores the bound is tight on the rounding of V, P
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
@@ -18,7 +20,9 @@ from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
 
-__all__ = ["bounds_for", "bound_report"]
+__all__ = ["bounds_for", "bound_report", "one_hot_keys_case"]
+
+LN2 = math.log(2.0)
 
 
 def bounds_for(ctx, case, *, grads: bool):
@@ -98,7 +102,20 @@ def _cases(ctx):
 
     one_hot = ctx.case((96,), distribution="shifted", overrides=(("scale_q", 16.0), ("grid_q", True), ("grid_k", True)),
                        seed_offset=3001)
-    return ctx.base_cases() + bias_cases(ctx) + [one_hot]
+    return ctx.base_cases() + bias_cases(ctx) + [one_hot, one_hot_keys_case(ctx)]
+
+
+def one_hot_keys_case(ctx):
+    """Keys one-hot (k_j = e_(j mod d)) in documents of at most d keys, integer queries and
+    softmax_scale = ln 2: every score is an integer in log2 units, so FLAMIA's P blocks and
+    FlashAttention's 2^(s - m) are exact powers of two, and dQ_i[j mod d] = s dS_ij reads one
+    entry of dS with no sum. V and dO on the MX-exact grid keep dP exact up to fp32 sums. The dQ
+    bound then bites on the rounding of the dS operand itself: a kernel that rounds dS more coarsely
+    than its recipe says (NVFP4 under an MXFP8 claim) leaves it."""
+    d = ctx.settings.headdim
+    return ctx.case((3 * d // 4, d, d // 2 + 1), softmax_scale=LN2,
+                    overrides=(("scale_q", 1.5), ("int_q", True), ("onehot_k", 1.0), ("grid_v", True),
+                               ("grid_do", True)), seed_offset=3002)
 
 
 @register(
