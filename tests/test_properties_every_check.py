@@ -117,14 +117,16 @@ _ungrouped.recipe = "mxfp8"
 
 
 def test_autograd_gives_every_gradient_the_shape_and_dtype_of_its_input():
-    """Why interface.backward can fail only on a missing gradient: torch casts a gradient to its
-    input's dtype and sums a broadcastable one to its shape (MQA: a forgotten group sum is done for
-    the kernel), and raises on any other shape, which makes the check report ``error``."""
+    """torch casts a gradient to its input's dtype and sums a broadcastable one to its shape (MQA: a
+    forgotten group sum is done for the kernel), and raises on any other shape (GQA 4:2): that
+    raise is the kernel's interface violation, so interface.backward reports ``fail``, not ``error``."""
     case = Case((16,), heads=2, heads_k=1)
     res = KernelHarness(_ungrouped).call(make_inputs(case))
     assert res.dq.dtype == torch.bfloat16 and res.dk.shape == (16, 1, 64)
     check = _run(_ungrouped, ["interface.backward"]).check("interface.backward")
-    assert check.status == "error" and "invalid gradient" in check.message, check.message
+    assert check.status == "fail" and "wrong shape" in check.message and "invalid gradient" in check.message, \
+        check.message
+    assert check.metrics["bad_gradients"] == 1 and check.worst_case["case"]["heads"] == 4
 
 
 @pytest.mark.parametrize("name", ["dense_mask", "packed_tiles"])
