@@ -328,3 +328,37 @@ def test_gpu_long_documents_on_exact_inputs(monkeypatch, name, causal):
     out_e, _ = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out (exact inputs)")
     check_backward_on_exact_inputs("cuda", monkeypatch, name, lens, None, 2, 2, causal)
+
+
+def test_a_kernel_that_does_not_fit_shared_memory_is_relaunched_with_fewer_stages():
+    """_launch: OutOfResources at launch -> one pipeline stage fewer, down to one; the depth that fit
+    is remembered; at one stage the error names the kernel and the way out (the emulation)."""
+    from triton.runtime.errors import OutOfResources
+
+    from flamia_verify.kernels.triton import attention as A
+
+    class Kernel:  # stands in for a JITFunction: kernel[grid](*args, **kw); kernel.fn.__name__
+        def __init__(self, fits_at):
+            self.fits_at, self.tried = fits_at, []
+            self.fn = self._attn_stand_in
+
+        def _attn_stand_in(self):
+            pass
+
+        def __getitem__(self, grid):
+            def launch(*args, num_warps, num_stages, **kw):
+                self.tried.append(num_stages)
+                if num_stages > self.fits_at:
+                    raise OutOfResources(num_stages * 100_000, 232_448, "shared memory")
+            return launch
+
+    tile = A.TileConfig(128, 64, num_warps=8, num_stages=3)
+    k = Kernel(fits_at=1)
+    assert A._launch(k, (1,), tile, 0, HEAD_DIM=256) == 1 and k.tried == [3, 2, 1]
+    assert A._launch(k, (1,), tile, 0, HEAD_DIM=256) == 1 and k.tried == [3, 2, 1, 1]  # remembered
+    fits = Kernel(fits_at=3)
+    assert A._launch(fits, (1,), tile, 0, HEAD_DIM=64) == 3 and fits.tried == [3]
+    never = Kernel(fits_at=0)
+    with pytest.raises(RuntimeError, match="does not fit this GPU even with one pipeline stage.*emulation"):
+        A._launch(never, (1,), tile, 0, HEAD_DIM=512)
+    assert never.tried == [3, 2, 1]

@@ -42,6 +42,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from flamia_verify.kernels.convention import validate_varlen_inputs
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
@@ -724,6 +725,33 @@ def _check_inputs(q, k, v):
         raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {d}")
 
 
+#: the pipeline depth that fit, per (kernel, constexprs, tile): a GPU with less shared memory than
+#: the H200 (or a large head_dim) gets fewer stages once, not an error at every call
+_STAGES_THAT_FIT: dict = {}
+
+
+def _launch(kernel, grid, tile: TileConfig, *args, **constexprs):
+    """Launch ``kernel`` with ``tile``'s warps and stages; when the compiled kernel does not fit the
+    GPU's shared memory, retry with one pipeline stage fewer (results do not depend on the depth:
+    the stages only prefetch the same tiles) down to one."""
+    key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), tile)
+    stages = _STAGES_THAT_FIT.get(key, tile.num_stages)
+    while True:
+        try:
+            kernel[grid](*args, **constexprs, num_warps=tile.num_warps, num_stages=stages)
+        except OutOfResources as exc:
+            if stages <= 1:
+                raise RuntimeError(
+                    f"the fused {kernel.fn.__name__} kernel does not fit this GPU even with one pipeline stage "
+                    f"(tile {tile.block_m} x {tile.block_n}, head_dim {constexprs.get('HEAD_DIM')}): {exc}; "
+                    "the emulation (CPU tensors) computes the same design"
+                ) from exc
+            stages -= 1
+            continue
+        _STAGES_THAT_FIT[key] = stages
+        return stages
+
+
 def _seq_block(spec: tuple) -> int:
     """A sequence operand's block as a constexpr (1 for input-precision operands, never used)."""
     return max(spec[1], 1)
@@ -747,14 +775,14 @@ def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int,
     kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
     vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
     grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
-    _attn_fwd[grid](
+    _launch(
+        _attn_fwd, grid, t,
         qh, kh, v, vs, out, lse2, cu_q, cu_k, qk_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        lse2.stride(0),
-        GROUPS=H // Hk, HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
+        lse2.stride(0), H // Hk,
+        HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
         V_KIND=cfg.v_seq[0], V_BLOCK=_seq_block(cfg.v_seq), P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
         FALLBACK=cfg.fallback, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
-        num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out, lse2
 
@@ -801,22 +829,23 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
                   FALLBACK=cfg.fallback, RCEIL=r, TWO_PASS=cfg.two_pass, IS_FP16=q.dtype == torch.float16,
-                  INTERPRET=_interpreting(), GROUPS=groups)
-    _attn_bwd_dkdv[(triton.cdiv(max(max_k, 1), t1.block_n), batch, H)](
+                  INTERPRET=_interpreting())
+    _launch(
+        _attn_bwd_dkdv, (triton.cdiv(max(max_k, 1), t1.block_n), batch, H), t1,
         q, qh, qs, kh, vh, dout, doh, dos, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0),
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0), groups,
         BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0], PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1],
         DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq), DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1],
-        Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, num_warps=t1.num_warps,
-        num_stages=t1.num_stages, **common,
+        Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, **common,
     )
-    _attn_bwd_dq[(triton.cdiv(max(max_q, 1), t2.block_m), batch, H)](
+    _launch(
+        _attn_bwd_dq, (triton.cdiv(max(max_q, 1), t2.block_m), batch, H), t2,
         qh, k, kh, ks, vh, doh, lse2, delta, dq, cu_q, cu_k, qk_scale, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
-        dq.stride(0), dq.stride(1), lse2.stride(0),
+        dq.stride(0), dq.stride(1), lse2.stride(0), groups,
         BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, DS_KIND=cfg.ds[0], DS_BLOCK=cfg.ds[1], K_KIND=cfg.k_seq[0],
-        K_BLOCK=_seq_block(cfg.k_seq), num_warps=t2.num_warps, num_stages=t2.num_stages, **common,
+        K_BLOCK=_seq_block(cfg.k_seq), **common,
     )
     return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
 
