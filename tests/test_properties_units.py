@@ -91,6 +91,26 @@ def test_one_hot_key_case_has_integer_log2_scores_and_one_key_per_dq_channel():
     assert torch.equal(e4m3_grid(inp.v.float()), inp.v.float()) and torch.equal(e4m3_grid(inp.do.float()), inp.do.float())
 
 
+@pytest.mark.parametrize("rule", ["rceil", "floor"])
+def test_mx_operand_model_covers_blocks_at_e8m0s_smallest_scale(rule):
+    """Blocks with amax below 448 * 2^-127 keep the scale 2^-127: their elements move by up to 2^-137
+    whatever the amax. The model's alpha covers that; without it (u and eta alone) it does not for
+    elements below 2^-133 (E4M3 subnormals under that scale: fp32 inputs, computed P and dS)."""
+    from flamia_verify.formats import ScaleRule
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(256, 256, generator=g, dtype=torch.float64) * 2.0**-136).float()
+    xq = mx_fake_quantize(x, axis=-1, block_size=32, rule=ScaleRule[rule.upper()])
+    err = (xq.double() - x.double()).abs()
+    line = x.abs().double().amax(-1, keepdim=True)
+    recipe = "mxfp8" if rule == "rceil" else "mxfp8-floor"
+    for model in (recipe_bound_model(recipe, torch.float32).v_hd, recipe_bound_model("fp8", torch.float32).v_hd):
+        rho = model.rho(x.abs().double(), line, float(line.max()))
+        assert bool((err <= rho).all()), f"{recipe}: {int((err > rho).sum())} elements outside the model"
+        bare = OperandModel(model.u, model.eta, model.eta_g, model.exact_sig)
+        assert bool((err > bare.rho(x.abs().double(), line, float(line.max()))).any())
+
+
 def test_e4m3_grid_values_survive_every_mx_quantization():
     x = torch.randn(4, 96, 64) * 3
     g = e4m3_grid(x)

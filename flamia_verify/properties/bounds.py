@@ -79,6 +79,9 @@ E2M1_ETA = 0.25 * (1 + 2.0**-4) / 6.0
 NVFP4_GLOBAL_ETA = 2.0**-6 / 448.0
 # fp32 exponent arithmetic (scale * log2(e) in fp32, exp2, log2 of the sum): a few ulps of |S| + |m| + 1
 EXP_SLACK = 2.0**-20
+# E8M0's smallest scale 2^-127 times half of E4M3's smallest subnormal 2^-9: a block whose amax is below
+# 448 * 2^-127 keeps that scale (the clamp), so its elements may move by this much, whatever the amax
+_ALPHA_E8M0 = 2.0**-137
 # half the smallest subnormal of each input dtype: the absolute error of RNE below the normal range
 _ALPHA_FP16 = 2.0**-25  # smallest subnormal 2^-24
 _ALPHA_BF16 = 2.0**-134  # smallest subnormal 2^-133
@@ -127,7 +130,8 @@ class OperandModel:
             mant, _ = torch.frexp(x_abs)  # x = mant * 2^e, mant in [0.5, 1)
             sig = 2 * mant
             on_grid = (sig * 8 == torch.floor(sig * 8)) & (sig <= self.exact_sig)
-            near_max = x_abs >= line_max * 2.0**-13
+            # x / X >= 2^-6 also when the scale X is clamped at 2^-127: x >= 2^-133
+            near_max = (x_abs >= line_max * 2.0**-13) & (x_abs >= 2.0**-133)
             r = torch.where(on_grid & near_max & (x_abs > 0), torch.zeros_like(r), r)
         return r
 
@@ -204,12 +208,13 @@ def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
         c = computed if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16, alpha=_ALPHA_BF16)
         return RecipeBoundModel(recipe, inp, inp, c, inp, inp, inp, c, inp, c, inp, c, inp, u_in, a_in)
     if recipe == "fp8":
-        x = OperandModel(_U_E4M3, 0.0, E4M3_ETA)  # any granularity: the scale may cover the whole tensor
-        p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA)
+        # any granularity: the scale may cover the whole tensor
+        x = OperandModel(_U_E4M3, 0.0, E4M3_ETA, alpha=_ALPHA_E8M0)
+        p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA, alpha=_ALPHA_E8M0)
         return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in, a_in)
     u = _U_E4M3_FLOOR if recipe == "mxfp8-floor" else _U_E4M3
-    mx = OperandModel(u, E4M3_ETA)  # computed operands (P, P^T, dS)
-    mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875)  # inputs q, k, v, dO
+    mx = OperandModel(u, E4M3_ETA, alpha=_ALPHA_E8M0)  # computed operands (P, P^T, dS)
+    mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875, alpha=_ALPHA_E8M0)  # q, k, v, dO
     if recipe in ("mxfp8", "mxfp8-floor"):
         return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in, a_in)
     if recipe == "nvfp4":

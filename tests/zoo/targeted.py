@@ -26,6 +26,7 @@ so that the failure is the bug's doing and not a side effect).
     range_scale_do_flush    the same with a saturating cast: a constant dO block becomes 0, hence dV
     ds_unscaled             dQ = dS K with dS cast to E4M3 without a scale (a small dO flushes dQ to 0)
     ds_nvfp4                claims MXFP8 but rounds dS to NVFP4 for dQ = dS K (a 4x coarser operand)
+    e8m0_byte0_zero         V's E8M0 scale decoded as (b << 23) read as fp32: byte 0 (2^-127) becomes 0
     ignores_softmax_scale   the softmax_scale argument is ignored, headdim^-0.5 used instead
 
 Known misses (``KNOWN_MISSES``, kept as strict expected failures in the tests): none at present.
@@ -44,7 +45,8 @@ import torch
 
 from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
-from zoo.kernels import _STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one
+from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one,
+                         _v_quant_kernel)
 
 __all__ = [
     "TARGETED",
@@ -64,6 +66,7 @@ __all__ = [
     "range_scale_do",
     "ds_unscaled",
     "ds_nvfp4",
+    "e8m0_byte0_zero",
     "ignores_softmax_scale",
     "range_scale_do_flush",
 ]
@@ -189,6 +192,28 @@ ds_nvfp4 = _tag(
     ("bound.grad",),
     ("error.out", "error.dk", "error.dv", "bound.out", "causal", "isolation"),
     "FLAMIA MXFP8 whose dQ = dS K rounds dS to NVFP4 (E2M1, 16-blocks, UE4M3 scale) instead of MXFP8",
+)
+
+# ---------------------------------------------------------------------------------------------
+# E8M0 byte 0 decoded as zero (FORMATS.md: 2^-127 is an fp32 subnormal; b << 23 gives +0.0)
+# ---------------------------------------------------------------------------------------------
+
+
+def _mx_byte0_as_zero(block: torch.Tensor, axis: int) -> torch.Tensor:
+    amax = block.abs().amax(dim=axis, keepdim=True)
+    e = torch.where(amax > 0, torch.ceil(torch.log2(amax / E4M3_MAX)), torch.full_like(amax, -127.0)).clamp(-127, 127)
+    data = _e4m3_rne((block * torch.exp2(-e)).clamp(-E4M3_MAX, E4M3_MAX))
+    decoded = torch.where(e == -127, torch.zeros_like(e), torch.exp2(e))  # ((e + 127) << 23) as fp32
+    return data * decoded
+
+
+#: V blocks with amax below 448 * 2^-127 vanish; special.magnitudes' V x 2^-121 case has them (bf16).
+#: The quantizer runs in front of the kernel without the diagonal fallback, so it also leaks causally.
+e8m0_byte0_zero = _tag(
+    _v_quant_kernel(_mx_byte0_as_zero), "mxfp8", ("special.magnitudes",),
+    ("error", "bound", "consistency", "isolation"),
+    "MXFP8 whose V block scale is decoded from its E8M0 byte with an exponent shift: byte 0 (2^-127, an fp32 "
+    "subnormal) reads as 0, so blocks with amax below 448 * 2^-127 vanish",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -448,6 +473,7 @@ TARGETED = {
         "no_row_max",
         "ds_unscaled",
         "ds_nvfp4",
+        "e8m0_byte0_zero",
         "ignores_softmax_scale",
         "range_scale_do_flush",
     )

@@ -12,7 +12,8 @@ Every special check runs the kernel (forward and backward) on structured cases a
     special.magnitudes        V x 2^+-100 (bf16; scaled to the dtype's range), V near 2^-9 (E4M3's
                               smallest subnormal), V rows of 464 (just above E4M3's 448), q and k x 2^-9,
                               the upstream gradient dO x 2^-40, 2^-20, 2^+20 (softmax_scale 0.5 and 2
-                              times the default on two of them)
+                              times the default on two of them), V x 2^-121 (MX blocks at E8M0's
+                              smallest scale 2^-127; bf16 and fp32 inputs)
     special.outlier_channels  two channels of v x 100 and of k x 100/sqrt(d) (O's error / BF16's reported:
                               outlier keys make the scores peaked, which amplifies FP8 score errors
                               beyond the Gaussian model, 66x BF16 measured for correct MXFP8)
@@ -113,6 +114,10 @@ def zero_blocks(ctx):
     return _special(ctx, cases, label="zero-block cases")
 
 
+#: V x 2^-121: block amaxes near 2^-119.5 < 448 * 2^-127, so RCEIL and FLOOR both clamp the scale to 2^-127
+E8M0_MIN_CASE = -121
+
+
 def _magnitude_exponents(dtype) -> tuple[int, int]:
     fi = torch.finfo(dtype)
     hi = min(100, int(math.floor(math.log2(fi.max))) - 8)
@@ -121,7 +126,8 @@ def _magnitude_exponents(dtype) -> tuple[int, int]:
 
 
 @register("special.magnitudes", "V scaled by 2^+-100, near E4M3's smallest subnormal (2^-9), rows of 464 (above E4M3's "
-          "max 448); q, k x 2^-9; the upstream gradient dO x 2^-40, 2^-20, 2^+20: finite, within the bound",
+          "max 448); q, k x 2^-9; the upstream gradient dO x 2^-40, 2^-20, 2^+20; V x 2^-121 (E8M0's smallest "
+          "scale, bf16/fp32 inputs): finite, within the bound",
           defaults=_SPECIAL_TH, cost=1.0)
 def magnitudes(ctx):
     L = ctx.settings.special_len
@@ -141,6 +147,11 @@ def magnitudes(ctx):
                  softmax_scale=0.5 * d**-0.5, seed_offset=68),
         ctx.case((L,), overrides=(("scale_do", 2.0**do_hi),), softmax_scale=2.0 * d**-0.5, seed_offset=69),
     ]
+    if math.log2(torch.finfo(ctx.dtype).tiny) + 5 <= E8M0_MIN_CASE:
+        # V blocks whose MX scale is E8M0's smallest, 2^-127 (byte 0): a decoder that builds the scale
+        # from the byte as b << 23 reads 0 there (an fp32 subnormal). Dtypes whose normal range ends
+        # above 2^-126 (fp16) cannot hold such a block.
+        cases.append(ctx.case((L,), overrides=(("scale_v", 2.0**E8M0_MIN_CASE),) + _GRID, seed_offset=70))
     return _special(ctx, cases, label="magnitude cases")
 
 
