@@ -131,3 +131,18 @@ def test_input_kind_rounds_like_a_cast(is_fp16):
     got = quantize_tile(t, kind=KIND_INPUT, block=0, axis=1, is_fp16=is_fp16)
     dtype = torch.float16 if is_fp16 else torch.bfloat16
     assert_bitwise(got, t.to(dtype).float(), f"input rounding to {dtype}", t)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's E4M3 conversion exists only on a GPU")
+def test_native_e4m3_conversion_matches_formats_bit_for_bit():
+    """FLAMIA_VERIFY_NATIVE_E4M3=1 (the hardware fp32 -> E4M3 conversion inside every quantizer): this
+    module's tests and the fused kernels' exact-input tests, rerun in a process with it set."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLAMIA_VERIFY_NATIVE_E4M3="1")
+    here = os.path.dirname(__file__)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "gpu", "-k", "not native",
+           os.path.join(here, "test_triton_quant.py"), os.path.join(here, "test_triton_attention.py")]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

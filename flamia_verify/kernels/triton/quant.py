@@ -22,11 +22,14 @@ clamped to E8M0's ``[-127, 127]``; amax == 0 gives -127 (byte 0) and all-zero da
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from flamia_verify.kernels.triton import config
+from flamia_verify.kernels.triton.compat import interpreting
 
 __all__ = [
     "KIND_INPUT",
@@ -45,6 +48,13 @@ E4M3_MAX = tl.constexpr(448.0)  # 0x1.cp8
 E2M1_MAX = tl.constexpr(6.0)  # 0x1.8p2
 NVFP4_GLOBAL_DIVISOR = tl.constexpr(2688.0)  # 448 * 6
 BF16_MAX_FINITE_BITS = tl.constexpr(0x7F7F0000)
+
+#: Experimental, off by default: round to E4M3 with the GPU's own conversion (fp32 -> float8e4nv,
+#: which Triton lowers to ``cvt.rn.satfinite.e4m3x2.f32`` on Hopper: RNE, +-448 saturation, NaN kept)
+#: instead of fp32/int32 arithmetic. Set ``FLAMIA_VERIFY_NATIVE_E4M3=1`` before importing this module;
+#: never under the interpreter (its float8 cast mis-rounds). ``tests/test_triton_quant.py`` holds it
+#: against the formats bit for bit on a GPU (docs/triton.md, "Known limits": not yet run there).
+NATIVE_E4M3 = tl.constexpr(os.environ.get("FLAMIA_VERIFY_NATIVE_E4M3", "") == "1" and not interpreting())
 
 
 @triton.jit
@@ -77,8 +87,11 @@ def round_grid(a, EMIN: tl.constexpr, MAN_BITS: tl.constexpr, MAX: tl.constexpr)
 @triton.jit
 def round_e4m3(x):
     """``round_to_format(x, E4M3, saturate=True)``: RNE onto the E4M3 grid, saturating at +-448."""
-    r = round_grid(tl.abs(x), -6, 3, E4M3_MAX)
-    return tl.where(x < 0, -r, r)
+    if NATIVE_E4M3:
+        return x.to(tl.float8e4nv).to(tl.float32)
+    else:
+        r = round_grid(tl.abs(x), -6, 3, E4M3_MAX)
+        return tl.where(x < 0, -r, r)
 
 
 @triton.jit
