@@ -362,3 +362,44 @@ def test_a_kernel_that_does_not_fit_shared_memory_is_relaunched_with_fewer_stage
     with pytest.raises(RuntimeError, match="does not fit this GPU even with one pipeline stage.*emulation"):
         A._launch(never, (1,), tile, 0, HEAD_DIM=512)
     assert never.tried == [3, 2, 1]
+
+
+def test_tiles_are_multiples_of_every_block_along_their_axes():
+    """tiles(): every default tile (GPU and interpreter) is a multiple of each block along its axis,
+    for the built-in designs and for a supported design with other block sizes (64-row sequence
+    blocks); the kernels' static asserts hold the same rule for explicit tiles."""
+    from dataclasses import replace
+
+    from flamia_verify.kernels.emulation import Quant
+    from flamia_verify.kernels.triton.config import tiles
+
+    mx64 = Quant("mx", 64)
+    designs = [DESIGNS[n] for n in FUSED + ["flamia-mxfp8-floor"]]
+    designs.append(replace(DESIGNS["bf16"], name="seq64", v_seq=mx64, do_seq=mx64, k_seq=mx64, q_seq=mx64))
+    for design in designs:
+        assert unsupported_reason(design) is None, design.name
+        cfg = config_for(design)
+        p = cfg.p_block if cfg.p_pow2 else 1
+        blocks = {axis: [b for kind, b in (getattr(cfg, o) for o in ops) if kind != 0]
+                  for axis, ops in (("fwd_n", ("v_seq",)), ("dkdv_m", ("pt", "do_seq", "dst", "q_seq")),
+                                    ("dq_n", ("ds", "k_seq")))}
+        for interpret in (False, True):
+            t = tiles(cfg, 64, interpret=interpret)
+            for size, axis in ((t["fwd"].block_n, "fwd_n"), (t["dkdv"].block_m, "dkdv_m"), (t["dq"].block_n, "dq_n")):
+                assert all(size % b == 0 for b in blocks[axis]), (design.name, interpret, axis, size, blocks[axis])
+            assert t["fwd"].block_n % p == 0 and t["dkdv"].block_n % p == 0 and t["dq"].block_n % p == 0
+    bad = replace(DESIGNS["bf16"], name="seq48", v_seq=Quant("mx", 48))
+    assert "powers of two" in unsupported_reason(bad)
+
+
+def test_a_tile_that_cuts_sequence_blocks_is_refused_at_compile_time():
+    """A dK/dV tile of 16 queries under 32-query blocks of dO and Q would skip the causal fallback on
+    partly visible blocks; the kernel's static assert refuses it instead of computing it."""
+    from flamia_verify.kernels.triton.attention import fused_backward
+    from flamia_verify.kernels.triton.config import TileConfig
+
+    # flamia-nvfp4: P^T and dS^T come in 16-blocks, so only the dO and Q blocks (32) refuse the tile
+    q, k, v, do, o, lse2, cu_q, cu_k = _exact_backward_inputs("cpu", "flamia-nvfp4", [40], None, 2, 2, True)
+    with pytest.raises(Exception, match="query tiles must hold whole blocks of dO"):
+        fused_backward(config_for(DESIGNS["flamia-nvfp4"]), q, k, v, o, lse2.T.contiguous(), do, cu_q, cu_k, 40, 40,
+                       LN2, True, tile_dkdv=TileConfig(16, 64))

@@ -108,8 +108,9 @@ class CheckContext:
         """The override that scales dO by 2^log2, clamped to the dtype's range: at least 2^4 times
         its smallest normal (fp16: 2^-10), at most 2^-8 times its largest value.
 
-        The floor keeps dO's typical entries and dV (a convex combination of dO rows) normal, and
-        the bound model covers the subnormal tails (fp16's absolute floor 2^-25). It is also low
+        The floor keeps dO's typical entries normal; a share of the gradients falls below the
+        dtype's normal range (fp16, dO x 2^-10: about 30% of dV, dQ, dK elements on the small-dO
+        packing), which the bound model covers with its absolute floor (fp16: 2^-25). It is also low
         enough for fp16 that dS = P (dP - D), with dP ~ |dO| |V| sqrt(d), falls below E4M3's
         smallest normal 2^-6: a kernel that casts dS to E4M3 without a scale loses it there, as it
         does with the 2^-20 of bf16 inputs (docs/checks.md, "What the audit found")."""

@@ -14,8 +14,10 @@ tile:
   head_dim; V along keys; in the backward also V, dO along head_dim and Q, K, dO along the
   sequence) and stored dequantized in the input dtype; the loops round only P, P^T, dS, dS^T, in
   registers (``quant.py``; both bit-exact twins of :mod:`flamia_verify.formats`). The dots run in
-  BF16 on dequantized values, which is exact: E4M3 values have 4 significant bits and E8M0 scales
-  are powers of two.
+  BF16 on dequantized values, which is exact wherever the value lies in bf16's normal range: E4M3
+  values have 4 significant bits and E8M0 scales are powers of two. Values below 2^-126 (tiny dS
+  blocks, inputs near E8M0's smallest scale) lose bits in the bf16 operand that the emulation keeps
+  in fp32; the bound covers that, bitwise agreement does not hold there.
 * FLAMIA's P: per 32-key block (128 for ``fp8``) ``M_b = ceil(block max of s)`` (log2 units),
   elements ``E4M3(2^(s - M_b + 8))``, block scale ``2^(M_b - 8 - m)``. The running maximum ``m``
   is the max of the integers ``M_b``, so the online-softmax rescaling ``2^(m_old - m_new)`` is an
@@ -493,6 +495,13 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
     tile of one query head: dK = scale * sum dS^T Q, dV = sum P^T dO over the query tiles that see it.
     Kh, Vh: K and V rounded along head_dim (S, dP); the query-side operands as in the tile function.
     OUT_F32 (GQA): write fp32 per query head; the caller sums each group."""
+    tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0)
+    if P_POW2:
+        tl.static_assert(BLOCK_N % P_BLOCK == 0)
+    if DO_KIND != KIND_INPUT:  # sequence blocks of dO and Q along the query tiles (the fallback split too)
+        tl.static_assert(BLOCK_M % DO_BLOCK == 0, "query tiles must hold whole blocks of dO")
+    if Q_KIND != KIND_INPUT:
+        tl.static_assert(BLOCK_M % Q_BLOCK == 0, "query tiles must hold whole blocks of Q")
     start_n = tl.program_id(0) * BLOCK_N
     doc = tl.program_id(1)
     h = tl.program_id(2)
@@ -614,6 +623,11 @@ def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm
                  INTERPRET: tl.constexpr):
     """Grid (query tiles of the longest document, documents, heads): dQ = scale * sum dS K.
     Qh, DOh: Q and dO rounded along head_dim (S, dP)."""
+    tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0)
+    if P_POW2:
+        tl.static_assert(BLOCK_N % P_BLOCK == 0)
+    if K_KIND != KIND_INPUT:  # sequence blocks of K along the key tiles (the fallback split too)
+        tl.static_assert(BLOCK_N % K_BLOCK == 0, "key tiles must hold whole blocks of K")
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     doc = tl.program_id(1)
     h = tl.program_id(2)

@@ -80,6 +80,9 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
     rules = {q.rule for q in _quants(design) if q.kind == "mx"}
     if len(rules) > 1:
         return "MX operands on different scale rules"
+    blocks = {q.block for q in _quants(design) + (design.p_quant,) if q.kind in ("mx", "nvfp4") and q.block}
+    if any(b & (b - 1) or b > 128 for b in blocks):
+        return f"block sizes {sorted(blocks)}: the tiles take powers of two up to 128"
     try:
         config_for(design)
     except NotImplementedError as exc:
@@ -148,12 +151,12 @@ def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, Tile
         }
     if cfg.p_pow2:  # 32-key P blocks (MX): the dQ sweep takes 64 keys per step
         return {
-            "fwd": TileConfig(128, 64, num_warps=8, num_stages=3),
-            "dkdv": TileConfig(max(32, dkdv_m), 128, num_warps=8, num_stages=3),
-            "dq": TileConfig(128, 64, num_warps=8, num_stages=2),
+            "fwd": TileConfig(128, max(64, fwd_n), num_warps=8, num_stages=3),
+            "dkdv": TileConfig(max(32, dkdv_m), max(128, p), num_warps=8, num_stages=3),
+            "dq": TileConfig(128, max(64, dq_n), num_warps=8, num_stages=2),
         }
     return {
-        "fwd": TileConfig(128, 64, num_warps=8, num_stages=3),
-        "dkdv": TileConfig(32, 128, num_warps=8, num_stages=3),
-        "dq": TileConfig(128, 32, num_warps=4, num_stages=3),
+        "fwd": TileConfig(128, max(64, fwd_n), num_warps=8, num_stages=3),
+        "dkdv": TileConfig(max(32, dkdv_m), 128, num_warps=8, num_stages=3),
+        "dq": TileConfig(128, max(32, dq_n), num_warps=4, num_stages=3),
     }

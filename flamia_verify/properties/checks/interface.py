@@ -11,8 +11,9 @@ from flamia_verify.properties.registry import register
 
 __all__ = []
 
-#: torch's autograd engine, when a backward returns a gradient that no sum reduces to its input's shape
-_AUTOGRAD_SHAPE = "returned an invalid gradient at index"
+#: torch's autograd engine, when a backward returns a gradient it cannot take for its input (a shape no
+#: sum reduces to the input's, another device or layout)
+_AUTOGRAD_REJECTS = "returned an invalid gradient at index"
 
 
 def _allowed_out_dtypes(dtype):
@@ -105,9 +106,10 @@ def backward(ctx):
             res = ctx.run(case)
         except KernelCallError as err:
             # autograd checks what a backward returns before it reaches q, k, v: a gradient it cannot
-            # sum to its input's shape (GQA: dK, dV left per query head) is raised here
-            if err.stage == "backward" and _AUTOGRAD_SHAPE in str(err.exc):
-                problems.append(case_record(case, problem=f"the backward returned a gradient of the wrong shape "
+            # take (GQA: dK, dV left per query head) is raised here
+            if err.stage == "backward" and _AUTOGRAD_REJECTS in str(err.exc):
+                what = "shape" if "expected shape compatible" in str(err.exc) else "shape, device or layout"
+                problems.append(case_record(case, problem=f"the backward returned a gradient of the wrong {what} "
                                                           f"({err.summary})"))
                 ctx.progress((n + 1) / len(cases))
                 continue
