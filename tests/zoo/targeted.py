@@ -27,6 +27,8 @@ so that the failure is the bug's doing and not a side effect).
     ds_unscaled             dQ = dS K with dS cast to E4M3 without a scale (a small dO flushes dQ to 0)
     ds_nvfp4                claims MXFP8 but rounds dS to NVFP4 for dQ = dS K (a 4x coarser operand)
     e8m0_byte0_zero         V's E8M0 scale decoded as (b << 23) read as fp32: byte 0 (2^-127) becomes 0
+    top_left_causal         the causal mask aligned top-left (key j visible to query i iff j <= i, as in
+                            FlashAttention before 2.1) instead of bottom-right when Lq != Lk
     ignores_softmax_scale   the softmax_scale argument is ignored, headdim^-0.5 used instead
 
 Known misses (``KNOWN_MISSES``, kept as strict expected failures in the tests): none at present.
@@ -38,12 +40,14 @@ the one they are for; their ``quiet`` leaves causal out). The fp32 kernels retur
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 
 import torch
 
 from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
+from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
 from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one,
                          _v_quant_kernel)
@@ -67,6 +71,7 @@ __all__ = [
     "ds_unscaled",
     "ds_nvfp4",
     "e8m0_byte0_zero",
+    "top_left_causal",
     "ignores_softmax_scale",
     "range_scale_do_flush",
 ]
@@ -214,6 +219,59 @@ e8m0_byte0_zero = _tag(
     ("error", "bound", "consistency", "isolation"),
     "MXFP8 whose V block scale is decoded from its E8M0 byte with an exponent shift: byte 0 (2^-127, an fp32 "
     "subnormal) reads as 0, so blocks with amax below 448 * 2^-127 vanish",
+)
+
+# ---------------------------------------------------------------------------------------------
+# causal alignment: top-left instead of the convention's bottom-right (differs only when Lq != Lk)
+# ---------------------------------------------------------------------------------------------
+
+
+def _top_left_visible(lq: int, lk: int, causal: bool, device=None) -> torch.Tensor:
+    if not causal:
+        return torch.ones(lq, lk, dtype=torch.bool, device=device)
+    i = torch.arange(lq, device=device)[:, None]
+    j = torch.arange(lk, device=device)[None, :]
+    return j <= i
+
+
+@contextlib.contextmanager
+def _top_left_masks():
+    """The emulation with its visibility rule swapped (forward and backward read ``visible``)."""
+    saved = E.visible
+    E.visible = _top_left_visible
+    try:
+        yield
+    finally:
+        E.visible = saved
+
+
+class _TopLeft(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
+        with _top_left_masks():
+            out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        with _top_left_masks():
+            dq, dk, dv = _backward(FLAMIA_MXFP8, q, k, v, out, lse2, g, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None
+
+
+def _top_left_causal(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                     causal=False):
+    return _TopLeft.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal))
+
+
+#: the quick suite's causal packing (50, 1, 77) against (64, 3, 40) keys has Lq < Lk and Lq > Lk
+top_left_causal = _tag(
+    _top_left_causal, "mxfp8", ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "bound.grad"),
+    ("causal", "isolation", "determinism"),
+    "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) instead of bottom-right (j <= i + Lk - Lq)",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -474,6 +532,7 @@ TARGETED = {
         "ds_unscaled",
         "ds_nvfp4",
         "e8m0_byte0_zero",
+        "top_left_causal",
         "ignores_softmax_scale",
         "range_scale_do_flush",
     )
