@@ -403,3 +403,18 @@ def test_a_tile_that_cuts_sequence_blocks_is_refused_at_compile_time():
     with pytest.raises(Exception, match="query tiles must hold whole blocks of dO"):
         fused_backward(config_for(DESIGNS["flamia-nvfp4"]), q, k, v, o, lse2.T.contiguous(), do, cu_q, cu_k, 40, 40,
                        LN2, True, tile_dkdv=TileConfig(16, 64))
+
+
+def test_inputs_the_fused_kernels_do_not_take_run_the_emulation():
+    """A head_dim that is not a power of two from 32 to 256, fp32 inputs or CPU tensors go to the
+    emulation instead of an error from the fused kernels."""
+    from types import SimpleNamespace
+
+    from flamia_verify.kernels.triton import fused_applies, triton_available
+
+    def inputs(d, dtype=torch.bfloat16, cuda=True):
+        return SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(8, 2, d))
+
+    assert all(fused_applies(inputs(d)) == triton_available() for d in (32, 64, 128, 256))
+    assert not any(fused_applies(inputs(d)) for d in (16, 80, 96, 160, 512))
+    assert not fused_applies(inputs(64, torch.float32)) and not fused_applies(inputs(64, cuda=False))

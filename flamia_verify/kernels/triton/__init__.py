@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 
-__all__ = ["triton_available", "fused_supported", "with_fused_dispatch"]
+__all__ = ["triton_available", "fused_supported", "fused_applies", "with_fused_dispatch"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,15 +32,15 @@ def fused_supported(design) -> bool:
 
 
 def with_fused_dispatch(emulated):
-    """Wrap an emulated kernel (``emulation.make_kernel``): CUDA bf16/fp16 inputs run the fused
-    Triton kernels of its design, everything else the emulation. Returns ``emulated`` unchanged
-    when the design has no fused implementation."""
+    """Wrap an emulated kernel (``emulation.make_kernel``): CUDA bf16/fp16 inputs with a power-of-two
+    head_dim (``fused_applies``) run the fused Triton kernels of its design, everything else the
+    emulation. Returns ``emulated`` unchanged when the design has no fused implementation."""
     design = emulated.design
     if not fused_supported(design):
         return emulated
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        if q.is_cuda and q.dtype in _FUSED_DTYPES() and triton_available():
+        if fused_applies(q):
             from flamia_verify.kernels.triton.attention import fused_attention
 
             return fused_attention(design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -55,6 +55,14 @@ def with_fused_dispatch(emulated):
     kernel.recipe = emulated.recipe
     kernel.emulated = emulated
     return kernel
+
+
+def fused_applies(q) -> bool:
+    """Whether the fused kernels take these inputs: CUDA, bf16 or fp16, head_dim a power of two from
+    32 to 256, Triton installed. Anything else runs the emulation (the same design, slower)."""
+    d = q.shape[-1]
+    return (bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and 32 <= d <= 256 and not d & (d - 1)
+            and triton_available())
 
 
 def _FUSED_DTYPES():
