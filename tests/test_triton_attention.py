@@ -33,6 +33,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -212,6 +214,43 @@ def check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, he
 def test_backward_within_the_accumulation_order_bound_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k,
                                                                       heads, heads_k, causal):
     check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, heads, heads_k, causal)
+
+
+_LEN = st.sampled_from([0, 1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 70])
+
+
+@st.composite
+def _packings(draw):
+    """Odd varlen packings: 1-3 documents of lengths around the block sizes (0 included), Lq != Lk
+    sometimes, MHA or GQA 2:1, causal or not, any fused design."""
+    n = draw(st.integers(1, 3))
+    lens_q = draw(st.lists(_LEN, min_size=n, max_size=n))
+    lens_k = draw(st.one_of(st.none(), st.lists(_LEN, min_size=n, max_size=n)))
+    heads, heads_k = draw(st.sampled_from([(2, 2), (2, 1)]))
+    return draw(st.sampled_from(FUSED)), lens_q, lens_k, heads, heads_k, draw(st.booleans())
+
+
+@settings(max_examples=int(os.environ.get("FLAMIA_VERIFY_FUZZ_EXAMPLES", 6 if interpreting() else 40)), deadline=None, derandomize=True, database=None)
+@given(_packings())
+def test_fuzzed_packings_forward_bitwise_and_backward_within_bound(packing):
+    """Hypothesis over odd packings (the device is the interpreter on the CPU, CUDA on a GPU run):
+    the forward bitwise the emulation's, the backward within the accumulation-order bound.
+    FLAMIA_VERIFY_FUZZ_EXAMPLES sets the number of packings (6 on the CPU by default; 80 passed)."""
+    import _pytest.monkeypatch
+
+    from flamia_verify.kernels.triton.attention import fused_forward
+
+    name, lens_q, lens_k, heads, heads_k, causal = packing
+    device = "cpu" if interpreting() else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no device")
+    q, k, v, _, _, cu_q, cu_k = to(device, *exact_case(lens_q, lens_k, heads=heads, heads_k=heads_k))
+    lq, lk = max(lens_q), max(lens_k or lens_q)
+    out, _ = fused_forward(config_for(DESIGNS[name]), q, k, v, cu_q, cu_k, lq, lk, LN2, causal)
+    out_e, _ = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
+    assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out {packing}")
+    with _pytest.monkeypatch.MonkeyPatch.context() as mp:
+        check_backward_on_exact_inputs(device, mp, name, lens_q, lens_k, heads, heads_k, causal)
 
 
 # ---------------------------------------------------------------------------------------------
