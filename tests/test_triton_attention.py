@@ -230,7 +230,14 @@ def _packings(draw):
     return draw(st.sampled_from(FUSED)), lens_q, lens_k, heads, heads_k, draw(st.booleans())
 
 
-@settings(max_examples=int(os.environ.get("FLAMIA_VERIFY_FUZZ_EXAMPLES", 6 if interpreting() else 40)), deadline=None, derandomize=True, database=None)
+def _gpu_unless_interpreting(fn):
+    """Selected by `-m gpu` on a GPU machine; a plain CPU test under the interpreter."""
+    return fn if interpreting() else pytest.mark.gpu(fn)
+
+
+@_gpu_unless_interpreting
+@settings(max_examples=int(os.environ.get("FLAMIA_VERIFY_FUZZ_EXAMPLES", 6 if interpreting() else 40)),
+          deadline=None, derandomize=True, database=None)
 @given(_packings())
 def test_fuzzed_packings_forward_bitwise_and_backward_within_bound(packing):
     """Hypothesis over odd packings (the device is the interpreter on the CPU, CUDA on a GPU run):
