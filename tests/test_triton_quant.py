@@ -142,7 +142,7 @@ def test_native_e4m3_conversion_matches_formats_bit_for_bit():
 
     env = dict(os.environ, FLAMIA_VERIFY_NATIVE_E4M3="1")
     here = os.path.dirname(__file__)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "gpu", "-k", "not native",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider", "-m", "gpu", "-k", "not native",
            os.path.join(here, "test_triton_quant.py"), os.path.join(here, "test_triton_attention.py")]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

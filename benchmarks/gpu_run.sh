@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One GPU session's measurements in one command (about 8 minutes on an H200, compiles included):
+#   bash benchmarks/gpu_run.sh OUTDIR [quick]
+# 1. the GPU test suite (fused kernels vs the emulation, bitwise properties, fuzzed packings, the
+#    emulation and formats on CUDA), 2. the same quantizer and exact-input tests with the hardware
+#    E4M3 conversion (FLAMIA_VERIFY_NATIVE_E4M3=1), 3. head_dim 256 through the fused kernels (the
+#    shared-memory fallback of attention._launch), 4. the standard suite on a fused kernel, twice
+#    (the second with compiled kernels), 5. the speed table at S = 8K (all S unless "quick" is given).
+# Every step writes OUTDIR/<step>.log and the script goes on after a failing step.
+set -u
+out=${1:?usage: gpu_run.sh OUTDIR [quick]}
+mode=${2:-full}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+step() {  # step NAME TIMEOUT_S COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.log"
+    tail -n 3 "$out/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.log"
+step gpu_tests 240 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
+    tests/test_triton_attention.py tests/test_kernels_emulation.py tests/test_formats_blocks.py \
+    tests/test_reference_properties.py
+step native_e4m3 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    "tests/test_triton_quant.py::test_native_e4m3_conversion_matches_formats_bit_for_bit"
+step headdim_256 120 python3 - <<'EOF'
+import functools, sys, torch
+sys.path.insert(0, "tests")
+from test_kernels_emulation import make_case, rel_rmse, reference, run
+from flamia_verify.kernels import builtin_kernels
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.triton.attention import _STAGES_THAT_FIT, fused_attention
+bad = 0
+for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):
+    case = [t.cuda() for t in make_case([300, 77], heads=2, dim=256, seed=5)]
+    got = run(functools.partial(fused_attention, DESIGNS[name]), *case, causal=True)
+    cpu = [t.cpu() for t in case]
+    spec = run(builtin_kernels()[name].fn.emulated, *cpu, causal=True)
+    ref = reference(*cpu, causal=True)
+    for what, g, s, r in zip(("out", "dq", "dk", "dv"), got, spec, ref):
+        noise, err = rel_rmse(g.cpu(), s), rel_rmse(s, r)
+        ok = noise <= err
+        bad += not ok
+        print(f"{name} {what}: kernel vs emulation {noise:.3g}, emulation vs float64 {err:.3g} {'ok' if ok else 'FAIL'}")
+print("stages that fit:", {k[0]: v for k, v in _STAGES_THAT_FIT.items()})
+sys.exit(1 if bad else 0)
+EOF
+for i in 1 2; do
+    step "check_standard_$i" 150 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+        check --kernel flamia-mxfp8 --suite standard --device cuda --out "$out/check_$i"
+done
+if [ "$mode" = quick ]; then
+    step bench 200 python3 benchmarks/bench_attention.py --seqlens 8192 --causal both --rep-ms 50 --md "$out/bench.md"
+else
+    step bench 330 python3 benchmarks/bench_attention.py --rep-ms 50 --md "$out/bench.md" --json "$out/bench.json"
+fi
+cat "$out/summary.log"
