@@ -54,6 +54,8 @@ for i in 1 2; do
     step "check_standard_$i" 150 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel flamia-mxfp8 --suite standard --device cuda --out "$out/check_$i"
 done
+python3 -c "import json, sys; e = json.load(open(sys.argv[1]))['environment']; print('kernel_paths', e.get('kernel_paths'))" \
+    "$out/check_2/report.json" | tee -a "$out/summary.log"
 if [ "$mode" = quick ]; then
     step bench 200 python3 benchmarks/bench_attention.py --seqlens 8192 --causal both --rep-ms 50 --md "$out/bench.md"
 else

@@ -232,3 +232,20 @@ def test_error_check_details_follow_the_plot_conventions():
     assert set(series["ys"]) == {"kernel", "bf16"} and len(series["ys"]["kernel"]) > 0
     hist = err.details["histograms"][0]
     assert len(hist["bin_edges"]) == len(hist["counts"]["kernel"]) + 1
+
+
+def test_the_report_says_which_implementation_of_a_builtin_kernel_ran():
+    """environment.kernel_paths counts this run's calls per implementation (a second run in the same
+    process counts only its own), and report.md's run line shows it; user kernels have none."""
+    from flamia_verify.reports.markdown import render_markdown
+
+    first = run_checks("flamia-mxfp8", only=["interface.output"])
+    again = run_checks("flamia-mxfp8", only=["interface.output"])
+    assert first.environment["kernel_paths"] == {"PyTorch emulation": first.environment["kernel_calls"]}
+    assert again.environment["kernel_paths"] == first.environment["kernel_paths"]
+    assert "ran PyTorch emulation (" in render_markdown(first) and "cpu (" in render_markdown(first)
+    from flamia_verify.kernels import builtin_kernels
+
+    plain = builtin_kernels()["bf16"].fn.emulated  # an emulated kernel passed as a user callable
+    user = run_checks(lambda *a, **kw: plain(*a, **kw), recipe="bf16", only=["interface.output"])
+    assert "kernel_paths" not in user.environment

@@ -200,6 +200,7 @@ def run_checks(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     loaded, recipe = resolve_kernel(kernel, recipe)
+    paths_before = dict(getattr(loaded.fn, "paths", {}))
     specs = select_checks(list_checks(suite), only)
     device = _resolve_device(device)
     ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
@@ -234,6 +235,10 @@ def run_checks(
         done_cost += costs[i]
         if on_result is not None:
             on_result(result)
+    if hasattr(loaded.fn, "paths"):  # a built-in kernel: which implementation ran, call by call
+        report.environment["kernel_paths"] = {
+            path: n - paths_before.get(path, 0) for path, n in sorted(loaded.fn.paths.items())
+            if n > paths_before.get(path, 0)}
     report.environment["kernel_calls"] = ctx.harness.calls
     report.environment["kernel_seconds"] = round(ctx.harness.seconds, 3)
     report.environment["total_seconds"] = round(time.perf_counter() - start, 3)

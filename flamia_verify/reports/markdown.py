@@ -19,7 +19,8 @@ from typing import Any
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, printable, rerun_command, verdict
+from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_line,
+                                           verdict)
 
 __all__ = ["md_escape", "render_markdown"]
 
@@ -104,7 +105,8 @@ def render_markdown(report: Report) -> str:
         f"### flamia-verify: **{word}**: {md_escape(counts_line(report))}",
         "",
         f"Kernel {md_escape(report.kernel)} · recipe {md_escape(report.recipe)} · "
-        f"suite {md_escape(report.suite)} · seed {md_escape(report.seed)}",
+        f"suite {md_escape(report.suite)} · seed {md_escape(report.seed)}"
+        + (f" · {md_escape(run_line(report))}" if run_line(report) else ""),
         "",
     ]
     if report.checks:

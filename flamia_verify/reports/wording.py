@@ -11,7 +11,8 @@ from typing import Any
 
 from flamia_verify.reports.model import CheckResult, Report
 
-__all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "verdict"]
+__all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line",
+           "verdict"]
 
 #: Emoji-free markers of a check's status, for every renderer.
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
@@ -50,6 +51,20 @@ def counts_line(report: Report) -> str:
              ("skip", "skipped"))
     parts = [f"{counts[status]} {word}" for status, word in words if counts[status]]
     return f"{total} check{'s' if total != 1 else ''}: " + ", ".join(parts)
+
+
+def run_line(report: Report) -> str:
+    """Where the run happened and which implementation of a built-in kernel ran, e.g. "cuda (NVIDIA
+    H200) · ran fused Triton (255 calls), PyTorch emulation (6 calls)" ("" when nothing is recorded)."""
+    env = report.environment or {}
+    parts = []
+    device, name = env.get("device"), env.get("device_name")
+    if device or name:
+        parts.append(f"{device} ({name})" if device and name else str(device or name))
+    paths = env.get("kernel_paths")
+    if isinstance(paths, dict) and paths:
+        parts.append("ran " + ", ".join(f"{name} ({n} call{'s' if n != 1 else ''})" for name, n in paths.items()))
+    return " · ".join(parts)
 
 
 def case_seed(report: Report, check: CheckResult) -> Any:

@@ -12,6 +12,7 @@ the emulation (:mod:`flamia_verify.kernels.emulation`) stays the specification a
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 
@@ -40,7 +41,9 @@ def with_fused_dispatch(emulated):
         return emulated
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        if fused_applies(q):
+        use_fused = fused_applies(q)
+        kernel.paths["fused Triton" if use_fused else "PyTorch emulation"] += 1
+        if use_fused:
             from flamia_verify.kernels.triton.attention import fused_attention
 
             return fused_attention(design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -54,6 +57,7 @@ def with_fused_dispatch(emulated):
     kernel.design = design
     kernel.recipe = emulated.recipe
     kernel.emulated = emulated
+    kernel.paths = collections.Counter()  # calls per implementation (the report's environment lists them)
     return kernel
 
 
