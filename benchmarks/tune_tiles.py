@@ -1,6 +1,7 @@
 """Tile sweep of the fused kernels on a GPU: forward, dK/dV and dQ timed separately per tile config.
 
     python benchmarks/tune_tiles.py --kernels bf16 flamia-mxfp8 --seqlen 8192 --causal true
+    python benchmarks/tune_tiles.py --kernels fp8 flamia-nvfp4     # the designs not yet swept
 
 Each candidate's output is compared with the default configuration's (max abs difference over
 out, dq, dk, dv): a configuration that changes results beyond fp32 reassociation is reported, so
@@ -22,11 +23,14 @@ from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
 from flamia_verify.kernels.triton.attention import fused_backward, fused_forward  # noqa: E402
 from flamia_verify.kernels.triton.config import TileConfig, config_for, tiles  # noqa: E402
 
-FWD = [(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 4, 4), (64, 32, 4, 3), (128, 128, 8, 3)]
+# candidates for every design; each kernel keeps those that are multiples of its blocks (the fp8
+# design's 128-row blocks leave only 128-key / 128-query tiles along those axes)
+FWD = [(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 4, 4), (64, 32, 4, 3), (128, 128, 8, 3),
+       (128, 128, 8, 2), (64, 128, 4, 2), (64, 128, 8, 3)]
 DKDV = [(32, 128, 8, 2), (32, 64, 4, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 2), (64, 64, 4, 3),
-        (128, 128, 8, 1)]
+        (128, 128, 8, 1), (128, 128, 4, 1), (128, 128, 8, 2)]
 DQ = [(128, 32, 4, 1), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2), (64, 64, 4, 3),
-      (64, 128, 8, 1)]
+      (64, 128, 8, 1), (32, 128, 4, 2), (64, 128, 4, 2), (128, 128, 8, 1)]
 
 
 def _ms(fn, rep):
