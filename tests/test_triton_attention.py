@@ -464,3 +464,18 @@ def test_inputs_the_fused_kernels_do_not_take_run_the_emulation():
     assert all(fused_applies(inputs(d)) == triton_available() for d in (32, 64, 128, 256))
     assert not any(fused_applies(inputs(d)) for d in (16, 80, 96, 160, 512))
     assert not fused_applies(inputs(64, torch.float32)) and not fused_applies(inputs(64, cuda=False))
+
+
+def test_bf16_subnormal_inputs_reach_the_kernel_exactly(device):
+    """V below 2^-126 (bf16 subnormals, special.magnitudes' V x 2^-121 case): the first causal query
+    sees only key 0, so its output is V_0 bit for bit (the interpreter needed a shim for this)."""
+    from flamia_verify.kernels.triton.attention import fused_forward
+
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(40, 2, 64, generator=g).bfloat16() for _ in range(2))
+    v = (torch.randn(40, 2, 64, generator=g) * 2.0**-130).bfloat16()
+    assert bool(((v != 0) & (v.abs() < 2.0**-126)).any())
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    q, k, v, cu = to(device, q, k, v, cu)
+    out, _ = fused_forward(config_for(DESIGNS["bf16"]), q, k, v, cu, cu, 40, 40, 0.125, True)
+    assert torch.equal(out[0].cpu(), v[0].cpu())
