@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# One GPU session's measurements in one command (about 8 minutes on an H200, compiles included):
-#   bash benchmarks/gpu_run.sh OUTDIR [quick]
+# One GPU session's measurements in two commands (each fits one 10-minute device call on an H200):
+#   bash benchmarks/gpu_run.sh OUTDIR tests    # steps 1-3 and the quick suites of step 4
+#   bash benchmarks/gpu_run.sh OUTDIR speed    # the standard suite twice (step 4) and the 8K table
+#   bash benchmarks/gpu_run.sh OUTDIR full     # everything, with the full speed table (longer)
 # 1. the GPU test suite (fused kernels vs the emulation, bitwise properties, fuzzed packings, the
 #    emulation and formats on CUDA), 2. the same quantizer and exact-input tests with the hardware
 #    E4M3 conversion (FLAMIA_VERIFY_NATIVE_E4M3=1), 3. head_dim 256 through the fused kernels (the
 #    shared-memory fallback of attention._launch), 4. the standard suite on a fused kernel, twice
-#    (the second with compiled kernels), 5. the speed table at S = 8K (all S unless "quick" is given).
-# Every step writes OUTDIR/<step>.log and the script goes on after a failing step.
+#    (the second with compiled kernels), and the quick suite on the other fused designs and on fp16
+#    inputs, 5. the speed table (S = 8K, or every S with "full").
+# Every step writes OUTDIR/<step>.log and the script goes on after a failing step; OUTDIR.tar.gz holds
+# everything at the end (on the device machine: bash benchmarks/gpu_run.sh /tmp/gpu tests; cp /tmp/gpu.tar.gz $OUT).
 set -u
-out=${1:?usage: gpu_run.sh OUTDIR [quick]}
+out=${1:?usage: gpu_run.sh OUTDIR tests|speed|full}
 mode=${2:-full}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -23,12 +27,13 @@ step() {  # step NAME TIMEOUT_S COMMAND...
     tail -n 3 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.log"
-step gpu_tests 240 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
+if [ "$mode" != speed ]; then
+step gpu_tests 150 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
     tests/test_triton_attention.py tests/test_kernels_emulation.py tests/test_formats_blocks.py \
     tests/test_reference_properties.py
-step native_e4m3 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+step native_e4m3 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
     "tests/test_triton_quant.py::test_native_e4m3_conversion_matches_formats_bit_for_bit"
-step headdim_256 120 python3 - <<'EOF'
+step headdim_256 60 python3 - <<'EOF'
 import functools, sys, torch
 sys.path.insert(0, "tests")
 from test_kernels_emulation import make_case, rel_rmse, reference, run
@@ -50,15 +55,25 @@ for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):
 print("stages that fit:", {k[0]: v for k, v in _STAGES_THAT_FIT.items()})
 sys.exit(1 if bad else 0)
 EOF
+for spec in "fp8 bf16" "flamia-nvfp4 bf16" "bf16 bf16" "flamia-mxfp8 fp16"; do
+    set -- $spec
+    step "check_quick_$1_$2" 55 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+        check --kernel "$1" --dtype "$2" --suite quick --device cuda --out "$out/quick_$1_$2"
+done
+fi
+if [ "$mode" != tests ]; then
 for i in 1 2; do
     step "check_standard_$i" 150 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel flamia-mxfp8 --suite standard --device cuda --out "$out/check_$i"
 done
 python3 -c "import json, sys; e = json.load(open(sys.argv[1]))['environment']; print('kernel_paths', e.get('kernel_paths'))" \
     "$out/check_2/report.json" | tee -a "$out/summary.log"
-if [ "$mode" = quick ]; then
-    step bench 200 python3 benchmarks/bench_attention.py --seqlens 8192 --causal both --rep-ms 50 --md "$out/bench.md"
-else
+if [ "$mode" = full ]; then
     step bench 330 python3 benchmarks/bench_attention.py --rep-ms 50 --md "$out/bench.md" --json "$out/bench.json"
+else
+    step bench 200 python3 benchmarks/bench_attention.py --seqlens 8192 --causal both --rep-ms 50 --md "$out/bench.md"
+fi
 fi
 cat "$out/summary.log"
+# one archive of every log and report (the device tool brings back only a few files per call)
+tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && echo "archive: $out.tar.gz"
