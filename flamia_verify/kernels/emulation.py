@@ -28,7 +28,6 @@ The three FLAMIA fixes, as design switches (docs/kernels.md gives the reasoning 
 from __future__ import annotations
 
 import collections
-
 import math
 from dataclasses import dataclass, replace
 
@@ -41,7 +40,7 @@ from flamia_verify.formats import (
     nvfp4_fake_quantize,
     round_to_format,
 )
-from flamia_verify.kernels.convention import seqlens, validate_varlen_inputs
+from flamia_verify.kernels.convention import validate_varlen_inputs
 
 __all__ = [
     "Quant",
