@@ -64,8 +64,9 @@ def with_fused_dispatch(emulated):
 def fused_applies(q) -> bool:
     """Whether the fused kernels take these inputs: CUDA, bf16 or fp16, head_dim a power of two from
     32 to 256, Triton installed. Anything else runs the emulation (the same design, slower)."""
-    d = q.shape[-1]
-    return (bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and 32 <= d <= 256 and not d & (d - 1)
+    from flamia_verify.kernels.triton.config import head_dim_supported
+
+    return (bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and head_dim_supported(q.shape[-1])
             and triton_available())
 
 

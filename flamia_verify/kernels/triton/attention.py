@@ -50,7 +50,8 @@ from flamia_verify.kernels.convention import validate_varlen_inputs
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
 from flamia_verify.kernels.triton.compat import patch_interpreter
 from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
-from flamia_verify.kernels.triton.config import FusedConfig, TileConfig, config_for, tiles, unsupported_reason
+from flamia_verify.kernels.triton.config import (FusedConfig, TileConfig, config_for, head_dim_supported, tiles,
+                                                 unsupported_reason)
 from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
     KIND_NVFP4,
@@ -126,6 +127,29 @@ def _to_input(x, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
         return x.to(tl.float16)
     else:
         return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _document(CuQ, CuK, doc):
+    """(q_start, lq, k_start, lk) of document ``doc`` in the packed batch."""
+    q_start = tl.load(CuQ + doc)
+    k_start = tl.load(CuK + doc)
+    return q_start, tl.load(CuQ + doc + 1) - q_start, k_start, tl.load(CuK + doc + 1) - k_start
+
+
+@triton.jit
+def _key_tiles(start_m, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The key tiles a query tile sweeps: [0, full_end) lie inside the document and are visible to
+    every row of the tile (no masks); [full_end, hi) need masks (the causal diagonal, bottom-right
+    aligned, and the document's last partial tile)."""
+    if CAUSAL:
+        off = lk - lq
+        hi = tl.minimum(lk, tl.minimum(start_m + BLOCK_M, lq) + off)
+        full_end = tl.minimum(start_m + off + 1, lk)
+    else:
+        hi = lk
+        full_end = lk
+    return tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N, hi
 
 
 @triton.jit
@@ -296,10 +320,7 @@ def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
     doc = tl.program_id(1)
     h = tl.program_id(2)
     hk = h // GROUPS
-    q_start = tl.load(CuQ + doc)
-    lq = tl.load(CuQ + doc + 1) - q_start
-    k_start = tl.load(CuK + doc)
-    lk = tl.load(CuK + doc + 1) - k_start
+    q_start, lq, k_start, lk = _document(CuQ, CuK, doc)
     start_m = pid_m * BLOCK_M
     if start_m >= lq:
         return
@@ -312,15 +333,7 @@ def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     k_base = k_start.to(tl.int64) * stride_kt + hk * stride_kh
     v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
-    # key tiles [0, full_end) are inside the document and visible to every row of this query tile;
-    # [full_end, hi) need masks (the causal diagonal, the document's last partial tile)
-    if CAUSAL:
-        hi = tl.minimum(lk, tl.minimum(start_m + BLOCK_M, lq) + off)
-        full_end = tl.minimum(start_m + off + 1, lk)
-    else:
-        hi = lk
-        full_end = lk
-    full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
+    full_end, hi = _key_tiles(start_m, lq, lk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
                                        start_n, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
@@ -359,14 +372,13 @@ def _attn_bwd_delta(O, DO, Delta, total_q, stride_ot, stride_oh, stride_dot, str
 
 @triton.jit
 def _load_op(Raw, Op, base, offs, mask, stride, HEAD_DIM: tl.constexpr, KIND: tl.constexpr):
-    """(raw, op) rows of an operand for one GEMM: with KIND_INPUT both are the input tile (one load,
-    and callers may reuse it as the input values); otherwise both are the rounded tile ``Op`` (the
-    input values are loaded only where a causal-safe split needs them)."""
+    """An operand's rows for one GEMM: the input tile with KIND_INPUT (callers may then reuse it as
+    the input values), else the rounded tile ``Op`` (the input values are loaded only where a
+    causal-safe split needs them)."""
     if KIND == KIND_INPUT:
-        raw = _load_rows(Raw, base, offs, mask, stride, HEAD_DIM)
+        return _load_rows(Raw, base, offs, mask, stride, HEAD_DIM)
     else:
-        raw = _load_rows(Op, base, offs, mask, stride, HEAD_DIM)
-    return raw, raw
+        return _load_rows(Op, base, offs, mask, stride, HEAD_DIM)
 
 
 @triton.jit
@@ -403,8 +415,8 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DO
     Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
-    q, q_op = _load_op(Q, Qh, q_base, offs_m, qmask, stride_qt, HEAD_DIM, QK_KIND)
-    do, do_op = _load_op(DO, DOh, do_base, offs_m, qmask, stride_dot, HEAD_DIM, DP_KIND)
+    q_op = _load_op(Q, Qh, q_base, offs_m, qmask, stride_qt, HEAD_DIM, QK_KIND)
+    do_op = _load_op(DO, DOh, do_base, offs_m, qmask, stride_dot, HEAD_DIM, DP_KIND)
     lse = tl.load(Lse2 + l_base + offs_m, mask=qmask, other=0.0)
     delta = tl.load(Delta + l_base + offs_m, mask=qmask, other=0.0)
     sT = _mma_t(k_op, q_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
@@ -429,11 +441,11 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DO
         SPLIT: tl.constexpr = MASKED and FALLBACK and CAUSAL
         # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in the input precision
         full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
-        dv = _seq_rhs(pt_op, do, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv, HEAD_DIM, DO_KIND,
+        dv = _seq_rhs(pt_op, do_op, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv, HEAD_DIM, DO_KIND,
                       DP_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
         # dK = dS^T Q: Q blocked along queries
         full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
-        dk = _seq_rhs(dst_op, q, Q, Qs, q_base, offs_m, qmask, stride_qt, full, dk, HEAD_DIM, Q_KIND,
+        dk = _seq_rhs(dst_op, q_op, Q, Qs, q_base, offs_m, qmask, stride_qt, full, dk, HEAD_DIM, Q_KIND,
                       QK_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
     return dk, dv, amax_pt, amax_dst
 
@@ -506,10 +518,7 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
     doc = tl.program_id(1)
     h = tl.program_id(2)
     hk = h // GROUPS
-    q_start = tl.load(CuQ + doc)
-    lq = tl.load(CuQ + doc + 1) - q_start
-    k_start = tl.load(CuK + doc)
-    lk = tl.load(CuK + doc + 1) - k_start
+    q_start, lq, k_start, lk = _document(CuQ, CuK, doc)
     if start_n >= lk:
         return
     off = lk - lq
@@ -565,7 +574,7 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_bas
     keys rounded along the sequence (dQ = dS K)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < lk
-    k, k_op = _load_op(K, Kh, k_base, offs_n, kmask, stride_kt, HEAD_DIM, QK_KIND)
+    k_op = _load_op(K, Kh, k_base, offs_n, kmask, stride_kt, HEAD_DIM, QK_KIND)
     v_op = _load_rows(Vh, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
     s2 = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
@@ -586,7 +595,7 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_bas
         ds_op = quantize_last(ds, amax_ds, BLOCK_M, BLOCK_N, DS_KIND, DS_BLOCK, RCEIL, IS_FP16)
         blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)
         full = blk_last[None, :] <= offs_m[:, None] + off
-        dq = _seq_rhs(ds_op, k, K, Ks, k_base, offs_n, kmask, stride_kt, full, dq, HEAD_DIM, K_KIND,
+        dq = _seq_rhs(ds_op, k_op, K, Ks, k_base, offs_n, kmask, stride_kt, full, dq, HEAD_DIM, K_KIND,
                       QK_KIND == KIND_INPUT, MASKED and FALLBACK and CAUSAL, IS_FP16, INTERPRET)
     return dq, amax_ds
 
@@ -632,10 +641,7 @@ def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm
     doc = tl.program_id(1)
     h = tl.program_id(2)
     hk = h // GROUPS
-    q_start = tl.load(CuQ + doc)
-    lq = tl.load(CuQ + doc + 1) - q_start
-    k_start = tl.load(CuK + doc)
-    lk = tl.load(CuK + doc + 1) - k_start
+    q_start, lq, k_start, lk = _document(CuQ, CuK, doc)
     start_m = pid_m * BLOCK_M
     if start_m >= lq:
         return
@@ -648,13 +654,7 @@ def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm
     delta = tl.load(Delta + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
     k_base = k_start.to(tl.int64) * stride_kt + hk * stride_kh
     v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
-    if CAUSAL:
-        hi = tl.minimum(lk, tl.minimum(start_m + BLOCK_M, lq) + off)
-        full_end = tl.minimum(start_m + off + 1, lk)
-    else:
-        hi = lk
-        full_end = lk
-    full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
+    full_end, hi = _key_tiles(start_m, lq, lk, BLOCK_M, BLOCK_N, CAUSAL)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     amax_ds = tl.zeros((BLOCK_M,), tl.float32)
     if TWO_PASS:  # NVFP4 dS: the row scale needs the amax over every key first
@@ -734,9 +734,8 @@ def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, 
 def _check_inputs(q, k, v):
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"the fused kernels take bf16 or fp16 inputs, got {q.dtype}; use the emulation for fp32")
-    d = q.shape[-1]
-    if d < 32 or d > 256 or d & (d - 1):
-        raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {d}")
+    if not head_dim_supported(q.shape[-1]):
+        raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {q.shape[-1]}")
 
 
 #: the pipeline depth that fit, per (kernel, constexprs, tile): a GPU with less shared memory than

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
 
-__all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "tiles",
-           "unsupported_reason"]
+__all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_supported",
+           "tiles", "unsupported_reason"]
 
 # operand kinds, the constexpr values of quant.KIND_* (see emulation.Quant)
 KIND_INPUT = 0  # round to the input dtype (bf16 / fp16)
@@ -65,6 +65,11 @@ def _kind(quant, where: str) -> tuple:
     if quant.kind == "nvfp4" and where == "left":
         return (KIND_NVFP4, quant.block)
     raise NotImplementedError(f"no fused rounding for {quant.describe()} as a {where} operand")
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """The fused kernels take head_dim 32, 64, 128 or 256 (a power of two: tl.arange)."""
+    return 32 <= head_dim <= 256 and not head_dim & (head_dim - 1)
 
 
 def unsupported_reason(design: EmulatedDesign) -> str | None:
