@@ -142,34 +142,13 @@ def mx_exponent(amax, RCEIL: tl.constexpr):
 
 
 @triton.jit
-def _mx_blocks(x3, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
-    """Fake-quantize a 3-d view whose blocks run along AXIS (1 or 2), given the block amax."""
+def _mx_apply(x, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
+    """Fake-quantize ``x`` whose blocks run along AXIS, given each block's amax (``x`` reduced over
+    AXIS): a 2-d tile one block wide, or a 3-d view of several blocks."""
     e = mx_exponent(amax, RCEIL)
-    inv = exp2i(-e)
-    scale = exp2i(e)
-    if AXIS == 2:
-        data = round_e4m3(x3 * inv[:, :, None])
-        q = data * scale[:, :, None]
-        q = tl.where((amax < float("inf"))[:, :, None], q, float("nan"))
-    else:
-        data = round_e4m3(x3 * inv[:, None, :])
-        q = data * scale[:, None, :]
-        q = tl.where((amax < float("inf"))[:, None, :], q, float("nan"))
-    return q
-
-
-@triton.jit
-def _mx_tile(x, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
-    """Fake-quantize a 2-d tile that is one block along AXIS (the amax is that axis' reduction)."""
-    e = mx_exponent(amax, RCEIL)
-    if AXIS == 1:
-        data = round_e4m3(x * exp2i(-e)[:, None])
-        q = data * exp2i(e)[:, None]
-        return tl.where((amax < float("inf"))[:, None], q, float("nan"))
-    else:
-        data = round_e4m3(x * exp2i(-e)[None, :])
-        q = data * exp2i(e)[None, :]
-        return tl.where((amax < float("inf"))[None, :], q, float("nan"))
+    data = round_e4m3(x * tl.expand_dims(exp2i(-e), AXIS))
+    q = data * tl.expand_dims(exp2i(e), AXIS)
+    return tl.where(tl.expand_dims(amax < float("inf"), AXIS), q, float("nan"))
 
 
 @triton.jit
@@ -178,11 +157,10 @@ def mx_last(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl.
     A tile one block wide is reduced in place; wider tiles go through a 3-d view (a layout change)."""
     tl.static_assert(C % BLOCK == 0)
     if C == BLOCK:
-        return _mx_tile(x, tl.max(tl.abs(x), axis=1), RCEIL, 1)
+        return _mx_apply(x, tl.max(tl.abs(x), axis=1), RCEIL, 1)
     else:
         x3 = tl.reshape(x, (R, C // BLOCK, BLOCK))
-        q = _mx_blocks(x3, tl.max(tl.abs(x3), axis=2), RCEIL, 2)
-        return tl.reshape(q, (R, C))
+        return tl.reshape(_mx_apply(x3, tl.max(tl.abs(x3), axis=2), RCEIL, 2), (R, C))
 
 
 @triton.jit
@@ -190,11 +168,10 @@ def mx_first(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl
     """``mx_fake_quantize(x, axis=0, block_size=BLOCK)`` of an (R, C) fp32 tile (R % BLOCK == 0)."""
     tl.static_assert(R % BLOCK == 0)
     if R == BLOCK:
-        return _mx_tile(x, tl.max(tl.abs(x), axis=0), RCEIL, 0)
+        return _mx_apply(x, tl.max(tl.abs(x), axis=0), RCEIL, 0)
     else:
         x3 = tl.reshape(x, (R // BLOCK, BLOCK, C))
-        q = _mx_blocks(x3, tl.max(tl.abs(x3), axis=1), RCEIL, 1)
-        return tl.reshape(q, (R, C))
+        return tl.reshape(_mx_apply(x3, tl.max(tl.abs(x3), axis=1), RCEIL, 1), (R, C))
 
 
 @triton.jit
