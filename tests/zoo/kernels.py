@@ -25,6 +25,7 @@ Engine and interface specimens: ``inplace_scale`` (scales q in place), ``forward
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import replace
 
@@ -32,26 +33,6 @@ import torch
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
-
-__all__ = [
-    "BUGS",
-    "v_scale_leak",
-    "backward_leak",
-    "document_leak",
-    "fwd_bwd_mismatch",
-    "truncating",
-    "scale_off_by_one",
-    "mass_underflow",
-    "zero_block_nan",
-    "one_token_wrong",
-    "inplace_scale",
-    "forward_only",
-    "nondeterministic",
-    "raises_on_gqa",
-    "hangs_on_long",
-    "always_crashes",
-    "wrong_shape",
-]
 
 E4M3_MAX = 448.0
 MX_BLOCK = 32
@@ -73,23 +54,28 @@ def _tag(fn, recipe: str, catches: tuple[str, ...], doc: str):
 
 class _Split(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, fwd_design, bwd_design):
-        out, lse2 = _forward(fwd_design, q, k, v, cu_q, cu_k, scale, causal)
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, fwd_design, bwd_design, within):
+        with within():
+            out, lse2 = _forward(fwd_design, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
-        ctx.scale, ctx.causal, ctx.bwd = scale, causal, bwd_design
+        ctx.scale, ctx.causal, ctx.bwd, ctx.within = scale, causal, bwd_design, within
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.bwd, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None, None, None
+        with ctx.within():
+            dq, dk, dv = _backward(ctx.bwd, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _split_kernel(fwd_design, bwd_design):
+def _split_kernel(fwd_design, bwd_design, within=contextlib.nullcontext):
+    """The emulation with one design for the forward and another for the backward, both run inside
+    ``within()`` (a context that plants a change in the emulation itself, e.g. another mask)."""
+
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        return _Split.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), fwd_design, bwd_design)
+        return _Split.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), fwd_design, bwd_design, within)
 
     return kernel
 
@@ -349,3 +335,6 @@ BUGS = {
         "wrong_shape",
     )
 }
+
+#: the planted bugs and the engine specimens (forward-only, raising, hanging, crashing kernels)
+__all__ = ["BUGS", *BUGS, "forward_only", "raises_on_gqa", "hangs_on_long", "always_crashes"]

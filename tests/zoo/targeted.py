@@ -50,31 +50,8 @@ from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
 from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one,
-                         _v_quant_kernel)
+                         _split_kernel, _v_quant_kernel)
 
-__all__ = [
-    "TARGETED",
-    "KNOWN_MISSES",
-    "detached_k",
-    "dq_without_delta",
-    "dk_without_delta",
-    "dv_saturating_do",
-    "pt_unscaled",
-    "non_finite_fallback",
-    "dense_mask",
-    "no_row_max",
-    "packed_tiles",
-    "packed_tiles_skip_head",
-    "v_unscaled",
-    "static_v_scale",
-    "range_scale_do",
-    "ds_unscaled",
-    "ds_nvfp4",
-    "e8m0_byte0_zero",
-    "top_left_causal",
-    "ignores_softmax_scale",
-    "range_scale_do_flush",
-]
 
 
 def _tag(fn, recipe: str, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):
@@ -245,31 +222,10 @@ def _top_left_masks():
         E.visible = saved
 
 
-class _TopLeft(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
-        with _top_left_masks():
-            out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
-        ctx.scale, ctx.causal = scale, causal
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        with _top_left_masks():
-            dq, dk, dv = _backward(FLAMIA_MXFP8, q, k, v, out, lse2, g, cu_q, cu_k, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None
-
-
-def _top_left_causal(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                     causal=False):
-    return _TopLeft.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal))
-
-
 #: the quick suite's causal packing (50, 1, 77) against (64, 3, 40) keys has Lq < Lk and Lq > Lk
 top_left_causal = _tag(
-    _top_left_causal, "mxfp8", ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "bound.grad"),
+    _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=_top_left_masks), "mxfp8",
+    ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "bound.grad"),
     ("causal", "isolation", "determinism"),
     "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) instead of bottom-right (j <= i + Lk - Lq)",
 )
@@ -541,3 +497,5 @@ TARGETED = {
 #: bugs that no check of the quick suite catches where it should (known misses, kept as strict
 #: expected failures): kernel name -> the check that should fail on it (None: any check)
 KNOWN_MISSES: dict[str, str | None] = {}
+
+__all__ = ["TARGETED", "KNOWN_MISSES", *TARGETED]  # every planted kernel, by the name it is defined under
