@@ -228,6 +228,20 @@ def test_anticausal_gradient_leakage_bitwise(name):
         assert leaked, f"{name} is expected to leak through sequence-blocked dO/Q scales"
 
 
+def packed_among_neighbours(doc, before: int, after: int, generator):
+    """(q, k, v, dO, cu_seqlens) with the tensors of one document packed after ``before`` and before
+    ``after`` tokens of x300-scale neighbours (an unaligned offset when ``before`` is not a multiple
+    of 32); the document is rows [before, before + len) of each."""
+    parts = []
+    n, heads, dim = doc[0].shape
+    for x in doc:
+        pre = (torch.randn(before, heads, dim, generator=generator) * 300).to(x.dtype)
+        post = (torch.randn(after, heads, dim, generator=generator) * 300).to(x.dtype)
+        parts.append(torch.cat([pre, x, post]))
+    cu = torch.tensor([0, before, before + n, before + n + after], dtype=torch.int32)
+    return parts, cu
+
+
 @pytest.mark.parametrize("name", FIXED + LEAKY)
 @pytest.mark.parametrize("causal", [False, True])
 def test_document_isolation_bitwise(name, causal):
@@ -238,12 +252,7 @@ def test_document_isolation_bitwise(name, causal):
     alone = run(KERNELS[name], *doc, torch.tensor([0, 45], dtype=torch.int32), torch.tensor([0, 45], dtype=torch.int32), causal=causal)
     leaked = False
     for before, after in ((13, 30), (32, 7), (1, 0)):
-        parts = []
-        for x in doc:
-            pre = (torch.randn(before, 2, 64, generator=g) * 300).to(x.dtype)
-            post = (torch.randn(after, 2, 64, generator=g) * 300).to(x.dtype)
-            parts.append(torch.cat([pre, x, post]))
-        cu = torch.tensor([0, before, before + 45, before + 45 + after], dtype=torch.int32)
+        parts, cu = packed_among_neighbours(doc, before, after, g)
         packed = run(KERNELS[name], *parts, cu, cu, causal=causal)
         sl = slice(before, before + 45)
         same = all(torch.equal(a, p[sl]) for a, p in zip(alone, packed))

@@ -41,7 +41,14 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from test_kernels_emulation import _perturb_after, make_case, reference, rel_rmse, run  # noqa: E402
+from test_kernels_emulation import (  # noqa: E402
+    _perturb_after,
+    make_case,
+    packed_among_neighbours,
+    reference,
+    rel_rmse,
+    run,
+)
 
 from flamia_verify.kernels import builtin_kernels  # noqa: E402
 from flamia_verify.kernels import emulation as E  # noqa: E402
@@ -243,8 +250,6 @@ def test_fuzzed_packings_forward_bitwise_and_backward_within_bound(packing):
     """Hypothesis over odd packings (the device is the interpreter on the CPU, CUDA on a GPU run):
     the forward bitwise the emulation's, the backward within the accumulation-order bound.
     FLAMIA_VERIFY_FUZZ_EXAMPLES sets the number of packings (6 on the CPU by default; 80 passed)."""
-    import _pytest.monkeypatch
-
     from flamia_verify.kernels.triton.attention import fused_forward
 
     name, lens_q, lens_k, heads, heads_k, causal = packing
@@ -256,7 +261,7 @@ def test_fuzzed_packings_forward_bitwise_and_backward_within_bound(packing):
     out, _ = fused_forward(config_for(DESIGNS[name]), q, k, v, cu_q, cu_k, lq, lk, LN2, causal)
     out_e, _ = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out {packing}")
-    with _pytest.monkeypatch.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
         check_backward_on_exact_inputs(device, mp, name, lens_q, lens_k, heads, heads_k, causal)
 
 
@@ -318,12 +323,7 @@ def test_document_isolation_bitwise(device, name, causal):
     one = torch.tensor([0, 45], dtype=torch.int32)
     alone = run(fused(name), *to(device, *doc, one, one), causal=causal)
     for before, after in ((13, 30),):
-        parts = []
-        for x in doc:
-            pre = (torch.randn(before, 2, 64, generator=g) * 300).to(x.dtype)
-            post = (torch.randn(after, 2, 64, generator=g) * 300).to(x.dtype)
-            parts.append(torch.cat([pre, x, post]))
-        cu = torch.tensor([0, before, before + 45, before + 45 + after], dtype=torch.int32)
+        parts, cu = packed_among_neighbours(doc, before, after, g)
         packed = run(fused(name), *to(device, *parts, cu, cu), causal=causal)
         sl = slice(before, before + 45)
         for what, a, p in zip(("out", "dq", "dk", "dv"), alone, packed):
