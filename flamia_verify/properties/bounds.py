@@ -82,15 +82,12 @@ EXP_SLACK = 2.0**-20
 # E8M0's smallest scale 2^-127 times half of E4M3's smallest subnormal 2^-9: a block whose amax is below
 # 448 * 2^-127 keeps that scale (the clamp), so its elements may move by this much, whatever the amax
 _ALPHA_E8M0 = 2.0**-137
-# half the smallest subnormal of each input dtype: the absolute error of RNE below the normal range
-_ALPHA_FP16 = 2.0**-25  # smallest subnormal 2^-24
-_ALPHA_BF16 = 2.0**-134  # smallest subnormal 2^-133
-_ALPHA_FP32 = 2.0**-150  # smallest subnormal 2^-149
+# bf16 rounding of fp32 inputs in a BF16 GEMM: unit roundoff, and half the smallest subnormal 2^-133
+_U_BF16 = 2.0**-8
+_ALPHA_BF16 = 2.0**-134
 # relative fp32 rounding of the elementwise steps (products, the difference dP - D, the division by l)
 REL32 = 8 * U32
 
-_U_BF16 = 2.0**-8
-_U_FP16 = 2.0**-11
 _U_E4M3 = 2.0**-4
 _U_E4M3_FLOOR = 2.0**-3  # saturation under FLOOR moves the largest elements by at most 1/8 (480 -> 448 at worst)
 _U_E2M1 = 2.0**-2
@@ -168,24 +165,15 @@ class RecipeBoundModel:
 
 
 def _unit_roundoff(dtype: torch.dtype) -> float:
-    if dtype == torch.bfloat16:
-        return _U_BF16
-    if dtype == torch.float16:
-        return _U_FP16
-    if dtype == torch.float32:
-        return U32
-    return 2.0**-53
+    """Round to nearest: half the spacing at 1 (bf16 2^-8, fp16 2^-11, fp32 2^-24, fp64 2^-53)."""
+    return torch.finfo(dtype).eps / 2
 
 
 def _underflow_floor(dtype: torch.dtype) -> float:
-    """Half the smallest subnormal of ``dtype``: RNE's absolute error bound below the normal range."""
-    if dtype == torch.bfloat16:
-        return _ALPHA_BF16
-    if dtype == torch.float16:
-        return _ALPHA_FP16
-    if dtype == torch.float32:
-        return _ALPHA_FP32
-    return 0.0  # float64 outputs: below every bound's other terms
+    """Half the smallest subnormal of ``dtype`` (smallest normal x eps): RNE's absolute error bound
+    below the normal range (bf16 2^-134, fp16 2^-25, fp32 2^-150; 0 for float64, where it underflows)."""
+    info = torch.finfo(dtype)
+    return info.tiny * info.eps / 2
 
 
 def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
