@@ -39,8 +39,6 @@ docs/triton.md has the derivations, the tolerances and the measured speed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -70,7 +68,6 @@ __all__ = [
     "tiles",
     "unsupported_reason",
     "fused_attention",
-    "fused_forward_with_lse",
     "fused_forward",
     "fused_backward",
 ]
@@ -903,14 +900,3 @@ def fused_attention(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k,
     cfg = config_for(design)
     return _FusedAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                  float(softmax_scale), bool(causal), cfg)
-
-
-def fused_forward_with_lse(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale: float,
-                           causal: bool):
-    """Forward only: (out in q's dtype, lse in natural-log units (total_q, nheads) fp32), like
-    :func:`flamia_verify.kernels.emulation.emulated_forward_with_lse`."""
-    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist() or [0]
-    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist() or [0]
-    out, lse2 = fused_forward(config_for(design), q, k, v, cu_seqlens_q, cu_seqlens_k, max(lens_q), max(lens_k),
-                              float(softmax_scale), bool(causal))
-    return out, lse2.T * math.log(2.0)

@@ -16,6 +16,7 @@ import math
 import torch
 
 from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
+from flamia_verify.properties.cases import cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
@@ -56,10 +57,7 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases"):
                 continue
             r = getattr(ref, t)
             b = getattr(B, t)
-            lens = case.lens_q if t in ("out", "dq") else case.lens_k
-            cu = [0]
-            for length in lens:
-                cu.append(cu[-1] + length)
+            cu = cu_from_lens(case.lens_q if t in ("out", "dq") else case.lens_k).tolist()
             m = compare_within(x, r, b, what=f"|{t} - reference|", rule="within the a-priori bound", cu_seqlens=cu)
             err = (x.detach().double().to(r.device) - r).abs()
             ratio = torch.where(err == 0, torch.zeros_like(err), err / b.clamp_min(1e-300))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from flamia_verify.properties.cases import Case, Inputs
+from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.registry import register
@@ -131,9 +131,7 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
             lo, hi = max(k0, k0 + t + off), k1
         region = torch.zeros(x_new.shape[0], dtype=torch.bool, device=x_new.device)
         region[lo:hi] = True
-        cu = [0]
-        for length in (case.lens_q if tensor in ("out", "dq") else case.lens_k):
-            cu.append(cu[-1] + length)
+        cu = cu_from_lens(case.lens_q if tensor in ("out", "dq") else case.lens_k).tolist()
         m = compare_bitwise(x_new, x_base, what=f"{what}", region=region[:, None, None], cu_seqlens=cu)
         changed = m.mask.flatten(1).sum(dim=1) if m.mask is not None else torch.zeros(x_new.shape[0])
         key = (case, b, kind)
