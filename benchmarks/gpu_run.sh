@@ -41,7 +41,11 @@ from flamia_verify.kernels import builtin_kernels
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.triton.attention import _STAGES_THAT_FIT, fused_attention
 bad = 0
+from flamia_verify.kernels.triton.config import config_for, head_dim_supported
 for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):
+    if not head_dim_supported(256, config_for(DESIGNS[name])):
+        print(f"{name}: head_dim 256 runs the emulation (config.head_dim_limit)")
+        continue
     case = [t.cuda() for t in make_case([300, 77], heads=2, dim=256, seed=5)]
     got = run(functools.partial(fused_attention, DESIGNS[name]), *case, causal=True)
     cpu = [t.cpu() for t in case]
@@ -57,7 +61,7 @@ sys.exit(1 if bad else 0)
 EOF
 for spec in "fp8 bf16" "flamia-nvfp4 bf16" "bf16 bf16" "flamia-mxfp8 fp16"; do
     set -- $spec
-    step "check_quick_$1_$2" 55 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+    step "check_quick_$1_$2" 90 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel "$1" --dtype "$2" --suite quick --device cuda --out "$out/quick_$1_$2"
 done
 fi

@@ -464,6 +464,11 @@ def test_inputs_the_fused_kernels_do_not_take_run_the_emulation():
     assert all(fused_applies(inputs(d)) == triton_available() for d in (32, 64, 128, 256))
     assert not any(fused_applies(inputs(d)) for d in (16, 80, 96, 160, 512))
     assert not fused_applies(inputs(64, torch.float32)) and not fused_applies(inputs(64, cuda=False))
+    # fp8's 128-query tiles hold four (128, head_dim) tiles in the dK/dV kernel: 256 KiB at head_dim 256
+    for name in ("bf16", "flamia-mxfp8", "flamia-nvfp4"):
+        assert fused_applies(inputs(256), DESIGNS[name]) == triton_available()
+    assert fused_applies(inputs(128), DESIGNS["fp8"]) == triton_available()
+    assert not fused_applies(inputs(256), DESIGNS["fp8"])
 
 
 def test_bf16_subnormal_inputs_reach_the_kernel_exactly(device):

@@ -41,7 +41,7 @@ def with_fused_dispatch(emulated):
         return emulated
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        use_fused = fused_applies(q)
+        use_fused = fused_applies(q, design)
         kernel.paths["fused Triton" if use_fused else "PyTorch emulation"] += 1
         if use_fused:
             from flamia_verify.kernels.triton.attention import fused_attention
@@ -61,12 +61,14 @@ def with_fused_dispatch(emulated):
     return kernel
 
 
-def fused_applies(q) -> bool:
+def fused_applies(q, design=None) -> bool:
     """Whether the fused kernels take these inputs: CUDA, bf16 or fp16, head_dim a power of two from
-    32 to 256, Triton installed. Anything else runs the emulation (the same design, slower)."""
-    from flamia_verify.kernels.triton.config import head_dim_supported
+    32 to 256 (for ``design``: up to its ``config.head_dim_limit``), Triton installed. Anything else
+    runs the emulation (the same design, slower)."""
+    from flamia_verify.kernels.triton.config import config_for, head_dim_supported
 
-    return (bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and head_dim_supported(q.shape[-1])
+    cfg = None if design is None else config_for(design)
+    return (bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and head_dim_supported(q.shape[-1], cfg)
             and triton_available())
 
 

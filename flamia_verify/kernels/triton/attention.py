@@ -48,8 +48,8 @@ from flamia_verify.kernels.convention import validate_varlen_inputs
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
 from flamia_verify.kernels.triton.compat import patch_interpreter
 from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
-from flamia_verify.kernels.triton.config import (FusedConfig, TileConfig, config_for, head_dim_supported, tiles,
-                                                 unsupported_reason)
+from flamia_verify.kernels.triton.config import (FusedConfig, TileConfig, config_for, head_dim_limit,
+                                                 head_dim_supported, tiles, unsupported_reason)
 from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
     KIND_NVFP4,
@@ -728,11 +728,14 @@ def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, 
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_inputs(q, k, v):
+def _check_inputs(cfg: FusedConfig, q):
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"the fused kernels take bf16 or fp16 inputs, got {q.dtype}; use the emulation for fp32")
     if not head_dim_supported(q.shape[-1]):
         raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {q.shape[-1]}")
+    if not head_dim_supported(q.shape[-1], cfg):
+        raise ValueError(f"this design's fused kernels take head_dim up to {head_dim_limit(cfg)} (its 128-query "
+                         f"tiles would not fit shared memory), got {q.shape[-1]}; the emulation computes it")
 
 
 #: the pipeline depth that fit, per (kernel, constexprs, tile): a GPU with less shared memory than
@@ -770,7 +773,7 @@ def _seq_block(spec: tuple) -> int:
 def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
                   *, tile: TileConfig | None = None):
     """Forward kernel: (out in q's dtype, lse2 (nheads, total_q) fp32 in log2 units)."""
-    _check_inputs(q, k, v)
+    _check_inputs(cfg, q)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     total_q, H, D = q.shape
     Hk = k.shape[1]
@@ -800,7 +803,7 @@ def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int,
 def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    causal: bool, *, tile_dkdv: TileConfig | None = None, tile_dq: TileConfig | None = None):
     """Backward kernels from the forward's out and lse2 ((nheads, total_q), log2 units): (dq, dk, dv)."""
-    _check_inputs(q, k, v)
+    _check_inputs(cfg, q)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     total_q, H, D = q.shape
     total_k, Hk, _ = k.shape

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
 
-__all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_supported",
-           "tiles", "unsupported_reason"]
+__all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_limit",
+           "head_dim_supported", "tiles", "unsupported_reason"]
 
 # operand kinds, the constexpr values of quant.KIND_* (see emulation.Quant)
 KIND_INPUT = 0  # round to the input dtype (bf16 / fp16)
@@ -67,9 +67,23 @@ def _kind(quant, where: str) -> tuple:
     raise NotImplementedError(f"no fused rounding for {quant.describe()} as a {where} operand")
 
 
-def head_dim_supported(head_dim: int) -> bool:
-    """The fused kernels take head_dim 32, 64, 128 or 256 (a power of two: tl.arange)."""
-    return 32 <= head_dim <= 256 and not head_dim & (head_dim - 1)
+def head_dim_supported(head_dim: int, cfg: FusedConfig | None = None) -> bool:
+    """The fused kernels take head_dim 32, 64, 128 or 256 (a power of two: tl.arange); with a design's
+    ``cfg``, also whether its tiles fit the GPU at that head_dim (``head_dim_limit``)."""
+    if not (32 <= head_dim <= 256 and not head_dim & (head_dim - 1)):
+        return False
+    return cfg is None or head_dim <= head_dim_limit(cfg)
+
+
+def head_dim_limit(cfg: FusedConfig) -> int:
+    """The largest head_dim whose dK/dV kernel fits an H200's shared memory (232 448 bytes per block).
+
+    Query-axis blocks of 128 (``fp8``: P^T, dS^T, dO and Q in 128-blocks) need 128-query tiles in the
+    dK/dV kernel, which holds four (128, head_dim) input-dtype tiles of Q and dO (rounded along head_dim
+    and along the sequence): at head_dim 256 that is 4 * 64 KiB = 262 144 bytes with one pipeline
+    stage (measured on the H200, benchmarks/RESULTS.md). Such designs run head_dim 256 in the emulation.
+    """
+    return 128 if cfg.seq_block("pt", "do_seq", "dst", "q_seq") >= 128 else 256
 
 
 def unsupported_reason(design: EmulatedDesign) -> str | None:
