@@ -70,6 +70,7 @@ __all__ = [
     "fused_attention",
     "fused_forward",
     "fused_backward",
+    "kernel_resources",
 ]
 
 patch_interpreter()
@@ -742,6 +743,19 @@ def _check_inputs(cfg: FusedConfig, q):
 #: the H200 (or a large head_dim) gets fewer stages once, not an error at every call
 _STAGES_THAT_FIT: dict = {}
 
+#: what each compiled kernel took on the GPU, per the same key: registers per thread, spilled
+#: registers, shared memory bytes, pipeline stages (``kernel_resources``; empty under the interpreter)
+_RESOURCES: dict = {}
+
+
+def kernel_resources() -> list[dict]:
+    """The registers, spills and shared memory of every fused kernel launched so far in this process
+    (one dict per kernel specialization and tile; benchmarks/kernel_resources.py prints them)."""
+    rows = []
+    for (name, constexprs, tile), res in _RESOURCES.items():
+        rows.append({"kernel": name, "constexprs": dict(constexprs), "tile": tile, **res})
+    return rows
+
 
 def _launch(kernel, grid, tile: TileConfig, *args, **constexprs):
     """Launch ``kernel`` with ``tile``'s warps and stages; when the compiled kernel does not fit the
@@ -751,7 +765,7 @@ def _launch(kernel, grid, tile: TileConfig, *args, **constexprs):
     stages = _STAGES_THAT_FIT.get(key, tile.num_stages)
     while True:
         try:
-            kernel[grid](*args, **constexprs, num_warps=tile.num_warps, num_stages=stages)
+            compiled = kernel[grid](*args, **constexprs, num_warps=tile.num_warps, num_stages=stages)
         except OutOfResources as exc:
             if stages <= 1:
                 raise RuntimeError(
@@ -762,6 +776,9 @@ def _launch(kernel, grid, tile: TileConfig, *args, **constexprs):
             stages -= 1
             continue
         _STAGES_THAT_FIT[key] = stages
+        if key not in _RESOURCES and getattr(compiled, "n_regs", None) is not None:
+            _RESOURCES[key] = {"stages": stages, "n_regs": compiled.n_regs, "n_spills": compiled.n_spills,
+                               "shared": compiled.metadata.shared}
         return stages
 
 
