@@ -23,23 +23,24 @@ from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
 from flamia_verify.kernels.triton.attention import fused_backward, fused_forward  # noqa: E402
 from flamia_verify.kernels.triton.config import TileConfig, config_for, tiles  # noqa: E402
 
-# candidates for every design; each kernel keeps those that are multiples of its blocks (the fp8
-# design's 128-row blocks leave only 128-key / 128-query tiles along those axes)
+# candidates for every design, (BM, BN, warps, stages[, split]); each kernel keeps those that are
+# multiples of its blocks (the fp8 design's 128-row blocks leave only 128-key / 128-query tiles along
+# those axes); "split" runs the dK/dV kernel as two launches (dV, then dK) with one accumulator each
 FWD = [(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 4, 4), (64, 32, 4, 3), (128, 128, 8, 3),
-       (128, 128, 8, 2), (64, 128, 4, 2), (64, 128, 8, 3), (128, 128, 16, 2)]
+       (128, 128, 8, 2), (64, 128, 4, 2), (64, 128, 8, 3)]
 DKDV = [(32, 128, 8, 2), (32, 64, 4, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 2), (64, 64, 4, 3),
         (128, 128, 8, 1), (128, 128, 4, 1), (128, 128, 8, 2),
-        (128, 128, 16, 1), (128, 128, 16, 2)]
+        (128, 128, 8, 1, True), (128, 128, 4, 1, True), (128, 128, 8, 2, True)]
 DQ = [(128, 32, 4, 1), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2), (64, 64, 4, 3),
-      (64, 128, 8, 1), (32, 128, 4, 2), (64, 128, 4, 2), (128, 128, 8, 1), (128, 128, 16, 1),
-      (64, 128, 8, 2)]
+      (64, 128, 8, 1), (32, 128, 4, 2), (64, 128, 4, 2), (128, 128, 8, 1), (64, 128, 8, 2)]
 
 
 def _ms(fn, rep):
     return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
 
 
-def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: bool, rep: int):
+def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: bool, rep: int,
+          phases=("fwd", "dkdv", "dq")):
     cfg = config_for(DESIGNS[name])
     base = tiles(cfg, dim, interpret=False)
     batch = tokens // seqlen
@@ -60,6 +61,8 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
     dkdv_m = cfg.seq_block("pt", "do_seq", "dst", "q_seq")
     dq_n = max(p, cfg.seq_block("ds", "k_seq"))
     for phase, cands in (("fwd", FWD), ("dkdv", DKDV), ("dq", DQ)):
+        if phase not in phases:
+            continue
         for c in cands:
             t = TileConfig(*c)
             if phase == "fwd" and not ok_block(c, 1, fwd_n):
@@ -98,14 +101,16 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", choices=["true", "false"], default="true")
     ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--phases", nargs="+", choices=["fwd", "dkdv", "dq"], default=["fwd", "dkdv", "dq"])
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     lines = [f"{torch.cuda.get_device_name()}, triton {triton.__version__}, S = {args.seqlen}, "
              f"causal = {args.causal}; bwd phases time the whole backward with one kernel's tiles changed", "",
-             "| kernel | phase | (BM, BN, warps, stages) | default | ms | max diff vs default | error |",
+             "| kernel | phase | (BM, BN, warps, stages[, split]) | default | ms | max diff vs default | error |",
              "|---|---|---|---|---|---|---|"]
     for name in args.kernels:
-        for r in sweep(name, args.seqlen, args.tokens, args.heads, args.head_dim, args.causal == "true", args.rep_ms):
+        for r in sweep(name, args.seqlen, args.tokens, args.heads, args.head_dim, args.causal == "true", args.rep_ms,
+                       args.phases):
             lines.append(f"| {r['kernel']} | {r['phase']} | {r['tile']} | {'yes' if r['default'] else ''} | "
                          f"{r.get('ms', float('nan')):.2f} | {r.get('maxdiff', float('nan')):.3g} | "
                          f"{r.get('error', '')} |")

@@ -408,9 +408,10 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DO
                         DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
                         DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr,
                         Q_KIND: tl.constexpr, Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
-                        IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+                        PART: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows).
-    Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV)."""
+    Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV).
+    PART: 0 both gradients, 1 dV only (no dP), 2 dK only."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
     q_op = _load_op(Q, Qh, q_base, offs_m, qmask, stride_qt, HEAD_DIM, QK_KIND)
@@ -428,23 +429,30 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DO
     aT = tl.where(lse_ok[None, :], aT, 0.0)
     if MASKED:
         aT = tl.where(vis, aT, 0.0)
-    dpT = _mma_t(v_op, do_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET)
-    dsT = aT * (dpT - delta[None, :])
-    if AMAX_PASS:
-        amax_pt = tl.maximum(amax_pt, tl.max(tl.abs(aT), axis=1))
-        amax_dst = tl.maximum(amax_dst, tl.max(tl.abs(dsT), axis=1))
+    if PART != 1:
+        dpT = _mma_t(v_op, do_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET)
+        dsT = aT * (dpT - delta[None, :])
     else:
-        pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
-        dst_op = quantize_last(dsT, amax_dst, BLOCK_N, BLOCK_M, DST_KIND, DST_BLOCK, RCEIL, IS_FP16)
-        SPLIT: tl.constexpr = MASKED and FALLBACK and CAUSAL
-        # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in the input precision
-        full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
-        dv = _seq_rhs(pt_op, do_op, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv, HEAD_DIM, DO_KIND,
-                      DP_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
-        # dK = dS^T Q: Q blocked along queries
-        full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
-        dk = _seq_rhs(dst_op, q_op, Q, Qs, q_base, offs_m, qmask, stride_qt, full, dk, HEAD_DIM, Q_KIND,
-                      QK_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
+        dsT = aT  # not used: the dV-only part needs no dP
+    SPLIT: tl.constexpr = MASKED and FALLBACK and CAUSAL
+    if AMAX_PASS:
+        if PART != 2:
+            amax_pt = tl.maximum(amax_pt, tl.max(tl.abs(aT), axis=1))
+        if PART != 1:
+            amax_dst = tl.maximum(amax_dst, tl.max(tl.abs(dsT), axis=1))
+    else:
+        if PART != 2:
+            pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
+            # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in the input precision
+            full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
+            dv = _seq_rhs(pt_op, do_op, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv, HEAD_DIM, DO_KIND,
+                          DP_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
+        if PART != 1:
+            dst_op = quantize_last(dsT, amax_dst, BLOCK_N, BLOCK_M, DST_KIND, DST_BLOCK, RCEIL, IS_FP16)
+            # dK = dS^T Q: Q blocked along queries
+            full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
+            dk = _seq_rhs(dst_op, q_op, Q, Qs, q_base, offs_m, qmask, stride_qt, full, dk, HEAD_DIM, Q_KIND,
+                          QK_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
     return dk, dv, amax_pt, amax_dst
 
 
@@ -456,7 +464,7 @@ def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, D
                          P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, PT_KIND: tl.constexpr,
                          PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
                          DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
-                         Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
+                         Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, PART: tl.constexpr,
                          IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """All query tiles that see this key tile: masked diagonal tiles, unmasked ones, the masked last one."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -475,19 +483,19 @@ def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, D
             dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
             stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
             AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
     for start_m in range(m_diag_end, m_full_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
             dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
             stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
             False, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
     for start_m in range(m_full_end, lq_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
             dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
             stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
             AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
     return dk, dv, amax_pt, amax_dst
 
 
@@ -500,11 +508,12 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
                    DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
                    DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
                    Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr,
-                   OUT_F32: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+                   OUT_F32: tl.constexpr, PART: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """Grid (key tiles of the longest document, documents, query heads). Each program owns a key
     tile of one query head: dK = scale * sum dS^T Q, dV = sum P^T dO over the query tiles that see it.
     Kh, Vh: K and V rounded along head_dim (S, dP); the query-side operands as in the tile function.
-    OUT_F32 (GQA): write fp32 per query head; the caller sums each group."""
+    OUT_F32 (GQA): write fp32 per query head; the caller sums each group. PART: 0 both gradients,
+    1 dV only, 2 dK only (``TileConfig.split``: two launches that each hold one accumulator)."""
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0)
     if P_POW2:
         tl.static_assert(BLOCK_N % P_BLOCK == 0)
@@ -536,12 +545,12 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
             dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
             stride_qt, stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
             QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND,
-            Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
     dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
         dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
         stride_qt, stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
         QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND,
-        Q_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+        Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
     if PT_KIND == KIND_NVFP4:  # NVFP4's fp32 row scale, factored out of every product of the row
         dv = dv * nvfp4_row_scale(amax_pt)[:, None]
     if DST_KIND == KIND_NVFP4:
@@ -552,12 +561,16 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
     head = h if OUT_F32 else hk
     dk_ptrs = DK + rows * stride_dkt + head * stride_dkh + offs_d[None, :]
     dv_ptrs = DV + rows * stride_dvt + head * stride_dvh + offs_d[None, :]
-    if OUT_F32:
-        tl.store(dk_ptrs, dk, mask=kmask[:, None])
-        tl.store(dv_ptrs, dv, mask=kmask[:, None])
-    else:
-        tl.store(dk_ptrs, _to_input(dk, IS_FP16, INTERPRET), mask=kmask[:, None])
-        tl.store(dv_ptrs, _to_input(dv, IS_FP16, INTERPRET), mask=kmask[:, None])
+    if PART != 1:
+        if OUT_F32:
+            tl.store(dk_ptrs, dk, mask=kmask[:, None])
+        else:
+            tl.store(dk_ptrs, _to_input(dk, IS_FP16, INTERPRET), mask=kmask[:, None])
+    if PART != 2:
+        if OUT_F32:
+            tl.store(dv_ptrs, dv, mask=kmask[:, None])
+        else:
+            tl.store(dv_ptrs, _to_input(dv, IS_FP16, INTERPRET), mask=kmask[:, None])
 
 
 @triton.jit
@@ -860,15 +873,16 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
     common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
                   FALLBACK=cfg.fallback, RCEIL=r, TWO_PASS=cfg.two_pass, IS_FP16=q.dtype == torch.float16,
                   INTERPRET=_interpreting())
-    _launch(
-        _attn_bwd_dkdv, (triton.cdiv(max(max_k, 1), t1.block_n), batch, H), t1,
-        q, qh, qs, kh, vh, dout, doh, dos, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0), groups,
-        BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0], PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1],
-        DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq), DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1],
-        Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, **common,
-    )
+    for part in ((1, 2) if t1.split else (0,)):  # split: dV, then dK, each program holding one accumulator
+        _launch(
+            _attn_bwd_dkdv, (triton.cdiv(max(max_k, 1), t1.block_n), batch, H), t1,
+            q, qh, qs, kh, vh, dout, doh, dos, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0),
+            dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0), groups,
+            BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0], PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1],
+            DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq), DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1],
+            Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, PART=part, **common,
+        )
     _launch(
         _attn_bwd_dq, (triton.cdiv(max(max_q, 1), t2.block_m), batch, H), t2,
         qh, k, kh, ks, vh, doh, lse2, delta, dq, cu_q, cu_k, qk_scale, scale,

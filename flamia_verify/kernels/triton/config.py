@@ -141,6 +141,9 @@ class TileConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    #: dK/dV only: two launches, dV then dK, each program holding one (block_n, head_dim) fp32
+    #: accumulator instead of two (S and P are recomputed in both; the results are the same bits)
+    split: bool = False
 
 
 def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, TileConfig]:
