@@ -164,12 +164,13 @@ def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, Tile
         }
     # H200 tile sweeps (benchmarks/RESULTS.md, "Tile sweep"): each choice below was the fastest
     # measured candidate of its kernel that matched the default's results; 128-wide sequence
-    # blocks (fp8) need 128 x 128 tiles and fewer stages to fit shared memory
+    # blocks (fp8) need 128 x 128 tiles and fewer stages to fit shared memory, and their dK/dV
+    # kernel runs in two launches (two 128 x 128 fp32 accumulators spilled 412 registers)
     if max(fwd_n, dkdv_m, dq_n) >= 128:
         return {
             "fwd": TileConfig(128, max(64, fwd_n), num_warps=8, num_stages=2),
-            "dkdv": TileConfig(max(32, dkdv_m), 128, num_warps=8, num_stages=1),
-            "dq": TileConfig(64, max(32, dq_n), num_warps=8, num_stages=1),
+            "dkdv": TileConfig(max(32, dkdv_m), 128, num_warps=8, num_stages=1, split=True),
+            "dq": TileConfig(128, max(32, dq_n), num_warps=8, num_stages=1),
         }
     if cfg.p_pow2:  # 32-key P blocks (MX): the dQ sweep takes 64 keys per step
         return {
