@@ -40,7 +40,7 @@ def _ms(fn, rep):
 
 
 def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: bool, rep: int,
-          phases=("fwd", "dkdv", "dq")):
+          phases=("fwd", "dkdv", "dq"), only=None):
     cfg = config_for(DESIGNS[name])
     base = tiles(cfg, dim, interpret=False)
     batch = tokens // seqlen
@@ -63,6 +63,8 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
     for phase, cands in (("fwd", FWD), ("dkdv", DKDV), ("dq", DQ)):
         if phase not in phases:
             continue
+        if only is not None:  # --tiles: the default and the given candidates of this phase
+            cands = [tuple(base[phase].__dict__.values())] + [c for p_, c in only if p_ == phase]
         for c in cands:
             t = TileConfig(*c)
             if phase == "fwd" and not ok_block(c, 1, fwd_n):
@@ -92,6 +94,18 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
     return rows
 
 
+def _parse_tiles(specs):
+    if not specs:
+        return None
+    out = []
+    for spec in specs:
+        phase, _, nums = spec.partition(":")
+        vals = nums.split(",")
+        out.append((phase, tuple(int(v) for v in vals[:4]) + ((vals[4].lower() in ("1", "true", "split"),)
+                                                               if len(vals) > 4 else ())))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", nargs="+", default=["bf16", "flamia-mxfp8"])
@@ -102,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", choices=["true", "false"], default="true")
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--phases", nargs="+", choices=["fwd", "dkdv", "dq"], default=["fwd", "dkdv", "dq"])
+    ap.add_argument("--tiles", nargs="+", metavar="PHASE:BM,BN,WARPS,STAGES[,split]",
+                    help="time only these candidates (and each phase's default), e.g. dkdv:128,32,4,3")
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     lines = [f"{torch.cuda.get_device_name()}, triton {triton.__version__}, S = {args.seqlen}, "
@@ -110,7 +126,7 @@ def main(argv=None) -> int:
              "|---|---|---|---|---|---|---|"]
     for name in args.kernels:
         for r in sweep(name, args.seqlen, args.tokens, args.heads, args.head_dim, args.causal == "true", args.rep_ms,
-                       args.phases):
+                       args.phases, _parse_tiles(args.tiles)):
             lines.append(f"| {r['kernel']} | {r['phase']} | {r['tile']} | {'yes' if r['default'] else ''} | "
                          f"{r.get('ms', float('nan')):.2f} | {r.get('maxdiff', float('nan')):.3g} | "
                          f"{r.get('error', '')} |")

@@ -505,3 +505,19 @@ def test_split_dkdv_launches_give_the_same_bits(device, name):
     for what, a, b in zip(("dq", "dk", "dv"), one, two):
         assert torch.equal(a, b), (name, what)
     assert all(bool(torch.isfinite(g).all()) and g.abs().sum() > 0 for g in two)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting() or not torch.cuda.is_available(), reason="needs CUDA with TRITON_INTERPRET unset")
+def test_kernel_resources_report_each_compiled_kernel():
+    """``kernel_resources`` lists the forward, dK/dV and dQ kernels of a run with their registers
+    (at most 255 per thread on NVIDIA GPUs), spills and shared memory."""
+    from flamia_verify.kernels.triton.attention import fused_attention, kernel_resources
+
+    q, k, v, do, cu_q, cu_k = (t.cuda() for t in make_case([100, 60], heads=2, seed=4))
+    q.requires_grad_(True)
+    fused_attention(DESIGNS["flamia-mxfp8"], q, k, v, cu_q, cu_k, 100, 100, causal=True).backward(do)
+    rows = [r for r in kernel_resources() if r["constexprs"].get("P_POW2") and r["constexprs"].get("CAUSAL")]
+    assert {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"} <= {r["kernel"] for r in rows}
+    for r in rows:
+        assert 0 < r["n_regs"] <= 255 and r["n_spills"] >= 0 and r["shared"] > 0 and r["stages"] >= 1

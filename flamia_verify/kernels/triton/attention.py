@@ -53,7 +53,9 @@ from flamia_verify.kernels.triton.config import (FusedConfig, TileConfig, config
 from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
     KIND_NVFP4,
+    amax,
     exp2i,
+    max_keep_nan,
     nvfp4_row_scale,
     quantize_first,
     quantize_last,
@@ -437,9 +439,9 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DO
     SPLIT: tl.constexpr = MASKED and FALLBACK and CAUSAL
     if AMAX_PASS:
         if PART != 2:
-            amax_pt = tl.maximum(amax_pt, tl.max(tl.abs(aT), axis=1))
+            amax_pt = max_keep_nan(amax_pt, amax(aT, 1))
         if PART != 1:
-            amax_dst = tl.maximum(amax_dst, tl.max(tl.abs(dsT), axis=1))
+            amax_dst = max_keep_nan(amax_dst, amax(dsT, 1))
     else:
         if PART != 2:
             pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
@@ -601,7 +603,7 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_bas
     dp = _mma_t(do_op, v_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
     ds = a * (dp - delta[:, None])
     if AMAX_PASS:
-        amax_ds = tl.maximum(amax_ds, tl.max(tl.abs(ds), axis=1))
+        amax_ds = max_keep_nan(amax_ds, amax(ds, 1))
     else:
         ds_op = quantize_last(ds, amax_ds, BLOCK_M, BLOCK_N, DS_KIND, DS_BLOCK, RCEIL, IS_FP16)
         blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)

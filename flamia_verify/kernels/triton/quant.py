@@ -59,6 +59,34 @@ NATIVE_E4M3 = tl.constexpr(os.environ.get("FLAMIA_VERIFY_NATIVE_E4M3", "1") != "
 
 
 @triton.jit
+def _max_keep_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+#: GPUs: one reduction with a NaN-keeping maximum. The interpreter runs ``tl.reduce`` with a Python
+#: combine function element by element (slow), and its ``tl.max`` drops NaN as a GPU's does: there a
+#: second reduction marks the blocks that hold a NaN.
+_NAN_REDUCE = tl.constexpr(not interpreting())
+
+
+@triton.jit
+def amax(x, AXIS: tl.constexpr):
+    """max |x| along AXIS, NaN if any element is NaN (as ``torch.amax`` in the formats: a NaN makes its
+    whole block NaN). ``tl.max`` alone drops NaN, on GPUs and in the interpreter."""
+    if _NAN_REDUCE:
+        return tl.reduce(tl.abs(x), AXIS, _max_keep_nan)
+    else:
+        m = tl.max(tl.abs(x), axis=AXIS)
+        return tl.where(tl.max((x != x).to(tl.int32), axis=AXIS) > 0, float("nan"), m)
+
+
+@triton.jit
+def max_keep_nan(a, b):
+    """Elementwise maximum that propagates NaN (running amaxes across tiles)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def exp2i(e):
     """2^e as fp32 for an int32 tensor e, exactly: normal for e >= -126, subnormal down to 2^-149,
     0 below (the values of ``torch.ldexp(1, e)``)."""
@@ -158,10 +186,10 @@ def mx_last(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl.
     A tile one block wide is reduced in place; wider tiles go through a 3-d view (a layout change)."""
     tl.static_assert(C % BLOCK == 0)
     if C == BLOCK:
-        return _mx_apply(x, tl.max(tl.abs(x), axis=1), RCEIL, 1)
+        return _mx_apply(x, amax(x, 1), RCEIL, 1)
     else:
         x3 = tl.reshape(x, (R, C // BLOCK, BLOCK))
-        return tl.reshape(_mx_apply(x3, tl.max(tl.abs(x3), axis=2), RCEIL, 2), (R, C))
+        return tl.reshape(_mx_apply(x3, amax(x3, 2), RCEIL, 2), (R, C))
 
 
 @triton.jit
@@ -169,10 +197,10 @@ def mx_first(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl
     """``mx_fake_quantize(x, axis=0, block_size=BLOCK)`` of an (R, C) fp32 tile (R % BLOCK == 0)."""
     tl.static_assert(R % BLOCK == 0)
     if R == BLOCK:
-        return _mx_apply(x, tl.max(tl.abs(x), axis=0), RCEIL, 0)
+        return _mx_apply(x, amax(x, 0), RCEIL, 0)
     else:
         x3 = tl.reshape(x, (R // BLOCK, BLOCK, C))
-        return tl.reshape(_mx_apply(x3, tl.max(tl.abs(x3), axis=1), RCEIL, 1), (R, C))
+        return tl.reshape(_mx_apply(x3, amax(x3, 1), RCEIL, 1), (R, C))
 
 
 @triton.jit
@@ -196,7 +224,7 @@ def nvfp4_blocks(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.conste
     tl.static_assert(C % BLOCK == 0)
     sg = nvfp4_row_scale(row_amax)[:, None]
     x3 = tl.reshape(x, (R, C // BLOCK, BLOCK))
-    bamax = tl.max(tl.abs(x3), axis=2)
+    bamax = amax(x3, 2)
     per_elem = tl.math.div_rn(bamax, tl.full(bamax.shape, E2M1_MAX, tl.float32))
     s_block = round_grid(tl.math.div_rn(per_elem, tl.broadcast_to(sg, bamax.shape)), -6, 3, E4M3_MAX)
     s_block = tl.where(bamax < float("inf"), s_block, float("nan"))
