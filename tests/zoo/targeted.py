@@ -30,6 +30,8 @@ so that the failure is the bug's doing and not a side effect).
     top_left_causal         the causal mask aligned top-left (key j visible to query i iff j <= i, as in
                             FlashAttention before 2.1) instead of bottom-right when Lq != Lk
     ignores_softmax_scale   the softmax_scale argument is ignored, headdim^-0.5 used instead
+    bf16_accumulation       every GEMM keeps its running sum in bf16: each 32-long slice of the
+                            contraction is summed, rounded to bf16 and added to a bf16 accumulator
 
 Known misses (``KNOWN_MISSES``, kept as strict expected failures in the tests): none at present.
 
@@ -468,6 +470,51 @@ ignores_softmax_scale = _tag(
     "FLAMIA MXFP8 that ignores softmax_scale and always uses headdim^-0.5",
 )
 
+# ---------------------------------------------------------------------------------------------
+# GEMM accumulators narrower than fp32
+# ---------------------------------------------------------------------------------------------
+
+_MATMUL = torch.matmul
+ACC_SLICE = 32  # the contraction slice one tensor-core instruction sums (K = 32 for E4M3 on Hopper)
+
+
+def _bf16_accumulating_matmul(a, b, *args, **kwargs):
+    """a @ b with a bf16 running sum: per 32-long slice of the contraction an fp32 matmul, rounded
+    to bf16 and added to the bf16 accumulator (fp32 operands only: the emulation's GEMMs)."""
+    if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32:
+        return _MATMUL(a, b, *args, **kwargs)
+    acc = None
+    for s in range(0, a.shape[-1], ACC_SLICE):
+        part = _MATMUL(a[..., s:s + ACC_SLICE], b[..., s:s + ACC_SLICE, :]).bfloat16().float()
+        acc = part if acc is None else (acc + part).bfloat16().float()
+    return acc
+
+
+@contextlib.contextmanager
+def _bf16_accumulators():
+    """Every torch.matmul of the kernel call (the emulation's six GEMMs and the S recompute) with a
+    bf16 accumulator."""
+    torch.matmul = _bf16_accumulating_matmul
+    try:
+        yield
+    finally:
+        torch.matmul = _MATMUL
+
+
+#: the operands are the design's (MXFP8); only the sums lose bits. Every error check passes (the
+#: scores' error stays far below E4M3's rounding of P on random inputs); the bound, which holds the
+#: sums to fp32 accumulation, does not (quick suite, seeds 0 and 1: tightness 1.6 / 2.3 and 2.3 / 1.5
+#: for out / grad, the correct kernel 0.38 / 0.56). A model of Hopper's E4M3 MMA (about 13 bits,
+#: benchmarks/RESULTS.md: each slice's exact sum truncated onto a grid of 2^-12 times the largest
+#: power of two below the slice's sum of |products|) stays within the bound: 0.43 / 0.56 on seed 0.
+bf16_accumulation = _tag(
+    _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=_bf16_accumulators), "mxfp8",
+    ("bound.out", "bound.grad"),
+    ("error", "consistency", "causal", "isolation", "interface"),
+    "FLAMIA MXFP8 whose GEMMs keep their running sums in bf16 (each 32-long slice of the contraction "
+    "rounded to bf16 and added to a bf16 accumulator)",
+)
+
 #: the kernels that some check must fail, by name
 TARGETED = {
     name: globals()[name]
@@ -491,6 +538,7 @@ TARGETED = {
         "top_left_causal",
         "ignores_softmax_scale",
         "range_scale_do_flush",
+        "bf16_accumulation",
     )
 }
 
