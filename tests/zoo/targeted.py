@@ -42,8 +42,9 @@ the one they are for; their ``quiet`` leaves causal out). The fp32 kernels retur
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
+from unittest import mock
 from dataclasses import replace
 
 import torch
@@ -213,15 +214,8 @@ def _top_left_visible(lq: int, lk: int, causal: bool, device=None) -> torch.Tens
     return j <= i
 
 
-@contextlib.contextmanager
-def _top_left_masks():
-    """The emulation with its visibility rule swapped (forward and backward read ``visible``)."""
-    saved = E.visible
-    E.visible = _top_left_visible
-    try:
-        yield
-    finally:
-        E.visible = saved
+#: the emulation with its visibility rule swapped (forward and backward read ``visible``)
+_top_left_masks = functools.partial(mock.patch.object, E, "visible", _top_left_visible)
 
 
 #: the quick suite's causal packing (50, 1, 77) against (64, 3, 40) keys has Lq < Lk and Lq > Lk
@@ -490,15 +484,8 @@ def _bf16_accumulating_matmul(a, b, *args, **kwargs):
     return acc
 
 
-@contextlib.contextmanager
-def _bf16_accumulators():
-    """Every torch.matmul of the kernel call (the emulation's six GEMMs and the S recompute) with a
-    bf16 accumulator."""
-    torch.matmul = _bf16_accumulating_matmul
-    try:
-        yield
-    finally:
-        torch.matmul = _MATMUL
+#: every torch.matmul of the kernel call (the emulation's GEMMs and the S recompute) with a bf16 accumulator
+_bf16_accumulators = functools.partial(mock.patch.object, torch, "matmul", _bf16_accumulating_matmul)
 
 
 #: the operands are the design's (MXFP8); only the sums lose bits. Every error check passes (the
