@@ -179,3 +179,16 @@ def test_constant_rows_sees_a_kernel_that_zeroes_dv_on_constant_dO():
     res = _run(T.range_scale_do_flush, ["special.constant_rows"]).check("special.constant_rows")
     assert res.status == "fail" and res.metrics["nonfinite"] == 0, res.message
     assert res.metrics["violations"] > 0
+
+
+def test_a_13_bit_accumulator_is_inside_what_the_format_allows_and_a_bf16_one_is_not():
+    """The accuracy checks' sensitivity to GEMM accumulation with MXFP8 operands (docs/checks.md,
+    bound rows): a model of Hopper's E4M3 MMA (about 13 bits per 32-long slice) stays within the
+    bound, close to the correct kernel; bf16 running sums (8 bits) do not. Not a threshold: the bound
+    derives from the formats; this pins down what it resolves."""
+    got = {name: _run(kernel, ["bound"]) for name, kernel in (
+        ("e4m3_mma", T.e4m3_mma_accumulation), ("bf16", T.bf16_accumulation), ("correct", "flamia-mxfp8"))}
+    tight = {name: {c.name: c.metrics["tightness"] for c in rep.checks} for name, rep in got.items()}
+    assert all(c.status == "pass" for c in got["e4m3_mma"].checks), tight
+    assert all(c.status == "fail" for c in got["bf16"].checks), tight
+    assert tight["e4m3_mma"]["bound.out"] >= tight["correct"]["bound.out"], tight

@@ -131,6 +131,12 @@ def test_nvfp4_tile_quantization_matches_formats():
     got = quantize_tile(t, kind=KIND_NVFP4, block=16, axis=1)
     want = nvfp4_fake_quantize(t, axis=1, block_size=16, global_amax=t.abs().amax(dim=1, keepdim=True))
     assert_bitwise(got, want, "NVFP4 16-blocks, row scale", t)
+    # a finite row scale over a row that holds a NaN: only the NaN's 16-block turns NaN (its block amax)
+    finite = torch.nan_to_num(t, nan=0.0, posinf=0.0).abs().amax(dim=1, keepdim=True)
+    got = quantize_tile(t, kind=KIND_NVFP4, block=16, axis=1, row_amax=finite[:, 0])
+    want = nvfp4_fake_quantize(t, axis=1, block_size=16, global_amax=finite)
+    assert bool(torch.isnan(want[6]).any()) and not bool(torch.isnan(want[6]).all())
+    assert_bitwise(got, want, "NVFP4 16-blocks, finite row scale over a NaN block", t)
 
 
 @pytest.mark.parametrize("is_fp16", [False, True])

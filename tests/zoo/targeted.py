@@ -488,12 +488,40 @@ def _bf16_accumulating_matmul(a, b, *args, **kwargs):
 _bf16_accumulators = functools.partial(mock.patch.object, torch, "matmul", _bf16_accumulating_matmul)
 
 
+def _e4m3_mma_matmul(a, b, *args, **kwargs):
+    """a @ b as a model of Hopper's E4M3 tensor-core MMA, which keeps about 13 bits of each sum
+    (benchmarks/probe_fp8_dot.py: up to 2^-9.5 of the sum of |products| against the float64 sum):
+    per 32-long slice of the contraction the exact sum (float64) is truncated toward zero onto a grid
+    of 2^-12 times the largest power of two not above the slice's sum of |products|; the slices are
+    added in fp32. On E4M3 operands of one binade this differs from the fp32 sum in 99.6 % of the
+    results, by up to 2^-12.4 of the magnitude sum (the probe measured 97 %, 2^-11.6)."""
+    if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32:
+        return _MATMUL(a, b, *args, **kwargs)
+    acc = None
+    for s in range(0, a.shape[-1], ACC_SLICE):
+        a_s, b_s = a[..., s:s + ACC_SLICE].double(), b[..., s:s + ACC_SLICE, :].double()
+        mag = _MATMUL(a_s.abs(), b_s.abs())
+        grid = torch.exp2(torch.floor(torch.log2(torch.where(mag > 0, mag, torch.ones_like(mag)))) - 12)
+        part = (torch.trunc(_MATMUL(a_s, b_s) / grid) * grid).float()
+        acc = part if acc is None else acc + part
+    return acc
+
+
+#: not a planted bug: the accuracy checks accept it (with MXFP8 operands, E4M3's rounding of P dwarfs
+#: the scores' accumulation error), which test_properties_every_check.py pins down; only the fused
+#: kernels' bitwise tests against the emulation would tell it apart
+e4m3_mma_accumulation = _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=functools.partial(
+    mock.patch.object, torch, "matmul", _e4m3_mma_matmul))
+e4m3_mma_accumulation.recipe = "mxfp8"
+
+
 #: the operands are the design's (MXFP8); only the sums lose bits. Every error check passes (the
 #: scores' error stays far below E4M3's rounding of P on random inputs); the bound, which holds the
 #: sums to fp32 accumulation, does not (quick suite, seeds 0 and 1: tightness 1.6 / 2.3 and 2.3 / 1.5
 #: for out / grad, the correct kernel 0.38 / 0.56). A model of Hopper's E4M3 MMA (about 13 bits,
-#: benchmarks/RESULTS.md: each slice's exact sum truncated onto a grid of 2^-12 times the largest
-#: power of two below the slice's sum of |products|) stays within the bound: 0.43 / 0.56 on seed 0.
+#: benchmarks/RESULTS.md, "FP8 tensor cores": each slice's exact sum truncated onto 2^-12 times the largest
+#: power of two below the slice's sum of |products|; ``e4m3_mma_accumulation`` below) stays within
+#: the bound: 0.43 / 0.56 on seed 0.
 bf16_accumulation = _tag(
     _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=_bf16_accumulators), "mxfp8",
     ("bound.out", "bound.grad"),

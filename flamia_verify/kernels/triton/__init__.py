@@ -63,8 +63,9 @@ def with_fused_dispatch(emulated):
 
 def fused_applies(q, design=None) -> bool:
     """Whether the fused kernels take these inputs: CUDA, bf16 or fp16, head_dim a power of two from
-    32 to 256 (for ``design``: up to its ``config.head_dim_limit``), Triton installed. Anything else
-    runs the emulation (the same design, slower)."""
+    32 to 256, Triton installed; with ``design`` (as the dispatch passes it), also head_dim up to that
+    design's ``config.head_dim_limit`` (128 for ``fp8``). Anything else runs the emulation (the same
+    design, slower)."""
     from flamia_verify.kernels.triton.config import config_for, head_dim_supported
 
     cfg = None if design is None else config_for(design)

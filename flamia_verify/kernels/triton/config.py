@@ -79,9 +79,9 @@ def head_dim_limit(cfg: FusedConfig) -> int:
     """The largest head_dim whose dK/dV kernel fits an H200's shared memory (232 448 bytes per block).
 
     Query-axis blocks of 128 (``fp8``: P^T, dS^T, dO and Q in 128-blocks) need 128-query tiles in the
-    dK/dV kernel, which holds four (128, head_dim) input-dtype tiles of Q and dO (rounded along head_dim
-    and along the sequence): at head_dim 256 that is 4 * 64 KiB = 262 144 bytes with one pipeline
-    stage (measured on the H200, benchmarks/RESULTS.md). Such designs run head_dim 256 in the emulation.
+    dK/dV kernel. At head_dim 256 its one-launch form needed 262 144 bytes with one pipeline stage
+    (measured on the H200, benchmarks/RESULTS.md, "head_dim 256"); the split launches that are now
+    fp8's default have not been tried there. Such designs run head_dim 256 in the emulation.
     """
     return 128 if cfg.seq_block("pt", "do_seq", "dst", "q_seq") >= 128 else 256
 

@@ -49,13 +49,26 @@ E2M1_MAX = tl.constexpr(6.0)  # 0x1.8p2
 NVFP4_GLOBAL_DIVISOR = tl.constexpr(2688.0)  # 448 * 6
 BF16_MAX_FINITE_BITS = tl.constexpr(0x7F7F0000)
 
+
+def _native_e4m3_default() -> bool:
+    """The hardware E4M3 conversion: on unless FLAMIA_VERIFY_NATIVE_E4M3 is 0/false/no/off, never under
+    the interpreter, and only when every visible GPU has it (float8e4nv needs compute capability 8.9:
+    Ada, Hopper and later; older GPUs keep the arithmetic rounding)."""
+    if os.environ.get("FLAMIA_VERIFY_NATIVE_E4M3", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if interpreting() or not torch.cuda.is_available():
+        return False
+    return all(torch.cuda.get_device_capability(i) >= (8, 9) for i in range(torch.cuda.device_count()))
+
+
 #: On a GPU, round to E4M3 with the hardware conversion (fp32 -> float8e4nv, which Triton lowers to
 #: ``cvt.rn.satfinite.e4m3x2.f32`` on Hopper: RNE, +-448 saturation, NaN kept); under the interpreter
-#: (whose float8 cast mis-rounds) and with ``FLAMIA_VERIFY_NATIVE_E4M3=0`` set before importing this
-#: module, with the fp32/int32 arithmetic of ``round_grid``. Both are held against the formats bit for
-#: bit on the H200 (tests/test_triton_quant.py); the hardware conversion took the fp8 backward from
-#: 73 to 33 ms and flamia-mxfp8's from 22.5 to 17.5 ms at S = 8K (benchmarks/RESULTS.md).
-NATIVE_E4M3 = tl.constexpr(os.environ.get("FLAMIA_VERIFY_NATIVE_E4M3", "1") != "0" and not interpreting())
+#: (whose float8 cast mis-rounds), on GPUs before compute capability 8.9 and with
+#: ``FLAMIA_VERIFY_NATIVE_E4M3=0`` set before importing this module, with the fp32/int32 arithmetic of
+#: ``round_grid``. Both are held against the formats bit for bit on the H200 (tests/test_triton_quant.py);
+#: the hardware conversion took the fp8 backward from 73 to 33 ms and flamia-mxfp8's from 22.5 to
+#: 17.5 ms at S = 8K (benchmarks/RESULTS.md).
+NATIVE_E4M3 = tl.constexpr(_native_e4m3_default())
 
 
 @triton.jit
@@ -319,14 +332,14 @@ def _quantize_kernel(X, Y, RowAmax, R: tl.constexpr, C: tl.constexpr, KIND: tl.c
 
 
 def quantize_tile(x: torch.Tensor, *, kind: int, block: int, axis: int, rceil: bool = True,
-                  is_fp16: bool = False) -> torch.Tensor:
+                  is_fp16: bool = False, row_amax: torch.Tensor | None = None) -> torch.Tensor:
     """Fake-quantize an (R, C) tile in one Triton program, blocks along ``axis`` (0 or 1).
 
     kind: KIND_INPUT, KIND_MX or KIND_NVFP4 (NVFP4 along axis 1 only, with the row amax of x as
-    its per-row global amax). Returns fp32 (R, C) values, for comparison with the formats.
+    its per-row global amax, or ``row_amax``). Returns fp32 (R, C) values, for comparison with the formats.
     """
     x = x.contiguous().to(torch.float32)
     y = torch.empty_like(x)
-    row_amax = x.abs().amax(dim=1).contiguous()
+    row_amax = (x.abs().amax(dim=1) if row_amax is None else row_amax.to(x.device, torch.float32)).contiguous()
     _quantize_kernel[(1,)](x, y, row_amax, x.shape[0], x.shape[1], int(kind), block, axis, rceil, is_fp16)
     return y
