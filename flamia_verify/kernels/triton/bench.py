@@ -7,7 +7,8 @@ convention (B documents of S tokens, no padding), SDPA on the dense (B, H, S, D)
 FLOP counts (FlashAttention's convention): forward ``4 B H S^2 D`` (halved when causal), backward
 2.5 times the forward (five GEMMs against two), forward+backward 3.5 times. Times are medians of
 ``triton.testing.do_bench``; ``ratio`` is the forward+backward speed over the fastest BF16 SDPA
-baseline measured in the same call at the same shape.
+baseline measured in the same call at the same shape, ``ratio_bf16`` over the fused ``bf16`` kernel's
+(when it is among the kernels): what the quantized designs cost against the same kernel in BF16.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import math
 
 import torch
 
-__all__ = ["bench_table", "format_table", "BASELINES", "attention_flops", "COLUMNS"]
+__all__ = ["bench_table", "format_table", "add_ratios", "BASELINES", "attention_flops", "COLUMNS"]
 
 BASELINES = ("sdpa-cudnn", "sdpa-flash")
 #: the keys of every row, in order (the CLI prints them as columns)
-COLUMNS = ("kernel", "seqlen", "batch", "causal", "fwd_tflops", "bwd_tflops", "fwdbwd_tflops", "ratio", "fwd_ms",
-           "bwd_ms", "fwdbwd_ms", "peak_extra_gib", "error")
+COLUMNS = ("kernel", "seqlen", "batch", "causal", "fwd_tflops", "bwd_tflops", "fwdbwd_tflops", "ratio",
+           "ratio_bf16", "fwd_ms", "bwd_ms", "fwdbwd_ms", "peak_extra_gib", "error")
 
 
 def attention_flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> dict[str, float]:
@@ -130,25 +131,39 @@ def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 group.append(row)
                 torch.cuda.empty_cache()
-            best = max((r.get("fwdbwd_tflops", 0.0) for r in group if r["kernel"] in BASELINES), default=0.0)
-            for r in group:
-                r["ratio"] = r["fwdbwd_tflops"] / best if best and "fwdbwd_tflops" in r else math.nan
-            rows.extend(group)
+            rows.extend(add_ratios(group))
     return [{key: r.get(key, "" if key == "error" else math.nan) for key in COLUMNS} for r in rows]
+
+
+def add_ratios(group: list[dict]) -> list[dict]:
+    """Set ``ratio`` (forward+backward TFLOP/s over the fastest SDPA baseline's) and ``ratio_bf16``
+    (over the fused ``bf16`` kernel's) on the rows of one shape; NaN where a row or its reference
+    has no measurement."""
+    def speed(r):
+        return r.get("fwdbwd_tflops", 0.0) if not r.get("error") else 0.0
+
+    best = max((speed(r) for r in group if r["kernel"] in BASELINES), default=0.0)
+    bf16 = next((speed(r) for r in group if r["kernel"] == "bf16"), 0.0)
+    for r in group:
+        ok = "fwdbwd_tflops" in r and not r.get("error")
+        r["ratio"] = r["fwdbwd_tflops"] / best if ok and best else math.nan
+        r["ratio_bf16"] = r["fwdbwd_tflops"] / bf16 if ok and bf16 else math.nan
+    return group
 
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of ``bench_table``'s rows."""
     head = ("| kernel | S | causal | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd / best BF16 SDPA "
-            "| fwd ms | bwd ms | fwd+bwd ms | peak extra GiB |")
-    lines = [head, "|" + "---|" * 11]
+            "| fwd+bwd / bf16 kernel | fwd ms | bwd ms | fwd+bwd ms | peak extra GiB |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         if r.get("error"):
             lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | error: {r['error']} |||||||||")
             continue
+        bf16 = r.get("ratio_bf16", math.nan)
         lines.append(
             f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | {r['fwd_tflops']:.0f} | {r['bwd_tflops']:.0f} | "
-            f"{r['fwdbwd_tflops']:.0f} | {r['ratio']:.2f} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | "
-            f"{r['fwdbwd_ms']:.2f} | {r['peak_extra_gib']:.2f} |"
+            f"{r['fwdbwd_tflops']:.0f} | {r['ratio']:.2f} | {'' if math.isnan(bf16) else f'{bf16:.2f}'} | "
+            f"{r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {r['fwdbwd_ms']:.2f} | {r['peak_extra_gib']:.2f} |"
         )
     return "\n".join(lines)
