@@ -292,7 +292,8 @@ def _cmd_bench(args) -> int:
 
     kernels = args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
     rows = bench_table(kernels, device=args.device)
-    table = Table(title="attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, ratio_bf16: to the fused bf16 kernel)")
+    table = Table(title="attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, "
+                        "ratio_bf16: to the fused bf16 kernel)")
     if rows:
         for col in rows[0]:
             table.add_column(str(col))
