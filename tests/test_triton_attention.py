@@ -521,3 +521,20 @@ def test_kernel_resources_report_each_compiled_kernel():
     assert {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"} <= {r["kernel"] for r in rows}
     for r in rows:
         assert 0 < r["n_regs"] <= 255 and r["n_spills"] >= 0 and r["shared"] > 0 and r["stages"] >= 1
+
+
+def test_only_the_kernel_with_an_nvfp4_operand_sweeps_twice(device, monkeypatch):
+    """NVFP4 needs whole-row amaxes before quantizing, so a kernel that rounds an NVFP4 operand sweeps
+    its loop twice; a design with only dS in NVFP4 (dQ = dS K) sweeps twice in dQ alone, and its dK/dV
+    launches stay single-pass. The mixed design's fused backward stays within the accumulation-order
+    bound of its emulation."""
+    from dataclasses import replace
+
+    design = replace(DESIGNS["flamia-mxfp8"], name="ds-nvfp4", ds_quant=E.Quant("nvfp4", 16))
+    assert unsupported_reason(design) is None
+    cfg = config_for(design)
+    assert [cfg.two_pass_dkdv(p) for p in (0, 1, 2)] == [False, False, False] and cfg.two_pass_dq()
+    nv = config_for(DESIGNS["flamia-nvfp4"])
+    assert all(nv.two_pass_dkdv(p) for p in (0, 1, 2)) and nv.two_pass_dq()
+    monkeypatch.setitem(DESIGNS, design.name, design)
+    check_backward_on_exact_inputs(device, monkeypatch, design.name, [17, 50, 9], [30, 20, 9], 4, 2, True)

@@ -873,8 +873,7 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
     t2 = tile_dq or t["dq"]
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
-                  FALLBACK=cfg.fallback, RCEIL=r, TWO_PASS=cfg.two_pass, IS_FP16=q.dtype == torch.float16,
-                  INTERPRET=_interpreting())
+                  FALLBACK=cfg.fallback, RCEIL=r, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting())
     for part in ((1, 2) if t1.split else (0,)):  # split: dV, then dK, each program holding one accumulator
         _launch(
             _attn_bwd_dkdv, (triton.cdiv(max(max_k, 1), t1.block_n), batch, H), t1,
@@ -883,7 +882,8 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
             dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0), groups,
             BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0], PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1],
             DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq), DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1],
-            Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, PART=part, **common,
+            Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, PART=part,
+            TWO_PASS=cfg.two_pass_dkdv(part), **common,
         )
     _launch(
         _attn_bwd_dq, (triton.cdiv(max(max_q, 1), t2.block_m), batch, H), t2,
@@ -891,7 +891,7 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
         dq.stride(0), dq.stride(1), lse2.stride(0), groups,
         BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, DS_KIND=cfg.ds[0], DS_BLOCK=cfg.ds[1], K_KIND=cfg.k_seq[0],
-        K_BLOCK=_seq_block(cfg.k_seq), **common,
+        K_BLOCK=_seq_block(cfg.k_seq), TWO_PASS=cfg.two_pass_dq(), **common,
     )
     return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
 

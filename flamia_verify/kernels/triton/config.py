@@ -46,10 +46,18 @@ class FusedConfig:
     rceil: bool
     fallback: bool
 
-    @property
-    def two_pass(self) -> bool:
-        """NVFP4 operands need the amax of a whole row before any tile is quantized."""
-        return KIND_NVFP4 in (self.pt[0], self.dst[0], self.ds[0])
+    # NVFP4 operands need the amax of a whole row (their fp32 row scale) before any tile is
+    # quantized: the kernel that rounds one sweeps its loop twice, amaxes first
+
+    def two_pass_dkdv(self, part: int = 0) -> bool:
+        """Whether the dK/dV kernel's launch ``part`` (0 both, 1 dV only, 2 dK only) sweeps twice: an
+        NVFP4 P^T (dV) or dS^T (dK)."""
+        ops = {0: (self.pt, self.dst), 1: (self.pt,), 2: (self.dst,)}[part]
+        return any(kind == KIND_NVFP4 for kind, _ in ops)
+
+    def two_pass_dq(self) -> bool:
+        """Whether the dQ kernel sweeps twice: an NVFP4 dS."""
+        return self.ds[0] == KIND_NVFP4
 
     def seq_block(self, *ops) -> int:
         """The largest block size among the given sequence-axis operands (tiles are multiples of it)."""
