@@ -162,3 +162,32 @@ def test_software_e4m3_rounding_matches_formats_bit_for_bit_on_gpu():
            os.path.join(here, "test_triton_quant.py"), os.path.join(here, "test_triton_attention.py")]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def test_hardware_e4m3_only_where_every_gpu_has_the_fp8_type(monkeypatch):
+    """The hardware conversion needs compute capability 8.9 (float8e4nv); older GPUs, a GPU that cannot
+    be queried, the interpreter and FLAMIA_VERIFY_NATIVE_E4M3=0/false/off keep the arithmetic rounding."""
+    from flamia_verify.kernels.triton import quant
+
+    monkeypatch.setattr(quant, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    caps = {0: (9, 0), 1: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: caps[i])
+    monkeypatch.delenv("FLAMIA_VERIFY_NATIVE_E4M3", raising=False)
+    assert quant._native_e4m3_default()
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv("FLAMIA_VERIFY_NATIVE_E4M3", off)
+        assert not quant._native_e4m3_default(), off
+    monkeypatch.setenv("FLAMIA_VERIFY_NATIVE_E4M3", "1")
+    caps[1] = (8, 0)  # an A100 beside an H200
+    assert not quant._native_e4m3_default()
+
+    def broken(i):
+        raise RuntimeError("CUDA driver mismatch")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", broken)
+    assert not quant._native_e4m3_default()
+    monkeypatch.setattr(quant, "interpreting", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    assert not quant._native_e4m3_default()

@@ -58,7 +58,10 @@ def _native_e4m3_default() -> bool:
         return False
     if interpreting() or not torch.cuda.is_available():
         return False
-    return all(torch.cuda.get_device_capability(i) >= (8, 9) for i in range(torch.cuda.device_count()))
+    try:
+        return all(torch.cuda.get_device_capability(i) >= (8, 9) for i in range(torch.cuda.device_count()))
+    except RuntimeError:  # a GPU that cannot be queried: the arithmetic rounding runs anywhere
+        return False
 
 
 #: On a GPU, round to E4M3 with the hardware conversion (fp32 -> float8e4nv, which Triton lowers to
