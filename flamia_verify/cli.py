@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--replay", metavar="CASE.json", help="rerun one reproducer written by an earlier fuzz run")
 
     b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
-    b.add_argument("--kernel", nargs="+", default=None)
+    b.add_argument("--kernel", nargs="+", default=None,
+                   help="built-in names (their fused kernels) or module:function / file.py:function specs")
     b.add_argument("--device", choices=("cuda",), default="cuda")
 
     cmp_ = sub.add_parser("compare", help="regression gate between two report.json files")
@@ -288,9 +289,11 @@ def _cmd_bench(args) -> int:
         raise ConfigError("bench measures GPU speed and needs a CUDA device; none is available here")
     from rich.table import Table
 
-    from flamia_verify.kernels.triton.bench import bench_table
+    from flamia_verify.kernels.triton.bench import bench_table, kernel_runner
 
     kernels = args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
+    for spec in kernels:  # a spec that does not load ends the command before any timing (exit 3)
+        kernel_runner(spec, True, None, 1)
     rows = bench_table(kernels, device=args.device)
     table = Table(title="attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, "
                         "ratio_bf16: to the fused bf16 kernel)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 from flamia_verify.kernels.triton.bench import COLUMNS, add_ratios, format_table
 
@@ -39,3 +40,32 @@ def test_markdown_rows_have_as_many_cells_as_the_header():
     widths = {line.count("|") for line in lines}
     assert widths == {13}, lines  # 12 columns
     assert "| 0.64 | 1.00 |" in lines[3] and "| 1.00 | 1.56 |" in lines[2]
+
+
+def test_kernel_runner_takes_any_spec_check_takes(tmp_path):
+    """bench times built-in fused kernels directly and any other spec (a file, a module, a built-in
+    without fused kernels) through the loader, called in the varlen convention."""
+    import pytest
+    import torch
+
+    from flamia_verify.errors import KernelLoadError
+    from flamia_verify.kernels.triton.bench import kernel_runner
+
+    (tmp_path / "user_attn.py").write_text(
+        "import torch\n"
+        "def bench_recorder(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):\n"
+        "    bench_recorder.calls.append((int(max_q), float(softmax_scale), bool(causal)))\n"
+        "    return v * 1.0, None\n"
+        "bench_recorder.calls = []\n")
+    q = k = v = torch.randn(64, 2, 16, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 32, 64], dtype=torch.int32)
+    fwd = kernel_runner(f"{tmp_path / 'user_attn.py'}:bench_recorder", True, cu, 32)
+    out = fwd(q, k, v)  # an (out, lse) kernel: the output is taken
+    assert out.shape == v.shape
+    users = [m for n, m in sys.modules.items() if n.startswith("flamia_verify_user_") and hasattr(m, "bench_recorder")]
+    assert [u.bench_recorder.calls for u in users] == [[(32, 16 ** -0.5, True)]]
+    # a built-in without fused kernels runs through the registry (its emulation on CPU tensors)
+    out = kernel_runner("fp8-tensor", False, cu, 32)(q, k, v)
+    assert out.shape == q.shape and bool(torch.isfinite(out).all())
+    with pytest.raises(KernelLoadError):
+        kernel_runner("no_such_module_xyz:attn", True, cu, 32)

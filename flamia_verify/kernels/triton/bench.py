@@ -17,7 +17,8 @@ import math
 
 import torch
 
-__all__ = ["bench_table", "format_table", "add_ratios", "BASELINES", "attention_flops", "COLUMNS"]
+__all__ = ["bench_table", "format_table", "add_ratios", "kernel_runner", "BASELINES", "attention_flops",
+           "COLUMNS"]
 
 BASELINES = ("sdpa-cudnn", "sdpa-flash")
 #: the keys of every row, in order (the CLI prints them as columns)
@@ -43,15 +44,34 @@ def _sdpa_runner(backend_name: str, q, k, v, causal: bool):
     return forward
 
 
-def _fused_runner(name: str, causal: bool, cu, seqlen: int):
-    from flamia_verify.kernels.designs import DESIGNS
-    from flamia_verify.kernels.triton.attention import fused_attention
+def kernel_runner(spec, causal: bool, cu, seqlen: int):
+    """forward(q, k, v) for one kernel spec in the varlen convention (documents of ``seqlen`` tokens at
+    offsets ``cu``, softmax_scale head_dim^-0.5).
 
-    design = DESIGNS[name]
+    A built-in design with fused kernels calls them directly, without the per-call host-side checks
+    of cu_seqlens (they synchronize with the GPU); any other spec (module:function, file.py:function,
+    an entry point, a callable, a built-in without fused kernels) is loaded like ``check`` loads it
+    and called as it is. Raises KernelLoadError for a spec that does not load.
+    """
+    from flamia_verify.kernels import load_kernel
+    from flamia_verify.kernels.designs import DESIGNS
+    from flamia_verify.kernels.triton import fused_supported
+
+    if isinstance(spec, str) and spec in DESIGNS and fused_supported(DESIGNS[spec]):
+        from flamia_verify.kernels.triton.attention import fused_attention
+
+        design = DESIGNS[spec]
+
+        def forward(q, k, v):
+            return fused_attention(design, q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5,
+                                   causal=causal, validate=False)
+
+        return forward
+    kernel = load_kernel(spec)
 
     def forward(q, k, v):
-        return fused_attention(design, q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5,
-                               causal=causal, validate=False)
+        out = kernel(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
+        return out[0] if isinstance(out, tuple) else out  # (out, lse) kernels
 
     return forward
 
@@ -94,8 +114,9 @@ def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
 def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192, 16384), tokens: int = 32768,
                 heads: int = 16, head_dim: int = 128, causal=(True, False), baselines=BASELINES,
                 rep_ms: int = 100) -> list[dict]:
-    """Forward, backward and forward+backward speed of ``kernels`` (built-in names with a fused
-    kernel) and of the SDPA baselines; one dict per (kernel, S, causal).
+    """Forward, backward and forward+backward speed of ``kernels`` (kernel specs: built-in names, whose
+    fused kernels run, or any spec ``check`` takes; ``kernel_runner``) and of the SDPA baselines; one
+    dict per (kernel, S, causal).
 
     Keys: kernel, seqlen, batch, causal, fwd_ms, bwd_ms, fwdbwd_ms, fwd_tflops, bwd_tflops,
     fwdbwd_tflops, ratio (forward+backward speed over the fastest BF16 baseline), peak_extra_gib
@@ -118,12 +139,13 @@ def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192
             flops = attention_flops(batch, heads, seqlen, head_dim, c)
             group: list[dict] = []
             for name in list(baselines) + list(kernels):
-                row = {"kernel": name, "seqlen": seqlen, "batch": batch, "causal": c}
+                label = name if isinstance(name, str) else getattr(name, "__qualname__", repr(name))
+                row = {"kernel": label, "seqlen": seqlen, "batch": batch, "causal": c}
                 try:
                     if name in BASELINES:
                         res = _measure(_sdpa_runner(name, *dense[:3], c), *dense, rep_ms)
                     else:
-                        res = _measure(_fused_runner(name, c, cu, seqlen), q, k, v, do, rep_ms)
+                        res = _measure(kernel_runner(name, c, cu, seqlen), q, k, v, do, rep_ms)
                     row.update(res)
                     for phase in ("fwd", "bwd", "fwdbwd"):
                         row[f"{phase}_tflops"] = flops[phase] / (res[f"{phase}_ms"] * 1e-3) / 1e12
