@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernel", nargs="+", default=None,
                    help="built-in names (their fused kernels) or module:function / file.py:function specs")
     b.add_argument("--device", choices=("cuda",), default="cuda")
+    b.add_argument("--seqlens", nargs="+", type=int, default=[2048, 8192, 16384],
+                   help="tokens per document; B * S = 32K tokens in every row")
+    b.add_argument("--causal", choices=("both", "true", "false"), default="both")
+    b.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (triton do_bench)")
+    b.add_argument("--md", help="also write the table as Markdown to this file")
+    b.add_argument("--json", help="also write the rows as JSON to this file")
 
     cmp_ = sub.add_parser("compare", help="regression gate between two report.json files")
     cmp_.add_argument("base")
@@ -287,14 +293,27 @@ def _cmd_bench(args) -> int:
 
     if not torch.cuda.is_available():
         raise ConfigError("bench measures GPU speed and needs a CUDA device; none is available here")
+    if any(n <= 0 for n in args.seqlens) or args.rep_ms <= 0:
+        raise UsageError("--seqlens and --rep-ms take positive numbers")
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from flamia_verify.kernels.triton.bench import bench_table, kernel_runner
+    from flamia_verify.kernels.triton.bench import bench_table, format_table, kernel_runner
 
     kernels = args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
     for spec in kernels:  # a spec that does not load ends the command before any timing (exit 3)
         kernel_runner(spec, True, None, 1)
-    rows = bench_table(kernels, device=args.device)
+    console = _console()
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed:.0f}/{task.total:.0f} measurements"), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal)
+    task = progress.add_task("bench", total=1)
+    causal = {"both": (True, False), "true": (True,), "false": (False,)}[args.causal]
+    with progress:
+        rows = bench_table(kernels, device=args.device, seqlens=tuple(args.seqlens), causal=causal,
+                           rep_ms=args.rep_ms,
+                           progress=lambda done, total, label: progress.update(task, description=label,
+                                                                               completed=done, total=total))
     table = Table(title="attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, "
                         "ratio_bf16: to the fused bf16 kernel)")
     if rows:
@@ -302,7 +321,12 @@ def _cmd_bench(args) -> int:
             table.add_column(str(col))
         for row in rows:
             table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()])
-    _console().print(table)
+    console.print(table)
+    header = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B*S = 32768, H = 16, D = 128, bf16"
+    if args.md:
+        Path(args.md).write_text(header + "\n\n" + format_table(rows) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
     return EXIT_PASS
 
 

@@ -152,6 +152,43 @@ def test_bench_without_cuda_is_a_clear_usage_error(capsys):
     assert code == 2 and "CUDA" in err
 
 
+def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys, monkeypatch, tmp_path):
+    """The command's plumbing with the GPU timing stubbed out: --seqlens/--causal/--rep-ms reach
+    bench_table, progress is reported, --md/--json are written, a spec that does not load is exit 3
+    before any timing."""
+    import torch
+
+    from flamia_verify.kernels.triton import bench
+
+    seen = {}
+
+    def fake_table(kernels, device="cuda", *, seqlens, causal, rep_ms, progress):
+        seen.update(kernels=list(kernels), seqlens=seqlens, causal=causal, rep_ms=rep_ms)
+        progress(0, 2, "x")
+        progress(2, 2, "done")
+        rows = bench.add_ratios([{"kernel": k, "seqlen": seqlens[0], "batch": 4, "causal": causal[0],
+                                  "fwd_tflops": t, "bwd_tflops": t, "fwdbwd_tflops": t, "fwd_ms": 1.0,
+                                  "bwd_ms": 1.0, "fwdbwd_ms": 2.0, "peak_extra_gib": 0.5, "error": ""}
+                                 for k, t in (("sdpa-cudnn", 500.0), ("bf16", 300.0), ("fp8", 150.0))])
+        return [{key: r.get(key) for key in bench.COLUMNS} for r in rows]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub GPU")
+    monkeypatch.setattr(bench, "bench_table", fake_table)
+    md, js = tmp_path / "t.md", tmp_path / "t.json"
+    code, out, err = run_cli(["bench", "--kernel", "bf16", "fp8", "--seqlens", "8192", "--causal", "true",
+                              "--rep-ms", "20", "--md", md, "--json", js], capsys)
+    assert code == 0, err
+    assert seen == {"kernels": ["bf16", "fp8"], "seqlens": (8192,), "causal": (True,), "rep_ms": 20}
+    assert "fp8" in out and "0.5" in out  # ratio_bf16 of fp8: 150 / 300
+    assert "| fp8 | 8192 | True | 150 | 150 | 150 | 0.30 | 0.50 |" in md.read_text()
+    assert json.loads(js.read_text())["rows"][2]["ratio_bf16"] == 0.5
+    code, _, err = run_cli(["bench", "--kernel", "no_such_module_xyz:attn"], capsys)
+    assert code == 3 and "no_such_module_xyz" in err
+    code, _, err = run_cli(["bench", "--seqlens", "0"], capsys)
+    assert code == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------------

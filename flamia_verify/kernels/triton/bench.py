@@ -113,7 +113,7 @@ def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
 
 def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192, 16384), tokens: int = 32768,
                 heads: int = 16, head_dim: int = 128, causal=(True, False), baselines=BASELINES,
-                rep_ms: int = 100) -> list[dict]:
+                rep_ms: int = 100, progress=None) -> list[dict]:
     """Forward, backward and forward+backward speed of ``kernels`` (kernel specs: built-in names, whose
     fused kernels run, or any spec ``check`` takes; ``kernel_runner``) and of the SDPA baselines; one
     dict per (kernel, S, causal).
@@ -121,12 +121,15 @@ def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192
     Keys: kernel, seqlen, batch, causal, fwd_ms, bwd_ms, fwdbwd_ms, fwd_tflops, bwd_tflops,
     fwdbwd_tflops, ratio (forward+backward speed over the fastest BF16 baseline), peak_extra_gib
     (memory allocated by one forward+backward beyond the inputs), error (a string, when a
-    kernel failed: the other rows still come back).
+    kernel failed: the other rows still come back). ``progress(done, total, label)`` is called
+    before each measurement and once at the end.
     """
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         raise RuntimeError(f"bench_table needs a CUDA device, got device={device!r} "
                            f"(torch.cuda.is_available() = {torch.cuda.is_available()})")
     rows: list[dict] = []
+    total = len(seqlens) * len(causal) * (len(baselines) + len(kernels))
+    done = 0
     gen = torch.Generator(device=device).manual_seed(0)
     for seqlen in seqlens:
         batch = max(1, tokens // seqlen)
@@ -140,6 +143,9 @@ def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192
             group: list[dict] = []
             for name in list(baselines) + list(kernels):
                 label = name if isinstance(name, str) else getattr(name, "__qualname__", repr(name))
+                if progress is not None:
+                    progress(done, total, f"{label}, S = {seqlen}, {'causal' if c else 'no mask'}")
+                done += 1
                 row = {"kernel": label, "seqlen": seqlen, "batch": batch, "causal": c}
                 try:
                     if name in BASELINES:
@@ -154,6 +160,8 @@ def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192
                 group.append(row)
                 torch.cuda.empty_cache()
             rows.extend(add_ratios(group))
+    if progress is not None:
+        progress(total, total, "done")
     return [{key: r.get(key, "" if key == "error" else math.nan) for key in COLUMNS} for r in rows]
 
 
