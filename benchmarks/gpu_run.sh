@@ -8,7 +8,8 @@
 #    in fp32/int32 arithmetic instead of the hardware conversion (FLAMIA_VERIFY_NATIVE_E4M3=0),
 #    3. head_dim 256 through the fused kernels (the shared-memory fallback of attention._launch),
 #    4. the standard suite on a fused kernel, twice (the second with compiled kernels), and the quick
-#    suite on the other fused designs and on fp16 inputs, 5. the speed table (S = 8K, or every S
+#    suite on the other fused designs and on fp16 inputs, 5. `flamia-verify bench` on a short
+#    table (a built-in without fused kernels among them), 6. the speed table (S = 8K, or every S
 #    with "full").
 # Every step writes OUTDIR/<step>.log and the script goes on after a failing step; OUTDIR.tar.gz holds
 # everything at the end (on the device machine: bash benchmarks/gpu_run.sh /tmp/gpu tests; cp /tmp/gpu.tar.gz $OUT).
@@ -73,6 +74,8 @@ for i in 1 2; do
 done
 python3 -c "import json, sys; e = json.load(open(sys.argv[1]))['environment']; print('kernel_paths', e.get('kernel_paths'))" \
     "$out/check_2/report.json" | tee -a "$out/summary.log"
+step cli_bench 120 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+    bench --kernel bf16 fp8 fp8-tensor --seqlens 2048 --causal true --rep-ms 20 --md "$out/cli_bench.md"
 if [ "$mode" = full ]; then
     step bench 330 python3 benchmarks/bench_attention.py --rep-ms 50 --md "$out/bench.md" --json "$out/bench.json"
 else
