@@ -69,3 +69,20 @@ def test_kernel_runner_takes_any_spec_check_takes(tmp_path):
     assert out.shape == q.shape and bool(torch.isfinite(out).all())
     with pytest.raises(KernelLoadError):
         kernel_runner("no_such_module_xyz:attn", True, cu, 32)
+
+
+def test_the_stored_speed_table_plots(tmp_path):
+    """benchmarks/plot_bench.py draws the stored H200 table (the figure in benchmarks/RESULTS.md)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location("plot_bench", root / "plot_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = json.loads((root / "data" / "bench_8d58c47.json").read_text())
+    assert {r["kernel"] for r in table["rows"]} >= {"sdpa-cudnn", "bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"}
+    out = tmp_path / "speed.png"
+    mod.plot(table, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
