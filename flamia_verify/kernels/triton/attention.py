@@ -791,9 +791,10 @@ def _launch(kernel, grid, tile: TileConfig, *args, **constexprs):
             stages -= 1
             continue
         _STAGES_THAT_FIT[key] = stages
-        if key not in _RESOURCES and getattr(compiled, "n_regs", None) is not None:
-            _RESOURCES[key] = {"stages": stages, "n_regs": compiled.n_regs, "n_spills": compiled.n_spills,
-                               "shared": compiled.metadata.shared}
+        if key not in _RESOURCES and getattr(compiled, "n_regs", None) is not None:  # diagnostics only:
+            _RESOURCES[key] = {"stages": stages, "n_regs": compiled.n_regs,  # never fail a launch over them
+                               "n_spills": getattr(compiled, "n_spills", None),
+                               "shared": getattr(getattr(compiled, "metadata", None), "shared", None)}
         return stages
 
 
