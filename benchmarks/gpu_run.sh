@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's measurements in two commands (each fits one 10-minute device call on an H200):
 #   bash benchmarks/gpu_run.sh OUTDIR tests    # steps 1-3 and the quick suites of step 4
-#   bash benchmarks/gpu_run.sh OUTDIR speed    # the standard suite twice (step 4) and the 8K table
+#   bash benchmarks/gpu_run.sh OUTDIR speed    # the standard suite twice (step 4), step 5 and the 8K table
 #   bash benchmarks/gpu_run.sh OUTDIR full     # everything, with the full speed table (longer)
 # 1. the GPU test suite (fused kernels vs the emulation, bitwise properties, fuzzed packings, the
 #    emulation and formats on CUDA), 2. the quantizer and exact-input tests again with E4M3 rounded
@@ -74,12 +74,12 @@ for i in 1 2; do
 done
 python3 -c "import json, sys; e = json.load(open(sys.argv[1]))['environment']; print('kernel_paths', e.get('kernel_paths'))" \
     "$out/check_2/report.json" | tee -a "$out/summary.log"
-step cli_bench 120 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+step cli_bench 90 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
     bench --kernel bf16 fp8 fp8-tensor --seqlens 2048 --causal true --rep-ms 20 --md "$out/cli_bench.md"
 if [ "$mode" = full ]; then
     step bench 330 python3 benchmarks/bench_attention.py --rep-ms 50 --md "$out/bench.md" --json "$out/bench.json"
 else
-    step bench 200 python3 benchmarks/bench_attention.py --seqlens 8192 --causal both --rep-ms 50 --md "$out/bench.md"
+    step bench 180 python3 benchmarks/bench_attention.py --seqlens 8192 --causal both --rep-ms 50 --md "$out/bench.md"
 fi
 fi
 cat "$out/summary.log"

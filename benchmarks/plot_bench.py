@@ -44,14 +44,20 @@ def plot(table: dict, path: Path) -> None:
         top.set_ylabel("fwd+bwd TFLOP/s")
         top.set_ylim(bottom=0)
         bottom.set_ylabel("/ best BF16 SDPA")
-        bottom.set_ylim(0, 1.2)
+        top_ratio = max([r["ratio"] for r in rows if isinstance(r.get("ratio"), (int, float))
+                         and not math.isnan(r["ratio"])] + [1.0])
+        bottom.set_ylim(0, 1.2 * top_ratio)
         bottom.axhline(1.0, color="black", lw=0.8)
         bottom.set_xscale("log", base=2)
         bottom.set_xlabel("tokens per document (B * S = 32K)")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    legend = {}
+    for ax in axes[0]:  # every kernel once, whichever panel it appears in
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=max(1, len(legend)), fontsize=8,
+               frameon=False)
     fig.suptitle(table.get("header", ""), fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)

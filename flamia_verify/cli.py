@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="built-in names (their fused kernels) or module:function / file.py:function specs")
     b.add_argument("--device", choices=("cuda",), default="cuda")
     b.add_argument("--seqlens", nargs="+", type=int, default=[2048, 8192, 16384],
-                   help="tokens per document; B * S = 32K tokens in every row")
+                   help="tokens per document S; each row packs B = 32768 // S documents")
     b.add_argument("--causal", choices=("both", "true", "false"), default="both")
     b.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (triton do_bench)")
     b.add_argument("--md", help="also write the table as Markdown to this file")
@@ -288,6 +289,17 @@ def _cmd_fuzz(args) -> int:
     return EXIT_PASS if result.report.passed else EXIT_FAIL
 
 
+def _json_safe(x):
+    """NaN and infinities as null (strict JSON for jq and friends)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 def _cmd_bench(args) -> int:
     import torch
 
@@ -295,14 +307,16 @@ def _cmd_bench(args) -> int:
         raise ConfigError("bench measures GPU speed and needs a CUDA device; none is available here")
     if any(n <= 0 for n in args.seqlens) or args.rep_ms <= 0:
         raise UsageError("--seqlens and --rep-ms take positive numbers")
+    for path in (args.md, args.json):  # a bad output path ends the command before minutes of timing
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"cannot write {path!r}: its directory does not exist")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from flamia_verify.kernels.triton.bench import bench_table, format_table, kernel_runner
+    from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
 
-    kernels = args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
-    for spec in kernels:  # a spec that does not load ends the command before any timing (exit 3)
-        kernel_runner(spec, True, None, 1)
+    # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
+    kernels = [resolve_kernel(spec) for spec in (args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"])]
     console = _console()
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("{task.completed:.0f}/{task.total:.0f} measurements"), TimeElapsedColumn(),
@@ -322,11 +336,13 @@ def _cmd_bench(args) -> int:
         for row in rows:
             table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()])
     console.print(table)
-    header = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B*S = 32768, H = 16, D = 128, bf16"
+    tokens = sorted({r["batch"] * r["seqlen"] for r in rows})
+    header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B*S = "
+              f"{' or '.join(map(str, tokens))} tokens, H = 16, D = 128, bf16")
     if args.md:
         Path(args.md).write_text(header + "\n\n" + format_table(rows) + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
+        Path(args.json).write_text(json.dumps(_json_safe({"header": header, "rows": rows}), indent=1, default=str))
     return EXIT_PASS
 
 

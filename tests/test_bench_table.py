@@ -86,3 +86,45 @@ def test_the_stored_speed_table_plots(tmp_path):
     out = tmp_path / "speed.png"
     mod.plot(table, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # a table of one mask (bench --causal false) and a kernel faster than the baselines
+    one = [dict(r) for r in table["rows"] if not r["causal"]]
+    one[-1].update(ratio=1.7)
+    mod.plot({"header": "no mask only", "rows": one}, tmp_path / "one.png")
+    assert (tmp_path / "one.png").stat().st_size > 10_000
+
+
+def test_the_table_loop_counts_measurements_and_keeps_forward_only_kernels(monkeypatch):
+    """The real loop of bench_table with the timing stubbed (it needs a GPU): progress counts
+    measurements (not tokens), the labels say which implementation runs, ratios are filled, and a
+    forward-only kernel keeps its forward time with the rest empty."""
+    import torch
+
+    from flamia_verify.kernels.triton import bench
+
+    def fwd_only(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+        return v.detach() * 1.0
+
+    def fake_measure(forward, q, k, v, do, rep_ms):
+        return {"fwd_ms": 1.0, "bwd_ms": 2.0, "fwdbwd_ms": 3.0, "peak_extra_gib": 0.1}
+
+    calls = []
+    kernels = [bench.resolve_kernel(s) for s in ("bf16", "fp8-tensor")]
+    assert [k.label for k in kernels] == ["bf16", "fp8-tensor (emulation)"]
+    rows = bench._bench_rows(kernels, "cpu", seqlens=(64, 128), tokens=256, heads=2, head_dim=16,
+                             causal=(True, False), baselines=("sdpa-cudnn",), rep_ms=1,
+                             progress=lambda d, t, label: calls.append((d, t)), measure=fake_measure)
+    assert len(rows) == 2 * 2 * 3 and [c[1] for c in calls] == [12] * 13
+    assert [c[0] for c in calls] == list(range(13))
+    assert {r["batch"] * r["seqlen"] for r in rows} == {256}
+    assert all(r["ratio"] == 1.0 and r["ratio_bf16"] == 1.0 for r in rows)  # the stub times all alike
+
+    # forward-only: _measure times the forward and leaves the backward empty (timing stubbed)
+    monkeypatch.setattr(bench, "_time", lambda fn, rep_ms: (fn(), 1.5)[1])
+    q = k = v = do = torch.randn(64, 2, 16, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    res = bench._measure(bench.kernel_runner(fwd_only, True, cu, 64), q, k, v, do, 1)
+    assert res["fwd_ms"] == 1.5 and all(math.isnan(res[key]) for key in ("bwd_ms", "fwdbwd_ms", "peak_extra_gib"))
+    row = {"kernel": "fwd_only", "seqlen": 64, "batch": 1, "causal": True, "error": "", **res,
+           "fwd_tflops": 1.0, "bwd_tflops": math.nan, "fwdbwd_tflops": math.nan}
+    bench.add_ratios([row])
+    assert "| fwd_only | 64 | True | 1 |  |  |  |  | 1.50 |  |  |  |" in bench.format_table([row])

@@ -163,7 +163,7 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
     seen = {}
 
     def fake_table(kernels, device="cuda", *, seqlens, causal, rep_ms, progress):
-        seen.update(kernels=list(kernels), seqlens=seqlens, causal=causal, rep_ms=rep_ms)
+        seen.update(kernels=[k.label for k in kernels], seqlens=seqlens, causal=causal, rep_ms=rep_ms)
         progress(0, 2, "x")
         progress(2, 2, "done")
         rows = bench.add_ratios([{"kernel": k, "seqlen": seqlens[0], "batch": 4, "causal": causal[0],
@@ -182,11 +182,15 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
     assert seen == {"kernels": ["bf16", "fp8"], "seqlens": (8192,), "causal": (True,), "rep_ms": 20}
     assert "fp8" in out and "0.5" in out  # ratio_bf16 of fp8: 150 / 300
     assert "| fp8 | 8192 | True | 150 | 150 | 150 | 0.30 | 0.50 |" in md.read_text()
-    assert json.loads(js.read_text())["rows"][2]["ratio_bf16"] == 0.5
+    rows = json.loads(js.read_text())["rows"]
+    assert rows[2]["ratio_bf16"] == 0.5 and rows[0]["ratio_bf16"] == 500.0 / 300.0
+    assert "B*S = 32768 tokens" in md.read_text()  # from the rows: 4 documents of 8192
     code, _, err = run_cli(["bench", "--kernel", "no_such_module_xyz:attn"], capsys)
     assert code == 3 and "no_such_module_xyz" in err
     code, _, err = run_cli(["bench", "--seqlens", "0"], capsys)
     assert code == 2
+    code, _, err = run_cli(["bench", "--md", tmp_path / "missing" / "t.md"], capsys)
+    assert code == 2 and "does not exist" in err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,11 +14,12 @@ baseline measured in the same call at the same shape, ``ratio_bf16`` over the fu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["bench_table", "format_table", "add_ratios", "kernel_runner", "BASELINES", "attention_flops",
-           "COLUMNS"]
+__all__ = ["bench_table", "format_table", "add_ratios", "resolve_kernel", "kernel_runner", "BenchKernel",
+           "BASELINES", "attention_flops", "COLUMNS"]
 
 BASELINES = ("sdpa-cudnn", "sdpa-flash")
 #: the keys of every row, in order (the CLI prints them as columns)
@@ -44,34 +45,56 @@ def _sdpa_runner(backend_name: str, q, k, v, causal: bool):
     return forward
 
 
-def kernel_runner(spec, causal: bool, cu, seqlen: int):
-    """forward(q, k, v) for one kernel spec in the varlen convention (documents of ``seqlen`` tokens at
-    offsets ``cu``, softmax_scale head_dim^-0.5).
+@dataclass(frozen=True)
+class BenchKernel:
+    """A kernel to time: a built-in design whose fused kernels run directly (``design``), or any loaded
+    kernel called in the convention (``loaded``); ``label`` names its rows."""
 
-    A built-in design with fused kernels calls them directly, without the per-call host-side checks
-    of cu_seqlens (they synchronize with the GPU); any other spec (module:function, file.py:function,
-    an entry point, a callable, a built-in without fused kernels) is loaded like ``check`` loads it
-    and called as it is. Raises KernelLoadError for a spec that does not load.
+    label: str
+    design: object = None
+    loaded: object = None
+
+
+def resolve_kernel(spec) -> BenchKernel:
+    """Resolve a kernel spec once (a file or module is imported once, not once per row).
+
+    A built-in design with fused kernels is timed through them directly, without the per-call
+    host-side checks of cu_seqlens (they synchronize with the GPU); any other spec (module:function,
+    file.py:function, an entry point, a callable) is loaded like ``check`` loads it and called as it
+    is; a built-in without fused kernels runs its PyTorch emulation, and its rows say so. Raises
+    KernelLoadError for a spec that does not load.
     """
     from flamia_verify.kernels import load_kernel
     from flamia_verify.kernels.designs import DESIGNS
     from flamia_verify.kernels.triton import fused_supported
 
+    if isinstance(spec, BenchKernel):
+        return spec
     if isinstance(spec, str) and spec in DESIGNS and fused_supported(DESIGNS[spec]):
+        return BenchKernel(spec, design=DESIGNS[spec])
+    loaded = load_kernel(spec)
+    label = f"{loaded.name} (emulation)" if loaded.source == "builtin" else loaded.name
+    return BenchKernel(label, loaded=loaded)
+
+
+def kernel_runner(spec, causal: bool, cu, seqlen: int):
+    """forward(q, k, v) -> out for one kernel (a spec or a ``resolve_kernel`` result) in the varlen
+    convention: documents of ``seqlen`` tokens at offsets ``cu``, softmax_scale head_dim^-0.5."""
+    from flamia_verify.kernels.convention import first_output
+
+    kernel = resolve_kernel(spec)
+    if kernel.design is not None:
         from flamia_verify.kernels.triton.attention import fused_attention
 
-        design = DESIGNS[spec]
-
         def forward(q, k, v):
-            return fused_attention(design, q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5,
-                                   causal=causal, validate=False)
+            return fused_attention(kernel.design, q, k, v, cu, cu, seqlen, seqlen,
+                                   softmax_scale=q.shape[-1] ** -0.5, causal=causal, validate=False)
 
         return forward
-    kernel = load_kernel(spec)
 
     def forward(q, k, v):
-        out = kernel(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
-        return out[0] if isinstance(out, tuple) else out  # (out, lse) kernels
+        out = kernel.loaded(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
+        return first_output(out)  # (out, lse) tuples and lists, as check takes them
 
     return forward
 
@@ -99,7 +122,11 @@ def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
         o = forward(q, k, v)
         torch.autograd.grad(o, (q, k, v), do)
 
-    res = {"fwd_ms": _time(fwd, rep_ms), "bwd_ms": _time(bwd, rep_ms)}
+    res = {"fwd_ms": _time(fwd, rep_ms)}
+    if out.grad_fn is None:  # a forward-only kernel: its forward is timed, the rest is not there
+        res.update(bwd_ms=math.nan, fwdbwd_ms=math.nan, peak_extra_gib=math.nan)
+        return res
+    res["bwd_ms"] = _time(bwd, rep_ms)
     out = None  # drop the saved graph before timing forward+backward (bwd is not called again)
     res["fwdbwd_ms"] = _time(fwdbwd, rep_ms)
     torch.cuda.synchronize()
@@ -111,57 +138,66 @@ def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
     return res
 
 
-def bench_table(kernels: list[str], device: str = "cuda", *, seqlens=(2048, 8192, 16384), tokens: int = 32768,
+def bench_table(kernels: list, device: str = "cuda", *, seqlens=(2048, 8192, 16384), tokens: int = 32768,
                 heads: int = 16, head_dim: int = 128, causal=(True, False), baselines=BASELINES,
                 rep_ms: int = 100, progress=None) -> list[dict]:
-    """Forward, backward and forward+backward speed of ``kernels`` (kernel specs: built-in names, whose
-    fused kernels run, or any spec ``check`` takes; ``kernel_runner``) and of the SDPA baselines; one
-    dict per (kernel, S, causal).
+    """Forward, backward and forward+backward speed of ``kernels`` (specs or ``resolve_kernel``
+    results: built-in names time their fused kernels, any spec ``check`` takes is called as it is)
+    and of the SDPA baselines; one dict per (kernel, S, causal), B = tokens // S documents of S tokens.
 
-    Keys: kernel, seqlen, batch, causal, fwd_ms, bwd_ms, fwdbwd_ms, fwd_tflops, bwd_tflops,
-    fwdbwd_tflops, ratio (forward+backward speed over the fastest BF16 baseline), peak_extra_gib
-    (memory allocated by one forward+backward beyond the inputs), error (a string, when a
-    kernel failed: the other rows still come back). ``progress(done, total, label)`` is called
-    before each measurement and once at the end.
+    Keys: ``COLUMNS``: kernel, seqlen, batch, causal, fwd_ms, bwd_ms, fwdbwd_ms, fwd_tflops,
+    bwd_tflops, fwdbwd_tflops, ratio and ratio_bf16 (``add_ratios``), peak_extra_gib (memory
+    allocated by one forward+backward beyond the inputs), error (a string, when a kernel failed: the
+    other rows still come back; a forward-only kernel gets its forward and NaN for the rest).
+    ``progress(done, total, label)`` is called before each measurement and once at the end.
     """
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         raise RuntimeError(f"bench_table needs a CUDA device, got device={device!r} "
                            f"(torch.cuda.is_available() = {torch.cuda.is_available()})")
+    return _bench_rows([resolve_kernel(k) for k in kernels], device, seqlens=seqlens, tokens=tokens, heads=heads,
+                       head_dim=head_dim, causal=causal, baselines=baselines, rep_ms=rep_ms, progress=progress,
+                       measure=_measure)
+
+
+def _bench_rows(kernels: list[BenchKernel], device, *, seqlens, tokens, heads, head_dim, causal, baselines, rep_ms,
+                progress, measure) -> list[dict]:
+    """The table's loop; ``measure(forward, q, k, v, do, rep_ms)`` returns the times (``_measure``)."""
     rows: list[dict] = []
-    total = len(seqlens) * len(causal) * (len(baselines) + len(kernels))
+    n_measurements = len(seqlens) * len(causal) * (len(baselines) + len(kernels))
     done = 0
     gen = torch.Generator(device=device).manual_seed(0)
     for seqlen in seqlens:
         batch = max(1, tokens // seqlen)
-        total = batch * seqlen
-        q, k, v, do = (torch.randn(total, heads, head_dim, device=device, dtype=torch.bfloat16, generator=gen)
+        n_tokens = batch * seqlen
+        q, k, v, do = (torch.randn(n_tokens, heads, head_dim, device=device, dtype=torch.bfloat16, generator=gen)
                        for _ in range(4))
-        cu = torch.arange(0, total + 1, seqlen, dtype=torch.int32, device=device)
+        cu = torch.arange(0, n_tokens + 1, seqlen, dtype=torch.int32, device=device)
         dense = [t.view(batch, seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v, do)]
         for c in causal:
             flops = attention_flops(batch, heads, seqlen, head_dim, c)
             group: list[dict] = []
-            for name in list(baselines) + list(kernels):
-                label = name if isinstance(name, str) else getattr(name, "__qualname__", repr(name))
+            for kernel in list(baselines) + list(kernels):
+                label = kernel if isinstance(kernel, str) else kernel.label
                 if progress is not None:
-                    progress(done, total, f"{label}, S = {seqlen}, {'causal' if c else 'no mask'}")
+                    progress(done, n_measurements, f"{label}, S = {seqlen}, {'causal' if c else 'no mask'}")
                 done += 1
                 row = {"kernel": label, "seqlen": seqlen, "batch": batch, "causal": c}
                 try:
-                    if name in BASELINES:
-                        res = _measure(_sdpa_runner(name, *dense[:3], c), *dense, rep_ms)
+                    if isinstance(kernel, str):  # an SDPA baseline
+                        res = measure(_sdpa_runner(kernel, *dense[:3], c), *dense, rep_ms)
                     else:
-                        res = _measure(kernel_runner(name, c, cu, seqlen), q, k, v, do, rep_ms)
+                        res = measure(kernel_runner(kernel, c, cu, seqlen), q, k, v, do, rep_ms)
                     row.update(res)
                     for phase in ("fwd", "bwd", "fwdbwd"):
                         row[f"{phase}_tflops"] = flops[phase] / (res[f"{phase}_ms"] * 1e-3) / 1e12
                 except Exception as exc:  # keep the rest of the table
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 group.append(row)
-                torch.cuda.empty_cache()
+                if str(device).startswith("cuda"):
+                    torch.cuda.empty_cache()
             rows.extend(add_ratios(group))
     if progress is not None:
-        progress(total, total, "done")
+        progress(n_measurements, n_measurements, "done")
     return [{key: r.get(key, "" if key == "error" else math.nan) for key in COLUMNS} for r in rows]
 
 
@@ -170,7 +206,8 @@ def add_ratios(group: list[dict]) -> list[dict]:
     (over the fused ``bf16`` kernel's) on the rows of one shape; NaN where a row or its reference
     has no measurement."""
     def speed(r):
-        return r.get("fwdbwd_tflops", 0.0) if not r.get("error") else 0.0
+        x = r.get("fwdbwd_tflops", 0.0) if not r.get("error") else 0.0
+        return 0.0 if math.isnan(x) else x
 
     best = max((speed(r) for r in group if r["kernel"] in BASELINES), default=0.0)
     bf16 = next((speed(r) for r in group if r["kernel"] == "bf16"), 0.0)
@@ -181,8 +218,12 @@ def add_ratios(group: list[dict]) -> list[dict]:
     return group
 
 
+def _cell(x, fmt: str) -> str:
+    return "" if isinstance(x, float) and math.isnan(x) else format(x, fmt)
+
+
 def format_table(rows: list[dict]) -> str:
-    """A Markdown table of ``bench_table``'s rows."""
+    """A Markdown table of ``bench_table``'s rows (empty cells where nothing was measured)."""
     head = ("| kernel | S | causal | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd / best BF16 SDPA "
             "| fwd+bwd / bf16 kernel | fwd ms | bwd ms | fwd+bwd ms | peak extra GiB |")
     lines = [head, "|" + "---|" * 12]
@@ -190,10 +231,8 @@ def format_table(rows: list[dict]) -> str:
         if r.get("error"):
             lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | error: {r['error']} |||||||||")
             continue
-        bf16 = r.get("ratio_bf16", math.nan)
-        lines.append(
-            f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | {r['fwd_tflops']:.0f} | {r['bwd_tflops']:.0f} | "
-            f"{r['fwdbwd_tflops']:.0f} | {r['ratio']:.2f} | {'' if math.isnan(bf16) else f'{bf16:.2f}'} | "
-            f"{r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {r['fwdbwd_ms']:.2f} | {r['peak_extra_gib']:.2f} |"
-        )
+        cells = [_cell(r[key], fmt) for key, fmt in (
+            ("fwd_tflops", ".0f"), ("bwd_tflops", ".0f"), ("fwdbwd_tflops", ".0f"), ("ratio", ".2f"),
+            ("ratio_bf16", ".2f"), ("fwd_ms", ".2f"), ("bwd_ms", ".2f"), ("fwdbwd_ms", ".2f"), ("peak_extra_gib", ".2f"))]
+        lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
