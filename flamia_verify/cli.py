@@ -379,6 +379,20 @@ def _cmd_report(args) -> int:
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
+def _cuda_path(kernel) -> str:
+    """What a built-in kernel runs on CUDA bf16/fp16 inputs: its fused Triton kernels (up to which
+    head_dim) or its PyTorch emulation (and why)."""
+    from flamia_verify.kernels.triton.config import config_for, head_dim_limit, unsupported_reason
+
+    design = getattr(kernel.fn, "design", None)
+    if design is None:
+        return ""
+    why = unsupported_reason(design)
+    if why is not None:
+        return f"emulation ({why})"
+    return f"fused Triton, head_dim 32-{head_dim_limit(config_for(design))}"
+
+
 def _cmd_list(args) -> int:
     from rich.table import Table
 
@@ -388,12 +402,12 @@ def _cmd_list(args) -> int:
 
     console = _console()
     t = Table(title="kernels")
-    for col in ("name", "recipe", "source", "description"):
+    for col in ("name", "recipe", "source", "on CUDA", "description"):
         t.add_column(col)
     for name, k in builtin_kernels().items():
-        t.add_row(name, k.recipe or "", "built-in", k.description)
+        t.add_row(name, k.recipe or "", "built-in", _cuda_path(k), k.description)
     for name in sorted(_entry_point_kernels()):
-        t.add_row(name, "", "entry point", "")
+        t.add_row(name, "", "entry point", "", "")
     console.print(t)
     r = Table(title="recipes")
     r.add_column("name")

@@ -143,6 +143,17 @@ def test_list_shows_builtin_kernels(capsys):
         assert name in out
 
 
+def test_list_says_what_each_builtin_runs_on_cuda():
+    from flamia_verify.cli import _cuda_path
+    from flamia_verify.kernels import builtin_kernels
+
+    kernels = builtin_kernels()
+    assert _cuda_path(kernels["flamia-mxfp8"]) == "fused Triton, head_dim 32-256"
+    assert _cuda_path(kernels["fp8"]) == "fused Triton, head_dim 32-128"
+    assert _cuda_path(kernels["mxfp8-naive"]).startswith("emulation (")
+    assert _cuda_path(kernels["fp8-tensor"]).startswith("emulation (")
+
+
 def test_bench_without_cuda_is_a_clear_usage_error(capsys):
     import torch
 
