@@ -75,7 +75,8 @@ NATIVE_E4M3 = tl.constexpr(_native_e4m3_default())
 
 
 @triton.jit
-def _max_keep_nan(a, b):
+def max_keep_nan(a, b):
+    """Elementwise maximum that propagates NaN (running amaxes across tiles; ``amax``'s combine)."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
@@ -90,16 +91,10 @@ def amax(x, AXIS: tl.constexpr):
     """max |x| along AXIS, NaN if any element is NaN (as ``torch.amax`` in the formats: a NaN makes its
     whole block NaN). ``tl.max`` alone drops NaN, on GPUs and in the interpreter."""
     if _NAN_REDUCE:
-        return tl.reduce(tl.abs(x), AXIS, _max_keep_nan)
+        return tl.reduce(tl.abs(x), AXIS, max_keep_nan)
     else:
         m = tl.max(tl.abs(x), axis=AXIS)
         return tl.where(tl.max((x != x).to(tl.int32), axis=AXIS) > 0, float("nan"), m)
-
-
-@triton.jit
-def max_keep_nan(a, b):
-    """Elementwise maximum that propagates NaN (running amaxes across tiles)."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
