@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from flamia_verify.kernels.triton.bench import bench_table, format_table  # noqa: E402
+from flamia_verify.reports.model import jsonable  # noqa: E402
 
 DEFAULT_KERNELS = ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
 
@@ -50,7 +51,9 @@ def main(argv=None) -> int:
     if args.md:
         args.md.write_text(header + "\n\n" + table + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
+        # strict JSON, non-finite numbers as "nan"/"inf" strings (as report.json and `flamia-verify bench`)
+        args.json.write_text(json.dumps(jsonable({"header": header, "rows": rows}), indent=1, allow_nan=False,
+                                        default=str))
     return 0
 
 

@@ -31,7 +31,7 @@ def plot(table: dict, path: Path) -> None:
     for col, causal in enumerate((True, False)):
         top, bottom = axes[0][col], axes[1][col]
         for name in kernels:
-            pts = sorted((r["seqlen"], r["fwdbwd_tflops"], r["ratio"]) for r in rows
+            pts = sorted((r["seqlen"], r["fwdbwd_tflops"], float(r["ratio"])) for r in rows  # "nan" in JSON
                          if r["kernel"] == name and bool(r["causal"]) == causal)
             if not pts:
                 continue

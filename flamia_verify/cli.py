@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -289,17 +288,6 @@ def _cmd_fuzz(args) -> int:
     return EXIT_PASS if result.report.passed else EXIT_FAIL
 
 
-def _json_safe(x):
-    """NaN and infinities as null (strict JSON for jq and friends)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
-
-
 def _cmd_bench(args) -> int:
     import torch
 
@@ -314,6 +302,7 @@ def _cmd_bench(args) -> int:
     from rich.table import Table
 
     from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
+    from flamia_verify.reports.model import jsonable
 
     # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
     kernels = [resolve_kernel(spec) for spec in (args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"])]
@@ -342,7 +331,9 @@ def _cmd_bench(args) -> int:
     if args.md:
         Path(args.md).write_text(header + "\n\n" + format_table(rows) + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps(_json_safe({"header": header, "rows": rows}), indent=1, default=str))
+        # strict JSON, non-finite numbers as "nan"/"inf" strings, as in report.json
+        Path(args.json).write_text(json.dumps(jsonable({"header": header, "rows": rows}), indent=1, allow_nan=False,
+                                              default=str))
     return EXIT_PASS
 
 

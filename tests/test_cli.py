@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -180,7 +181,8 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
         rows = bench.add_ratios([{"kernel": k, "seqlen": seqlens[0], "batch": 4, "causal": causal[0],
                                   "fwd_tflops": t, "bwd_tflops": t, "fwdbwd_tflops": t, "fwd_ms": 1.0,
                                   "bwd_ms": 1.0, "fwdbwd_ms": 2.0, "peak_extra_gib": 0.5, "error": ""}
-                                 for k, t in (("sdpa-cudnn", 500.0), ("bf16", 300.0), ("fp8", 150.0))])
+                                 for k, t in (("sdpa-cudnn", 500.0), ("bf16", 300.0), ("fp8", 150.0),
+                                              ("fwd-only", math.nan))])
         return [{key: r.get(key) for key in bench.COLUMNS} for r in rows]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -193,8 +195,12 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
     assert seen == {"kernels": ["bf16", "fp8"], "seqlens": (8192,), "causal": (True,), "rep_ms": 20}
     assert "fp8" in out and "0.5" in out  # ratio_bf16 of fp8: 150 / 300
     assert "| fp8 | 8192 | True | 150 | 150 | 150 | 0.30 | 0.50 |" in md.read_text()
-    rows = json.loads(js.read_text())["rows"]
+    def no_constants(name):
+        raise AssertionError(f"bench --json wrote the non-JSON constant {name}")
+
+    rows = json.loads(js.read_text(), parse_constant=no_constants)["rows"]  # strict JSON, as report.json
     assert rows[2]["ratio_bf16"] == 0.5 and rows[0]["ratio_bf16"] == 500.0 / 300.0
+    assert rows[3]["fwdbwd_tflops"] == "nan" and rows[3]["ratio"] == "nan"
     assert "B*S = 32768 tokens" in md.read_text()  # from the rows: 4 documents of 8192
     code, _, err = run_cli(["bench", "--kernel", "no_such_module_xyz:attn"], capsys)
     assert code == 3 and "no_such_module_xyz" in err

@@ -5,7 +5,7 @@ the same headline number everywhere.
 
 Values
     Metrics and thresholds are JSON scalars. Non-finite floats arrive as the strings ``"nan"``, ``"inf"``
-    and ``"-inf"`` (see ``model._jsonable``); `as_number` reads them back as floats. Booleans are never
+    and ``"-inf"`` (see ``model.jsonable``); `as_number` reads them back as floats. Booleans are never
     numbers here.
 
 Direction rule (`higher_is_better`)
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flamia_verify.reports.model import CheckResult, _jsonable
+from flamia_verify.reports.model import CheckResult, jsonable
 from flamia_verify.reports.wording import printable
 
 __all__ = [
@@ -174,7 +174,7 @@ def safe_json(value: Any, *, indent: int | None = 2) -> str:
     anything else unserialisable as its ``str``. With an `indent`, objects are spread one key per line while
     lists of scalars that fit in `_INLINE_WIDTH` characters stay on one line (shapes, cu_seqlens, indices).
     """
-    data = _jsonable(value)
+    data = jsonable(value)
     if indent is None:
         text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str)
     else:

@@ -19,7 +19,7 @@ from typing import Any
 
 from flamia_verify.errors import ReportSchemaError
 
-__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "json_number"]
+__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "json_number", "jsonable"]
 
 SCHEMA = "flamia-verify/report/v1"
 STATUSES = ("pass", "fail", "error", "skip")
@@ -46,16 +46,16 @@ def json_number(value) -> float | str:
     return value
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Make floats JSON-safe: NaN and +-Inf become strings "nan", "inf", "-inf"."""
     if isinstance(value, float):
         return json_number(value)
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return _jsonable(value.item())
+        return jsonable(value.item())
     return value
 
 
@@ -80,7 +80,7 @@ class CheckResult:
             raise ValueError(f"check name {self.name!r} must start with its family {self.family + '.'!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        return jsonable(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CheckResult":
@@ -137,7 +137,7 @@ class Report:
             "recipe": self.recipe,
             "suite": self.suite,
             "seed": self.seed,
-            "environment": _jsonable(self.environment),
+            "environment": jsonable(self.environment),
             "checks": [c.to_dict() for c in self.checks],
             "summary": self.summary(),
         }
