@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from unittest import mock
 from dataclasses import replace
 
@@ -472,46 +473,59 @@ _MATMUL = torch.matmul
 ACC_SLICE = 32  # the contraction slice one tensor-core instruction sums (K = 32 for E4M3 on Hopper)
 
 
-def _bf16_accumulating_matmul(a, b, *args, **kwargs):
-    """a @ b with a bf16 running sum: per 32-long slice of the contraction an fp32 matmul, rounded
-    to bf16 and added to the bf16 accumulator (fp32 operands only: the emulation's GEMMs)."""
-    if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32:
-        return _MATMUL(a, b, *args, **kwargs)
-    acc = None
-    for s in range(0, a.shape[-1], ACC_SLICE):
-        part = _MATMUL(a[..., s:s + ACC_SLICE], b[..., s:s + ACC_SLICE, :]).bfloat16().float()
-        acc = part if acc is None else (acc + part).bfloat16().float()
-    return acc
+def _sliced_matmul(slice_sum, add):
+    """A torch.matmul whose contraction runs in 32-long slices, as a tensor core's instructions do:
+    ``slice_sum(a_s, b_s)`` gives each slice's result and ``add(acc, part)`` accumulates them (fp32
+    operands only, the emulation's GEMMs; anything else goes to torch.matmul)."""
+
+    def matmul(a, b, *args, **kwargs):
+        if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32:
+            return _MATMUL(a, b, *args, **kwargs)
+        acc = None
+        for s in range(0, a.shape[-1], ACC_SLICE):
+            part = slice_sum(a[..., s:s + ACC_SLICE], b[..., s:s + ACC_SLICE, :])
+            acc = part if acc is None else add(acc, part)
+        return acc
+
+    return matmul
 
 
-#: every torch.matmul of the kernel call (the emulation's GEMMs and the S recompute) with a bf16 accumulator
-_bf16_accumulators = functools.partial(mock.patch.object, torch, "matmul", _bf16_accumulating_matmul)
+def _within_matmul(matmul):
+    """FLAMIA MXFP8 with every torch.matmul of the kernel call (the emulation's GEMMs and the S
+    recompute) replaced by ``matmul``."""
+    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8,
+                         within=functools.partial(mock.patch.object, torch, "matmul", matmul))
 
 
-def _e4m3_mma_matmul(a, b, *args, **kwargs):
-    """a @ b as a model of Hopper's E4M3 tensor-core MMA, which keeps about 13 bits of each sum
-    (benchmarks/probe_fp8_dot.py: up to 2^-9.5 of the sum of |products| against the float64 sum):
-    per 32-long slice of the contraction the exact sum (float64) is truncated toward zero onto a grid
-    of 2^-12 times the largest power of two not above the slice's sum of |products|; the slices are
-    added in fp32. On E4M3 operands of one binade this differs from the fp32 sum in 99.6 % of the
-    results, by up to 2^-12.4 of the magnitude sum (the probe measured 97 %, 2^-11.6)."""
-    if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32:
-        return _MATMUL(a, b, *args, **kwargs)
-    acc = None
-    for s in range(0, a.shape[-1], ACC_SLICE):
-        a_s, b_s = a[..., s:s + ACC_SLICE].double(), b[..., s:s + ACC_SLICE, :].double()
-        mag = _MATMUL(a_s.abs(), b_s.abs())
-        grid = torch.exp2(torch.floor(torch.log2(torch.where(mag > 0, mag, torch.ones_like(mag)))) - 12)
-        part = (torch.trunc(_MATMUL(a_s, b_s) / grid) * grid).float()
-        acc = part if acc is None else acc + part
-    return acc
+def _to_bf16(x):
+    return x.bfloat16().float()
+
+
+#: a bf16 running sum: each slice's fp32 matmul rounded to bf16 and added to the bf16 accumulator
+_bf16_accumulating_matmul = _sliced_matmul(lambda a, b: _to_bf16(_MATMUL(a, b)),
+                                           lambda acc, part: _to_bf16(acc + part))
+
+
+def _e4m3_mma_slice(a, b):
+    """One slice as a model of Hopper's E4M3 tensor-core MMA, which keeps about 13 bits of each sum
+    (benchmarks/probe_fp8_dot.py: up to 2^-9.5 of the sum of |products| against the float64 sum): the
+    exact sum (float64) truncated toward zero onto a grid of 2^-12 times the largest power of two not
+    above the slice's sum of |products|. With the slices added in fp32, on E4M3 operands of one binade
+    this differs from the fp32 sum in 99.6 % of the results, by up to 2^-12.4 of the magnitude sum (the
+    probe measured 97 %, 2^-11.6)."""
+    a, b = a.double(), b.double()
+    mag = _MATMUL(a.abs(), b.abs())
+    grid = torch.exp2(torch.floor(torch.log2(torch.where(mag > 0, mag, torch.ones_like(mag)))) - 12)
+    return (torch.trunc(_MATMUL(a, b) / grid) * grid).float()
+
+
+_e4m3_mma_matmul = _sliced_matmul(_e4m3_mma_slice, operator.add)
 
 
 #: not a planted bug: the accuracy checks accept it (with MXFP8 operands, E4M3's rounding of P dwarfs
 #: the scores' accumulation error), which test_properties_every_check.py pins down; only the fused
 #: kernels' bitwise tests against the emulation would tell it apart
-e4m3_mma_accumulation = _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=functools.partial(
-    mock.patch.object, torch, "matmul", _e4m3_mma_matmul))
+e4m3_mma_accumulation = _within_matmul(_e4m3_mma_matmul)
 e4m3_mma_accumulation.recipe = "mxfp8"
 
 
@@ -523,7 +537,7 @@ e4m3_mma_accumulation.recipe = "mxfp8"
 #: power of two below the slice's sum of |products|; ``e4m3_mma_accumulation`` below) stays within
 #: the bound: 0.43 / 0.56 on seed 0.
 bf16_accumulation = _tag(
-    _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=_bf16_accumulators), "mxfp8",
+    _within_matmul(_bf16_accumulating_matmul), "mxfp8",
     ("bound.out", "bound.grad"),
     ("error", "consistency", "causal", "isolation", "interface"),
     "FLAMIA MXFP8 whose GEMMs keep their running sums in bf16 (each 32-long slice of the contraction "
