@@ -21,7 +21,7 @@ import triton  # noqa: E402
 
 from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
 from flamia_verify.kernels.triton.attention import fused_backward, fused_forward  # noqa: E402
-from flamia_verify.kernels.triton.config import TileConfig, config_for, tiles  # noqa: E402
+from flamia_verify.kernels.triton.config import TileConfig, config_for, tile_multiples, tiles  # noqa: E402
 
 # candidates for every design, (BM, BN, warps, stages[, split]); each kernel keeps those that are
 # multiples of its blocks (the fp8 design's 128-row blocks leave only 128-key / 128-query tiles along
@@ -53,13 +53,7 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
     ref_bwd = fused_backward(cfg, q, k, v, out, lse, do, cu, cu, seqlen, seqlen, sc, causal)
     rows = []
 
-    def ok_block(t, m_mult, n_mult):
-        return t[0] % m_mult == 0 and t[1] % n_mult == 0
-
-    p = cfg.p_block if cfg.p_pow2 else 16
-    fwd_n = max(p, cfg.seq_block("v_seq"))
-    dkdv_m = cfg.seq_block("pt", "do_seq", "dst", "q_seq")
-    dq_n = max(p, cfg.seq_block("ds", "k_seq"))
+    mult = tile_multiples(cfg)
     for phase, cands in (("fwd", FWD), ("dkdv", DKDV), ("dq", DQ)):
         if phase not in phases:
             continue
@@ -67,11 +61,7 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
             cands = [tuple(base[phase].__dict__.values())] + [c for p_, c in only if p_ == phase]
         for c in cands:
             t = TileConfig(*c)
-            if phase == "fwd" and not ok_block(c, 1, fwd_n):
-                continue
-            if phase == "dkdv" and not ok_block(c, dkdv_m, p):
-                continue
-            if phase == "dq" and not ok_block(c, 1, dq_n):
+            if c[0] % mult[phase][0] or c[1] % mult[phase][1]:  # a tile must hold whole blocks
                 continue
             row = {"kernel": name, "phase": phase, "tile": c, "default": t == base[phase]}
             try:

@@ -15,7 +15,7 @@ from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
 
 __all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_limit",
-           "head_dim_supported", "tiles", "unsupported_reason"]
+           "head_dim_supported", "tile_multiples", "tiles", "unsupported_reason"]
 
 # operand kinds, the constexpr values of quant.KIND_* (see emulation.Quant)
 KIND_INPUT = 0  # round to the input dtype (bf16 / fp16)
@@ -91,7 +91,7 @@ def head_dim_limit(cfg: FusedConfig) -> int:
     (measured on the H200, benchmarks/RESULTS.md, "head_dim 256"); the split launches that are now
     fp8's default have not been tried there. Such designs run head_dim 256 in the emulation.
     """
-    return 128 if cfg.seq_block("pt", "do_seq", "dst", "q_seq") >= 128 else 256
+    return 128 if tile_multiples(cfg)["dkdv"][0] >= 128 else 256
 
 
 def unsupported_reason(design: EmulatedDesign) -> str | None:
@@ -154,16 +154,22 @@ class TileConfig:
     split: bool = False
 
 
-def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, TileConfig]:
-    """Tile sizes of the forward, dK/dV and dQ kernels: multiples of every block along each axis.
+def tile_multiples(cfg: FusedConfig) -> dict[str, tuple[int, int]]:
+    """What each kernel's (block_m, block_n) must be a multiple of: every block along that axis.
 
-    fwd: M queries (any), N keys (P and V blocks); dkdv: N keys (P blocks), M queries (P^T, dO,
-    dS^T, Q blocks); dq: M queries (any), N keys (P, dS, K blocks).
+    fwd: M queries (any), N keys (P and V blocks); dkdv: M queries (P^T, dO, dS^T, Q blocks), N keys
+    (P blocks); dq: M queries (any), N keys (P, dS, K blocks). 16 at the least (the MMA's K step).
     """
     p = cfg.p_block if cfg.p_pow2 else 16
-    fwd_n = max(p, cfg.seq_block("v_seq"))
-    dkdv_m = cfg.seq_block("pt", "do_seq", "dst", "q_seq")
-    dq_n = max(p, cfg.seq_block("ds", "k_seq"))
+    return {"fwd": (1, max(p, cfg.seq_block("v_seq"))),
+            "dkdv": (cfg.seq_block("pt", "do_seq", "dst", "q_seq"), p),
+            "dq": (1, max(p, cfg.seq_block("ds", "k_seq")))}
+
+
+def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, TileConfig]:
+    """Tile sizes of the forward, dK/dV and dQ kernels, multiples of ``tile_multiples``."""
+    mult = tile_multiples(cfg)
+    p, fwd_n, dkdv_m, dq_n = mult["dkdv"][1], mult["fwd"][1], mult["dkdv"][0], mult["dq"][1]
     if interpret:  # few, large tiles: the interpreter's cost is per operation
         return {
             "fwd": TileConfig(64, max(64, fwd_n)),
