@@ -10,6 +10,7 @@
     out = "flamia-report"
     only = ["causal", "isolation"]       # families or check names
     case_timeout_s = 300                 # a kernel call running longer is stopped and reported as an error
+    forward_only = true                  # the kernel has no backward: gradient checks skip (say so deliberately)
     compare_factor = 1.5                 # `compare`: a metric worse by more than this factor regresses
 
     [tool.flamia-verify.thresholds."error.out"]
@@ -47,6 +48,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "only": (list,),
     "case_timeout_s": (int, float),
     "compare_factor": (int, float),
+    "forward_only": (bool,),
     "thresholds": (dict,),
 }
 _CHOICES = {"suite": SUITE_NAMES, "device": DEVICES, "dtype": DTYPES}
@@ -66,6 +68,8 @@ class Config:
     # generous because a fused kernel's first call on a fresh machine includes its compilation
     case_timeout_s: float | None = 600.0
     compare_factor: float = 1.5
+    # declared forward-only: without it a kernel whose backward is missing or raises fails the run
+    forward_only: bool = False
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str | None = None  # the file the values came from, for messages
 
@@ -76,7 +80,7 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
         if key not in _TYPES:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(_TYPES))}")
         types = _TYPES[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
             want = " or ".join(t.__name__ for t in types)
             raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
         if key in _CHOICES and value not in _CHOICES[key]:
