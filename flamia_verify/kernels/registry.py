@@ -9,6 +9,7 @@ A kernel spec on the command line is one of:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -70,11 +71,53 @@ def _from_file(spec: str) -> LoadedKernel:
         loader_spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
+        with _siblings_importable(path.resolve().parent):
+            loader_spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:  # sys.exit() at import must not end the command with its code
         sys.modules.pop(mod_name, None)
         raise KernelLoadError(f"cannot load {path_s!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc
     return _attr(module, attr, spec, "file")
+
+
+def _beside(directory: Path, module) -> bool:
+    """Whether `module` is a module or package found directly in `directory` (``directory/name.py``,
+    ``directory/name/``), not one found elsewhere below it (a virtual environment inside a project)."""
+    places = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
+    for place in places:
+        if isinstance(place, str) and place:
+            try:
+                where = Path(place).resolve()
+            except (OSError, ValueError):
+                continue
+            if where.parent == directory or (where.name == "__init__.py" and where.parent.parent == directory):
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def _siblings_importable(directory: Path):
+    """While a kernel file runs its imports: its directory first on ``sys.path``, as for
+    ``python file.py``, so ``import helper`` finds the helper.py beside it. Afterwards ``sys.path`` is
+    as before, and the modules and packages first imported from that directory (with their submodules)
+    leave ``sys.modules`` (the kernel keeps its references to them), so a second kernel file with its
+    own helper.py gets its own, not the first's. A sibling that the kernel imports only when called is
+    therefore not found: import siblings at the top of the file."""
+    before = set(sys.modules)
+    entry = str(directory)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(entry)
+        except ValueError:  # the kernel removed it itself
+            pass
+        importlib.invalidate_caches()
+        new = [n for n in sys.modules if n not in before and not n.startswith("flamia_verify_user_")]
+        tops = {n for n in new if "." not in n and _beside(directory, sys.modules[n])}
+        for name in new:
+            if name.partition(".")[0] in tops:
+                del sys.modules[name]
 
 
 def _attr(module, attr: str, spec: str, source: str) -> LoadedKernel:
