@@ -6,16 +6,41 @@
 | fp8             | E4M3 per row   | pow2 128-block | E4M3 pow2 128-blocks/channel  | E4M3 pow2 128-blocks   | all   |
 | fp8-tensor      | E4M3 per tensor| E4M3, fp32 l   | E4M3 per tensor               | E4M3 (dS per row)      | none  |
 | flamia-mxfp8    | MXFP8          | pow2 32-block  | MXFP8                         | MXFP8                  | all   |
+| flamia-mxfp8-floor | as flamia-mxfp8 with the FLOOR scale rule on every MXFP8 operand                 | all   |
 | flamia-nvfp4    | MXFP8          | pow2 32-block  | MXFP8                         | NVFP4 (row scale)      | all   |
 | mxfp8-naive     | MXFP8          | MXFP8, fp32 l  | MXFP8 at packed positions     | MXFP8                  | none  |
+
+Every power-of-two scale uses the RCEIL rule unless the row says otherwise; each description names the
+rule from the design's operands (``{rule}`` in the text), so it cannot disagree with them.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign, Quant, with_rule
 
-__all__ = ["DESIGNS"]
+__all__ = ["DESIGNS", "scale_rules"]
+
+
+def scale_rules(design: EmulatedDesign) -> tuple[ScaleRule, ...]:
+    """The scale rules of a design's power-of-two-scaled (``mx``) operands, in declaration order."""
+    found: list[ScaleRule] = []
+    for f in fields(design):
+        value = getattr(design, f.name)
+        if isinstance(value, Quant) and value.kind == "mx" and value.rule not in found:
+            found.append(value.rule)
+    return tuple(found)
+
+
+def _described(design: EmulatedDesign, text: str) -> EmulatedDesign:
+    """`design` with the description `text`, its ``{rule}`` filled in from the design's own operands
+    (so a variant made by `with_rule` cannot keep its parent's rule in its description)."""
+    rules = "/".join(rule.name for rule in scale_rules(design))
+    if "{rule}" in text and not rules:
+        raise ValueError(f"{design.name}: the description names a scale rule but no operand has one")
+    return replace(design, description=text.format(rule=rules))
 
 _IN = Quant("input")
 _MX = Quant("mx", 32)
@@ -37,9 +62,10 @@ FP8 = EmulatedDesign(
     recipe="fp8",
     qk=_ROW, v_seq=_T128, p_mode="pow2-blocks", p_quant=Quant("mx", 128), normalize="quantized",
     dp_quant=_ROW, pt_quant=_T128, do_seq=_T128, ds_quant=_T128, k_seq=_T128, dst_quant=_T128, q_seq=_T128,
-    description="Hopper-native E4M3 with power-of-two scales per row (head_dim GEMMs) and per 128-position "
-    "tile (sequence GEMMs), restarted at document starts, diagonal tiles in the input precision",
 )
+FP8 = _described(FP8, "Hopper-native E4M3 with power-of-two scales ({rule}) per row (head_dim GEMMs) and per "
+                 "128-position tile (sequence GEMMs), restarted at document starts, diagonal tiles in the input "
+                 "precision")
 
 FP8_TENSOR = EmulatedDesign(
     name="fp8-tensor",
@@ -48,29 +74,32 @@ FP8_TENSOR = EmulatedDesign(
     dp_quant=Quant("tensor"), pt_quant=Quant("e4m3"), do_seq=Quant("tensor"), ds_quant=_ROW,
     k_seq=Quant("tensor"), dst_quant=_ROW, q_seq=Quant("tensor"),
     diagonal_fallback=False,
-    description="FlashAttention-3-style per-tensor current scaling (amax/448 over the whole packed tensor); "
-    "P cast to E4M3 unscaled, normalized by the fp32 row sum",
 )
+FP8_TENSOR = _described(FP8_TENSOR, "FlashAttention-3-style per-tensor current scaling (amax/448 over the whole packed "
+                        "tensor); P cast to E4M3 unscaled, normalized by the fp32 row sum; dS with a power-of-two "
+                        "({rule}) scale per row")
 
 FLAMIA_MXFP8 = EmulatedDesign(
     name="flamia-mxfp8",
     recipe="mxfp8",
     qk=_MX, v_seq=_MX, p_mode="pow2-blocks", p_quant=_MX, normalize="quantized",
     dp_quant=_MX, pt_quant=_MX, do_seq=_MX, ds_quant=_MX, k_seq=_MX, dst_quant=_MX, q_seq=_MX,
-    description="MXFP8 (E4M3, 32-blocks, E8M0 RCEIL) on all six GEMMs with FLAMIA's causal-safe, "
-    "document-safe scaling and a forward-consistent backward",
 )
+_FLAMIA_MXFP8_TEXT = ("MXFP8 (E4M3, 32-blocks, E8M0 {rule}) on all six GEMMs with FLAMIA's causal-safe, "
+                      "document-safe scaling and a forward-consistent backward")
+FLAMIA_MXFP8 = _described(FLAMIA_MXFP8, _FLAMIA_MXFP8_TEXT)
 
-FLAMIA_MXFP8_FLOOR = with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", "mxfp8-floor")
+FLAMIA_MXFP8_FLOOR = _described(with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", "mxfp8-floor"),
+                                _FLAMIA_MXFP8_TEXT)
 
 FLAMIA_NVFP4 = EmulatedDesign(
     name="flamia-nvfp4",
     recipe="nvfp4",
     qk=_MX, v_seq=_MX, p_mode="pow2-blocks", p_quant=_MX, normalize="quantized",
     dp_quant=_MX, pt_quant=_NV, do_seq=_MX, ds_quant=_NV, k_seq=_MX, dst_quant=_NV, q_seq=_MX,
-    description="mixed NVFP4/FP8: the MXFP8 forward, S recompute and dP; NVFP4 (row-local fp32 scale) "
-    "for P^T, dS and dS^T in the dV, dQ, dK GEMMs",
 )
+FLAMIA_NVFP4 = _described(FLAMIA_NVFP4, "mixed NVFP4/FP8: the MXFP8 (E8M0 {rule}) forward, S recompute and dP; NVFP4 "
+                          "(row-local fp32 scale) for P^T, dS and dS^T in the dV, dQ, dK GEMMs")
 
 MXFP8_NAIVE = EmulatedDesign(
     name="mxfp8-naive",
@@ -78,9 +107,10 @@ MXFP8_NAIVE = EmulatedDesign(
     qk=_MX, v_seq=_MX, p_mode="fa", p_quant=_MX, normalize="fp32",
     dp_quant=_MX, pt_quant=_MX, do_seq=_MX, ds_quant=_MX, k_seq=_MX, dst_quant=_MX, q_seq=_MX,
     seq_blocks="packed", diagonal_fallback=False, recompute_from_seq=True,
-    description="MXFP8 without the fixes: sequence blocks at packed positions straddle the diagonal and "
-    "documents, the fp32 row sum normalizes quantized P, the backward rebuilds S from other quantizations",
 )
+MXFP8_NAIVE = _described(MXFP8_NAIVE, "MXFP8 (E8M0 {rule}) without the fixes: sequence blocks at packed positions "
+                         "straddle the diagonal and documents, the fp32 row sum normalizes quantized P, the backward "
+                         "rebuilds S from other quantizations")
 
 DESIGNS: dict[str, EmulatedDesign] = {
     d.name: d for d in (BF16, FP8, FP8_TENSOR, FLAMIA_MXFP8, FLAMIA_MXFP8_FLOOR, FLAMIA_NVFP4, MXFP8_NAIVE)
