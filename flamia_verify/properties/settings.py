@@ -61,6 +61,9 @@ class SuiteSettings:
     heads: int = 2
     headdim: int = 64
     special_cases: int = 99  # at most this many cases per special check (the first ones)
+    #: keys of the long document that determinism, bound and bias add to their cases (longer than the
+    #: 256 keys where a kernel's tile loop, split-K or atomics typically start to matter)
+    long_len: int = 512
 
 
 _QUICK = SuiteSettings(
@@ -68,7 +71,8 @@ _QUICK = SuiteSettings(
     seeds=2,
     base=(
         Packing((64, 130, 62), heads=2, heads_k=1, do_log2=SMALL_DO_LOG2),
-        Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
+        # GQA with 1 < heads_k < heads: only here do repeat and repeat_interleave of the kv heads differ
+        Packing((50, 1, 77), (64, 3, 40), heads=4, heads_k=2, distribution="shifted"),
         Packing((33, 96), causal=False, distribution="heavy_tail", softmax_scale=OFF_DEFAULT_SCALE),
     ),
     causal_len=96,
@@ -78,6 +82,7 @@ _QUICK = SuiteSettings(
     isolation_layouts=((13, 30), (32, 7), (1, 0)),
     special_len=96,
     repeats=2,
+    long_len=512,
 )
 
 _STANDARD = SuiteSettings(
@@ -99,6 +104,7 @@ _STANDARD = SuiteSettings(
     isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100)),
     special_len=160,
     repeats=3,
+    long_len=1024,
 )
 
 _FULL = SuiteSettings(
@@ -118,13 +124,14 @@ _FULL = SuiteSettings(
     special_len=320,
     repeats=4,
     heads=4,
+    long_len=2048,
 )
 
 _BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
 
 #: suite settings a user may override (thresholds={"suite": {...}})
 SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int,
-                "special_cases": int}
+                "special_cases": int, "long_len": int}
 
 
 def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:
