@@ -104,6 +104,13 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False)
 
 
+def _plain(console) -> bool:
+    """Plain, unwrapped lines for a console that is not an interactive terminal (a CI log, a pipe)."""
+    from flamia_verify.reports.terminal import is_plain
+
+    return is_plain(console)
+
+
 def _fail(message: str, code: int) -> int:
     sys.stderr.write(f"flamia-verify: {message}\n")
     return code
@@ -160,14 +167,20 @@ def _cmd_check(args) -> int:
     kernel = load_kernel(spec)
     out = _prepare_out(cfg.out if args.out is None else args.out)
 
+    from flamia_verify.reports.terminal import check_line
+
     console = _console()
+    plain = _plain(console)  # a CI log or a pipe: a line per finished check instead of a progress bar
     finished = []
     partial = Report(kernel=kernel.name, recipe=recipe or kernel.recipe or "?", suite=suite, seed=seed)
+    selected = {"total": None}
 
     def on_result(result):
         finished.append(result)
         partial.checks = list(finished)
         write_reports(partial, out)
+        if plain:
+            console.print(check_line(result, len(finished), selected["total"]), soft_wrap=True, crop=False)
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -192,6 +205,7 @@ def _cmd_check(args) -> int:
         name = getattr(event, "check", None) or getattr(event, "name", "")
         index = getattr(event, "index", 0) or 0
         total = getattr(event, "total", None) or total_checks or 1
+        selected["total"] = getattr(event, "total", None) or selected["total"]
         done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
         progress.update(task, description=f"{kernel.name}: {name}", completed=min(done, total), total=total)
 
@@ -220,10 +234,10 @@ def _cmd_check(args) -> int:
             where = " (no check finished; no reports written)"
         return _fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
     paths = write_reports(report, out)
-    render_terminal(report, console)
-    console.print(f"checked in {time.monotonic() - started:.1f} s; reports:")
+    render_terminal(report, console, plain=plain)
+    console.print(f"checked in {time.monotonic() - started:.1f} s; reports:", markup=False)
     for kind, path in paths.items():
-        console.print(f"  {kind:<6} {path}")
+        console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
@@ -259,10 +273,13 @@ def _cmd_fuzz(args) -> int:
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             # kernel failures are caught inside; what escapes comes from the reproducer's fields
             raise UsageError(f"replay file {args.replay!r} is not a valid fuzz reproducer: {type(exc).__name__}: {exc}") from None
-        report = Report(kernel=kernel.name, recipe=args.recipe or kernel.recipe or "?", suite="fuzz-replay",
+        report = Report(kernel=kernel.name, recipe=result.worst_case["recipe"], suite="fuzz-replay",
                         seed=int(case.get("seed", 0)), checks=[result])
-        write_reports(report, out)
-        render_terminal(report, console)
+        paths = write_reports(report, out)
+        render_terminal(report, console, plain=_plain(console))
+        console.print(f"replayed {args.replay} with recipe {report.recipe}; reports:")
+        for kind, path in paths.items():
+            console.print(f"  {kind:<6} {path}")
         return EXIT_PASS if report.passed else EXIT_FAIL
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
@@ -275,7 +292,7 @@ def _cmd_fuzz(args) -> int:
     paths = write_reports(result.report, out)
     if not getattr(result, "reproducer", None):  # a passing run leaves no earlier run's reproducer behind
         _remove_stale(out, ("fuzz-case.json",))
-    render_terminal(result.report, console)
+    render_terminal(result.report, console, plain=_plain(console))
     if getattr(result, "reproducer", None):
         case_path = out / "fuzz-case.json"
         tmp = case_path.with_suffix(".json.tmp")
@@ -357,7 +374,8 @@ def _cmd_report(args) -> int:
 
     report = load_report(args.report)
     if not args.html and not args.md:
-        render_terminal(report, _console())
+        console = _console()
+        render_terminal(report, console, plain=_plain(console))
     for target, render in ((args.html, render_html), (args.md, render_markdown)):
         if not target:
             continue
@@ -385,33 +403,18 @@ def _cuda_path(kernel) -> str:
 
 
 def _cmd_list(args) -> int:
-    from rich.table import Table
-
     from flamia_verify.kernels import RECIPES, builtin_kernels
     from flamia_verify.kernels.registry import _entry_point_kernels
     from flamia_verify.properties import list_checks
+    from flamia_verify.reports.terminal import print_table
 
-    console = _console()
-    t = Table(title="kernels")
-    for col in ("name", "recipe", "source", "on CUDA", "description"):
-        t.add_column(col)
-    for name, k in builtin_kernels().items():
-        t.add_row(name, k.recipe or "", "built-in", _cuda_path(k), k.description)
-    for name in sorted(_entry_point_kernels()):
-        t.add_row(name, "", "entry point", "", "")
-    console.print(t)
-    r = Table(title="recipes")
-    r.add_column("name")
-    r.add_column("description")
-    for name, rec in RECIPES.items():
-        r.add_row(name, rec.description)
-    console.print(r)
-    c = Table(title="checks (suite: full)")
-    for col in ("check", "suites", "question"):
-        c.add_column(col)
-    for spec in list_checks("full"):
-        c.add_row(spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description)
-    console.print(c)
+    console = _console()  # a rich table on a terminal; plain, full lines in a log or a pipe
+    kernels = [[name, k.recipe or "", "built-in", _cuda_path(k), k.description] for name, k in builtin_kernels().items()]
+    kernels += [[name, "", "entry point", "", ""] for name in sorted(_entry_point_kernels())]
+    print_table(console, "kernels", ["name", "recipe", "source", "on CUDA", "description"], kernels)
+    print_table(console, "recipes", ["name", "description"], [[name, rec.description] for name, rec in RECIPES.items()])
+    checks = [[spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description] for spec in list_checks("full")]
+    print_table(console, "checks (suite: full)", ["check", "suites", "question"], checks)
     return EXIT_PASS
 
 

@@ -29,7 +29,7 @@ from flamia_verify.reports.model import Report
 def test_generated_cases_are_valid_and_buildable(case):
     assert isinstance(case, Case)
     assert sum(case.lens_q) <= 200 and sum(case.lens_k) <= 200
-    assert case.heads % case.heads_k == 0 and case.headdim in (32, 64)
+    assert case.heads % case.heads_k == 0 and case.headdim in (32, 64, 128)
     inp = make_inputs(case)
     assert inp.q.shape == (case.total_q, case.heads, case.headdim)
     assert inp.cu_q[-1] == case.total_q and inp.cu_k[-1] == case.total_k

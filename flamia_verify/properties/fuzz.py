@@ -7,11 +7,17 @@ perturbation, and checks on every example, in this order:
     finite      out (and dQ, dK, dV) finite where the float64 reference is finite
     bound       every element within the recipe's rigorous a-priori bound
     causal      (causal cases) out and dQ of the target document at or before t bitwise unchanged when
-                everything after t is replaced (huge / tiny; NaN only in q and dO, see causal.nan)
+                everything after t is replaced (huge / tiny; NaN only in q and dO, see causal.nan);
+                then dK and dV of its keys at or after t + (Lk - Lq) bitwise unchanged when q and dO
+                before t are replaced (huge / tiny; with NaN this half is not run: 0 * NaN in a masked
+                product poisons correct kernels there)
     isolation   (2+ documents) the target document bitwise unchanged when every other document is
                 replaced (huge / tiny / NaN)
 
-A kernel that raises on a valid case breaks the calling convention ("crash"). The first failing
+A kernel that raises on a valid case breaks the calling convention ("crash"); so does one whose
+output has no grad_fn on a case whose reference gradients are not all zero, when its backward works
+elsewhere. On a case with nothing to differentiate (every reference gradient exactly 0, e.g. every
+document empty) an output without grad_fn is accepted and its gradients read as 0. The first failing
 example is shrunk by hypothesis to a minimal one; its reproducer is a JSON-able dict
 
     {"seed", "lens_q", "lens_k", "heads", "heads_k", "headdim", "causal", "dtype", "distribution",
@@ -35,14 +41,19 @@ from hypothesis.errors import NoSuchExample
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
 from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
-from flamia_verify.properties.checks.causal import _future_inputs
+from flamia_verify.properties.checks.causal import _future_inputs, perturb_rows
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.engine import ProgressEvent, _resolve_device, build_context, environment, resolve_kernel
-from flamia_verify.properties.harness import KernelCallError
+from flamia_verify.properties.harness import KernelCallError, KernelOutputs, _NoBackward
 from flamia_verify.properties.strategies import attention_cases
 from flamia_verify.reports.model import CheckResult, Report
 
-__all__ = ["FuzzResult", "fuzz", "replay_case", "PROPERTIES"]
+__all__ = ["FuzzResult", "fuzz", "replay_case", "search", "Search", "PROPERTIES"]
+
+#: tokens of an ordinary example (queries and keys, all documents); a long document (rare) may hold
+#: up to LONG_TOKENS
+MAX_TOKENS = 256
+LONG_TOKENS = 1024
 
 #: property -> the check name it is reported under
 PROPERTIES = {
@@ -119,14 +130,43 @@ def _replace_others(inp: Inputs, b: int, kind: str, seed: int) -> Inputs:
     return inp.replace(**new)
 
 
+def _call(ctx, inp: Inputs) -> tuple[KernelOutputs, bool]:
+    """The kernel on ``inp``; (outputs, gradless): an output without grad_fn runs forward only."""
+    try:
+        return ctx.run(inp), False
+    except _NoBackward:
+        return ctx.run(inp, backward=False), True
+
+
+def _zero_grads(res: KernelOutputs, inp: Inputs) -> KernelOutputs:
+    """Gradients of an output that depends on nothing: zeros shaped like q, k, v."""
+    res.dq, res.dk, res.dv = (torch.zeros_like(getattr(inp, n)) for n in ("q", "k", "v"))
+    return res
+
+
 def evaluate_example(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None = None) -> _Finding | None:
     """Check one example; the first failing property (or ``only`` that one)."""
     inp = make_inputs(case, ctx.device)
     try:
-        res = ctx.run(inp)
+        res, gradless = _call(ctx, inp)
     except KernelCallError as err:
         return _Finding("crash", f"the kernel raised on a valid case: {err.summary}", {"exception": err.summary, "stage": err.stage})
     ref = ctx.reference(inp)
+    if gradless and ctx.has_backward:
+        nonzero = [n for n in ("dq", "dk", "dv") if bool((getattr(ref, n) != 0).any())]
+        if nonzero:
+            return _Finding(
+                "crash",
+                f"the output has no grad_fn on this case (its backward works on others): {', '.join(nonzero)} "
+                "are lost where the reference's are not zero",
+                {"stage": "backward", "exception": "no grad_fn", "lost": nonzero},
+            )
+        _zero_grads(res, inp)  # nothing to differentiate: the gradients are 0 and read as such
+
+    def run(new_inp: Inputs) -> KernelOutputs:
+        out, no_grad = _call(ctx, new_inp)
+        return _zero_grads(out, new_inp) if no_grad and ctx.has_backward else out
+
     names = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
 
     def want(p):
@@ -157,8 +197,8 @@ def evaluate_example(ctx, case: Case, *, document: int, t: int, perturbation: st
     if want("causal") and case.causal and lq >= 2:
         tt = min(t, lq - 2)
         tensors = ("q", "do") if perturbation == "nan" else ("q", "k", "v", "do")
-        new = ctx.run(_future_inputs(inp, document, tt, perturbation, seed=case.seed + 1, tensors=tensors))
-        q0 = _doc_slices(case, document)[0]
+        new = run(_future_inputs(inp, document, tt, perturbation, seed=case.seed + 1, tensors=tensors))
+        q0, q1, k0, k1 = _doc_slices(case, document)
         region = torch.zeros(res.out.shape[0], 1, 1, dtype=torch.bool, device=res.out.device)
         region[q0 : q0 + tt + 1] = True
         for n in ("out", "dq"):
@@ -168,9 +208,27 @@ def evaluate_example(ctx, case: Case, *, document: int, t: int, perturbation: st
             m = compare_bitwise(a, b_, what=f"{n} at/before t={tt} of document {document}", region=region)
             if not m.ok:
                 return _Finding("causal", m.summary(), {"tensor": n, "t": tt, "mismatch": m.to_dict()})
+        # dK, dV of keys j >= t + offset see only queries i >= t: replace q and dO before t
+        td = min(max(t, 1), lq - 1)
+        lo = k0 + max(0, td + (k1 - k0) - lq)
+        if ctx.has_backward and perturbation != "nan" and lo < k1:
+            g = torch.Generator().manual_seed(case.seed + 3)
+            rows = slice(q0, q0 + td)
+            new = run(inp.replace(q=perturb_rows(inp.q, rows, perturbation, g),
+                                  do=perturb_rows(inp.do, rows, perturbation, g)))
+            region = torch.zeros(res.dk.shape[0], 1, 1, dtype=torch.bool, device=res.dk.device)
+            region[lo:k1] = True
+            for n in ("dk", "dv"):
+                a, b_ = getattr(new, n), getattr(res, n)
+                if a is None or b_ is None:
+                    continue
+                m = compare_bitwise(a, b_, what=f"{n} at/after key {lo - k0} of document {document} "
+                                    f"(q, dO before t={td} replaced)", region=region)
+                if not m.ok:
+                    return _Finding("causal", m.summary(), {"tensor": n, "t": td, "mismatch": m.to_dict()})
     nonempty = [b for b, (a, c) in enumerate(zip(case.lens_q, case.lens_k)) if a or c]
     if want("isolation") and len(nonempty) >= 2 and lq > 0:
-        new = ctx.run(_replace_others(inp, document, perturbation, seed=case.seed + 2))
+        new = run(_replace_others(inp, document, perturbation, seed=case.seed + 2))
         q0, q1, k0, k1 = _doc_slices(case, document)
         for n in ("out", "dq", "dk", "dv"):
             a, b_ = getattr(new, n), getattr(res, n)
@@ -190,6 +248,89 @@ def _reproducer(case: Case, document: int, t: int, perturbation: str, finding: _
     return rep
 
 
+@dataclass
+class Search:
+    """What one hypothesis search found: ``examples`` drawn (generation and shrinking), of which
+    ``distinct`` were evaluated (a repeated example is answered from the first evaluation),
+    ``counts`` of failing evaluations per property, and the minimal failing example (``finding``
+    with its ``reproducer``) or None; ``shrink_stopped``: the shrinking budget ran out."""
+
+    examples: int
+    counts: dict
+    finding: _Finding | None
+    reproducer: dict | None
+    shrink_stopped: bool = False
+    distinct: int = 0
+
+
+def search(
+    ctx,
+    *,
+    examples: int,
+    seed: int,
+    max_tokens: int = MAX_TOKENS,
+    long_tokens: int = LONG_TOKENS,
+    shrink_limit: int | None = None,
+    on_example: Callable[[int], None] | None = None,
+) -> Search:
+    """Draw ``examples`` hypothesis examples (deterministic in ``seed``), evaluate each on ``ctx``'s
+    kernel and shrink the first failure. ``shrink_limit`` bounds the kernel evaluations spent on
+    shrinking (None: hypothesis's own limit); past it, the smallest failing example so far stands."""
+    counts = {p: 0 for p in PROPERTIES}
+    state = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False}
+    seen: dict = {}  # example -> failed: a repeated example is not rerun, and hypothesis sees one answer
+
+    strategy = st.tuples(
+        attention_cases(max_tokens=max_tokens, long_tokens=long_tokens, dtype=dtype_name(ctx.dtype)),
+        st.integers(0, 16),
+        st.integers(0, 160),
+        st.sampled_from(_KINDS),
+    )
+
+    def fails(example) -> bool:
+        case, document, t, kind = example
+        document = document % max(1, len(case.lens_q))
+        key = (case, document, t, kind)
+        state["n"] += 1
+        if key in seen:
+            return seen[key]
+        if shrink_limit is not None and state["failed"] and state["distinct"] - state["failed_at"] >= shrink_limit:
+            state["stopped"] = True
+            return False  # shrinking budget spent: an unevaluated example is not known to fail
+        state["distinct"] += 1
+        f = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
+        if on_example is not None:
+            on_example(state["n"])
+        seen[key] = f is not None
+        if f is None:
+            return False
+        counts[f.prop] += 1
+        if not state["failed"]:
+            state["failed_at"] = state["distinct"]
+        state["failed"] += 1
+        state["last"] = (case, document, t, kind, f)
+        return True
+
+    cfg = settings(
+        max_examples=examples, database=None, deadline=None, derandomize=False,
+        suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+    )
+    try:
+        find(strategy, fails, settings=cfg, random=random.Random(seed))
+    except NoSuchExample:
+        pass
+    reproducer, found = None, None
+    if state["last"] is not None:
+        case, document, t, kind, f = state["last"]
+        # hypothesis ends on the minimal example; rerun it to make sure it fails deterministically
+        again = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
+        if again is not None:
+            f = again
+        reproducer = _reproducer(case, document, t, kind, f, ctx.recipe, ctx.kernel_name)
+        found = f
+    return Search(state["n"], counts, found, reproducer, state["stopped"], state["distinct"])
+
+
 def fuzz(
     kernel,
     *,
@@ -199,9 +340,14 @@ def fuzz(
     device: str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     on_progress: Callable[[ProgressEvent], None] | None = None,
-    max_tokens: int = 256,
+    max_tokens: int = MAX_TOKENS,
+    long_tokens: int = LONG_TOKENS,
 ) -> FuzzResult:
-    """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``)."""
+    """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``).
+
+    Examples hold at most ``max_tokens`` tokens; one packing in
+    :data:`~flamia_verify.properties.strategies.LONG_ODDS` holds a document of up to ``long_tokens``
+    (at most two heads)."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ConfigError(f"examples must be a positive integer, got {examples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -211,72 +357,43 @@ def fuzz(
     ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dtype, seed=seed, thresholds=None,
                         case_timeout_s=None)
     start = time.perf_counter()
-    counts = {p: 0 for p in PROPERTIES}
-    state = {"n": 0, "last": None}
 
-    strategy = st.tuples(
-        attention_cases(max_tokens=max_tokens, dtype=dtype_name(dtype)),
-        st.integers(0, 16),
-        st.integers(0, 160),
-        st.sampled_from(_KINDS),
-    )
-
-    def fails(example) -> bool:
-        case, document, t, kind = example
-        document = document % max(1, len(case.lens_q))
-        state["n"] += 1
-        f = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
+    def on_example(n: int) -> None:
         if on_progress is not None:
             elapsed = time.perf_counter() - start
-            frac = min(1.0, state["n"] / examples)
+            frac = min(1.0, n / examples)
             on_progress(ProgressEvent("fuzz", 0, 1, frac, elapsed, elapsed / frac if frac > 0 else None, frac))
-        if f is None:
-            return False
-        counts[f.prop] += 1
-        state["last"] = (case, document, t, kind, f)
-        return True
 
-    cfg = settings(
-        max_examples=examples, database=None, deadline=None, derandomize=False,
-        suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
-    )
-    reproducer, found = None, None
     try:
-        find(strategy, fails, settings=cfg, random=random.Random(seed))
-    except NoSuchExample:
-        pass
+        res = search(ctx, examples=examples, seed=seed, max_tokens=max_tokens, long_tokens=long_tokens,
+                     on_example=on_example)
     except FlamiaVerifyError:
         raise
-    if state["last"] is not None:
-        case, document, t, kind, f = state["last"]
-        # hypothesis ends on the minimal example; rerun it to make sure it fails deterministically
-        document = document % max(1, len(case.lens_q))
-        again = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
-        if again is not None:
-            f = again
-        reproducer = _reproducer(case, document, t, kind, f, recipe, loaded.name)
-        found = f
+    found, reproducer, n, counts = res.finding, res.reproducer, res.examples, res.counts
     report = Report(kernel=loaded.name, recipe=recipe, suite="fuzz", seed=seed, environment=environment(device))
-    report.environment.update(dtype=dtype_name(dtype), backward=ctx.has_backward, examples=state["n"])
+    report.environment.update(dtype=dtype_name(dtype), backward=ctx.has_backward, examples=n)
     for prop, name in PROPERTIES.items():
         family = name.partition(".")[0]
         failed = found is not None and found.prop == prop
         report.checks.append(CheckResult(
             name=name, family=family, status="fail" if failed else "pass",
-            metrics={"examples": state["n"], "failing_examples": counts[prop]},
+            metrics={"examples": n, "distinct_examples": res.distinct, "failing_examples": counts[prop]},
             thresholds={"failing_examples": 0},
             worst_case=dict(reproducer) if failed else {},
-            message=(found.message if failed else f"{prop}: no failure in {state['n']} examples"),
+            message=(found.message if failed else f"{prop}: no failure in {n} examples ({res.distinct} distinct)"),
             duration_s=0.0,
         ))
     seconds = time.perf_counter() - start
     msg = (f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"
-           if found else f"no failure in {state['n']} examples")
-    return FuzzResult(found is None, state["n"], seed, reproducer, report, msg, seconds, counts)
+           if found else f"no failure in {n} examples")
+    return FuzzResult(found is None, n, seed, reproducer, report, msg, seconds, counts)
 
 
 def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = "cpu") -> CheckResult:
-    """Rerun one reproducer (a dict from :class:`FuzzResult` or a case.json) deterministically."""
+    """Rerun one reproducer (a dict from :class:`FuzzResult` or a case.json) deterministically.
+
+    The recipe is ``recipe``, else the reproducer's, else the kernel's own; the result's
+    ``worst_case["recipe"]`` says which ran (and ``worst_case["kernel"]`` which kernel)."""
     if not isinstance(case, dict):
         raise ConfigError(f"a reproducer must be a JSON object, got {type(case).__name__}")
     prop = case.get("property", "bound")
@@ -302,7 +419,8 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
         name=name, family=name.partition(".")[0], status=status,
         metrics={"failing_examples": 0 if f is None else 1},
         thresholds={"failing_examples": 0},
-        worst_case={**case, "replayed": True, **({"detail": f.detail} if f else {})},
+        worst_case={**case, "recipe": recipe, "kernel": loaded.name, "replayed": True,
+                    **({"detail": f.detail} if f else {})},
         message=f"replayed {prop} on {c.describe()}: " + ("passes" if f is None else f.message),
         duration_s=time.perf_counter() - t0,
     )

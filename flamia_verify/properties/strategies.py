@@ -6,13 +6,14 @@ value and the fix. Sizes default to what a CPU runs in a fraction of a second.
 
     document_lengths()   0, 1, 2, lengths at and around 31/32/33, 63/64/65, 127/128/129, or any
     packings()           (lens_q, lens_k): many tiny documents, one long one, mixed, empty ones,
-                         seqlen_q != seqlen_k
-    head_configs()       (heads, heads_k) with GQA / MQA ratios
+                         seqlen_q != seqlen_k; with ``long_tokens``, rarely (1 draw in LONG_ODDS) one
+                         document longer than ``max_tokens`` between short neighbours
+    head_configs()       (heads, heads_k) with GQA / MQA ratios (1 < heads_k < heads included)
     value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked
     attention_cases()    a complete :class:`~flamia_verify.properties.cases.Case`
 
-Everything shrinks toward the simple end: shorter and fewer documents, Lq = Lk, one head, the
-smallest headdim, Gaussian values, seed 0.
+Everything shrinks toward the simple end: shorter and fewer documents, no long document, Lq = Lk,
+one head, the smallest headdim, Gaussian values, seed 0.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ T = TypeVar("T")
 
 #: lengths where tiles and 32-element scale blocks begin and end (and the degenerate 0, 1, 2)
 BOUNDARY_LENGTHS = (0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+
+#: one packing draw in LONG_ODDS holds a document longer than ``max_tokens`` (when ``long_tokens``
+#: allows one): rare, so that most examples stay small and cheap
+LONG_ODDS = 8
+
+#: the most heads a case with a long document gets (its cost grows with heads x length^2)
+LONG_MAX_HEADS = 2
 
 
 def _strategy(value, name: str) -> SearchStrategy:
@@ -76,15 +84,21 @@ def packings(
     max_tokens: int = 256,
     lengths: SearchStrategy[int] | None = None,
     unequal_kv: bool | SearchStrategy[bool] = st.booleans(),
+    long_tokens: int = 0,
 ) -> SearchStrategy[tuple[tuple[int, ...], tuple[int, ...]]]:
     """``(lens_q, lens_k)`` with at most ``max_tokens`` query and key tokens in total.
 
     Shapes: a few documents of any length, many tiny documents (1-3 tokens), one long document.
     With ``unequal_kv`` each document's key length is drawn separately (seqlen_q != seqlen_k).
+    With ``long_tokens`` > ``max_tokens``, one draw in :data:`LONG_ODDS` is instead a document of
+    ``max_tokens + 1`` to ``long_tokens`` tokens with up to two short neighbours on each side (at
+    most ``long_tokens`` + 2 x 33 tokens in all), where tiles and scale blocks past position 256
+    and long causal offsets live.
     """
     _check_int("min_docs", min_docs, minimum=1)
     _check_int("max_docs", max_docs, minimum=1)
     _check_int("max_tokens", max_tokens, minimum=1)
+    _check_int("long_tokens", long_tokens)
     if max_docs < min_docs:
         raise InvalidArgument(f"max_docs={max_docs} must be >= min_docs={min_docs}")
     lens = lengths if lengths is not None else document_lengths(max_len=min(129, max_tokens))
@@ -95,16 +109,31 @@ def packings(
     long_one = st.integers(min(max_tokens, 64), max_tokens).map(lambda n: [n])
     shapes = st.one_of(mixed, tiny, long_one) if min_docs <= 1 else st.one_of(mixed, tiny)
 
+    neighbours = st.lists(st.sampled_from((1, 2, 17, 32, 33)), max_size=2)
+    with_long = long_tokens > max_tokens
+
     @st.composite
     def build(draw):
-        lq = draw(shapes)
-        lq = _fit(lq, max_tokens)
-        if len(lq) < min_docs:
-            lq = lq + [1] * (min_docs - len(lq))
-            lq = _fit(lq, max_tokens)
+        # the long shape is the last value of the odds draw, so shrinking leaves it
+        if with_long and draw(st.integers(0, LONG_ODDS - 1)) == LONG_ODDS - 1:
+            before = draw(neighbours)[: (max_docs - 1) // 2]
+            after = draw(neighbours)[: max_docs - 1 - len(before)]
+            lq = before + [draw(st.integers(max_tokens + 1, long_tokens))] + after
+            budget = long_tokens + 2 * 33
+            if len(lq) < min_docs:
+                lq = lq + [1] * (min_docs - len(lq))
+        else:
+            budget = max_tokens
+            lq = draw(shapes)
+            lq = _fit(lq, budget)
+            if len(lq) < min_docs:
+                lq = lq + [1] * (min_docs - len(lq))
+                lq = _fit(lq, budget)
         if draw(_strategy(unequal_kv, "unequal_kv")):
-            lk = [draw(st.integers(0, max(0, min(129, n + 40)))) for n in lq]
-            lk = _fit(lk, max_tokens)
+            # short documents: 0 to 40 keys past the query length (at most 129, the boundary lengths'
+            # range); long ones: 64 fewer to 40 more keys than queries (long keys, long causal offsets)
+            lk = [draw(st.integers(n - 64, n + 40) if n > 129 else st.integers(0, min(129, n + 40))) for n in lq]
+            lk = _fit(lk, budget)
         else:
             lk = list(lq)
         return tuple(lq), tuple(lk)
@@ -147,7 +176,8 @@ def value_distributions(*, include: Sequence[str] | None = None) -> SearchStrate
 def attention_cases(
     *,
     max_tokens: int = 256,
-    headdims: Sequence[int] = (32, 64),
+    long_tokens: int = 0,
+    headdims: Sequence[int] = (32, 64, 128),
     heads: SearchStrategy[tuple[int, int]] | tuple[int, int] | None = None,
     causal: bool | SearchStrategy[bool] = st.booleans(),
     dtype: str = "bf16",
@@ -158,23 +188,29 @@ def attention_cases(
 ) -> SearchStrategy[Case]:
     """Complete cases: packing, heads, headdim, causal, dtype, distribution, seed and softmax_scale.
 
+    ``long_tokens`` > ``max_tokens`` lets the default packing draw, rarely, a document longer than
+    ``max_tokens`` (see :func:`packings`); such a case keeps at most :data:`LONG_MAX_HEADS` heads
+    (GQA 2:1 included) so that it stays cheap. Head dims default to 32, 64 and 128.
+
     ``softmax_scale`` is ``factor * headdim^-0.5`` with ``factor`` drawn from ``scale_factors``
     (default 1, 1/2 or 2; shrinking goes to 1, the conventional scale), so a kernel that ignores
     its softmax_scale argument meets a scale it does not expect.
     """
     _check_int("max_tokens", max_tokens, minimum=1)
     if not headdims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in headdims):
-        raise InvalidArgument(f"headdims={headdims!r} must be a non-empty sequence of positive ints, e.g. (32, 64)")
+        raise InvalidArgument(f"headdims={headdims!r} must be a non-empty sequence of positive ints, e.g. (32, 64, 128)")
     if dtype not in DTYPES:
         raise InvalidArgument(f"dtype={dtype!r} is not one of {tuple(DTYPES)}")
-    pk = packing if packing is not None else packings(max_tokens=max_tokens)
+    _check_int("long_tokens", long_tokens)
+    pk = packing if packing is not None else packings(max_tokens=max_tokens, long_tokens=long_tokens)
     hs = _strategy(heads, "heads") if heads is not None else head_configs()
+    hs_long = _strategy(heads, "heads") if heads is not None else head_configs(max_heads=LONG_MAX_HEADS)
     ds = _strategy(distributions, "distributions") if distributions is not None else value_distributions()
 
     @st.composite
     def build(draw):
         lens_q, lens_k = draw(pk)
-        h, hk = draw(hs)
+        h, hk = draw(hs_long if max(sum(lens_q), sum(lens_k)) > max_tokens else hs)
         headdim = draw(st.sampled_from(tuple(headdims)))
         factor = draw(_strategy(scale_factors, "scale_factors"))
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
