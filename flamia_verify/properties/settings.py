@@ -51,9 +51,12 @@ class SuiteSettings:
     name: str
     seeds: int  # seeds per base packing
     base: tuple[Packing, ...]  # error, bound, bias, determinism and consistency.grad_forward_ratio
-    causal_len: int  # length of the single document the causal checks perturb
-    causal_positions: tuple[int, ...]  # positions t after which the future is replaced
-    causal_neighbours: bool  # also perturb inside a packed batch (document offset != 0)
+    causal_len: int  # length of the documents the causal checks perturb
+    causal_positions: tuple[int, ...]  # positions t probed in every causal document (huge and tiny values)
+    causal_neighbours: bool  # also Lq < Lk, Lq > Lk and a document packed off the block grid
+    causal_headdims: tuple[int, ...]  # head_dims of the single causal document (a code path per head_dim)
+    causal_block: int  # the sequence-block grid whose boundaries are probed
+    causal_residues: tuple[int, ...]  # offsets from every block boundary probed: block ends and starts
     isolation_len: int
     isolation_layouts: tuple[tuple[int, int], ...]  # (tokens before, tokens after) the target document
     special_len: int
@@ -77,7 +80,10 @@ _QUICK = SuiteSettings(
     ),
     causal_len=96,
     causal_positions=(0, 5, 31, 40, 63),
-    causal_neighbours=False,
+    causal_neighbours=True,
+    causal_headdims=(64, 128),
+    causal_block=32,
+    causal_residues=(-2, -1, 0, 1),
     isolation_len=45,
     isolation_layouts=((13, 30), (32, 7), (1, 0)),
     special_len=96,
@@ -100,6 +106,9 @@ _STANDARD = SuiteSettings(
     causal_len=160,
     causal_positions=(0, 1, 5, 31, 32, 40, 63, 64, 100, 127, 128),
     causal_neighbours=True,
+    causal_headdims=(64, 128),
+    causal_block=32,
+    causal_residues=(-2, -1, 0, 1),
     isolation_len=77,
     isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100)),
     special_len=160,
@@ -119,6 +128,9 @@ _FULL = SuiteSettings(
     causal_len=320,
     causal_positions=(0, 1, 5, 31, 32, 33, 40, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 300),
     causal_neighbours=True,
+    causal_headdims=(64, 128, 256),
+    causal_block=32,
+    causal_residues=(-2, -1, 0, 1),
     isolation_len=129,
     isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100), (255, 3), (7, 300)),
     special_len=320,
