@@ -1,5 +1,10 @@
 """determinism: repeated runs on the same inputs give bitwise identical outputs and gradients.
 
+The cases: the first three base cases and one long document (``long_len`` keys, 512 in the quick
+suite, with 4:2 GQA): a kernel whose summation order changes between calls only once a row holds more
+key tiles than a short case has (split-K, atomics over key tiles, a tile schedule that depends on
+timing) is repeatable on short rows and not on this one.
+
 Kernels that accumulate dK/dV with atomics are not run-to-run reproducible by design; the option
 ``warn_only`` turns a failure into a pass whose message starts with "warning:" (the mismatch counts
 stay in the metrics).
@@ -11,7 +16,13 @@ from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.registry import register
 
-__all__ = []
+__all__ = ["long_case"]
+
+
+def long_case(ctx):
+    """One causal document of ``long_len`` queries and keys, GQA 4:2."""
+    L = ctx.settings.long_len
+    return ctx.case((L,), heads=4, heads_k=2, causal=True, seed_offset=51)
 
 
 @register(
@@ -23,7 +34,7 @@ __all__ = []
     cost=1.0,
 )
 def repeat(ctx):
-    cases = ctx.base_cases()[:3]
+    cases = ctx.base_cases()[:3] + [long_case(ctx)]
     repeats = max(2, ctx.settings.repeats)
     mismatched, first, runs = 0, None, 0
     for n, case in enumerate(cases):

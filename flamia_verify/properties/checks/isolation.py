@@ -9,6 +9,13 @@
                           reference's RMS, against the error family's tolerance)
 
           pack:  [ before | target (L) | after ]      cu_seqlens = [0, before, before + L, before + L + after]
+
+The targets: one causal document with 2:1 GQA, one non-causal document, and one causal document
+with more keys than queries (Lk = 1.5 L + 3) and 4:2 GQA, packed among neighbours whose key counts
+differ from their query counts too (7 more keys before, 5 more after; a (1, 0) layout packs a
+document of 0 queries and 5 keys after it). There cu_seqlens_q != cu_seqlens_k at every boundary, so
+a kernel that lays out its K/V blocks (or any key-side state) at cu_seqlens_q, or swaps the two
+anywhere, mixes neighbour keys into the target's blocks.
 """
 
 from __future__ import annotations
@@ -26,16 +33,20 @@ __all__ = ["pack_document"]
 NEIGHBOUR_SCALE = {"random": 300.0, "huge": 1.0e4, "tiny": 1.0e-4}
 
 
-def pack_document(target: Inputs, before: int, after: int, kind: str, seed: int) -> Inputs:
+def pack_document(target: Inputs, before: int, after: int, kind: str, seed: int, *,
+                  before_k: int | None = None, after_k: int | None = None) -> Inputs:
     """The target document (a one-document Inputs) with ``before`` and ``after`` neighbour tokens
-    whose values are N(0, 1) times NEIGHBOUR_SCALE[kind] (or NaN for ``kind="nan"``)."""
+    whose values are N(0, 1) times NEIGHBOUR_SCALE[kind] (or NaN for ``kind="nan"``). The neighbours
+    hold ``before``/``after`` queries and ``before_k``/``after_k`` keys (default: as many as queries)."""
     c = target.case
     g = torch.Generator().manual_seed(seed)
-    L = c.lens_q[0]
+    before_k = before if before_k is None else before_k
+    after_k = after if after_k is None else after_k
     parts = {}
     for name in ("q", "k", "v", "do"):
         x = getattr(target, name)
-        shape_b, shape_a = (before,) + tuple(x.shape[1:]), (after,) + tuple(x.shape[1:])
+        nb, na = (before, after) if name in ("q", "do") else (before_k, after_k)
+        shape_b, shape_a = (nb,) + tuple(x.shape[1:]), (na,) + tuple(x.shape[1:])
         if kind == "nan":
             pre = torch.full(shape_b, float("nan"))
             post = torch.full(shape_a, float("nan"))
@@ -43,11 +54,29 @@ def pack_document(target: Inputs, before: int, after: int, kind: str, seed: int)
             pre = torch.randn(shape_b, generator=g) * NEIGHBOUR_SCALE[kind]
             post = torch.randn(shape_a, generator=g) * NEIGHBOUR_SCALE[kind]
         parts[name] = torch.cat([pre.to(x.dtype).to(x.device), x, post.to(x.dtype).to(x.device)])
-    lens = tuple(n for n in (before, L, after))
-    case = Case(lens, heads=c.heads, heads_k=c.heads_k, headdim=c.headdim, causal=c.causal,
+    lens = (before, c.lens_q[0], after)
+    lens_k = (before_k, c.lens_k[0], after_k)
+    case = Case(lens, lens_k, heads=c.heads, heads_k=c.heads_k, headdim=c.headdim, causal=c.causal,
                 distribution=c.distribution, seed=seed, dtype=c.dtype)
     dev = target.q.device
-    return Inputs(case, parts["q"], parts["k"], parts["v"], parts["do"], cu_from_lens(lens, dev), cu_from_lens(lens, dev))
+    return Inputs(case, parts["q"], parts["k"], parts["v"], parts["do"], cu_from_lens(lens, dev),
+                  cu_from_lens(lens_k, dev))
+
+
+#: extra neighbour keys (before, after) around a target whose key count differs from its query count
+K_EXTRA = (7, 5)
+
+
+def _k_layout(target_case: Case, before: int, after: int) -> tuple[int, int]:
+    """Neighbour key counts for a layout: as many as queries for an equal-length target, more otherwise."""
+    if target_case.lens_q == target_case.lens_k:
+        return before, after
+    return before + K_EXTRA[0], after + K_EXTRA[1]
+
+
+def _pack(target_case: Case, tgt: Inputs, before: int, after: int, kind: str, seed: int) -> Inputs:
+    bk, ak = _k_layout(target_case, before, after)
+    return pack_document(tgt, before, after, kind, seed, before_k=bk, after_k=ak)
 
 
 def _targets(ctx):
@@ -55,19 +84,27 @@ def _targets(ctx):
     return [
         ctx.case((L,), heads=2, heads_k=1, causal=True, seed_offset=21),
         ctx.case((L,), heads=2, heads_k=2, causal=False, seed_offset=22),
+        ctx.case((L,), (L + L // 2 + 3,), heads=4, heads_k=2, causal=True, seed_offset=23),
     ]
 
 
-def _compare_target(ctx, alone_or_base, packed, before: int, L: int, what: str):
-    """Bitwise comparison of the target slice of every tensor; returns list of Mismatch."""
+def _target_slice(target_case: Case, name: str, before: int, before_k: int) -> slice:
+    if name in ("out", "dq"):
+        return slice(before, before + target_case.lens_q[0])
+    return slice(before_k, before_k + target_case.lens_k[0])
+
+
+def _compare_target(ctx, target_case, alone_or_base, packed, before: int, what: str, *, alone: bool = False):
+    """Bitwise comparison of the target slice of every tensor; returns list of (name, Mismatch)."""
     out = []
-    sl = slice(before, before + L)
+    before_k = _k_layout(target_case, before, 0)[0]
     for name in ("out", "dq", "dk", "dv"):
         a = getattr(alone_or_base, name)
         p = getattr(packed, name)
         if a is None or p is None:
             continue
-        a_t = a if a.shape[0] == L else a[sl]
+        sl = _target_slice(target_case, name, before, before_k)
+        a_t = a if alone else a[sl]
         out.append((name, compare_bitwise(p[sl], a_t, what=f"{name} of the target document ({what})")))
     return out
 
@@ -87,16 +124,17 @@ def neighbours(ctx):
         if before + after == 0:
             continue
         tgt = ctx.inputs(target_case)
-        base_inp = pack_document(tgt, before, after, "random", seed=target_case.seed * 31 + before)
-        new_inp = pack_document(tgt, before, after, kind, seed=target_case.seed * 37 + after)
+        base_inp = _pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)
+        new_inp = _pack(target_case, tgt, before, after, kind, seed=target_case.seed * 37 + after)
         base = ctx.memo(("iso-base", target_case, before, after), lambda: ctx.run(base_inp))
         new = ctx.run(new_inp)
         runs += 1
-        for name, m in _compare_target(ctx, base, new, before, target_case.lens_q[0], f"neighbours {kind}"):
+        for name, m in _compare_target(ctx, target_case, base, new, before, f"neighbours {kind}"):
             if not m.ok:
                 changed += m.mismatched
                 if first is None:
-                    first = case_record(target_case, tensor=name, layout=[before, after], neighbours=kind,
+                    first = case_record(target_case, tensor=name, layout=[before, after],
+                                        layout_k=list(_k_layout(target_case, before, after)), neighbours=kind,
                                         neighbour_seed=target_case.seed * 37 + after, mismatch=m.to_dict(), summary=m.summary())
         ctx.progress((n + 1) / len(jobs))
     return ctx.judged(
@@ -119,17 +157,18 @@ def nan(ctx):
     for n, (target_case, (before, after)) in enumerate(jobs):
         tgt = ctx.inputs(target_case)
         base = ctx.memo(("iso-base", target_case, before, after),
-                        lambda: ctx.run(pack_document(tgt, before, after, "random", seed=target_case.seed * 31 + before)))
-        new = ctx.run(pack_document(tgt, before, after, "nan", seed=0))
+                        lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))
+        new = ctx.run(_pack(target_case, tgt, before, after, "nan", seed=0))
         runs += 1
-        L = target_case.lens_q[0]
-        for name, m in _compare_target(ctx, base, new, before, L, "NaN neighbours"):
-            x = getattr(new, name)[before : before + L]
+        before_k = _k_layout(target_case, before, after)[0]
+        for name, m in _compare_target(ctx, target_case, base, new, before, "NaN neighbours"):
+            x = getattr(new, name)[_target_slice(target_case, name, before, before_k)]
             nonfinite += int((~torch.isfinite(x)).sum())
             if not m.ok:
                 changed += m.mismatched
                 if first is None:
-                    first = case_record(target_case, tensor=name, layout=[before, after], neighbours="nan",
+                    first = case_record(target_case, tensor=name, layout=[before, after],
+                                        layout_k=list(_k_layout(target_case, before, after)), neighbours="nan",
                                         mismatch=m.to_dict(), summary=m.summary())
         ctx.progress((n + 1) / len(jobs))
     return ctx.judged(
@@ -159,13 +198,13 @@ def offset(ctx):
         alone = ctx.run(target_case)
         tgt = ctx.inputs(target_case)
         packed = ctx.memo(("iso-base", target_case, before, after),
-                          lambda: ctx.run(pack_document(tgt, before, after, "random", seed=target_case.seed * 31 + before)))
+                          lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))
         runs += 1
-        L = target_case.lens_q[0]
+        before_k = _k_layout(target_case, before, after)[0]
         all_equal = True
-        for name, m in _compare_target(ctx, alone, packed, before, L, f"offset {before}"):
+        for name, m in _compare_target(ctx, target_case, alone, packed, before, f"offset {before}", alone=True):
             a = getattr(alone, name).double()
-            p = getattr(packed, name)[before : before + L].double()
+            p = getattr(packed, name)[_target_slice(target_case, name, before, before_k)].double()
             rms = float(a.pow(2).mean().sqrt())
             rel = float((p - a).pow(2).mean().sqrt()) / rms if rms > 0 else 0.0
             worst_rel = max(worst_rel, rel if rel == rel else float("inf"))
@@ -173,7 +212,8 @@ def offset(ctx):
                 all_equal = False
                 mismatches += m.mismatched
                 if first is None:
-                    first = case_record(target_case, tensor=name, layout=[before, after], rel_diff=rel,
+                    first = case_record(target_case, tensor=name, layout=[before, after],
+                                        layout_k=list(_k_layout(target_case, before, after)), rel_diff=rel,
                                         mismatch=m.to_dict(), summary=m.summary())
         bitwise_runs += all_equal
         ctx.progress((n + 1) / len(jobs))

@@ -1,0 +1,334 @@
+"""Planted bugs that only show on realistic shapes: unequal query and key lengths per document, GQA
+with 1 < heads_k < heads, rows of more than 256 keys, several key tiles, and a dS format one bit
+coarser than the recipe claims. Each is the FLAMIA MXFP8 emulation with one function patched
+while it runs (forward and backward), in the style of ``zoo/targeted.py``.
+
+Each kernel carries ``recipe``, ``catches`` (the checks of the quick suite that must report
+``fail`` on it) and ``quiet`` (checks its bug cannot reach, which must pass).
+
+    kv_blocks_at_cu_q       K and V sequence blocks laid out at cu_seqlens_q instead of
+                            cu_seqlens_k (the key-side block starts read from the wrong array)
+    do_blocks_at_cu_k       dO's and Q's sequence blocks laid out at cu_seqlens_k (the two arrays
+                            swapped on the query side of the backward)
+    gqa_repeat              kv heads expanded with ``repeat`` (k0 k1 k0 k1) instead of
+                            ``repeat_interleave`` (k0 k0 k1 k1): equal when heads_k = 1
+    long_row_tile_order     the key-tile partial sums of every GEMM that contracts over more than
+                            256 positions are added in a random order on every call (split-K /
+                            atomics style): bitwise repeatable on short rows only
+    bwd_tile_normalized     the backward rebuilds P per 128-key tile against the tile's own maximum
+                            and sum instead of the row's log-sum-exp (exact on rows of <= 128 keys)
+    bwd_tile_normalized_64  the same with 64-key tiles
+    skip_rescale_after_256  the forward's online softmax stops rescaling its accumulator and row sum
+                            when the running maximum rises after key 256
+    ds_e5m2                 claims MXFP8 but rounds dS (dQ = dS K) and dS^T (dK = dS^T Q) to E5M2
+                            elements with MX (E8M0) block scales
+    dst_e5m2                the same for dS^T only (the dK GEMM)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from dataclasses import replace
+from unittest import mock
+
+import torch
+
+from flamia_verify.formats import E5M2, ScaleRule, mx_fake_quantize
+from flamia_verify.kernels import emulation as E
+from flamia_verify.kernels.designs import FLAMIA_MXFP8
+from flamia_verify.kernels.emulation import Quant, _backward, _forward
+
+__all__ = ["REALISTIC"]
+
+
+def _tag(fn, recipe: str, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):
+    fn.recipe = recipe
+    fn.catches = catches
+    fn.quiet = quiet
+    fn.__doc__ = doc
+    return fn
+
+
+class _Patched(torch.autograd.Function):
+    """``design``'s forward and backward, each run inside ``patch(cu_q, cu_k)`` (a context that plants
+    a change in the emulation; ``None`` for that pass: unchanged)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, design, fwd_patch, bwd_patch):
+        with (fwd_patch or _nothing)(cu_q, cu_k):
+            out, lse2 = _forward(design, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal, ctx.design, ctx.bwd_patch = scale, causal, design, bwd_patch
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        with (ctx.bwd_patch or _nothing)(cu_q, cu_k):
+            dq, dk, dv = _backward(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _nothing(cu_q, cu_k):
+    return contextlib.nullcontext()
+
+
+def _patched_kernel(fwd_patch=None, bwd_patch=None, design=FLAMIA_MXFP8):
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+        return _Patched.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), design, fwd_patch, bwd_patch)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# cu_seqlens_q and cu_seqlens_k confused (visible only where they differ)
+# ---------------------------------------------------------------------------------------------
+
+_SEQ_QUANTIZE = E._seq_quantize
+
+
+def _as_offsets(cu: torch.Tensor, length: int) -> torch.Tensor:
+    """The offsets of ``cu`` used on an axis of ``length``: clipped to it (block_layout puts the rest
+    in one more segment), as a kernel that reads the wrong array would."""
+    return cu.clamp_max(length)
+
+
+def _swap_offsets(replace_k: bool):
+    """The emulation's sequence quantizer with the key side (``replace_k``) or the query side reading
+    the other cu_seqlens array."""
+
+    def patch(cu_q, cu_k):
+        def seq_quantize(x, quant, design, cu, dtype):
+            if replace_k and cu is cu_k:
+                cu = _as_offsets(cu_q, x.shape[0])
+            elif not replace_k and cu is cu_q:
+                cu = _as_offsets(cu_k, x.shape[0])
+            return _SEQ_QUANTIZE(x, quant, design, cu, dtype)
+
+        return mock.patch.object(E, "_seq_quantize", seq_quantize)
+
+    return patch
+
+
+kv_blocks_at_cu_q = _tag(
+    _patched_kernel(_swap_offsets(True), _swap_offsets(True)), "mxfp8",
+    ("isolation.neighbours", "isolation.offset"),
+    ("causal", "determinism"),
+    "FLAMIA MXFP8 whose K and V sequence blocks restart at cu_seqlens_q instead of cu_seqlens_k",
+)
+
+do_blocks_at_cu_k = _tag(
+    _patched_kernel(None, _swap_offsets(False)), "mxfp8",
+    ("isolation.neighbours", "isolation.offset"),
+    ("causal.forward", "determinism", "error.out", "bound.out"),
+    "FLAMIA MXFP8 whose backward lays out dO's and Q's sequence blocks at cu_seqlens_k",
+)
+
+# ---------------------------------------------------------------------------------------------
+# GQA: kv heads expanded in the wrong order (equal when heads_k == 1)
+# ---------------------------------------------------------------------------------------------
+
+
+def _expand_repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat(1, groups, 1)
+
+
+def _gqa_repeat_patch(cu_q, cu_k):
+    return mock.patch.object(E, "_expand_kv", _expand_repeat)
+
+
+gqa_repeat = _tag(
+    _patched_kernel(_gqa_repeat_patch, _gqa_repeat_patch), "mxfp8",
+    ("error.out", "error.dq", "error.dk", "error.dv"),
+    ("causal", "isolation", "determinism"),
+    "FLAMIA MXFP8 that expands the kv heads with repeat (k0 k1 k0 k1) instead of repeat_interleave (k0 k0 k1 k1)",
+)
+
+# ---------------------------------------------------------------------------------------------
+# summation order that changes from call to call on long rows only
+# ---------------------------------------------------------------------------------------------
+
+_MATMUL = torch.matmul
+#: rows longer than this many keys (or queries) get their tile order shuffled
+LONG_ROW = 256
+#: the key tile whose partial products are summed as one unit
+TILE = 64
+_ENTROPY = random.SystemRandom()  # never seeded: the order differs on every call, as atomics' does
+
+
+def _shuffled_tile_matmul(a, b, *args, **kwargs):
+    """torch.matmul whose contraction, when longer than LONG_ROW, is summed tile by tile (TILE
+    positions per partial product) in a random order."""
+    if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32 or a.shape[-1] <= LONG_ROW:
+        return _MATMUL(a, b, *args, **kwargs)
+    n = a.shape[-1]
+    starts = list(range(0, n, TILE))
+    _ENTROPY.shuffle(starts)
+    acc = None
+    for s in starts:
+        part = _MATMUL(a[..., s:s + TILE], b[..., s:s + TILE, :])
+        acc = part if acc is None else acc + part
+    return acc
+
+
+def _tile_order_patch(cu_q, cu_k):
+    return mock.patch.object(torch, "matmul", _shuffled_tile_matmul)
+
+
+long_row_tile_order = _tag(
+    _patched_kernel(_tile_order_patch, _tile_order_patch), "mxfp8",
+    ("determinism.repeat",),
+    ("error", "causal", "isolation", "consistency.conservation_forward"),
+    "FLAMIA MXFP8 whose GEMMs over more than 256 keys (or queries) add their 64-wide tile partial sums in "
+    "a random order on every call",
+)
+
+# ---------------------------------------------------------------------------------------------
+# backward probabilities normalized per key tile
+# ---------------------------------------------------------------------------------------------
+
+_RECOMPUTED = E._recomputed_probabilities
+
+
+def _tile_normalized(tile: int):
+    """The backward's weights, renormalized so that every ``tile``-key tile of a row sums to one (its
+    own maximum and sum instead of the row's log-sum-exp). Rows of at most ``tile`` keys are left
+    exactly as they are."""
+
+    def recomputed(s2, vis, lse2, design):
+        a = _RECOMPUTED(s2, vis, lse2, design)
+        lk = a.shape[-1]
+        if lk <= tile:
+            return a
+        out = a.clone()
+        for s in range(0, lk, tile):
+            part = a[..., s:s + tile]
+            tot = part.sum(-1, keepdim=True)
+            out[..., s:s + tile] = torch.where(tot > 0, part / torch.where(tot > 0, tot, torch.ones_like(tot)), part)
+        return out
+
+    def patch(cu_q, cu_k):
+        return mock.patch.object(E, "_recomputed_probabilities", recomputed)
+
+    return patch
+
+
+bwd_tile_normalized = _tag(
+    _patched_kernel(None, _tile_normalized(128)), "mxfp8",
+    ("consistency.weights",),
+    ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
+    "FLAMIA MXFP8 whose backward rebuilds P per 128-key tile against the tile's own maximum and sum",
+)
+
+bwd_tile_normalized_64 = _tag(
+    _patched_kernel(None, _tile_normalized(64)), "mxfp8",
+    ("consistency.weights",),
+    ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
+    "FLAMIA MXFP8 whose backward rebuilds P per 64-key tile against the tile's own maximum and sum",
+)
+
+# ---------------------------------------------------------------------------------------------
+# online softmax that stops rescaling after 256 keys
+# ---------------------------------------------------------------------------------------------
+
+_PROBABILITIES = E._probabilities
+#: the forward's key tile (its online-softmax step)
+FWD_TILE = 64
+
+
+def _stale_rescale_probabilities(s2, vis, design, start_k, dtype):
+    """FLAMIA's probabilities as a tile loop that skips the online-softmax rescale after LONG_ROW keys:
+    up to key LONG_ROW every tile's contribution is rescaled to the running maximum; after it, a
+    tile's P stays relative to the running maximum at the time the tile ran, while the row's log-sum-
+    exp takes the final maximum. Rows of at most LONG_ROW keys are exact."""
+    p_used, l, m = _PROBABILITIES(s2, vis, design, start_k, dtype)
+    lk = s2.shape[-1]
+    if lk <= LONG_ROW or design.p_mode != "pow2-blocks":
+        return p_used, l, m
+    _, mb = E._pow2_block_elements(s2, design.p_quant.block)  # (H, Lq, nblk), -inf where masked
+    ntiles = (lk + FWD_TILE - 1) // FWD_TILE
+    per_tile = FWD_TILE // design.p_quant.block
+    pad = ntiles * per_tile - mb.shape[-1]
+    mt = torch.nn.functional.pad(mb, (0, pad), value=-math.inf).view(*mb.shape[:-1], ntiles, per_tile).amax(-1)
+    running = torch.cummax(mt, dim=-1).values  # running maximum after each tile
+    last_rescaled = LONG_ROW // FWD_TILE - 1
+    ref = running.clone()
+    ref[..., : last_rescaled + 1] = running[..., last_rescaled : last_rescaled + 1]
+    tile_of_key = torch.arange(lk, device=s2.device) // FWD_TILE
+    ref_k = ref[..., tile_of_key]  # (H, Lq, Lk)
+    shift = torch.where(torch.isfinite(ref_k) & torch.isfinite(m)[..., None], m[..., None] - ref_k,
+                        torch.zeros_like(ref_k))
+    p_bug = p_used * torch.exp2(shift)
+    return p_bug, p_bug.sum(-1), m
+
+
+def _stale_rescale_patch(cu_q, cu_k):
+    return mock.patch.object(E, "_probabilities", _stale_rescale_probabilities)
+
+
+skip_rescale_after_256 = _tag(
+    _patched_kernel(_stale_rescale_patch, None), "mxfp8",
+    ("bound.out", "bound.grad"),
+    ("causal", "isolation", "determinism"),
+    "FLAMIA MXFP8 whose forward stops rescaling its accumulator and row sum when the running maximum "
+    "rises after key 256",
+)
+
+# ---------------------------------------------------------------------------------------------
+# dS in E5M2 under an MXFP8 (E4M3) claim
+# ---------------------------------------------------------------------------------------------
+
+_QUANTIZE = E.quantize_operand
+_E5M2_KIND = "mx-e5m2"
+
+
+def _quantize_with_e5m2(x, quant, axis, *, input_dtype, cu_seqlens=None):
+    if quant.kind == _E5M2_KIND:
+        x = x.to(torch.float32)
+        if x.shape[axis] == 0:
+            return x
+        return mx_fake_quantize(x, axis=axis, block_size=quant.block, elem=E5M2, rule=ScaleRule.RCEIL,
+                                cu_seqlens=cu_seqlens)
+    return _QUANTIZE(x, quant, axis, input_dtype=input_dtype, cu_seqlens=cu_seqlens)
+
+
+def _e5m2_patch(cu_q, cu_k):
+    return mock.patch.object(E, "quantize_operand", _quantize_with_e5m2)
+
+
+_E5M2 = Quant(_E5M2_KIND, 32)
+
+ds_e5m2 = _tag(
+    _patched_kernel(None, _e5m2_patch, replace(FLAMIA_MXFP8, name="ds-e5m2", ds_quant=_E5M2, dst_quant=_E5M2)),
+    "mxfp8",
+    ("bound.grad",),
+    ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
+    "claims MXFP8 but rounds dS (dQ = dS K) and dS^T (dK = dS^T Q) to E5M2 elements with E8M0 block scales",
+)
+
+dst_e5m2 = _tag(
+    _patched_kernel(None, _e5m2_patch, replace(FLAMIA_MXFP8, name="dst-e5m2", dst_quant=_E5M2)),
+    "mxfp8",
+    ("bound.grad",),
+    ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
+    "claims MXFP8 but rounds dS^T (dK = dS^T Q) to E5M2 elements with E8M0 block scales",
+)
+
+#: every planted kernel of this file, by name
+REALISTIC = {
+    name: globals()[name]
+    for name in (
+        "kv_blocks_at_cu_q",
+        "do_blocks_at_cu_k",
+        "gqa_repeat",
+        "long_row_tile_order",
+        "bwd_tile_normalized",
+        "bwd_tile_normalized_64",
+        "skip_rescale_after_256",
+        "ds_e5m2",
+        "dst_e5m2",
+    )
+}
