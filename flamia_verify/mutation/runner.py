@@ -1,0 +1,195 @@
+"""Running a suite on every mutant: kill rate per family, false alarms on the correct designs.
+
+A bug mutant is *killed* when the suite reports at least one check ``fail`` or ``error`` (a kernel
+that crashes is caught too: ``crashed``, counted as killed and shown apart). A correct design must
+pass every check; any failing check on it is a *false alarm*.
+
+Every mutant in the table is shown to be observable (:func:`distinguishes`): on a fixed set of probe
+calls its outputs, gradients or inputs differ from the original's, or two of its runs differ. So a
+survivor is a bug the suite does not see, never a mutant that changes nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from flamia_verify.mutation.build import Mutant, mutant_kernel
+from flamia_verify.properties.cases import Case, make_inputs
+
+__all__ = ["MutantResult", "run_mutant", "run_mutants", "distinguishes", "PROBES", "summarize"]
+
+#: the probe calls: off-grid packed documents, Lq != Lk both ways, GQA 4:2 and 6:2 at head_dim 64
+#: and 128, rows longer than 256 keys, causal and not
+PROBES = (
+    Case((37, 100, 20), heads=4, heads_k=2, headdim=64, causal=True, seed=1),
+    Case((50, 20, 9), (30, 90, 9), heads=6, heads_k=2, headdim=128, causal=True, seed=2),
+    Case((300,), heads=2, heads_k=1, headdim=64, causal=True, seed=3, distribution="shifted"),
+    Case((33, 290), heads=4, heads_k=2, headdim=64, causal=False, seed=4, distribution="heavy_tail"),
+)
+
+#: magnitudes drawn as 2^U(-SPREAD, SPREAD): per token row (every block maximum and document
+#: boundary then matters) and per element (wide exponent ranges inside a block: subnormals, inexact
+#: fp32 sums)
+SPREAD = 10.0
+
+
+def _probe_inputs(case: Case, device: str):
+    """The probe's three versions of one case: as sampled, with per-row and per-element magnitudes."""
+    base = make_inputs(case, device)
+    yield "", base
+    g = torch.Generator().manual_seed(case.seed + 7919)
+    for how in ("per-row", "per-element"):
+        new = {}
+        for name in ("q", "k", "v", "do"):
+            x = getattr(base, name)
+            shape = (x.shape[0], 1, 1) if how == "per-row" else x.shape
+            mag = torch.exp2((torch.rand(shape, generator=g) * 2 - 1) * SPREAD)
+            new[name] = (x.float().cpu() * mag).to(x.dtype).to(device)
+        yield f" ({how} magnitudes)", base.replace(**new)
+
+
+@dataclass
+class MutantResult:
+    name: str
+    family: str
+    correct: bool
+    outcome: str  # bugs: "killed" | "crashed" | "survived"; correct designs: "passed" | "false-alarm"
+    failing: list[str] = field(default_factory=list)  # checks that failed or errored
+    seconds: float = 0.0
+    why: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _call(kernel, inp, *, backward: bool = True):
+    q, k, v = (t.clone().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
+    before = [t.detach().clone() for t in (q, k, v)]
+    out = kernel(q, k, v, inp.cu_q, inp.cu_k, inp.max_q, inp.max_k, softmax_scale=inp.case.scale,
+                 causal=inp.case.causal)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    grads = torch.autograd.grad(out, (q, k, v), inp.do) if backward else ()
+    inputs_changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, (q, k, v)))
+    return [out.detach()] + [g.detach() for g in grads], inputs_changed
+
+
+def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
+    """How the mutant shows on the probe calls (a one-line description), or None if it never does."""
+    from flamia_verify.kernels.registry import load_kernel
+
+    original = load_kernel(mutant.base).fn
+    kernel = mutant_kernel(mutant)
+    names = ("out", "dq", "dk", "dv")
+    for case in PROBES:
+        for how, inp in _probe_inputs(case, device):
+            where = case.describe() + how
+            try:
+                mine, changed = _call(kernel, inp)
+            except Exception as exc:  # noqa: BLE001 - a crash is a visible difference
+                return f"raises {type(exc).__name__} on {where}"
+            if changed:
+                return f"modifies its inputs on {where}"
+            ref, _ = _call(original, inp)
+            for n, a, b in zip(names, mine, ref):
+                if not torch.equal(a, b) and not (a.isnan() & b.isnan()).any():
+                    return f"{n} differs on {where}"
+            again, _ = _call(kernel, inp)
+            for n, a, b in zip(names, mine, again):
+                if not torch.equal(a, b):
+                    return f"{n} differs between two runs on {where}"
+    return None
+
+
+def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu") -> MutantResult:
+    """Run ``suite`` on one mutant and classify the outcome."""
+    from flamia_verify.errors import KernelCrashError
+    from flamia_verify.properties import run_checks
+
+    start = time.perf_counter()
+    kernel = mutant_kernel(mutant)
+    try:
+        report = run_checks(kernel, recipe=kernel.recipe, suite=suite, device=device, seed=seed)
+        failing = [c.name for c in report.checks if c.status in ("fail", "error")]
+        crashed = False
+    except KernelCrashError as exc:
+        failing, crashed = [f"(kernel crashed: {str(exc).splitlines()[0][:120]})"], True
+    if mutant.correct:
+        outcome = "false-alarm" if failing else "passed"
+    else:
+        outcome = "crashed" if crashed else ("killed" if failing else "survived")
+    return MutantResult(mutant.name, mutant.family, mutant.correct, outcome, failing,
+                        round(time.perf_counter() - start, 2), mutant.why)
+
+
+def _worker(name: str, suite: str, seed: int, device: str) -> MutantResult:
+    from flamia_verify.mutation.table import by_name
+
+    torch.set_num_threads(1)
+    return run_mutant(by_name(name), suite=suite, seed=seed, device=device)
+
+
+def run_mutants(
+    mutants: Iterable[Mutant],
+    *,
+    suite: str = "quick",
+    seed: int = 0,
+    device: str = "cpu",
+    jobs: int = 1,
+    on_result: Callable[[MutantResult], None] | None = None,
+) -> list[MutantResult]:
+    """Run ``suite`` on every mutant (``jobs`` processes; results in table order)."""
+    mutants = list(mutants)
+    results: dict[str, MutantResult] = {}
+    if jobs <= 1:
+        for m in mutants:
+            r = run_mutant(m, suite=suite, seed=seed, device=device)
+            results[m.name] = r
+            if on_result:
+                on_result(r)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        env = os.environ.copy()
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_worker, m.name, suite, seed, device): m for m in mutants}
+            for fut in concurrent.futures.as_completed(futures):
+                r = fut.result()
+                results[r.name] = r
+                if on_result:
+                    on_result(r)
+        del env
+    return [results[m.name] for m in mutants]
+
+
+def summarize(results: list[MutantResult]) -> dict:
+    """Kill rate overall and per family; false alarms; survivors by name."""
+    bugs = [r for r in results if not r.correct]
+    correct = [r for r in results if r.correct]
+    fams: dict[str, dict] = {}
+    for r in bugs:
+        f = fams.setdefault(r.family, {"mutants": 0, "killed": 0, "crashed": 0, "survived": []})
+        f["mutants"] += 1
+        if r.outcome in ("killed", "crashed"):
+            f["killed"] += 1
+        if r.outcome == "crashed":
+            f["crashed"] += 1
+        if r.outcome == "survived":
+            f["survived"].append(r.name)
+    for f in fams.values():
+        f["kill_rate"] = f["killed"] / f["mutants"]
+    killed = sum(f["killed"] for f in fams.values())
+    return {
+        "mutants": len(bugs),
+        "killed": killed,
+        "kill_rate": killed / len(bugs) if bugs else 1.0,
+        "families": fams,
+        "survivors": [r.name for r in bugs if r.outcome == "survived"],
+        "correct_designs": len(correct),
+        "false_alarms": [{"name": r.name, "failing": r.failing} for r in correct if r.outcome == "false-alarm"],
+    }
