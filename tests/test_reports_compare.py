@@ -34,7 +34,7 @@ def test_identical_reports_pass_the_gate():
     cmp = compare_reports(example_report(), example_report())
     assert cmp.exit_code == 0 and not cmp.regressions and not cmp.improvements
     assert not cmp.new_checks and not cmp.removed_checks and not cmp.context_notes
-    assert _text(cmp).splitlines()[-1] == "OK  no regressions (metric factor 1.5, 0 improvements)"
+    assert _text(cmp).splitlines()[-1] == "OK  no regressions (metric factor 1.5, headroom share 0.5, 0 improvements)"
 
 
 @pytest.mark.parametrize("before, after, regressed", [
@@ -55,53 +55,77 @@ def test_status_changes(before, after, regressed):
         assert f"status change (does not gate): causal.forward: {before.upper()} -> {after.upper()}" in _text(cmp)
 
 
-def test_metric_regression_beyond_factor_fails_and_explains_itself():
+def test_metric_regression_beyond_factor_and_headroom_fails_and_explains_itself():
     base = passing_report()
-    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 2.0)  # still passes its 4x threshold
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 2.5)  # still passes its 4x threshold
     cmp = compare_reports(base, new)
     assert cmp.exit_code == 1
     (change,) = cmp.regressions
-    assert (change.check, change.metric, change.base, change.new) == ("error.backward", "rel_err_vs_bf16_dK", 1.6, 3.2)
-    assert change.times == pytest.approx(2.0)
-    assert change.describe() == "error.backward: rel_err_vs_bf16_dK 1.6 -> 3.2, 2x worse (lower is better)"
-    text = _text(cmp)
+    assert (change.check, change.metric, change.base, change.new) == ("error.backward", "rel_err_vs_bf16_dK", 1.6, 4.0)
+    assert change.times == pytest.approx(2.5)
+    assert change.headroom == pytest.approx((4.0 - 1.6) / 4.0)
+    assert change.describe() == (
+        "error.backward: rel_err_vs_bf16_dK 1.6 -> 4, 2.5x worse (lower is better), 60% of the headroom to 4")
+    text = _text(cmp, width=200)
     assert "Regressions (1)" in text
     assert " ".join(next(line for line in text.splitlines() if "rel_err_vs_bf16_dK" in line).split()) == (
-        "│ error.backward │ rel_err_vs_bf16_dK │ 1.6 │ 3.2 │ 2x worse (lower is better) │")
-    assert text.splitlines()[-1] == "REGRESSED  1 regression (metric factor 1.5)"
+        "│ error.backward │ rel_err_vs_bf16_dK │ 1.6 │ 4 │ 2.5x worse (lower is better), 60% of the headroom to 4 │")
+    assert text.splitlines()[-1] == "REGRESSED  1 regression (metric factor 1.5, headroom share 0.5)"
 
 
 def test_metric_change_within_factor_passes():
-    base = passing_report()
-    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.6 * 1.49)
-    assert compare_reports(base, new).exit_code == 0
-    assert compare_reports(base, new, factor=1.2).exit_code == 1
+    base = _changed(passing_report(), "error.backward", rel_err_vs_bf16_dK=0.4)
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=0.4 + 0.5 * 4.0)  # 6x, half the headroom
+    assert compare_reports(base, new).exit_code == 1
+    close = _changed(base, "error.backward", rel_err_vs_bf16_dK=2.6)
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=2.6 * 1.49)  # 1.49x, 37% of the headroom
+    assert compare_reports(close, new).exit_code == 0
+    wide = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.9)
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.9 * 2.1)  # 2.1x, 52% of the headroom
+    assert compare_reports(wide, new, factor=2.0).exit_code == 1
+    assert compare_reports(wide, new, factor=2.2).exit_code == 0
+
+
+def test_a_large_ratio_inside_half_the_headroom_is_noise():
+    base = _changed(passing_report(), "error.backward", rel_err_vs_bf16_dK=0.01)
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=1.9)  # 190x, 47% of the headroom to 4
+    cmp = compare_reports(base, new)
+    assert cmp.exit_code == 0 and not cmp.regressions
+    assert compare_reports(new, base).improvements == []  # the mirror image is no improvement either
 
 
 def test_improvement_is_listed_and_does_not_gate():
-    base = passing_report()
+    base = _changed(passing_report(), "error.backward", rel_err_vs_bf16_dK=3.0)
     cmp = compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=0.4))
     assert cmp.exit_code == 0
     assert [c.describe() for c in cmp.improvements] == [
-        "error.backward: rel_err_vs_bf16_dK 1.6 -> 0.4, 4x better (lower is better)"]
+        "error.backward: rel_err_vs_bf16_dK 3 -> 0.4, 7.5x better (lower is better), 65% of the headroom to 4"]
     assert "Improvements (1)" in _text(cmp)
 
 
 def test_sqnr_drop_is_measured_in_noise_power():
-    base = passing_report()  # sqnr_O_db = 36 dB
-    small = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=36.0 - 1.5))
+    base = _changed(passing_report(), "error.forward", sqnr_O_db=26.5)  # threshold >= 25 dB
+    small = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=26.5 - 1.5))
     assert small.exit_code == 0, "1.5 dB is less than 10*log10(1.5) = 1.76 dB"
-    big = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=36.0 - 3.0))
+    base = _changed(passing_report(), "error.forward", sqnr_O_db=35.0)
+    big = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=35.0 - 9.0))
     assert big.exit_code == 1
-    assert big.regressions[0].times == pytest.approx(10 ** 0.3)
+    assert big.regressions[0].times == pytest.approx(10 ** 0.9)
+    # noise power 10^-2.6 - 10^-3.5 against the limit's 10^-2.5
+    assert big.regressions[0].headroom == pytest.approx((10 ** -2.6 - 10 ** -3.5) / 10 ** -2.5)
     assert "higher is better" in big.regressions[0].describe()
+    far = compare_reports(passing_report(), _changed(passing_report(), "error.forward", sqnr_O_db=36.0 - 3.0))
+    assert far.exit_code == 0, "36 -> 33 dB spends 8% of the noise power the 25 dB limit allows"
 
 
 def test_cosine_is_compared_by_its_distance_from_one():
-    base = example_report()  # cos_dQ = 0.99991, threshold listed
-    cmp = compare_reports(base, _changed(base, "bias.gradient_shrinkage", cos_dQ=0.9995))
+    base = example_report()  # cos_dQ = 0.99991, threshold 0.999
+    cmp = compare_reports(base, _changed(base, "bias.gradient_shrinkage", cos_dQ=0.9993))
     (change,) = [c for c in cmp.regressions if c.metric == "cos_dQ"]
-    assert change.times == pytest.approx((1 - 0.9995) / (1 - 0.99991))
+    assert change.times == pytest.approx((1 - 0.9993) / (1 - 0.99991))
+    assert change.headroom == pytest.approx((0.99991 - 0.9993) / (1 - 0.999))
+    cmp = compare_reports(base, _changed(base, "bias.gradient_shrinkage", cos_dQ=0.9997))  # 3.3x, 21%
+    assert [c for c in cmp.regressions if c.metric == "cos_dQ"] == []
 
 
 def test_zero_leak_becoming_nonzero_regresses_without_a_finite_ratio():
@@ -116,6 +140,9 @@ def test_nan_is_worst_and_strings_round_trip():
     base = passing_report()
     cmp = compare_reports(base, _changed(base, "error.forward", rel_err_vs_bf16_O="nan"))
     assert [c.metric for c in cmp.regressions] == ["rel_err_vs_bf16_O"]
+    assert cmp.regressions[0].describe() == (
+        "error.forward: rel_err_vs_bf16_O 1.3 -> nan, worse, no finite ratio (lower is better)")
+    # nan is past the limit: nan -> 1.3 is an improvement, nan -> nan no change, nan -> inf a note
     back = compare_reports(_changed(base, "error.forward", rel_err_vs_bf16_O="nan"), base)
     assert back.exit_code == 0 and [c.metric for c in back.improvements] == ["rel_err_vs_bf16_O"]
 

@@ -3,7 +3,7 @@
 A check present in both reports regresses when
 
 - its status got worse: it passed or was skipped in BASE and now fails or errors; or
-- one of its metrics got worse by more than ``factor`` (default 1.5).
+- one of its thresholded metrics got worse in a way a reviewer cares about (the metric rule below).
 
 Which metrics are compared, and which way is worse, is decided by ``higher_is_worse(check, metric)``,
 called with the NEW report's `CheckResult` and a metric name present in both reports. It returns True
@@ -14,8 +14,8 @@ gates on; other metrics are informational) and uses the direction rule of
 higher-is-better, all others lower-is-better. Pass your own callable to compare more metrics or to flip
 a direction.
 
-"Worse by more than factor" compares a *badness* that grows as the metric gets worse, so that the factor
-means the same thing on every scale:
+Every comparison is made on a *badness* that grows as the metric gets worse and is 0 for a perfect
+value, so that ratios and shares mean the same thing on every scale:
 
 - higher-is-worse: ``|value|`` (errors, ratios to BF16, counts, leaks);
 - lower-is-worse, name starting with ``cos``: ``1 - value`` (distance of a cosine similarity from 1);
@@ -23,8 +23,29 @@ means the same thing on every scale:
   power of a ratio in decibels (factor 1.5 is a drop of 1.76 dB);
 - other lower-is-worse: ``1 / value`` (0 or below counts as infinitely bad).
 
-NaN counts as infinitely bad. A regression is ``new_badness > factor * base_badness`` (so a metric that
-was exactly 0 regresses on any non-zero value); an improvement is ``base_badness > factor * new_badness``.
+NaN counts as infinitely bad. The metric rule, with b0, b1 the badness in BASE and NEW and bL the
+badness of the NEW report's threshold (the metric's *headroom*: the distance from a perfect value to
+the limit):
+
+1. worse by the factor: ``b1 > factor * b0`` (so a metric that was exactly 0 can regress on any
+   non-zero value); and
+2. a meaningful share of the headroom: ``b1 - b0 >= HEADROOM_SHARE * bL`` (one half). Most defaults
+   allow about twice what a correct kernel is expected to reach (the error thresholds are twice the
+   rounding model's prediction, the gain threshold sits between rounding to nearest and truncation),
+   so half the headroom is the allowance of the derivation itself; a change smaller than that is a
+   move inside the band where correct kernels live, however large its ratio (1e-4 -> 1e-3 against a
+   limit of 1.6e-2 is 10x, and 6% of the headroom). A threshold of 0 (leaks, violations) has no
+   headroom: any increase passes this part; an infinite threshold (switched off) never does; and
+3. beyond the statistic's own noise, where the report carries it: bias.gain reports a z-score
+   ``gain_z_T`` beside ``gain_error_T``, so the gain's standard error under unbiased rounding is
+   ``|gain| / |z|``; the change must exceed ``NOISE_Z`` (6, the bias checks' significance level)
+   standard errors of the difference ``sqrt(se0^2 + se1^2)``.
+
+A metric past its threshold in both reports has no headroom left: the check fails in both and the check
+command itself exits 1 on it; its changes either way are listed as notes and do not gate. A metric
+without a numeric threshold (compared through a custom ``higher_is_worse``) has no headroom and is
+judged by the factor alone. An improvement is the mirror image (``b0 > factor * b1`` and
+``b0 - b1 >= HEADROOM_SHARE * bL``); improvements never gate.
 
 Status changes that neither fail nor fix a check (pass -> skip, fail -> error, ...) are listed as notes.
 Checks only in one report are listed as new or removed, and two of them gate, because a gate must not
@@ -54,6 +75,8 @@ from flamia_verify.reports.wording import STATUS_MARK, printable
 
 __all__ = [
     "DEFAULT_FACTOR",
+    "HEADROOM_SHARE",
+    "NOISE_Z",
     "Change",
     "Comparison",
     "compare_reports",
@@ -64,6 +87,15 @@ __all__ = [
 
 #: Default tolerance of `compare_reports`: run-to-run noise of sampled error metrics stays well inside 1.5x.
 DEFAULT_FACTOR = 1.5
+
+#: A metric change gates only when it spends at least this share of the headroom between a perfect value
+#: and the threshold (module docstring: most defaults allow twice what correct kernels are expected to
+#: reach, so a change inside half the headroom stays inside the band the derivation grants them).
+HEADROOM_SHARE = 0.5
+
+#: Standard errors a change must exceed where the report carries the statistic's noise (bias.gain's
+#: z-scores): the bias checks' significance level (flamia_verify.properties.thresholds.BIAS_Z).
+NOISE_Z = 6.0
 
 HigherIsWorse = Callable[[CheckResult, str], "bool | None"]
 
@@ -95,6 +127,21 @@ def metric_badness(metric: str, value: Any, higher_is_worse: bool) -> float | No
     return 1.0 / v if v > 0 else math.inf
 
 
+def standard_error(check: CheckResult, metric: str) -> float | None:
+    """The standard error of `metric` under its null hypothesis when the check reports it, else None.
+
+    bias.gain reports ``gain_z_T`` (the gain's z-score under unbiased rounding) beside ``gain_error_T``
+    (the gain's magnitude), so the standard error is ``gain_error_T / |gain_z_T|``.
+    """
+    if not metric.startswith("gain_error_"):
+        return None
+    z = as_number((check.metrics or {}).get("gain_z_" + metric[len("gain_error_"):]))
+    g = as_number((check.metrics or {}).get(metric))
+    if z is None or g is None or not math.isfinite(z) or not math.isfinite(g) or z == 0 or g == 0:
+        return None
+    return abs(g) / abs(z)
+
+
 def _ratio(worse: float, better: float) -> float:
     """How many times `worse` exceeds `better` (both badness values, >= 0)."""
     if worse == better:
@@ -115,7 +162,9 @@ class Change:
     metric: str | None = None
     times: float | None = None  # metric changes: how many times worse or better, by badness
     higher_is_worse: bool | None = None
-    worse: bool = False  # True for a regression, False for an improvement or a note
+    worse: bool = False  # True when it got worse (a regression, or a note on a metric past its limit)
+    limit: Any = None  # metric changes: the NEW report's threshold of the metric, if any
+    headroom: float | None = None  # |b1 - b0| / bL: the share of the threshold's headroom spent or won
 
     def change_text(self) -> str:
         """E.g. ``4.6x worse (lower is better)``; empty for a status change."""
@@ -125,8 +174,12 @@ class Change:
         word = "worse" if self.worse else "better"
         if self.times is None or math.isinf(self.times):
             # The better side had zero badness (e.g. a leak of exactly 0) or the worse side is NaN/inf.
-            return f"{word}, no finite ratio ({direction})"
-        return f"{self.times:.3g}x {word} ({direction})"
+            text = f"{word}, no finite ratio ({direction})"
+        else:
+            text = f"{self.times:.3g}x {word} ({direction})"
+        if self.headroom is not None and math.isfinite(self.headroom):
+            text += f", {100 * self.headroom:.0f}% of the headroom to {format_value(self.limit)}"
+        return text
 
     def describe(self) -> str:
         """One readable line, e.g. ``error.backward: rel_err_dK 2.1 -> 9.7, 4.6x worse (lower is better)``."""
@@ -146,6 +199,7 @@ class Comparison:
     regressions: list[Change] = field(default_factory=list)
     improvements: list[Change] = field(default_factory=list)
     status_notes: list[Change] = field(default_factory=list)  # status changes that neither fail nor fix
+    past_limit: list[Change] = field(default_factory=list)  # metric changes past the limit in both reports
     new_checks: list[str] = field(default_factory=list)
     removed_checks: list[str] = field(default_factory=list)
     context_notes: list[str] = field(default_factory=list)  # kernel/recipe/suite/seed differences
@@ -209,17 +263,59 @@ def compare_reports(
             worse_if_higher = direction(after, metric)
             if worse_if_higher is None:
                 continue
-            b0 = metric_badness(metric, before.metrics[metric], worse_if_higher)
-            b1 = metric_badness(metric, after.metrics[metric], worse_if_higher)
-            if b0 is None or b1 is None:
+            change = _metric_change(name, metric, before, after, bool(worse_if_higher), cmp.factor)
+            if change is None:
                 continue
-            if b1 > b0 and _ratio(b1, b0) > factor:
-                cmp.regressions.append(Change(name, "metric", before.metrics[metric], after.metrics[metric],
-                                              metric, _ratio(b1, b0), bool(worse_if_higher), worse=True))
-            elif b0 > b1 and _ratio(b0, b1) > factor:
-                cmp.improvements.append(Change(name, "metric", before.metrics[metric], after.metrics[metric],
-                                               metric, _ratio(b0, b1), bool(worse_if_higher)))
+            if all(_past_limit(metric, v, change.limit, bool(worse_if_higher))
+                   for v in (before.metrics[metric], after.metrics[metric])):
+                cmp.past_limit.append(change)
+            elif change.worse:
+                cmp.regressions.append(change)
+            else:
+                cmp.improvements.append(change)
     return cmp
+
+
+def _past_limit(metric: str, value: Any, limit: Any, worse_if_higher: bool) -> bool:
+    """Whether `value` already breaks `limit` (a numeric threshold) in the metric's direction."""
+    v, t = metric_badness(metric, value, worse_if_higher), metric_badness(metric, limit, worse_if_higher)
+    return v is not None and t is not None and v > t
+
+
+def _metric_change(name: str, metric: str, before: CheckResult, after: CheckResult, worse_if_higher: bool,
+                   factor: float) -> Change | None:
+    """The change of one metric when it passes the metric rule (module docstring) either way, else None."""
+    b0 = metric_badness(metric, before.metrics[metric], worse_if_higher)
+    b1 = metric_badness(metric, after.metrics[metric], worse_if_higher)
+    if b0 is None or b1 is None or b0 == b1:
+        return None
+    worse = b1 > b0
+    hi, lo = (b1, b0) if worse else (b0, b1)
+    times = _ratio(hi, lo)
+    if not times > factor:
+        return None
+    limit = (after.thresholds or {}).get(metric)
+    bl = metric_badness(metric, limit, worse_if_higher) if limit is not None else None
+    headroom = None
+    if bl is not None:
+        if math.isinf(bl):  # a threshold switched off: no change can matter
+            return None
+        spent = hi - lo
+        if bl > 0:
+            headroom = spent / bl if math.isfinite(spent) else math.inf
+            if headroom < HEADROOM_SHARE:
+                return None
+        se0, se1 = standard_error(before, metric), standard_error(after, metric)
+        known = [se for se in (se0, se1) if se is not None]
+        if known and math.isfinite(spent):
+            # the difference of two estimates, each with its standard error (one known: used for both)
+            se = math.sqrt((se0 if se0 is not None else known[0]) ** 2 + (se1 if se1 is not None else known[0]) ** 2)
+            if spent <= NOISE_Z * se:
+                return None
+    else:
+        limit = None
+    return Change(name, "metric", before.metrics[metric], after.metrics[metric], metric, times,
+                  worse_if_higher, worse=worse, limit=limit, headroom=headroom)
 
 
 def _run_label(report: Report) -> Text:
@@ -244,6 +340,10 @@ def _changes_table(title: str, changes: list[Change], style: str) -> Table:
     return table
 
 
+def _rule(cmp: Comparison) -> str:
+    return f"metric factor {cmp.factor:g}, headroom share {HEADROOM_SHARE:g}"
+
+
 def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
     """Print the comparison: context, regressions, improvements, other changes, and the gate's verdict."""
     console = console or Console()
@@ -257,6 +357,9 @@ def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
         console.print(_changes_table(f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green"))
     for change in cmp.status_notes:
         console.print(Text.assemble(("status change (does not gate): ", "yellow"), printable(change.describe())))
+    for change in cmp.past_limit:
+        console.print(Text.assemble(("past its limit in both reports (does not gate): ", "yellow"),
+                                    printable(change.describe())))
     if cmp.new_checks:
         statuses = {c.name: c.status for c in cmp.new.checks}
         items = ", ".join(f"{n} ({STATUS_MARK.get(statuses[n], statuses[n])})" for n in cmp.new_checks)
@@ -266,8 +369,8 @@ def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
     if cmp.regressions:
         n = len(cmp.regressions)
         console.print(Text.assemble(("REGRESSED", "bold red"),
-                                    f"  {n} regression{'s' if n != 1 else ''} (metric factor {cmp.factor:g})"))
+                                    f"  {n} regression{'s' if n != 1 else ''} ({_rule(cmp)})"))
     else:
         console.print(Text.assemble(("OK", "bold green"),
-                                    f"  no regressions (metric factor {cmp.factor:g}, "
+                                    f"  no regressions ({_rule(cmp)}, "
                                     f"{len(cmp.improvements)} improvement{'s' if len(cmp.improvements) != 1 else ''})"))
