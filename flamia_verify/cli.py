@@ -168,6 +168,7 @@ def _cmd_check(args) -> int:
     out = _prepare_out(cfg.out if args.out is None else args.out)
 
     from flamia_verify.reports.terminal import check_line
+    from flamia_verify.reports.wording import printable
 
     console = _console()
     plain = _plain(console)  # a CI log or a pipe: a line per finished check instead of a progress bar
@@ -180,7 +181,8 @@ def _cmd_check(args) -> int:
         partial.checks = list(finished)
         write_reports(partial, out)
         if plain:
-            console.print(check_line(result, len(finished), selected["total"]), soft_wrap=True, crop=False)
+            line = check_line(result, len(finished), selected["total"], time.monotonic() - started)
+            console.print(line, soft_wrap=True, crop=False)
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -197,7 +199,7 @@ def _cmd_check(args) -> int:
         TimeRemainingColumn(),
         console=console,
         transient=True,
-        disable=not console.is_terminal,
+        disable=plain,
     )
     task = progress.add_task(f"{kernel.name}: starting", total=total_checks or 1)
 
@@ -205,6 +207,10 @@ def _cmd_check(args) -> int:
         name = getattr(event, "check", None) or getattr(event, "name", "")
         index = getattr(event, "index", 0) or 0
         total = getattr(event, "total", None) or total_checks or 1
+        if plain and selected["total"] is None:  # the log says what runs before the first check finishes
+            console.print(f"checking {printable(kernel.name)}  recipe {printable(partial.recipe)}  suite {suite}  seed {seed}  "
+                          f"device {device}: {getattr(event, 'total', None) or total_checks} checks",
+                          markup=False, soft_wrap=True, crop=False)
         selected["total"] = getattr(event, "total", None) or selected["total"]
         done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
         progress.update(task, description=f"{kernel.name}: {name}", completed=min(done, total), total=total)

@@ -5,6 +5,11 @@ One row per check: name, status (coloured), key metric, its value and threshold 
 parsed as console markup, so a kernel or message holding ``[bold]`` prints literally, and control
 characters (terminal escape codes) are shown as ``\\x1b``-style text. The `Console` is
 injectable: tests pass ``Console(file=StringIO(), width=...)``.
+
+Off an interactive terminal (a CI log, ``| tee``, a file) tables wrap their cells mid-word at the
+console's assumed 80 columns. There the command line asks for plain output instead (`is_plain`):
+`render_terminal(..., plain=True)` writes one full line per check, `check_line` is the line printed as
+each check finishes, and `print_table` writes a table as aligned lines that are never wrapped or cut.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from flamia_verify.reports.metrics import format_threshold, format_value, key_me
 from flamia_verify.reports.model import Report
 from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, verdict
 
-__all__ = ["STATUS_STYLE", "WIDE_CONSOLE", "render_terminal"]
+__all__ = ["STATUS_STYLE", "WIDE_CONSOLE", "check_line", "is_plain", "print_table", "render_terminal"]
 
 #: Rich style of each status.
 STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta", "skip": "dim"}
@@ -28,13 +33,112 @@ STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta
 WIDE_CONSOLE = 120
 
 
-def render_terminal(report: Report, console: Console | None = None) -> None:
+#: Width a check's name is padded to in plain lines (the longest built-in name is 33 characters); a
+#: longer name is written whole and pushes the rest of its line to the right.
+NAME_WIDTH = 34
+
+
+def is_plain(console: Console) -> bool:
+    """Whether `console` should get plain lines: it is not an interactive terminal (nor a notebook)."""
+    return not console.is_terminal and not console.is_jupyter
+
+
+def _key_text(check) -> Text:
+    """``label value (threshold)`` of the check's key metric, ``—`` when it has none."""
+    key = key_metric(check)
+    if key is None:
+        return Text("—", "dim")
+    value = Text(format_value(key.value), {True: "green", False: "red"}.get(key.within, ""))
+    if key.threshold is None:
+        return Text.assemble(printable(key.label), " ", value)
+    return Text.assemble(printable(key.label), " ", value, " (", format_threshold(key.name, key.threshold), ")")
+
+
+def _status_text(status: str) -> Text:
+    return Text(f"{STATUS_MARK.get(status, status.upper()):<5}", STATUS_STYLE.get(status, ""))
+
+
+def check_line(check, index: int | None = None, total: int | None = None, elapsed: float | None = None) -> Text:
+    """One line for a finished check, e.g.
+    ``[ 4/31] PASS  error.out  normalized_error 0.645 (≤ 2)  0.28 s  (run 4.1 s)``: its position among the
+    selected checks, status, name, key metric, its own duration (work shared with earlier checks is not
+    counted again) and, given `elapsed`, the seconds since the run started."""
+    parts: list = []
+    if index is not None:
+        width = len(str(total)) if total else 1
+        parts.append(f"[{index:>{width}}/{total}] " if total else f"[{index}] ")
+    parts += [_status_text(check.status), " ", f"{printable(check.name):<{NAME_WIDTH}}", " ", _key_text(check),
+              f"  {check.duration_s:.2f} s"]
+    if elapsed is not None:
+        parts.append(f"  (run {elapsed:.1f} s)")
+    return Text.assemble(*parts)
+
+
+def _print_line(console: Console, text: Text | str) -> None:
+    """Print one line that is never wrapped, cropped or read as markup."""
+    console.print(text if isinstance(text, Text) else Text(text), soft_wrap=True, overflow="ignore", crop=False)
+
+
+def print_table(console: Console, title: str, columns: list[str], rows: list[list[str]], *,
+                plain: bool | None = None) -> None:
+    """A table: rich on a terminal; plain, aligned, full-width lines otherwise (`plain` overrides)."""
+    plain = is_plain(console) if plain is None else plain
+    cells = [[printable(c) for c in row] for row in rows]
+    if not plain:
+        from rich.table import Table
+
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in cells:
+            table.add_row(*(Text(c) for c in row))
+        console.print(table)
+        return
+    widths = [max([len(column)] + [len(row[i]) for row in cells]) for i, column in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        padded = [v.ljust(w) for v, w in zip(values[:-1], widths[:-1])] + [values[-1]]
+        return "  ".join(padded).rstrip()
+
+    _print_line(console, printable(title))
+    _print_line(console, line(columns))
+    for row in cells:
+        _print_line(console, line(row))
+    _print_line(console, "")
+
+
+def _render_plain(report: Report, console: Console) -> None:
+    _print_line(console, f"flamia-verify  kernel {printable(report.kernel)}  recipe {printable(report.recipe)}  "
+                         f"suite {printable(report.suite)}  seed {report.seed}")
+    for check in report.checks:
+        line = Text.assemble(_status_text(check.status), " ", f"{printable(check.name):<{NAME_WIDTH}}", " ",
+                             _key_text(check))
+        if check.message:
+            line.append("  " + printable(check.message))
+        _print_line(console, line)
+    _print_verdict(report, console)
+
+
+def _print_verdict(report: Report, console: Console) -> None:
+    word = verdict(report)
+    _print_line(console, Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ",
+                                       counts_line(report)))
+    failed = [c.name for c in report.checks if c.status in ("fail", "error")]
+    if failed:
+        _print_line(console, Text.assemble(("failed: ", "dim"), printable(", ".join(failed))))
+
+
+def render_terminal(report: Report, console: Console | None = None, *, plain: bool = False) -> None:
     """Print the summary table and the verdict of `report` to `console` (a new stdout console if None).
 
     On a console at least `WIDE_CONSOLE` columns wide the table has a Message column; on a narrower one the
-    value and threshold share a column and the messages follow the table, one line per check.
+    value and threshold share a column and the messages follow the table, one line per check. With `plain`
+    (for logs: see `is_plain`) one unwrapped line per check, ``STATUS name key-metric message``, instead.
     """
     console = console or Console()
+    if plain:
+        _render_plain(report, console)
+        return
     wide = console.width >= WIDE_CONSOLE
     title = Text.assemble(
         "flamia-verify  ", ("kernel ", "dim"), printable(report.kernel), ("  recipe ", "dim"),
@@ -73,8 +177,4 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
             if check.message:
                 console.print(Text.assemble(
                     (printable(check.name), STATUS_STYLE.get(check.status, "")), ": ", printable(check.message)))
-    word = verdict(report)
-    console.print(Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report)))
-    failed = [c.name for c in report.checks if c.status in ("fail", "error")]
-    if failed:
-        console.print(Text.assemble(("failed: ", "dim"), printable(", ".join(failed))))
+    _print_verdict(report, console)
