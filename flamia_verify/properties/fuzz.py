@@ -145,12 +145,17 @@ def _zero_grads(res: KernelOutputs, inp: Inputs) -> KernelOutputs:
 
 
 def evaluate_example(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None = None) -> _Finding | None:
-    """Check one example; the first failing property (or ``only`` that one)."""
-    inp = make_inputs(case, ctx.device)
+    """Check one example; the first failing property (or ``only`` that one). A kernel that raises,
+    on the case or on one of its perturbed copies, is a "crash" finding."""
     try:
-        res, gradless = _call(ctx, inp)
+        return _evaluate(ctx, case, document=document, t=t, perturbation=perturbation, only=only)
     except KernelCallError as err:
         return _Finding("crash", f"the kernel raised on a valid case: {err.summary}", {"exception": err.summary, "stage": err.stage})
+
+
+def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None) -> _Finding | None:
+    inp = make_inputs(case, ctx.device)
+    res, gradless = _call(ctx, inp)
     ref = ctx.reference(inp)
     if gradless and ctx.has_backward:
         nonzero = [n for n in ("dq", "dk", "dv") if bool((getattr(ref, n) != 0).any())]
@@ -261,6 +266,18 @@ class Search:
     reproducer: dict | None
     shrink_stopped: bool = False
     distinct: int = 0
+    cases: list = field(default_factory=list)
+
+    def coverage(self, max_tokens: int = MAX_TOKENS) -> dict[str, int]:
+        """How many evaluated examples reached each shape the strategies aim at."""
+        cs = self.cases
+        return {
+            "long_document_examples": sum(max(c.lens_q + c.lens_k, default=0) > max_tokens for c in cs),
+            "headdim_128_examples": sum(c.headdim == 128 for c in cs),
+            "gqa_examples": sum(c.heads_k < c.heads for c in cs),
+            "lq_ne_lk_examples": sum(c.lens_q != c.lens_k for c in cs),
+            "causal_examples": sum(c.causal for c in cs),
+        }
 
 
 def search(
@@ -278,6 +295,7 @@ def search(
     shrinking (None: hypothesis's own limit); past it, the smallest failing example so far stands."""
     counts = {p: 0 for p in PROPERTIES}
     state = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False}
+    cases: list[Case] = []  # the distinct examples' cases, in evaluation order
     seen: dict = {}  # example -> failed: a repeated example is not rerun, and hypothesis sees one answer
 
     strategy = st.tuples(
@@ -298,6 +316,7 @@ def search(
             state["stopped"] = True
             return False  # shrinking budget spent: an unevaluated example is not known to fail
         state["distinct"] += 1
+        cases.append(case)
         f = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
         if on_example is not None:
             on_example(state["n"])
@@ -328,7 +347,7 @@ def search(
             f = again
         reproducer = _reproducer(case, document, t, kind, f, ctx.recipe, ctx.kernel_name)
         found = f
-    return Search(state["n"], counts, found, reproducer, state["stopped"], state["distinct"])
+    return Search(state["n"], counts, found, reproducer, state["stopped"], state["distinct"], cases)
 
 
 def fuzz(

@@ -11,5 +11,6 @@ from flamia_verify.properties.checks import (  # noqa: F401
     isolation,
     special,
 )
+from flamia_verify.properties.checks import fuzzpass  # noqa: F401,E402  (last: it runs after its family's fixed checks)
 
-__all__ = ["bias", "bound", "causal", "consistency", "determinism", "error", "interface", "isolation", "special"]
+__all__ = ["bias", "bound", "causal", "consistency", "determinism", "error", "fuzzpass", "interface", "isolation", "special"]
