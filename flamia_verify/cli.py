@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--md")
 
     sub.add_parser("list", help="built-in kernels, recipes and checks")
+
+    from flamia_verify.mutation.cli import add_parser as add_mutate_parser
+
+    add_mutate_parser(sub)
     return p
 
 
@@ -424,6 +428,12 @@ def _cmd_list(args) -> int:
     return EXIT_PASS
 
 
+def _cmd_mutate(args) -> int:
+    from flamia_verify.mutation.cli import run
+
+    return run(args)
+
+
 _COMMANDS = {
     "check": _cmd_check,
     "fuzz": _cmd_fuzz,
@@ -431,6 +441,7 @@ _COMMANDS = {
     "compare": _cmd_compare,
     "report": _cmd_report,
     "list": _cmd_list,
+    "mutate": _cmd_mutate,
 }
 
 

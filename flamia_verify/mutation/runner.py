@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
@@ -155,7 +154,6 @@ def run_mutants(
                 on_result(r)
     else:
         ctx = multiprocessing.get_context("spawn")
-        env = os.environ.copy()
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             futures = {pool.submit(_worker, m.name, suite, seed, device): m for m in mutants}
             for fut in concurrent.futures.as_completed(futures):
@@ -163,7 +161,6 @@ def run_mutants(
                 results[r.name] = r
                 if on_result:
                     on_result(r)
-        del env
     return [results[m.name] for m in mutants]
 
 

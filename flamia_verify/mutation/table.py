@@ -86,8 +86,8 @@ def _mask() -> list[Mutant]:
         for k in (1, 2, -1, -2):
             out.append(Mutant(
                 f"mask.{path}{_k(k)}", "mask",
-                f"the {path} causal mask's diagonal {'k' if k > 0 else ''}{abs(k)} key(s) "
-                f"{'late (a query sees the future)' if k > 0 else 'early (a query misses its own past)'}",
+                f"the {path} causal mask's diagonal moved by {k} key(s) "
+                f"{'(a query sees the future)' if k > 0 else '(a query misses its own past)'}",
                 (Edit(scope, _VIS, f"_mut.visible_shift(q1 - q0, k1 - k0, causal, q.device, {k})"),),
             ))
         out.append(Mutant(

@@ -1,0 +1,150 @@
+"""``flamia-verify mutate``: the kill rate of a suite over the mutant table, and its false alarms.
+
+    flamia-verify mutate [--suite quick|standard|full] [--family F ...] [--mutant NAME ...]
+                         [--sample N] [--jobs N] [--seed N] [--device cpu|cuda|auto]
+                         [--min-kill-rate R] [--out DIR] [--list]
+
+Writes DIR/mutation.json (every mutant's outcome and failing checks, the summary) and
+DIR/mutation.md (the kill table per family, survivors, false alarms). Exit 0 when no correct design
+raised an alarm and the kill rate reaches ``--min-kill-rate``; 1 otherwise; 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_parser", "run", "render_markdown", "verdict"]
+
+
+def add_parser(sub) -> None:
+    m = sub.add_parser(
+        "mutate",
+        help="kill rate of a suite over systematic mutants of the FLAMIA MXFP8 emulation",
+        description="Run a suite on every mutant of the table (one realistic bug each: masks and block "
+        "boundaries off by k, cu_seqlens swaps, GQA head layouts, operand formats and rounding, "
+        "per-tile normalisation, nondeterministic reductions, in-place writes) and on the correct "
+        "alternative designs of the table. A bug is killed when a check fails or errors; a correct "
+        "design must pass every check.",
+    )
+    m.add_argument("--suite", choices=("quick", "standard", "full"), default="quick", help="the suite to measure (default quick)")
+    m.add_argument("--family", nargs="+", metavar="FAMILY", help="only mutants of these families (see --list)")
+    m.add_argument("--mutant", nargs="+", metavar="NAME", help="only these mutants (see --list)")
+    m.add_argument("--sample", type=int, default=0,
+                   help="a fixed, spread sample of N bugs (every k-th of the table) plus every correct design; 0 = all")
+    m.add_argument("--no-correct", action="store_true", help="skip the correct designs (no false-alarm measurement)")
+    m.add_argument("--jobs", type=int, default=1, help="processes to run mutants in (default 1)")
+    m.add_argument("--seed", type=int, default=0, help="the suite's seed (default 0)")
+    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the mutated emulation runs (default cpu)")
+    m.add_argument("--min-kill-rate", type=float, default=None, metavar="R",
+                   help="exit 1 when the kill rate is below R (0..1); false alarms always exit 1")
+    m.add_argument("--out", default="flamia-report", help="directory for mutation.json and mutation.md (default ./flamia-report)")
+    m.add_argument("--list", action="store_true", help="print the mutant table and exit")
+
+
+def _select(args):
+    from flamia_verify.errors import UsageError
+    from flamia_verify.mutation.table import BUGS, CORRECT, FAMILIES, MUTANTS, by_name, ci_sample
+
+    if args.mutant:
+        chosen = [by_name(n) for n in args.mutant]
+    else:
+        if args.sample < 0:
+            raise UsageError(f"--sample must be >= 0, got {args.sample}")
+        bugs = list(ci_sample(args.sample)) if args.sample else list(BUGS)
+        chosen = bugs + ([] if args.no_correct else list(CORRECT))
+        chosen = [m for m in MUTANTS if m in chosen]  # table order
+    if args.family:
+        unknown = sorted(set(args.family) - set(FAMILIES))
+        if unknown:
+            raise UsageError(f"unknown mutant family {', '.join(unknown)}; families: {', '.join(FAMILIES)}")
+        chosen = [m for m in chosen if m.family in args.family]
+    if not chosen:
+        raise UsageError("no mutant selected")
+    return chosen
+
+
+def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
+    lines = [f"# Mutation testing: suite `{suite}`", ""]
+    lines.append(
+        f"**{summary['killed']} of {summary['mutants']} bugs killed ({100 * summary['kill_rate']:.1f} %)**; "
+        f"false alarms on correct designs: {len(summary['false_alarms'])} of {summary['correct_designs']}."
+    )
+    lines += ["", "| family | bugs | killed | crashed | kill rate | survivors |", "|---|---:|---:|---:|---:|---|"]
+    for fam, f in summary["families"].items():
+        surv = ", ".join(f"`{n}`" for n in f["survived"]) or "-"
+        lines.append(f"| {fam} | {f['mutants']} | {f['killed']} | {f['crashed']} | {100 * f['kill_rate']:.0f} % | {surv} |")
+    if summary["false_alarms"]:
+        lines += ["", "## False alarms", ""]
+        lines += [f"- `{a['name']}`: {', '.join(a['failing'])}" for a in summary["false_alarms"]]
+    survivors = [r for r in results if r["outcome"] == "survived"]
+    if survivors:
+        lines += ["", "## Survivors (bugs no check of the suite caught)", ""]
+        lines += [f"- `{r['name']}`: {r['why']}" for r in survivors]
+    lines += ["", "## Every mutant", "", "| mutant | outcome | checks that failed | s |", "|---|---|---|---:|"]
+    for r in results:
+        failing = ", ".join(r["failing"][:6]) + (" ..." if len(r["failing"]) > 6 else "")
+        lines.append(f"| `{r['name']}`{' (correct)' if r['correct'] else ''} | {r['outcome']} | {failing or '-'} | {r['seconds']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _print_table(mutants) -> None:
+    for m in mutants:
+        tag = "correct" if m.correct else "bug"
+        print(f"{m.name:44s} {m.family:14s} {tag:8s} {m.why}")
+
+
+def run(args) -> int:
+    from flamia_verify.api import resolve_device
+    from flamia_verify.errors import UsageError
+    from flamia_verify.mutation.runner import run_mutants, summarize
+
+    chosen = _select(args)
+    if args.list:
+        _print_table(chosen)
+        return 0
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.min_kill_rate is not None and not 0.0 <= args.min_kill_rate <= 1.0:
+        raise UsageError(f"--min-kill-rate must lie in [0, 1], got {args.min_kill_rate}")
+    device = resolve_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    total = len(chosen)
+    done = [0]
+    start = time.perf_counter()
+
+    def show(r) -> None:
+        done[0] += 1
+        failing = ", ".join(r.failing[:4]) + (" ..." if len(r.failing) > 4 else "")
+        print(f"[{done[0]:>3}/{total}] {r.name:44s} {r.outcome:11s} {r.seconds:6.1f}s  {failing}", flush=True)
+
+    print(f"mutate: {total} mutants, suite {args.suite}, {args.jobs} process(es), device {device}", flush=True)
+    results = run_mutants(chosen, suite=args.suite, seed=args.seed, device=device, jobs=args.jobs, on_result=show)
+    summary = summarize(results)
+    summary.update(suite=args.suite, seed=args.seed, device=device, seconds=round(time.perf_counter() - start, 1))
+    rows = [r.to_dict() for r in results]
+    (out / "mutation.json").write_text(json.dumps({"schema": "flamia-verify/mutation/v1", "summary": summary,
+                                                   "results": rows}, indent=1) + "\n")
+    (out / "mutation.md").write_text(render_markdown(summary, rows, suite=args.suite))
+    print(f"kill rate {summary['killed']}/{summary['mutants']} = {100 * summary['kill_rate']:.1f} %; "
+          f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}; "
+          f"{summary['seconds']:.0f} s; reports: {out / 'mutation.md'}, {out / 'mutation.json'}")
+    problems = verdict(summary, args.min_kill_rate)
+    for p in problems:
+        sys.stderr.write(f"flamia-verify: {p}\n")
+    return 1 if problems else 0
+
+
+def verdict(summary: dict, min_kill_rate: float | None) -> list[str]:
+    """Why a mutation run fails its gate (empty: it passes): any false alarm; a kill rate below the minimum."""
+    problems = []
+    if summary["false_alarms"]:
+        names = ", ".join(a["name"] for a in summary["false_alarms"])
+        problems.append(f"correct design(s) failed a check: {names}")
+    if min_kill_rate is not None and summary["mutants"] and summary["kill_rate"] < min_kill_rate:
+        problems.append(f"kill rate {summary['kill_rate']:.3f} is below --min-kill-rate {min_kill_rate}")
+    return problems
