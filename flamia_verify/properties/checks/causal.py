@@ -59,13 +59,23 @@ def perturb_rows(x: torch.Tensor, rows: slice, kind: str, gen: torch.Generator) 
 
 
 def _causal_cases(ctx) -> list[tuple[Case, int]]:
-    """(case, target document) pairs: one document alone; in larger suites also Lq != Lk and a
-    document packed between neighbours."""
-    L = ctx.settings.causal_len
-    out = [(ctx.case((L,), heads=2, heads_k=1, causal=True, seed_offset=11), 0)]
-    if ctx.settings.causal_neighbours:
-        out.append((ctx.case((L - 17,), (L,), heads=2, heads_k=2, causal=True, seed_offset=12), 0))
-        out.append((ctx.case((37, L, 20), heads=2, heads_k=1, causal=True, seed_offset=13), 1))
+    """(case, target document) pairs.
+
+    Always one document of ``causal_len`` tokens (GQA 2:1) at every head_dim of ``causal_headdims``
+    (a kernel may run another code path per head_dim). With ``causal_neighbours`` also: Lq < Lk
+    (offset +17) and Lq > Lk (offset -17: the first 17 query rows see no key), so that the key grid
+    and the query grid of the document differ, and the document packed between neighbours of 37
+    and 20 tokens (it starts off the 32-grid of the pack)."""
+    s = ctx.settings
+    L = s.causal_len
+    dims = list(dict.fromkeys(s.causal_headdims)) or [ctx.settings.headdim]
+    out = [(ctx.case((L,), heads=2, heads_k=1, headdim=dims[0], causal=True, seed_offset=11), 0)]
+    if s.causal_neighbours:
+        out.append((ctx.case((L - 17,), (L,), heads=2, heads_k=2, headdim=dims[0], causal=True, seed_offset=12), 0))
+        out.append((ctx.case((L,), (L - 17,), heads=2, heads_k=1, headdim=dims[0], causal=True, seed_offset=14), 0))
+        out.append((ctx.case((37, L, 20), heads=2, heads_k=1, headdim=dims[0], causal=True, seed_offset=13), 1))
+    for n, d in enumerate(dims[1:]):
+        out.append((ctx.case((L,), heads=2, heads_k=1, headdim=d, causal=True, seed_offset=16 + n), 0))
     return out
 
 
@@ -75,9 +85,50 @@ def _doc_bounds(case: Case, b: int):
     return q0, q0 + case.lens_q[b], k0, k0 + case.lens_k[b]
 
 
-def _positions(ctx, case: Case, b: int) -> list[int]:
-    lq = case.lens_q[b]
-    return sorted({t for t in ctx.settings.causal_positions if 0 <= t < lq - 1})
+def _grid_points(length: int, start: int, block: int, residues) -> set[int]:
+    """Positions of a document axis (``length`` tokens, first token at packed position ``start``)
+    at ``residues`` from every block boundary: multiples of ``block`` from the document start
+    (blocks that restart at documents), the document end, and, for a document that starts off
+    the grid, multiples of ``block`` of the packed axis."""
+    if block <= 0 or length <= 0:
+        return set()
+    bounds = set(range(block, length, block)) | {length}
+    if start % block:
+        bounds |= set(range((start // block + 1) * block - start, length, block))
+    return {p + r for p in bounds for r in residues if 0 <= p + r < length}
+
+
+def _positions(ctx, case: Case, b: int, direction: str = "future") -> list[tuple[int, tuple[str, ...]]]:
+    """(t, perturbations) probed in document b.
+
+    ``causal_positions`` (t = 0, positions inside blocks) take every adversarial kind. Every block
+    boundary of the query axis (t) and of the key axis (t + offset) adds its ``causal_residues``
+    (block ends and starts), and a document with rows that see no key adds the last such row and
+    the first row that sees one; these take the huge values, which move every scale the replaced
+    positions share (tiny values only move a maximum the replaced positions held).
+    ``direction``: "future" (t < Lq - 1: something after t to replace) or "past" (t >= 1)."""
+    s = ctx.settings
+    q0, q1, k0, k1 = _doc_bounds(case, b)
+    lq, lk = q1 - q0, k1 - k0
+    off = lk - lq
+    lo, hi = (0, lq - 2) if direction == "future" else (1, lq - 1)
+    extra = {t for t in s.causal_positions if lo <= t <= hi}
+    grid = _grid_points(lq, q0, s.causal_block, s.causal_residues)
+    grid |= {p - off for p in _grid_points(lk, k0, s.causal_block, s.causal_residues)}
+    if off < 0:
+        grid |= {-off - 1, -off}
+    grid = {t for t in grid if lo <= t <= hi} - extra
+    jobs = [(t, tuple(ADVERSARIAL)) for t in extra] + [(t, ("huge",)) for t in grid]
+    return sorted(jobs)
+
+
+def _nan_positions(ctx, case: Case, b: int) -> list[int]:
+    """Positions t of causal.nan: ``causal_positions`` and, where the first query rows see no key
+    (Lq > Lk), the last of them and the first row that sees a key (rows that output 0 stay 0)."""
+    q0, q1, k0, k1 = _doc_bounds(case, b)
+    lq, off = q1 - q0, (k1 - k0) - (q1 - q0)
+    ts = set(ctx.settings.causal_positions) | ({-off - 1, -off} if off < 0 else set())
+    return sorted(t for t in ts if 0 <= t < lq - 1)
 
 
 def _future_inputs(inp: Inputs, b: int, t: int, kind: str, seed: int, tensors=("q", "k", "v", "do")) -> Inputs:
@@ -102,7 +153,7 @@ def _future_runs(ctx):
     def compute():
         runs = []
         cases = _causal_cases(ctx)
-        jobs = [(c, b, t, kind) for c, b in cases for t in _positions(ctx, c, b) for kind in ADVERSARIAL]
+        jobs = [(c, b, t, kind) for c, b in cases for t, kinds in _positions(ctx, c, b, "future") for kind in kinds]
         for n, (case, b, t, kind) in enumerate(jobs):
             base = ctx.run(case)
             inp = _future_inputs(ctx.inputs(case), b, t, kind, seed=case.seed * 1009 + t)
@@ -216,7 +267,7 @@ def dq(ctx):
 )
 def dk_dv(ctx):
     cases = _causal_cases(ctx)
-    jobs = [(c, b, t, kind) for c, b in cases for t in _positions(ctx, c, b) if t >= 1 for kind in ADVERSARIAL]
+    jobs = [(c, b, t, kind) for c, b in cases for t, kinds in _positions(ctx, c, b, "past") for kind in kinds]
     runs = []
     for n, (case, b, t, kind) in enumerate(jobs):
         inp = ctx.inputs(case)
@@ -253,16 +304,15 @@ def dk_dv(ctx):
     cost=1.5,
 )
 def nan(ctx):
-    case, b = _causal_cases(ctx)[0]
-    positions = _positions(ctx, case, b)
+    jobs = [(c, b, t) for c, b in _causal_cases(ctx) for t in _nan_positions(ctx, c, b)]
     runs, key_runs = [], []
-    for n, t in enumerate(positions):
+    for n, (case, b, t) in enumerate(jobs):
         base = ctx.run(case)
         inp = _future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("q", "do"))
         runs.append((case, b, t, "nan", base, ctx.run(inp)))
         kin = _future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("k",))
         key_runs.append((case, b, t, "nan-keys", base, ctx.run(kin, backward=False)))
-        ctx.progress((n + 1) / len(positions))
+        ctx.progress((n + 1) / len(jobs))
     m_out, first_out, maps_out = _leak_report(ctx, runs, "out", "future", "out at/before t (NaN q, dO after t)")
     m_dq, first_dq, maps_dq = _leak_report(ctx, runs, "dq", "future", "dq at/before t (NaN q, dO after t)")
     m_key, first_key, _ = _leak_report(ctx, key_runs, "out", "future", "out at/before t (NaN keys after t)")
@@ -291,3 +341,139 @@ def nan(ctx):
         msg += f"; NaN in masked keys changed {m_key['leaked_elements']} earlier outputs (not required)"
     return ctx.judged(metrics, ok_message=msg, worst_case=first or first_key or {},
                       details={"heatmaps": maps_out + maps_dq}, extra_failures=extra)
+
+
+# ----------------------------------------------------------------------------------------------
+# causal.diagonal: the visible region ends exactly at the diagonal (neither later nor earlier)
+# ----------------------------------------------------------------------------------------------
+
+
+def _diagonal_rows(ctx, case: Case, b: int) -> list[int]:
+    """Query rows t probed by causal.diagonal: ``causal_positions`` whose diagonal key t + offset
+    exists, and the first row that sees a key when Lq > Lk."""
+    q0, q1, k0, k1 = _doc_bounds(case, b)
+    lq, lk = q1 - q0, k1 - k0
+    off = lk - lq
+    ts = set(ctx.settings.causal_positions) | ({-off} if off < 0 else set())
+    return sorted(t for t in ts if 0 <= t < lq and 0 <= t + off < lk)
+
+
+def _aligned(x: torch.Tensor, target: torch.Tensor, scale: float) -> torch.Tensor:
+    """A multiple of x (float64, (D,)) whose score against x is ``target``: scale * (c x) . x = target."""
+    nrm = float(x @ x)
+    return x if nrm == 0.0 else x * (float(target) / (scale * nrm))
+
+
+def _diagonal_probe(inp: Inputs, b: int, t: int, which: str, seed: int) -> Inputs:
+    """Inputs whose only change is at the diagonal pair (query t, key d = t + offset) of document b.
+
+    ``which="key"``: key d is turned towards query t (its score equals the row's largest score
+    over the keys t sees, per kv head, through that head's first query head), value d is replaced
+    by huge values: out_t and dQ_t must change, rows before t (which do not see key d) must not.
+    ``which="query"``: query t is turned towards key d the same way (per query head) and dO_t is
+    replaced by huge values: dK_d and dV_d must change, keys after d (which query t does not see)
+    must not. The probed probability is of the order of 1/2 by construction, so a correct kernel's
+    change is far above any rounding, in every format."""
+    case = inp.case
+    q0, q1, k0, k1 = _doc_bounds(case, b)
+    d = t + (k1 - k0) - (q1 - q0)
+    groups = case.heads // case.heads_k
+    g = torch.Generator().manual_seed(seed)
+    q, k = inp.q.double(), inp.k.double()
+    seen = k[k0 : k0 + d + 1]  # keys query t sees: (d + 1, Hk, D)
+    if which == "key":
+        new_k = inp.k.clone()
+        for hk in range(case.heads_k):
+            qt = q[q0 + t, hk * groups]
+            s = (seen[:, hk] @ qt) * case.scale
+            new_k[k0 + d, hk] = _aligned(qt, s.max(), case.scale).to(inp.k.dtype).to(inp.k.device)
+        return inp.replace(k=new_k, v=perturb_rows(inp.v, slice(k0 + d, k0 + d + 1), "huge", g))
+    new_q = inp.q.clone()
+    for h in range(case.heads):
+        kd = k[k0 + d, h // groups]
+        s = (seen[:, h // groups] @ q[q0 + t, h]) * case.scale
+        new_q[q0 + t, h] = _aligned(kd, s.max(), case.scale).to(inp.q.dtype).to(inp.q.device)
+    return inp.replace(q=new_q, do=perturb_rows(inp.do, slice(q0 + t, q0 + t + 1), "huge", g))
+
+
+def _rows_changed(new: torch.Tensor, base: torch.Tensor, lo: int, hi: int) -> int:
+    """Elements of rows [lo, hi) whose bits differ (-0.0 read as +0.0)."""
+    if hi <= lo:
+        return 0
+    region = torch.zeros(new.shape[0], dtype=torch.bool, device=new.device)
+    region[lo:hi] = True
+    return compare_bitwise(new, base, region=region[:, None, None]).mismatched
+
+
+@register(
+    "causal.diagonal",
+    "the visible region ends exactly at the diagonal: out and dQ of query t change when only key "
+    "t + offset (the last key it sees) changes, and earlier rows do not; dK and dV of key d change "
+    "when only query d - offset (the first query that sees it) changes, and later keys do not; "
+    "query rows that see no key (Lq > Lk) output 0 with 0 dQ",
+    defaults=lambda recipe, dtype: {"missed": 0, "leaked_elements": 0, "nonzero_unseen": 0},
+    cost=1.0,
+)
+def diagonal(ctx):
+    cases = _causal_cases(ctx)
+    jobs = [(c, b, t, which) for c, b in cases for t in _diagonal_rows(ctx, c, b) for which in ("key", "query")
+            if which == "key" or ctx.has_backward]
+    missed, leaked, unseen, first, findings = 0, 0, 0, None, []
+    for case, b in cases:  # rows that see no key: out 0, dQ 0 (bitwise, -0.0 read as +0.0)
+        q0, q1, k0, k1 = _doc_bounds(case, b)
+        n0 = max(0, (q1 - q0) - (k1 - k0))
+        base = ctx.run(case)
+        for name in ("out", "dq"):
+            x = getattr(base, name)
+            if x is None or n0 == 0:
+                continue
+            bad = int((x[q0 : q0 + n0] != 0).sum())  # NaN counts as non-zero
+            if bad:
+                unseen += bad
+                findings.append(case_record(case, document=b, tensor=name,
+                                            problem=f"{bad} elements of {name} rows [0, {n0}) that see no key are not 0",
+                                            summary=f"{name} of query rows that see no key is not 0 ({bad} elements)"))
+    for n, (case, b, t, which) in enumerate(jobs):
+        q0, q1, k0, k1 = _doc_bounds(case, b)
+        d = t + (k1 - k0) - (q1 - q0)
+        base = ctx.run(case)
+        new = ctx.run(_diagonal_probe(ctx.inputs(case), b, t, which, seed=case.seed * 3001 + t))
+        # a row that sees one key (d = 0) has P = 1 there, so dS = P (dP - D) = 0: its dQ and that
+        # key's dK do not depend on the pair, exactly; only out and dV are required to move
+        if which == "key":
+            must = [("out", q0 + t)] + ([("dq", q0 + t)] if d > 0 else [])
+            fixed = [(name, q0, q0 + t) for name in ("out", "dq")]
+            what = f"key {d} (the last key query {t} sees) turned towards query {t}, value {d} huge"
+        else:
+            must = ([("dk", k0 + d)] if d > 0 else []) + [("dv", k0 + d)]
+            fixed = [(name, k0 + d + 1, k1) for name in ("dk", "dv")]
+            what = f"query {t} (the first query that sees key {d}) turned towards key {d}, dO {t} huge"
+        for name, row in must:
+            x_new, x_base = getattr(new, name), getattr(base, name)
+            if x_new is None or x_base is None:
+                continue
+            if _rows_changed(x_new, x_base, row, row + 1) == 0:
+                missed += 1
+                pos = t if name in ("out", "dq") else d
+                findings.append(case_record(case, document=b, t=t, probe=what, tensor=name,
+                                            summary=f"{name} at position {pos} did not change: {what}"))
+        for name, lo, hi in fixed:
+            x_new, x_base = getattr(new, name), getattr(base, name)
+            if x_new is None or x_base is None:
+                continue
+            c = _rows_changed(x_new, x_base, lo, hi)
+            if c:
+                leaked += c
+                side = f"rows before {t}" if name in ("out", "dq") else f"keys after {d}"
+                findings.append(case_record(case, document=b, t=t, probe=what, tensor=name,
+                                            summary=f"{c} elements of {name} at {side} changed: {what}"))
+        ctx.progress((n + 1) / len(jobs))
+    first = findings[0] if findings else None
+    metrics = {"missed": missed, "leaked_elements": leaked, "nonzero_unseen": unseen, "probes": len(jobs)}
+    return ctx.judged(
+        metrics,
+        ok_message=f"every one of {len(jobs)} diagonal probes reached its diagonal position and nothing past it; "
+        "rows that see no key output 0",
+        worst_case=first or {},
+        extra_failures=[first["summary"]] if first else [],
+    )

@@ -1,0 +1,197 @@
+"""Planted causal bugs of block-scaled kernels: each one leaks (or hides) a single position class
+that a check probing a few fixed positions of one square document misses.
+
+Each kernel follows the calling convention, is the FLAMIA MXFP8 emulation with one change, and
+carries ``recipe``, ``catches`` (the causal checks that must report ``fail`` on it, quick suite) and
+``where`` (the position class its bug lives in).
+
+    fallback_{v,k,do,q}_off{1,2}   the causal-safe split (diagonal fallback) of one sequence-blocked
+                                   operand counts a block as whole while the row still misses 1 (2)
+                                   of its positions: V in O = P V and K in dQ = dS K (rows are
+                                   queries: the block's last positions, the diagonal one or two
+                                   positions early); dO in dV = P^T dO and Q in dK = dS^T Q (rows
+                                   are keys: the block's first positions, the diagonal one or two
+                                   positions late)
+    top_left_if_lq_gt_lk           the causal mask aligned top-left (j <= i) only when Lq > Lk:
+                                   query i sees keys up to i instead of i + (Lk - Lq) (the future)
+    top_left_if_lq_lt_lk           the same only when Lq < Lk: query i misses keys i + 1 .. i + Lk - Lq
+                                   (it sees too little; no future leaks)
+    no_fallback_hd128              no diagonal fallback on the head_dim-128 code path only
+    backward_mask_plus1            the backward's causal mask one position too far (j <= i + offset + 1),
+                                   the forward's right
+
+The fallback bugs leak only at rows whose diagonal sits 1 or 2 positions from a 32-block boundary
+(t + offset = 32n - 2 or 32n - 1 for V and K; t = 32n + 1 or 32n + 2 for dO and Q).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from unittest import mock
+
+import torch
+
+from flamia_verify.kernels import emulation as E
+from flamia_verify.kernels.designs import FLAMIA_MXFP8
+from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
+from zoo.kernels import _flamia, _split_kernel
+
+__all__ = ["CAUSAL_BUGS"]
+
+
+def _tag(fn, catches: tuple[str, ...], where: str, doc: str, recipe: str = "mxfp8"):
+    fn.recipe = recipe
+    fn.catches = catches
+    fn.where = where
+    fn.__doc__ = doc
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# the diagonal fallback of one operand off by one or two positions
+# ---------------------------------------------------------------------------------------------
+
+#: the sequence-blocked operands of FLAMIA_MXFP8 (field of the design -> GEMM)
+PATHS = {"v": "v_seq", "k": "k_seq", "do": "do_seq", "q": "q_seq"}
+
+
+def _slack_block_mask(vis: torch.Tensor, block: int, slack: int) -> torch.Tensor:
+    """full_block_mask with an off-by-``slack`` comparison: a block counts as whole for a row that
+    sees at least one of its positions and misses at most ``slack`` of them."""
+    rows, cols = vis.shape
+    blk = torch.arange(cols, device=vis.device) // block
+    nblk = int(blk[-1]) + 1
+    counts = torch.zeros(rows, nblk, dtype=torch.int64, device=vis.device)
+    counts.index_add_(1, blk, vis.to(torch.int64))
+    sizes = torch.bincount(blk, minlength=nblk)
+    return ((counts >= sizes - slack) & (counts > 0))[:, blk]
+
+
+def _distinct_paths(design):
+    """The design with a distinct (equal-valued) Quant object per sequence-blocked operand, so that
+    the patched fallback can tell the four GEMMs apart by identity (rounding unchanged)."""
+    return replace(design, **{f: Quant(getattr(design, f).kind, getattr(design, f).block, getattr(design, f).rule)
+                              for f in PATHS.values()})
+
+
+def _fallback_off(path: str, slack: int):
+    design = _distinct_paths(FLAMIA_MXFP8)
+    field = PATHS[path]
+    original = E._fallback_mask
+
+    def fallback(design_, quant, vis, causal):
+        full = original(design_, quant, vis, causal)
+        if full is None or quant is not getattr(design_, field) or vis.shape[1] == 0:
+            return full
+        return _slack_block_mask(vis, quant.block, slack)
+
+    within = functools.partial(mock.patch.object, E, "_fallback_mask", fallback)
+    return _split_kernel(design, design, within=within)
+
+
+_GEMM = {"v": "V in O = P V", "k": "K in dQ = dS K", "do": "dO in dV = P^T dO", "q": "Q in dK = dS^T Q"}
+_CATCH = {"v": ("causal.forward",), "k": ("causal.dq",), "do": ("causal.dk_dv",), "q": ("causal.dk_dv",)}
+_WHERE = {"v": "t + offset = 32n - {s}", "k": "t + offset = 32n - {s}", "do": "t = 32n + {s}", "q": "t = 32n + {s}"}
+
+CAUSAL_BUGS: dict = {}
+for _p in PATHS:
+    for _s in (1, 2):
+        CAUSAL_BUGS[f"fallback_{_p}_off{_s}"] = _tag(
+            _fallback_off(_p, _s), _CATCH[_p], _WHERE[_p].format(s=_s),
+            f"FLAMIA MXFP8 whose diagonal fallback for {_GEMM[_p]} counts a 32-block as whole while the "
+            f"row still misses {_s} of its positions",
+        )
+
+# ---------------------------------------------------------------------------------------------
+# top-left causal alignment for one sign of Lk - Lq only
+# ---------------------------------------------------------------------------------------------
+
+_VISIBLE = E.visible
+
+
+def _top_left_when(longer: str):
+    def visible(lq: int, lk: int, causal: bool, device=None) -> torch.Tensor:
+        if causal and ((lq > lk) if longer == "q" else (lq < lk)):
+            return torch.arange(lk, device=device)[None, :] <= torch.arange(lq, device=device)[:, None]
+        return _VISIBLE(lq, lk, causal, device)
+
+    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8,
+                         within=functools.partial(mock.patch.object, E, "visible", visible))
+
+
+top_left_if_lq_gt_lk = _tag(
+    _top_left_when("q"), ("causal.forward", "causal.diagonal"), "Lq > Lk",
+    "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq > Lk: queries see future keys",
+)
+top_left_if_lq_lt_lk = _tag(
+    _top_left_when("k"), ("causal.diagonal",), "Lq < Lk",
+    "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq < Lk: queries miss their last "
+    "Lk - Lq keys",
+)
+
+# ---------------------------------------------------------------------------------------------
+# one head_dim's code path without the fallback
+# ---------------------------------------------------------------------------------------------
+
+_NO_FALLBACK = make_kernel(replace(FLAMIA_MXFP8, name="no-fallback", diagonal_fallback=False))
+
+
+def _no_fallback_hd128(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                       causal=False):
+    fn = _NO_FALLBACK if q.shape[-1] == 128 else _flamia
+    return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+              causal=causal)
+
+
+no_fallback_hd128 = _tag(
+    _no_fallback_hd128, ("causal.forward", "causal.dq", "causal.dk_dv"), "head_dim 128",
+    "FLAMIA MXFP8 whose head_dim-128 code path has no diagonal fallback (every other head_dim has it)",
+)
+
+# ---------------------------------------------------------------------------------------------
+# the backward's mask one position too far
+# ---------------------------------------------------------------------------------------------
+
+
+def _visible_plus1(lq: int, lk: int, causal: bool, device=None) -> torch.Tensor:
+    if not causal:
+        return _VISIBLE(lq, lk, causal, device)
+    i = torch.arange(lq, device=device)[:, None]
+    j = torch.arange(lk, device=device)[None, :]
+    return j <= i + (lk - lq) + 1
+
+
+class _BackwardMaskPlus1(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
+        out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        with mock.patch.object(E, "visible", _visible_plus1):
+            dq, dk, dv = _backward(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None
+
+
+def _backward_mask_plus1(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                         causal=False):
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _BackwardMaskPlus1.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal))
+
+
+backward_mask_plus1 = _tag(
+    _backward_mask_plus1, ("causal.dq", "causal.dk_dv", "causal.diagonal"), "backward only",
+    "FLAMIA MXFP8 whose backward masks with j <= i + offset + 1 (one key too many); the forward is right",
+)
+
+CAUSAL_BUGS.update({
+    "top_left_if_lq_gt_lk": top_left_if_lq_gt_lk,
+    "top_left_if_lq_lt_lk": top_left_if_lq_lt_lk,
+    "no_fallback_hd128": no_fallback_hd128,
+    "backward_mask_plus1": backward_mask_plus1,
+})
