@@ -287,9 +287,9 @@ def _cmd_fuzz(args) -> int:
                         seed=int(case.get("seed", 0)), checks=[result])
         paths = write_reports(report, out)
         render_terminal(report, console, plain=_plain(console))
-        console.print(f"replayed {args.replay} with recipe {report.recipe}; reports:")
+        console.print(f"replayed {args.replay} with recipe {report.recipe}; reports:", markup=False, soft_wrap=True)
         for kind, path in paths.items():
-            console.print(f"  {kind:<6} {path}")
+            console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
         return EXIT_PASS if report.passed else EXIT_FAIL
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
