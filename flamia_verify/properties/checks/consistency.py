@@ -266,23 +266,59 @@ def conservation_backward(ctx):
                       worst_case=rec or {})
 
 
-def one_hot_inputs(case: Case, device) -> Inputs:
-    """V_j = e_j (keys), dO_i = e_i (queries) within each document; q x 4 (spread scores)."""
+def one_hot_inputs(case: Case, device, window: int | None = None) -> Inputs:
+    """V_j = e_j (keys), dO_i = e_i (queries) within each document; q x 4 (spread scores).
+
+    ``window`` w (documents longer than headdim D): only keys and queries w D .. (w + 1) D - 1 of each
+    document are one-hot (V_j = e_(j - w D), dO_i = e_(i - w D)), the others 0. P and the P^T operand
+    do not depend on V or dO, so the windows of one document read one set of weights between them."""
     q, k, _, _ = (t.float() for t in make_tensors(case))
     H, Hk, D = case.heads, case.heads_k, case.headdim
     v = torch.zeros(case.total_k, Hk, D)
     do = torch.zeros(case.total_q, H, D)
-    start = 0
-    for lk in case.lens_k:
-        v[start + torch.arange(lk), :, torch.arange(lk)] = 1.0
-        start += lk
-    start = 0
-    for lq in case.lens_q:
-        do[start + torch.arange(lq), :, torch.arange(lq)] = 1.0
-        start += lq
+    lo = 0 if window is None else window * D
+
+    def place(x, lens):
+        start = 0
+        for n in lens:
+            pos = torch.arange(lo, min(n, lo + D) if window is not None else n)
+            x[start + pos, :, pos - lo] = 1.0
+            start += n
+
+    place(v, case.lens_k)
+    place(do, case.lens_q)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     return Inputs(case, *((t.to(dt).to(device)) for t in (q * 4.0, k, v, do)), cu_from_lens(case.lens_q, device),
                   cu_from_lens(case.lens_k, device))
+
+
+def _weight_tables(ctx, case: Case):
+    """Forward weights W (H, i, j) read from O and backward weights B (H, i, j) read from dV, per
+    document: [(b, W, B)], or None when the kernel returns no dV. Documents longer than headdim are
+    read in windows of headdim keys and queries, one run per window."""
+    D = case.headdim
+    n_win = max(1, -(-max(case.lens_q + case.lens_k) // D))
+    windows = [None] if n_win == 1 else list(range(n_win))
+    cu_q, cu_k = cu_from_lens(case.lens_q).tolist(), cu_from_lens(case.lens_k).tolist()
+    W = [torch.zeros(case.heads, lq, lk, dtype=torch.float64) for lq, lk in zip(case.lens_q, case.lens_k)]
+    B = [torch.zeros(case.heads, lq, lk, dtype=torch.float64) for lq, lk in zip(case.lens_q, case.lens_k)]
+    for w in windows:
+        inp = one_hot_inputs(case, ctx.device, window=w)
+        res = ctx.run(inp)
+        if res.dv is None:
+            return None
+        lo = 0 if w is None else w * D
+        for b in range(len(case.lens_q)):
+            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            lq, lk = q1 - q0, k1 - k0
+            if lq == 0 or lk == 0:
+                continue
+            hi_k, hi_q = (lk, lq) if w is None else (min(lk, lo + D), min(lq, lo + D))
+            if hi_k > lo:  # O_i[c] = forward weight of key lo + c
+                W[b][:, :, lo:hi_k] = res.out[q0:q1, :, : hi_k - lo].double().cpu().permute(1, 0, 2)
+            if hi_q > lo:  # dV_j[c] = backward weight of query lo + c
+                B[b][:, lo:hi_q, :] = res.dv[k0:k1, :, : hi_q - lo].double().cpu().permute(1, 2, 0)
+    return [(b, W[b], B[b]) for b in range(len(case.lens_q)) if case.lens_q[b] and case.lens_k[b]]
 
 
 @register(
@@ -296,10 +332,14 @@ def one_hot_inputs(case: Case, device) -> Inputs:
 def weights(ctx):
     D = ctx.settings.headdim
     L = min(64, D)
+    # one document of several key tiles (4 x headdim keys: 256 at headdim 64) read window by window,
+    # so that a backward that rebuilds P per 64- or 128-key tile cannot hide inside one tile
+    L_long = 4 * D
     cases = [
         ctx.case((L,), heads=2, heads_k=2, causal=True, seed_offset=41),
         ctx.case((L - 24,), (L,), heads=2, heads_k=2, causal=True, seed_offset=42),
         ctx.case((L // 2, L), heads=2, heads_k=2, causal=False, seed_offset=43),
+        ctx.case((L_long,), heads=2, heads_k=2, causal=True, seed_offset=44),
     ]
     model = recipe_bound_model(ctx.recipe, ctx.dtype)
     u_pt, eta, eta_g, u_out = model.pt.u, model.pt.eta, model.pt.eta_g, model.u_out
@@ -308,18 +348,11 @@ def weights(ctx):
     alpha = model.pt.alpha / (1 - u_pt) + model.p.alpha + model.alpha_out / (1 - u_out)
     worst, rec = 0.0, None
     for n, case in enumerate(cases):
-        inp = one_hot_inputs(case, ctx.device)
-        res = ctx.run(inp)
-        if res.dv is None:
+        tables = _weight_tables(ctx, case)
+        if tables is None:
             return _missing_gradient(ctx, "dv")
-        cu_q, cu_k = inp.cu_q.tolist(), inp.cu_k.tolist()
-        for b in range(len(case.lens_q)):
-            q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-            lq, lk = q1 - q0, k1 - k0
-            if lq == 0 or lk == 0:
-                continue
-            W = res.out[q0:q1, :, :lk].double().permute(1, 0, 2)  # (H, i, j) forward weights
-            B = res.dv[k0:k1, :, :lq].double().permute(1, 2, 0)  # (H, i, j) backward weights (rounded)
+        for b, W, B in tables:
+            lq, lk = W.shape[1], W.shape[2]
             colmax = B.abs().amax(1, keepdim=True)
             tol = (u_pt / (1 - u_pt)) * B.abs() + (u_out / (1 - u_out) + u_out) * W.abs()
             tol = tol + (eta * colmax + eta_g) / (1 - u_pt) + alpha + 2.0**-20 * (W.abs() + B.abs())
@@ -330,9 +363,10 @@ def weights(ctx):
                 worst = r
                 h, rem = divmod(int(ratio.argmax()), lq * lk)
                 i, j = divmod(rem, lk)
-                rec = case_record(case, construction="V_j = e_j, dO_i = e_i, q x 4", document=b, head=h, query=i, key=j,
-                                  forward_weight=float(W[h, i, j]), backward_weight=float(B[h, i, j]),
-                                  tolerance=float(tol[h, i, j]))
+                rec = case_record(case, construction="V_j = e_j, dO_i = e_i, q x 4" + (
+                    f" (read in windows of {case.headdim} keys and queries)" if max(case.lens_k) > case.headdim else ""),
+                    document=b, head=h, query=i, key=j, forward_weight=float(W[h, i, j]),
+                    backward_weight=float(B[h, i, j]), tolerance=float(tol[h, i, j]))
         ctx.progress((n + 1) / len(cases))
     return ctx.judged({"weight_mismatch": worst},
                       ok_message=f"backward weights match the forward's within {worst:.3g} of the P^T rounding",
