@@ -11,14 +11,22 @@
     only = ["causal", "isolation"]       # families or check names
     case_timeout_s = 300                 # a kernel call running longer is stopped and reported as an error
     forward_only = true                  # the kernel has no backward: gradient checks skip (say so deliberately)
-    compare_factor = 1.5                 # `compare`: a metric worse by more than this factor regresses
+    compare_factor = 1.5                 # `compare`: a metric must get worse by more than this factor (> 1)
 
     [tool.flamia-verify.thresholds."error.out"]
-    rel_rmse = 0.05
+    normalized_error = 1.5               # a threshold: a number (inf switches it off)
+
+    [tool.flamia-verify.thresholds."determinism.repeat"]
+    warn_only = true                     # an option of a check: true or false
+
+    [tool.flamia-verify.thresholds.suite]
+    seeds = 3                            # a suite setting (flamia_verify.properties.settings)
 
 A file given with ``--config`` may hold the same keys either under ``[tool.flamia-verify]`` or at its
-top level. An unknown key or a value of the wrong type is a configuration error (exit 2) that names it.
-Threshold names and values are validated by the check engine against the checks it knows.
+top level. An unknown key or a value of the wrong type is a configuration error (exit 2) that names it
+and the file; threshold tables are checked against the registered checks when the file is read
+(`flamia_verify.properties.thresholds.validate_overrides`). `flamia-verify list` shows every check;
+docs/checks.md its threshold keys and options.
 """
 
 from __future__ import annotations
@@ -87,15 +95,15 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: {key} = {value!r} is not one of {', '.join(_CHOICES[key])}")
         if key == "only" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: only must be a list of family or check names, got {value!r}")
-        if key in ("case_timeout_s", "compare_factor") and not (0 < value < math.inf):
+        if key == "case_timeout_s" and not (0 < value < math.inf):
             raise ConfigError(f"{where}: {key} must be a positive finite number, got {value!r}")
+        if key == "compare_factor" and not (1 < value < math.inf):
+            raise ConfigError(f"{where}: {key} must be a finite number greater than 1, got {value!r}")
         if key == "thresholds":
-            for check, values in value.items():
-                if not isinstance(values, dict):
-                    raise ConfigError(f"{where}: thresholds.{check} must be a table of threshold = number")
-                for name, v in values.items():
-                    if isinstance(v, bool) or not isinstance(v, (int, float)):
-                        raise ConfigError(f"{where}: thresholds.{check}.{name} must be a number, got {v!r}")
+            # check names, keys and kinds (numbers; true/false for options) against the registered checks
+            from flamia_verify.properties.thresholds import validate_overrides
+
+            value = validate_overrides(value, where)
         out[key] = value
     return out
 

@@ -217,10 +217,10 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
 
 def test_config_from_pyproject_and_file(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.flamia-verify]\nsuite = "standard"\nseed = 7\n[tool.flamia-verify.thresholds."error.output"]\nrel_rmse_max = 0.1\n'
+        '[tool.flamia-verify]\nsuite = "standard"\nseed = 7\n[tool.flamia-verify.thresholds."error.out"]\nnormalized_error = 1.5\n'
     )
     cfg = load_config(search_dir=tmp_path)
-    assert cfg.suite == "standard" and cfg.seed == 7 and cfg.thresholds["error.output"]["rel_rmse_max"] == 0.1
+    assert cfg.suite == "standard" and cfg.seed == 7 and cfg.thresholds["error.out"]["normalized_error"] == 1.5
     f = _write(tmp_path, "fv.toml", 'suite = "full"\nonly = ["causal"]\n')
     cfg = load_config(f)
     assert cfg.suite == "full" and cfg.only == ["causal"]
@@ -234,8 +234,9 @@ def test_config_from_pyproject_and_file(tmp_path):
         ('suite = "huge"\n', "huge"),
         ("seed = \"seven\"\n", "seed"),
         ("case_timeout_s = -1\n", "case_timeout_s"),
-        ("[thresholds]\n\"error.output\" = 3\n", "thresholds.error.output"),
-        ("[thresholds.\"error.output\"]\nrel_rmse_max = \"big\"\n", "rel_rmse_max"),
+        ("[thresholds]\n\"error.out\" = 3\n", "thresholds['error.out'] must be a mapping"),
+        ("[thresholds.\"error.output\"]\nrel_rmse_max = 0.1\n", "unknown check 'error.output'"),
+        ("[thresholds.\"error.out\"]\nnormalized_error = \"big\"\n", "normalized_error"),
         ("this is not toml", "TOML"),
     ],
 )

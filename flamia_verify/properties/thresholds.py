@@ -11,8 +11,11 @@ Every default is derived (docs/checks.md gives each derivation):
 * from the null distribution of a statistic (bias z-scores).
 
 Overrides have the shape ``{check_name: {key: value}}`` plus an optional ``"suite"`` entry with
-suite settings (see :mod:`flamia_verify.properties.settings`). Unknown names, keys and values of
-the wrong kind raise :class:`ConfigError` naming them.
+suite settings (see :mod:`flamia_verify.properties.settings`). A key is a threshold (a number; inf
+switches it off) or a check's option (``causal.nan`` ``require_nan_keys``, ``determinism.repeat``
+``warn_only``: true or false). Unknown names, keys and values of the wrong kind raise
+:class:`ConfigError` naming them (and the file they came from, when the config loader validates a
+file's thresholds with :func:`validate_overrides`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ __all__ = [
     "default_thresholds",
     "predicted_rel_rmse",
     "resolve_thresholds",
+    "validate_overrides",
     "ERROR_MODEL_FACTOR",
     "BIAS_Z",
     "input_unit_roundoff",
@@ -94,6 +98,59 @@ def _check_value(where: str, key: str, value, default) -> float | bool:
     return value
 
 
+def _known_keys(specs) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Every check's threshold keys and options with the kind of their defaults. The keys are the same
+    for every recipe and dtype (only the values differ), so any recipe serves to list them."""
+    thresholds = {n: s.default_thresholds("bf16", torch.bfloat16) for n, s in specs.items()}
+    options = {n: dict(s.options) for n, s in specs.items()}
+    return thresholds, options
+
+
+def validate_overrides(overrides, where: str | None = None) -> dict:
+    """Check ``overrides`` against the registered checks without a recipe: check names, keys, kinds of
+    value and suite settings. Returns them with numbers as floats. ``where`` (a file and table) starts
+    every message; without it the messages name the mapping."""
+    from flamia_verify.properties.registry import all_specs
+
+    def at(part: str) -> str:
+        return f"{where}: {part}" if where else part
+
+    if not isinstance(overrides, dict):
+        raise ConfigError(at(f"thresholds must be a mapping {{check_name: {{key: value}}}}, "
+                             f"got {type(overrides).__name__}"))
+    specs = {s.name: s for s in all_specs()}
+    thresholds, options = _known_keys(specs)
+    out: dict = {}
+    for name, entries in overrides.items():
+        if name == "suite":
+            if not isinstance(entries, dict):
+                raise ConfigError(at("thresholds['suite'] must be a mapping of suite settings"))
+            for key, value in entries.items():
+                if key not in SETTING_KEYS:
+                    raise ConfigError(at(f"unknown suite setting {key!r}; known: {', '.join(sorted(SETTING_KEYS))}"))
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigError(at(f"suite setting {key!r} must be a positive integer, got {value!r}"))
+            out[name] = dict(entries)
+            continue
+        if name not in specs:
+            raise ConfigError(at(f"unknown check {name!r} in thresholds; known checks: {', '.join(specs)}"))
+        if not isinstance(entries, dict):
+            raise ConfigError(at(f"thresholds[{name!r}] must be a mapping of threshold keys to values"))
+        checked = {}
+        for key, value in entries.items():
+            here = at(f"thresholds[{name!r}]")
+            if key in thresholds[name]:
+                checked[key] = _check_value(here, key, value, thresholds[name][key])
+            elif key in options[name]:
+                checked[key] = _check_value(here, key, value, options[name][key])
+            else:
+                known = sorted(list(thresholds[name]) + list(options[name]))
+                raise ConfigError(at(f"unknown key {key!r} for check {name!r}; known keys: "
+                                     f"{', '.join(known) if known else '(none)'}"))
+        out[name] = checked
+    return out
+
+
 def resolve_thresholds(
     recipe: str, dtype: torch.dtype, overrides: dict | None
 ) -> tuple[dict[str, dict], dict[str, dict], dict]:
@@ -106,32 +163,10 @@ def resolve_thresholds(
     suite: dict = {}
     if overrides is None:
         return thresholds, options, suite
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"thresholds must be a mapping {{check_name: {{key: value}}}}, got {type(overrides).__name__}")
-    for name, entries in overrides.items():
+    for name, entries in validate_overrides(overrides).items():
         if name == "suite":
-            if not isinstance(entries, dict):
-                raise ConfigError("thresholds['suite'] must be a mapping of suite settings")
-            for key, value in entries.items():
-                if key not in SETTING_KEYS:
-                    raise ConfigError(f"unknown suite setting {key!r}; known: {', '.join(sorted(SETTING_KEYS))}")
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"suite setting {key!r} must be a positive integer, got {value!r}")
             suite.update(entries)
             continue
-        if name not in specs:
-            raise ConfigError(f"unknown check {name!r} in thresholds; known checks: {', '.join(specs)}")
-        if not isinstance(entries, dict):
-            raise ConfigError(f"thresholds[{name!r}] must be a mapping of threshold keys to values")
         for key, value in entries.items():
-            where = f"thresholds[{name!r}]"
-            if key in thresholds[name]:
-                thresholds[name][key] = _check_value(where, key, value, thresholds[name][key])
-            elif key in options[name]:
-                options[name][key] = _check_value(where, key, value, options[name][key])
-            else:
-                known = sorted(list(thresholds[name]) + list(options[name]))
-                raise ConfigError(
-                    f"unknown key {key!r} for check {name!r}; known keys: {', '.join(known) if known else '(none)'}"
-                )
+            (thresholds if key in thresholds[name] else options)[name][key] = value
     return thresholds, options, suite
