@@ -35,7 +35,7 @@ def _matches(name: str, selector: str) -> bool:
 def test_every_check_has_a_planted_bug_that_must_fail_it():
     """The standard: no check without a kernel that a test asserts it fails on."""
     every = {s.name for s in list_checks("full")}
-    assert len(every) == 31
+    assert len(every) == 32
     covered = {c for k in list(Z.BUGS.values()) + list(T.TARGETED.values()) for c in k.catches}
     assert covered <= every, f"catches names unknown checks: {sorted(covered - every)}"
     assert every <= covered, f"checks that no planted bug is asserted to fail: {sorted(every - covered)}"
