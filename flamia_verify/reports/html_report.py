@@ -29,7 +29,8 @@ from flamia_verify.reports.metrics import (
 )
 from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.plots import PLOT_KINDS, PlotSpecError, plots_of, prefix_svg_ids, render_plot_svg
-from flamia_verify.reports.wording import STATUS_MARK, case_seed, counts_line, printable, rerun_command, verdict
+from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_notes,
+                                           verdict)
 
 __all__ = ["render_html"]
 
@@ -56,6 +57,7 @@ a { color: #0969da; text-decoration: none; } a:hover { text-decoration: underlin
 .verdict.pass { border-left-color: var(--pass); } .verdict.fail { border-left-color: var(--fail); }
 .verdict .word { font-size: 28px; font-weight: 700; letter-spacing: .04em; }
 .verdict.pass .word { color: var(--pass); } .verdict.fail .word { color: var(--fail); }
+.verdict.incomplete { border-left-color: var(--fail); } .verdict.incomplete .word { color: var(--fail); }
 .muted { color: var(--muted); }
 table { border-collapse: collapse; width: 100%; margin: 6px 0 12px; }
 th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
@@ -275,6 +277,7 @@ def render_html(report: Report) -> str:
 <h1>flamia-verify report</h1>
 <div class="muted">{run_line}</div>
 <div class="verdict {word.lower()}" id="verdict"><span class="word">{word}</span><span>{counts}</span></div>
+{"".join(f'<p class="note"><strong>{_e(note)}</strong></p>' for note in run_notes(report))}
 {failed_links}
 {_checks_table(report, anchors)}
 {_run_summary(report)}

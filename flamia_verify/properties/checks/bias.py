@@ -3,7 +3,8 @@
 Inputs (docs/checks.md "bias"): q and k on the MX-exact E4M3 grid (so no recipe rounds them and the
 score noise, whose softmax response is biased at second order, stays out), v and dO ~ N(0.5, 1)
 (a common sign, so a one-sided error shows in the mean), plus one peaked case (q x 4: many small
-probabilities, where mass lost to underflow shows). Errors are pooled over the cases per tensor.
+probabilities, where mass lost to underflow shows) and one document of ``long_len`` keys (512 in the
+quick suite: rows of many key tiles, where an online softmax keeps rescaling). Errors are pooled over the cases per tensor.
 
     bias.gain   gain = <x - r, r> / <r, r>: the fraction by which the kernel scales the tensor along
                 the reference (negative: shrinkage). A round-to-nearest quantizer is unbiased to
@@ -47,6 +48,9 @@ def bias_cases(ctx):
             ctx.case((50, 1, 77), (64, 3, 40), distribution="shifted", overrides=_GRID, seed_offset=o + 1),
             ctx.case((128, 96), causal=False, distribution="shifted", overrides=_GRID, seed_offset=o + 2),
             ctx.case((96,), distribution="shifted", overrides=(("scale_q", 4.0),) + _GRID, seed_offset=o + 3),
+            # one long document (long_len keys, 512 in the quick suite): a row's running maximum
+            # still rises after many key tiles, where an online softmax must keep rescaling
+            ctx.case((ctx.settings.long_len,), distribution="shifted", overrides=_GRID, seed_offset=o + 4),
         ]
     return cases
 

@@ -15,33 +15,52 @@ import math
 
 import torch
 
+from dataclasses import replace
+
 from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
 from flamia_verify.properties.cases import cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
 
-__all__ = ["bounds_for", "bound_report", "one_hot_keys_case"]
+__all__ = ["bounds_for", "bound_report", "one_hot_keys_case", "one_hot_queries_case", "exact_weight_model"]
 
 LN2 = math.log(2.0)
 
 
-def bounds_for(ctx, case, *, grads: bool):
-    """The bound of a case (cached), with gradients when asked and the kernel has a backward."""
+def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
+    """The bound of a case (cached), with gradients when asked and the kernel has a backward;
+    ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are powers of two)."""
 
     def compute():
         inp = ctx.inputs(case)
         ref = ctx.reference(case)
+        model = recipe_bound_model(ctx.recipe, ctx.dtype)
+        if exact_weights:
+            model = exact_weight_model(model)
         return attention_bounds(
             inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(),
-            scale=case.scale, causal=case.causal, model=recipe_bound_model(ctx.recipe, ctx.dtype),
+            scale=case.scale, causal=case.causal, model=model,
             ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
         )
 
-    return ctx.memo(("bound", case), compute)
+    return ctx.memo(("bound", case, exact_weights), compute)
 
 
-def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases"):
+def exact_weight_model(model):
+    """The recipe's model with P's relative rounding removed (u_P = 0; its underflow terms kept).
+
+    Sound on inputs whose scores are integers in log2 units: every probability 2^(s - m) is a power
+    of two, which E4M3, E5M2, BF16 and FP16 hold exactly under any power-of-two scale (and to within
+    fp32 rounding under an fp32 scale, inside the bound's REL32 slack); only its underflow remains.
+    Without the u_P |dS| slack that the bound otherwise must leave, the dQ (dK) bound of the one-hot
+    key (query) case is the rounding of the dS (dS^T) operand itself plus the rounding of D and the
+    output: a dS format one bit coarser than the recipe (E5M2, u = 2^-3, under an E4M3 claim,
+    u = 2^-4) leaves it."""
+    return replace(model, p=replace(model.p, u=0.0))
+
+
+def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact_weights: bool = False):
     """Count violations of the bound over ``cases`` for ``tensors``; metrics, worst case, details."""
     violations, tight, first = 0, 0.0, None
     per_tensor = {t: 0 for t in tensors}
@@ -50,7 +69,7 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases"):
     for n, case in enumerate(cases):
         res = ctx.run(case)
         ref = ctx.reference(case)
-        B = bounds_for(ctx, case, grads=any(t != "out" for t in tensors))
+        B = bounds_for(ctx, case, grads=any(t != "out" for t in tensors), exact_weights=exact_weights)
         for t in tensors:
             x = getattr(res, t)
             if x is None:
@@ -116,6 +135,30 @@ def one_hot_keys_case(ctx):
                                ("grid_do", True)), seed_offset=3002)
 
 
+def one_hot_queries_case(ctx):
+    """The mirror of :func:`one_hot_keys_case`: queries one-hot (q_i = e_(i mod d)) in documents of at
+    most d queries, integer keys, softmax_scale = ln 2. Every score is an integer in log2 units and
+    dK_j[i mod d] = s dS_ij reads one entry of dS^T, the dK GEMM's operand, with no sum."""
+    d = ctx.settings.headdim
+    return ctx.case((3 * d // 4, d, d // 2 + 1), (3 * d // 4 + 5, d + 7, d // 2 + 9), softmax_scale=LN2,
+                    overrides=(("scale_k", 1.5), ("int_k", True), ("onehot_q", 1.0), ("grid_v", True),
+                               ("grid_do", True)), seed_offset=3003)
+
+
+def _share_above_u(ctx, case, tensor: str, u: float) -> float:
+    """Share of the read entries (reference != 0) of ``tensor`` whose relative error exceeds u."""
+    res, ref = ctx.run(case), ctx.reference(case)
+    x = getattr(res, tensor)
+    if x is None:
+        return 0.0
+    r = getattr(ref, tensor)
+    nz = r != 0
+    if not bool(nz.any()):
+        return 0.0
+    rel = ((x.detach().double().to(r.device) - r).abs() / r.abs().clamp_min(1e-300))[nz]
+    return float((torch.nan_to_num(rel, nan=math.inf) > u).double().mean())
+
+
 @register(
     "bound.out",
     "every element of O within the rigorous a-priori bound of the recipe's formats (unit roundoff, "
@@ -132,12 +175,28 @@ def bound_out(ctx):
 @register(
     "bound.grad",
     "every element of dQ, dK, dV within the rigorous a-priori bound propagated through the "
-    "FlashAttention backward (recompute, dP, D, dS, the three gradient GEMMs)",
-    defaults=lambda recipe, dtype: {"violations": 0},
+    "FlashAttention backward (recompute, dP, D, dS, the three gradient GEMMs); on one-hot key (query) "
+    "cases with power-of-two weights, dQ (dK) within the bound that leaves P no rounding: the dS "
+    "(dS^T) operand's own format is resolved",
+    defaults=lambda recipe, dtype: {"violations": 0, "exact_weight_violations": 0},
     needs_backward=True,
     cost=1.0,
 )
 def bound_grad(ctx):
     metrics, first, details, msg = bound_report(ctx, _cases(ctx), ("dq", "dk", "dv"))
+    # exact-weight cases: dQ reads dS (one-hot keys), dK reads dS^T (one-hot queries)
+    model = recipe_bound_model(ctx.recipe, ctx.dtype)
+    exact_viol, exact_tight, exact_first = 0, 0.0, None
+    for case, tensor, u in ((one_hot_keys_case(ctx), "dq", model.ds.u), (one_hot_queries_case(ctx), "dk", model.dst.u)):
+        m, f, _, _ = bound_report(ctx, [case], (tensor,), exact_weights=True)
+        exact_viol += m["violations"]
+        exact_tight = max(exact_tight, m["tightness"])
+        if exact_first is None and f is not None:
+            exact_first = dict(f, bound="exact weights (u_P = 0)")
+        metrics[f"share_above_u_{'ds' if tensor == 'dq' else 'dst'}"] = _share_above_u(ctx, case, tensor, u)
+    metrics["exact_weight_violations"] = exact_viol
+    metrics["exact_weight_tightness"] = exact_tight
+    msg += f"; exact-weight dS/dS^T cases tightness {exact_tight:.3g}"
+    first = first or exact_first
     return ctx.judged(metrics, ok_message=msg, worst_case=first or {}, details=details,
                       extra_failures=[first["summary"]] if first else [])
