@@ -176,8 +176,8 @@ def test_a_kernel_that_cannot_run_the_smallest_case_raises_crash():
 
 
 def test_forward_only_kernel_skips_gradient_checks_with_the_reason():
-    report = run_checks(Z.forward_only, suite="quick")
-    assert report.environment["backward"] is False
+    report = run_checks(Z.forward_only, suite="quick", forward_only=True)
+    assert report.environment["backward"] is False and report.environment["forward_only"] is True
     by = {c.name: c for c in report.checks}
     for name in ("interface.backward", "error.dq", "error.dk", "error.dv", "bound.grad", "causal.dq", "causal.dk_dv",
                  "consistency.weights", "consistency.shift_invariance"):

@@ -43,7 +43,8 @@ def test_round_trip_keeps_key_order_and_summary(tmp_path):
     check = data["checks"][1]
     assert list(check["thresholds"]) == ["rel_err_vs_bf16_dQ", "rel_err_vs_bf16_dK", "rel_err_vs_bf16_dV"]
     assert data["summary"] == {"total": 11, "pass": 7, "fail": 2, "error": 1, "skip": 1, "passed": False,
-                               "failed_checks": ["error.backward", "causal.forward", "causal.backward"]}
+                               "failed_checks": ["error.backward", "causal.forward", "causal.backward"],
+                               "complete": True, "status": "fail", "gradients_checked": True, "forward_only": False}
 
 
 def test_nonfinite_values_are_strict_json_strings(tmp_path):

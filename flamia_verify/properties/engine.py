@@ -6,8 +6,20 @@ Failure handling:
 * the kernel cannot run the smallest case -> :class:`KernelCrashError` (nothing else could run);
 * the kernel raises or hangs on one case -> that check is ``error`` (the exception type and text in
   its message, the case in ``worst_case``), and the other checks still run;
-* a forward-only kernel (no grad_fn, or a backward that raises on the smallest case) -> every
-  gradient-only check is ``skip`` with the reason; mixed checks test what the forward allows.
+* a kernel declared forward-only (``forward_only=True``) -> its backward is never called; every
+  gradient-only check is ``skip`` and the report says that gradients were not checked;
+* an undeclared kernel whose backward is missing (no grad_fn) or raises on the smallest case ->
+  ``interface.backward`` fails with the reason and every gradient-only check is ``error``: a backward
+  that cannot run is a finding, not a forward-only kernel;
+* a forward that writes into its inputs in place, which autograd rejects on leaf inputs that require
+  grad -> the forward is run on detached inputs, ``interface.inputs_unmodified`` fails naming the
+  tensor, ``interface.backward`` fails, and the gradient-only checks are ``skip`` with that reason;
+* every kernel call is audited for in-place writes (``KernelHarness.modifications``);
+  ``interface.inputs_unmodified`` is judged again at the end of the run over every call made;
+* a run that stops early (KeyboardInterrupt, a signal turned into one, an error from a callback such
+  as a full disk) -> the exception carries the report of the finished checks as ``partial_report``,
+  marked ``complete = False`` with the reason. While the run is going, ``on_report`` receives the
+  report so far, marked incomplete as well, so that a file written from it never reads as a verdict.
 """
 
 from __future__ import annotations
@@ -137,7 +149,7 @@ def _resolve_device(device: str) -> str:
 
 
 def build_context(loaded: LoadedKernel, recipe: str, *, suite: str, device: str, dtype, seed: int,
-                  thresholds: dict | None, case_timeout_s: float | None) -> CheckContext:
+                  thresholds: dict | None, case_timeout_s: float | None, forward_only: bool = False) -> CheckContext:
     dtype_name(dtype)
     # inf is not "no limit" (None is): the timed wait overflows the platform's time_t
     if case_timeout_s is not None and not 0 < case_timeout_s < float("inf"):
@@ -146,7 +158,7 @@ def build_context(loaded: LoadedKernel, recipe: str, *, suite: str, device: str,
     settings = suite_settings(suite, suite_over)
     harness = KernelHarness(loaded.fn, timeout_s=case_timeout_s)
     smallest = Case((16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=seed, dtype=dtype_name(dtype))
-    _, support = harness.probe(make_inputs(smallest, device))
+    _, support = harness.probe(make_inputs(smallest, device), forward_only=forward_only)
     return CheckContext(loaded.name, recipe, harness, settings, seed, device, dtype, support, th, opts)
 
 
@@ -155,7 +167,7 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
     t0 = time.perf_counter()
     try:
         if spec.needs_backward and not ctx.has_backward:
-            result = ctx.skip(f"forward-only kernel: {ctx.backward.reason}; this check needs gradients")
+            result = _without_gradients(ctx)
         else:
             result = spec.fn(ctx)
     except KernelCallError as err:
@@ -175,6 +187,49 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
     return result
 
 
+def _without_gradients(ctx: CheckContext) -> CheckResult:
+    """A gradient-only check on a run without gradients: skip when declared (or when an in-place write
+    that fails the run is why), else error: an undeclared backward that cannot run fails the run."""
+    b = ctx.backward
+    if b.declared:
+        return ctx.skip("gradients not checked: the kernel is declared forward-only (--forward-only, "
+                        "forward_only = true); this check needs gradients")
+    if b.cause == "inplace":
+        return ctx.skip(f"gradients not checked: {b.reason}; interface.inputs_unmodified reports the write")
+    return ctx.result(
+        "error", {},
+        message=f"gradients not checked: {b.reason} on the smallest case; a kernel without a working backward "
+                "fails unless declared forward-only (--forward-only, forward_only = true)",
+        worst_case={"case": b.case.to_dict(), "stage": "backward", "exception": b.reason} if b.case else {},
+    )
+
+
+def _stop_reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted ({str(exc) or 'SIGINT'})"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _rejudge_inputs(ctx: CheckContext, report: Report, audited_at: int | None) -> None:
+    """interface.inputs_unmodified again over every call of the run, when calls came after it ran."""
+    from flamia_verify.properties.checks.interface import INPUTS_UNMODIFIED, judge_modifications
+
+    if audited_at is None or ctx.harness.calls == audited_at:
+        return
+    for i, old in enumerate(report.checks):
+        if old.name == INPUTS_UNMODIFIED:
+            ctx.spec = next(s for s in all_specs() if s.name == INPUTS_UNMODIFIED)
+            new = judge_modifications(ctx)
+            if old.status == "error" and new.status == "pass":
+                return  # its own calls failed; no write seen elsewhere either
+            if old.status == "error":
+                new.message += f" (its own calls: {old.message})"
+            new.duration_s = old.duration_s
+            report.checks[i] = new
+            return
+
+
 def run_checks(
     kernel,
     *,
@@ -188,6 +243,8 @@ def run_checks(
     on_progress: Callable[[ProgressEvent], None] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
     case_timeout_s: float | None = None,
+    forward_only: bool = False,
+    on_report: Callable[[Report], None] | None = None,
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -195,7 +252,10 @@ def run_checks(
     or full. only: families (``["causal", "error"]``) or full check names. thresholds: overrides
     ``{check_name: {key: value}}`` (and ``"suite": {setting: value}``). on_progress receives
     :class:`ProgressEvent`s; on_result each finished :class:`CheckResult`. case_timeout_s bounds
-    each kernel call (a hung call makes its check ``error``).
+    each kernel call (a hung call makes its check ``error``). forward_only declares a kernel without
+    a backward (its gradient checks skip; undeclared, a backward that cannot run fails the run).
+    on_report receives the report after each finished check, marked incomplete (``complete`` False)
+    until the run ends. A run that stops early raises with ``partial_report`` set on the exception.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -204,12 +264,13 @@ def run_checks(
     specs = select_checks(list_checks(suite), only)
     device = _resolve_device(device)
     ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
-                        thresholds=thresholds, case_timeout_s=case_timeout_s)
+                        thresholds=thresholds, case_timeout_s=case_timeout_s, forward_only=forward_only)
     report = Report(kernel=loaded.name, recipe=recipe, suite=suite, seed=seed, environment=environment(device))
     report.environment.update(
         dtype=dtype_name(dtype),
         backward=ctx.has_backward,
         backward_reason=ctx.backward.reason,
+        forward_only=ctx.backward.declared,
         case_timeout_s=case_timeout_s,
         kernel_source=loaded.source,
     )
@@ -226,15 +287,40 @@ def run_checks(
         estimate = elapsed / overall if overall > 0.02 else None
         on_progress(ProgressEvent(specs[i].name, i, len(specs), fraction, elapsed, estimate, overall))
 
-    for i, spec in enumerate(specs):
-        ctx.on_fraction = lambda f, i=i: emit(i, f)
-        emit(i, 0.0)
-        result = run_one(ctx, spec)
-        report.checks.append(result)
-        emit(i, 1.0)
-        done_cost += costs[i]
-        if on_result is not None:
-            on_result(result)
+    report.complete = False
+    report.incomplete_reason = f"the run had not finished when this report was written: 0 of {len(specs)} checks done"
+    audited_at = None  # harness calls when interface.inputs_unmodified ran
+    try:
+        for i, spec in enumerate(specs):
+            ctx.on_fraction = lambda f, i=i: emit(i, f)
+            emit(i, 0.0)
+            result = run_one(ctx, spec)
+            if spec.name == "interface.inputs_unmodified":
+                audited_at = ctx.harness.calls
+            report.checks.append(result)
+            report.incomplete_reason = (f"the run had not finished when this report was written: {i + 1} of "
+                                        f"{len(specs)} checks done")
+            emit(i, 1.0)
+            done_cost += costs[i]
+            if on_result is not None:
+                on_result(result)
+            if on_report is not None:
+                on_report(report)
+        _rejudge_inputs(ctx, report, audited_at)
+    except BaseException as exc:
+        try:
+            _rejudge_inputs(ctx, report, audited_at)
+        except Exception:  # the partial report is still worth having without it
+            pass
+        report.incomplete_reason = (f"the run stopped after {len(report.checks)} of {len(specs)} checks: "
+                                    f"{_stop_reason(exc)}")
+        try:
+            exc.partial_report = report  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+        raise
+    report.complete = True
+    report.incomplete_reason = None
     if hasattr(loaded.fn, "paths"):  # a built-in kernel: which implementation ran, call by call
         report.environment["kernel_paths"] = {
             path: n - paths_before.get(path, 0) for path, n in sorted(loaded.fn.paths.items())

@@ -9,6 +9,13 @@ Timeouts: with ``timeout_s`` set, each call runs in a fresh daemon thread and th
 most that long. Python cannot kill a thread: a kernel that hangs keeps its thread (and whatever
 it holds: GPU stream, locks) until it returns or the process exits. The check reports ``error`` and
 the run continues; a kernel that hangs for good needs the process to be restarted.
+
+In-place writes: the kernel gets fresh copies of the case's tensors, and after the forward and again
+after the backward of every call the harness compares each copy bitwise with the case's original. A
+change is recorded in ``KernelHarness.modifications`` (case, stage, tensor, mismatch), whatever check
+made the call; ``interface.inputs_unmodified`` reports them all. A forward that autograd stops because
+it writes into a leaf input that requires grad is run once more on detached inputs, so that the write
+is recorded with the tensor it hit.
 """
 
 from __future__ import annotations
@@ -22,8 +29,18 @@ import torch
 
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
 from flamia_verify.properties.cases import Case, Inputs
+from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 
-__all__ = ["KernelOutputs", "KernelCallError", "KernelHarness", "BackwardSupport"]
+__all__ = ["KernelOutputs", "KernelCallError", "KernelHarness", "BackwardSupport", "Modification",
+           "is_leaf_inplace_error"]
+
+#: torch's message when an in-place operation hits a leaf tensor that requires grad
+_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation"
+
+
+def is_leaf_inplace_error(exc: BaseException) -> bool:
+    """The kernel wrote into an input in place and autograd refused it (leaf inputs that require grad)."""
+    return _LEAF_INPLACE in str(exc)
 
 
 @dataclass
@@ -62,8 +79,31 @@ class KernelCallError(Exception):
 
 @dataclass(frozen=True)
 class BackwardSupport:
+    """Whether the run checks gradients.
+
+    available: gradients are computed and checked. reason: why not. declared: the user declared the
+    kernel forward-only (its backward is never called). cause: "declared", "no_grad_fn", "raised",
+    "no_gradient" (the backward gave no gradient for q, k or v) or "inplace" (the forward writes into
+    an input in place, which autograd rejects on leaf inputs that require grad). case: the probe case.
+    """
+
     available: bool
     reason: str = ""
+    declared: bool = False
+    cause: str = ""
+    case: Case | None = None
+
+
+@dataclass
+class Modification:
+    """One input tensor the kernel changed: on which case, in which stage, and how."""
+
+    case: Case
+    stage: str  # "forward" or "backward"
+    tensor: str
+    mismatch: Mismatch
+    backward_call: bool  # the call ran (or tried) the backward too
+    call: int = 0  # the harness's call number (0-based)
 
 
 def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
@@ -78,6 +118,29 @@ class KernelHarness:
         self.timeout_s = timeout_s
         self.calls = 0
         self.seconds = 0.0
+        self.audited = 0  # calls whose inputs were compared after the kernel returned
+        self.modifications: list[Modification] = []
+
+    # -- in-place writes ------------------------------------------------------------------
+
+    def _audit(self, case: Case, stage: str, pairs: dict, flagged: set, backward: bool) -> None:
+        """Compare the tensors handed to the kernel with the originals; record each new change."""
+        for name, (passed, original) in pairs.items():
+            if name in flagged:
+                continue
+            passed = passed.detach()
+            same = (passed.shape == original.shape and passed.dtype == original.dtype
+                    and torch.equal(_bits(passed), _bits(original)))
+            if not same:
+                flagged.add(name)
+                cu = None
+                if name in ("q", "do"):
+                    cu = inputs_cu(case, "q")
+                elif name in ("k", "v"):
+                    cu = inputs_cu(case, "k")
+                self.modifications.append(Modification(
+                    case, stage, name, compare_bitwise(passed, original, what=name, cu_seqlens=cu), backward,
+                    self.calls))
 
     # -- the call itself ------------------------------------------------------------------
 
@@ -86,7 +149,11 @@ class KernelHarness:
         k = inputs.k.detach().clone().requires_grad_(backward)
         v = inputs.v.detach().clone().requires_grad_(backward)
         cu_q, cu_k = inputs.cu_q.clone(), inputs.cu_k.clone()
-        upstream = (inputs.do if do is None else do).detach().clone()
+        original_do = inputs.do if do is None else do
+        upstream = original_do.detach().clone()
+        pairs = {"q": (q, inputs.q), "k": (k, inputs.k), "v": (v, inputs.v),
+                 "cu_seqlens_q": (cu_q, inputs.cu_q), "cu_seqlens_k": (cu_k, inputs.cu_k)}
+        flagged: set = set()
         stage = "forward"
         try:
             with torch.enable_grad() if backward else torch.no_grad():
@@ -101,6 +168,7 @@ class KernelHarness:
                     softmax_scale=inputs.case.scale,
                     causal=inputs.case.causal,
                 )
+                self._audit(inputs.case, "forward", pairs, flagged, backward)
                 tuple_output = isinstance(result, (tuple, list))
                 out = result[0] if tuple_output and len(result) else result
                 if not isinstance(out, torch.Tensor):
@@ -112,21 +180,38 @@ class KernelHarness:
                     stage = "backward"
                     if out.grad_fn is None and not out.requires_grad:
                         raise _NoBackward("the output has no grad_fn (forward-only kernel)")
+                    pairs["do"] = (upstream, original_do)
                     out.backward(upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream)
                     grads = (_grad_of(q), _grad_of(k), _grad_of(v))
+            self._audit(inputs.case, stage, pairs, flagged, backward)
+            self.audited += 1
             passed = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
             if backward:
                 passed["do"] = upstream
             return KernelOutputs(out.detach(), *grads, tuple_output=tuple_output, passed=passed), stage
         except _NoBackward:
+            self.audited += 1
             raise
         except BaseException as exc:  # the kernel's own failure, whatever it is
+            if isinstance(exc, Exception):  # it may have written before it raised
+                self._audit(inputs.case, stage, pairs, flagged, backward)
             exc.__flamia_stage__ = stage  # type: ignore[attr-defined]
             raise
 
     def call(self, inputs: Inputs, *, backward: bool = True, do: torch.Tensor | None = None) -> KernelOutputs:
         """Run the kernel; raise :class:`KernelCallError` if it raises or exceeds the timeout."""
         t0 = time.perf_counter()
+        try:
+            res = self._dispatch(inputs, backward, do)
+        except KernelCallError as err:
+            if backward and err.stage == "forward" and is_leaf_inplace_error(err.exc):
+                self._retry_detached(inputs, do)
+            raise
+        res.seconds = time.perf_counter() - t0
+        self.seconds += res.seconds
+        return res
+
+    def _dispatch(self, inputs: Inputs, backward: bool, do) -> KernelOutputs:
         try:
             if self.timeout_s is None:
                 res, _ = self._invoke(inputs, backward, do)
@@ -137,14 +222,20 @@ class KernelHarness:
         except KernelCallError:
             raise
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise KernelCallError(inputs.case, exc, getattr(exc, "__flamia_stage__", "call")) from exc
         finally:
             self.calls += 1
-        res.seconds = time.perf_counter() - t0
-        self.seconds += res.seconds
         return res
+
+    def _retry_detached(self, inputs: Inputs, do) -> None:
+        """The forward wrote into a leaf input that requires grad and autograd stopped it: run the
+        forward again on detached inputs so that the write is recorded with the tensor it hit."""
+        try:
+            self._dispatch(inputs, False, do)
+        except KernelCallError:
+            pass
 
     def _threaded(self, inputs: Inputs, backward: bool, do):
         box: dict = {}
@@ -171,27 +262,45 @@ class KernelHarness:
 
     # -- forward-only detection -----------------------------------------------------------
 
-    def probe(self, inputs: Inputs) -> tuple[KernelOutputs, BackwardSupport]:
-        """Run the smallest case: forward must work (else KernelCrashError); backward may be missing."""
+    def probe(self, inputs: Inputs, *, forward_only: bool = False) -> tuple[KernelOutputs, BackwardSupport]:
+        """Run the smallest case: forward must work (else KernelCrashError); what the backward does is
+        returned as :class:`BackwardSupport` (never called when ``forward_only`` is declared)."""
+        case = inputs.case
         try:
             fwd = self.call(inputs, backward=False)
         except KernelCallError as err:
             raise KernelCrashError(
-                f"the kernel cannot run the smallest case ({inputs.case.describe()}): {err.summary}"
+                f"the kernel cannot run the smallest case ({case.describe()}): {err.summary}"
             ) from err
+        if forward_only:
+            return fwd, BackwardSupport(False, "the kernel is declared forward-only", declared=True, cause="declared",
+                                        case=case)
         try:
             both = self.call(inputs, backward=True)
         except _NoBackward as nb:
-            return fwd, BackwardSupport(False, str(nb))
+            return fwd, BackwardSupport(False, str(nb), cause="no_grad_fn", case=case)
         except KernelCallError as err:
             if err.stage == "backward":
-                return fwd, BackwardSupport(False, f"backward raised {err.summary}")
+                return fwd, BackwardSupport(False, f"the backward raised {err.summary}", cause="raised", case=case)
+            if is_leaf_inplace_error(err.exc):
+                return fwd, BackwardSupport(
+                    False, "the forward writes into its inputs in place, which autograd rejects on leaf inputs "
+                           f"that require grad ({err.summary})", cause="inplace", case=case)
             raise KernelCrashError(
-                f"the kernel cannot run the smallest case ({inputs.case.describe()}): {err.summary}"
+                f"the kernel cannot run the smallest case ({case.describe()}): {err.summary}"
             ) from err
         if both.dq is None and both.dk is None and both.dv is None:
-            return fwd, BackwardSupport(False, "the backward produced no gradient for q, k or v")
-        return both, BackwardSupport(True)
+            return fwd, BackwardSupport(False, "the backward produced no gradient for q, k or v", cause="no_gradient",
+                                        case=case)
+        return both, BackwardSupport(True, case=case)
+
+
+def inputs_cu(case: Case, side: str) -> list[int]:
+    """cu_seqlens of one side of a case ("q" or "k"), to name positions in mismatch records."""
+    out = [0]
+    for n in (case.lens_q if side == "q" else case.lens_k):
+        out.append(out[-1] + n)
+    return out
 
 
 class _NoBackward(Exception):

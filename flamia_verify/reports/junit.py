@@ -9,6 +9,10 @@ One ``<testsuite>`` (inside a ``<testsuites>`` root, which every common viewer r
 - skip  -> ``<skipped message=REASON>``;
 - pass  -> an empty testcase.
 
+A run that did not finish gets one more testcase, ``flamia-verify.run`` / ``run.complete``, with an
+``<error type="incomplete">`` that gives the reason, so that a viewer never shows an interrupted run as
+green; ``run_notes`` (incomplete run, gradients not checked) are also properties ``note.N``.
+
 The tree is built with ``xml.etree`` (which escapes markup); characters that XML 1.0 cannot hold at all
 (terminal colour codes, NUL) are written as visible ``\\x1b``-style escapes so the file always parses.
 """
@@ -21,7 +25,7 @@ from typing import Any
 
 from flamia_verify.reports.metrics import format_value, higher_is_better, safe_json, threshold_verdict
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.wording import case_seed, rerun_command
+from flamia_verify.reports.wording import case_seed, rerun_command, run_notes
 
 __all__ = ["render_junit"]
 
@@ -65,10 +69,11 @@ def render_junit(report: Report) -> str:
     """The report as JUnit XML text (see the module docstring)."""
     counts = report.counts()
     total_time = sum(c.duration_s or 0.0 for c in report.checks)
+    incomplete = not getattr(report, "complete", True)
     totals = {
-        "tests": str(len(report.checks)),
+        "tests": str(len(report.checks) + incomplete),
         "failures": str(counts["fail"]),
-        "errors": str(counts["error"]),
+        "errors": str(counts["error"] + incomplete),
         "skipped": str(counts["skip"]),
         "time": f"{total_time:.3f}",
     }
@@ -80,8 +85,17 @@ def render_junit(report: Report) -> str:
            ("seed", report.seed), ("schema", report.schema)]
     run += [(f"environment.{k}", v if isinstance(v, str) else safe_json(v, indent=None))
             for k, v in (report.environment or {}).items()]
+    run += [("complete", "true" if not incomplete else "false")]
+    run += [(f"note.{i}", note) for i, note in enumerate(run_notes(report), 1)]
     for name, value in run:
         ET.SubElement(props, "property", {"name": _x(name), "value": _x(value)})
+    if incomplete:
+        case = ET.SubElement(suite, "testcase", {"classname": "flamia-verify.run", "name": "run.complete",
+                                                 "time": "0.000"})
+        reason = report.incomplete_reason or "the run did not finish"
+        element = ET.SubElement(case, "error", {"message": _x(f"incomplete run: {reason}"), "type": "incomplete"})
+        element.text = _x(f"The run did not finish: {reason}. Only the checks listed ran; this is no verdict on "
+                          "the kernel.")
 
     for check in report.checks:
         case = ET.SubElement(suite, "testcase", {

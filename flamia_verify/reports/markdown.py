@@ -20,7 +20,7 @@ from typing import Any
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_line,
-                                           verdict)
+                                           run_notes, verdict)
 
 __all__ = ["md_escape", "render_markdown"]
 
@@ -109,6 +109,9 @@ def render_markdown(report: Report) -> str:
         + (f" · {md_escape(run_line(report))}" if run_line(report) else ""),
         "",
     ]
+    for note in run_notes(report):
+        head, _, rest = note.partition(":")
+        out += [f"> **{md_escape(head)}:**{md_escape(rest)}", ""]
     if report.checks:
         out += ["| Check | Status | Key metric | Value | Threshold |", "|---|---|---|---:|---:|"]
         for check in report.checks:

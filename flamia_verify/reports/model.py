@@ -9,6 +9,12 @@
 Metrics and thresholds are flat dicts of JSON numbers, strings or booleans; `worst_case` carries enough
 to reproduce a finding (seed, packing, shapes, location, values). Extra fields per check: `message`
 (one line a person reads), `duration_s`, `details` (free-form data for plots, e.g. error per position).
+
+A run that did not finish (interrupted, crashed mid-run, reports written while it was still going) is
+``complete = False`` with an ``incomplete_reason``; it never passes. The summary carries
+``complete``, ``status`` (pass, fail or incomplete), ``incomplete_reason`` when incomplete, and
+``gradients_checked`` / ``forward_only`` (from the environment: whether the backward was checked,
+whether the kernel was declared forward-only).
 """
 
 from __future__ import annotations
@@ -103,11 +109,25 @@ class Report:
     environment: dict[str, Any] = field(default_factory=dict)
     checks: list[CheckResult] = field(default_factory=list)
     schema: str = SCHEMA
+    complete: bool = True
+    incomplete_reason: str | None = None
 
     @property
     def passed(self) -> bool:
-        """True when no check failed or errored (skips do not fail a run)."""
-        return all(c.status in ("pass", "skip") for c in self.checks)
+        """True when the run finished and no check failed or errored (skips do not fail a run)."""
+        return self.complete and all(c.status in ("pass", "skip") for c in self.checks)
+
+    @property
+    def status(self) -> str:
+        """``incomplete`` for a run that did not finish, else ``pass`` or ``fail``."""
+        if not self.complete:
+            return "incomplete"
+        return "pass" if self.passed else "fail"
+
+    @property
+    def gradients_checked(self) -> bool:
+        """False when the run had no working backward to check (declared forward-only or not)."""
+        return (self.environment or {}).get("backward", True) is not False
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in STATUSES}
@@ -117,12 +137,19 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         counts = self.counts()
-        return {
+        out = {
             "total": len(self.checks),
             **counts,
             "passed": self.passed,
             "failed_checks": [c.name for c in self.checks if c.status in ("fail", "error")],
+            "complete": self.complete,
+            "status": self.status,
         }
+        if not self.complete:
+            out["incomplete_reason"] = self.incomplete_reason or "the run did not finish"
+        out["gradients_checked"] = self.gradients_checked
+        out["forward_only"] = bool((self.environment or {}).get("forward_only", False))
+        return out
 
     def check(self, name: str) -> CheckResult:
         for c in self.checks:
@@ -153,7 +180,14 @@ class Report:
             raise ReportSchemaError(f"report lacks field(s) {', '.join(missing)}")
         if not isinstance(data["checks"], list):
             raise ReportSchemaError("report field 'checks' must be a list")
+        summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+        complete = summary.get("complete", True)
+        if not isinstance(complete, bool):
+            raise ReportSchemaError(f"report field 'summary.complete' must be a boolean, got {complete!r}")
+        reason = summary.get("incomplete_reason")
         return cls(
+            complete=complete,
+            incomplete_reason=None if complete else (str(reason) if reason is not None else None),
             kernel=str(data["kernel"]),
             recipe=str(data["recipe"]),
             suite=str(data["suite"]),

@@ -45,13 +45,17 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
     The temporary file lives beside `path` (``.<name>.<random>.tmp``) so that ``os.replace`` stays on one
     file system; it is removed if anything fails. The new file gets the usual permissions (0666 less umask).
+    An OSError (a full disk: ENOSPC) is raised again naming `path`, the file the caller asked for.
     """
     path = Path(path)
     # Lone surrogates (undecodable file names in a message) become \udcxx: inside a JSON string that is
     # the escape that reads back as the same character; elsewhere it is visible text.
     data = text.encode("utf-8", errors="backslashreplace")
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     try:
         with os.fdopen(fd, "wb") as handle:
             fd = -1  # owned by `handle` now
@@ -59,11 +63,13 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename != str(path):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     return path
 
@@ -174,6 +180,14 @@ def validate_report_data(data: Any) -> list[str]:
             problems.append(f"field {key!r} is missing")
         elif not _has_type(data[key], types):
             problems.append(f"field {key!r}: expected {kind}, got {_kind(data[key])}")
+
+    summary = data.get("summary")
+    if isinstance(summary, dict):
+        if "complete" in summary and not isinstance(summary["complete"], bool):
+            problems.append(f"field 'summary.complete': expected a boolean, got {_kind(summary['complete'])}")
+        reason = summary.get("incomplete_reason")
+        if reason is not None and not isinstance(reason, str):
+            problems.append(f"field 'summary.incomplete_reason': expected a string, got {_kind(reason)}")
 
     checks = data.get("checks")
     if not isinstance(checks, list):

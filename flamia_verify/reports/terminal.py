@@ -21,7 +21,7 @@ from rich.text import Text
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric
 from flamia_verify.reports.model import Report
-from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, verdict
+from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, run_notes, verdict
 
 __all__ = ["STATUS_STYLE", "WIDE_CONSOLE", "check_line", "is_plain", "print_table", "render_terminal"]
 
@@ -126,6 +126,8 @@ def _print_verdict(report: Report, console: Console) -> None:
     failed = [c.name for c in report.checks if c.status in ("fail", "error")]
     if failed:
         _print_line(console, Text.assemble(("failed: ", "dim"), printable(", ".join(failed))))
+    for note in run_notes(report):
+        _print_line(console, Text(printable(note), "bold yellow"))
 
 
 def render_terminal(report: Report, console: Console | None = None, *, plain: bool = False) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from flamia_verify.reports.model import CheckResult, Report
 
 __all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line",
-           "verdict"]
+           "run_notes", "verdict"]
 
 #: Emoji-free markers of a check's status, for every renderer.
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
@@ -37,8 +37,28 @@ def printable(value: object) -> str:
 
 
 def verdict(report: Report) -> str:
-    """``PASS`` when no check failed or errored (skips do not fail a run), else ``FAIL``."""
+    """``INCOMPLETE`` for a run that did not finish; else ``PASS`` when no check failed or errored (skips
+    do not fail a run), else ``FAIL``."""
+    if not getattr(report, "complete", True):
+        return "INCOMPLETE"
     return "PASS" if report.passed else "FAIL"
+
+
+def run_notes(report: Report) -> list[str]:
+    """Sentences every renderer puts next to the verdict: an incomplete run, gradients not checked."""
+    notes = []
+    if not getattr(report, "complete", True):
+        notes.append(f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
+                     "listed ran; this is no verdict on the kernel.")
+    env = report.environment or {}
+    if env.get("backward") is False:
+        if env.get("forward_only"):
+            notes.append("Gradients were not checked: the kernel was declared forward-only, so dQ, dK and dV were "
+                         "never compared with the reference.")
+        else:
+            why = env.get("backward_reason") or "the backward did not run"
+            notes.append(f"Gradients were not checked: {why}.")
+    return notes
 
 
 def counts_line(report: Report) -> str:

@@ -9,7 +9,12 @@ from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.registry import register
 
-__all__ = []
+__all__ = ["INPUTS_UNMODIFIED", "judge_modifications"]
+
+INPUTS_UNMODIFIED = "interface.inputs_unmodified"
+
+#: modifications listed one by one in worst_case (the count is in the metrics)
+_LISTED = 20
 
 #: torch's autograd engine, when a backward returns a gradient it cannot take for its input (a shape no
 #: sum reduces to the input's, another device or layout)
@@ -61,31 +66,43 @@ def output(ctx):
 
 
 @register(
-    "interface.inputs_unmodified",
+    INPUTS_UNMODIFIED,
     "q, k, v, cu_seqlens_q, cu_seqlens_k and the upstream gradient are bitwise unchanged after the "
-    "forward and the backward (an in-place write is a finding)",
+    "forward and the backward of every kernel call of the run (an in-place write is a finding)",
     defaults=lambda recipe, dtype: {"modified_inputs": 0},
     cost=0.5,
 )
 def inputs_unmodified(ctx):
-    found = []
-    cases = _cases(ctx)[:2]
+    # its own calls: causal and non-causal, dense, varlen with an empty document, GQA, Lq != Lk; every
+    # other call of the run (probe, base cases, perturbations) is audited too, and the engine judges
+    # this check again over all of them when the run ends
+    cases = _cases(ctx)
     for n, case in enumerate(cases):
-        inp = ctx.inputs(case)
-        res = ctx.run(inp)  # explicit inputs: never cached; the harness passes fresh copies
-        originals = {"q": inp.q, "k": inp.k, "v": inp.v, "cu_seqlens_q": inp.cu_q, "cu_seqlens_k": inp.cu_k, "do": inp.do}
-        for name, passed in (res.passed or {}).items():
-            m = compare_bitwise(passed, originals[name], what=name)
-            if not m.ok:
-                found.append(case_record(case, tensor=name, mismatch=m.to_dict(), summary=m.summary()))
+        ctx.run(ctx.inputs(case))  # explicit inputs: never cached; the harness passes fresh copies
         ctx.progress((n + 1) / len(cases))
-    names = sorted({f["tensor"] for f in found})
-    metrics = {"modified_inputs": len(names)}
+    return judge_modifications(ctx)
+
+
+def judge_modifications(ctx):
+    """The verdict over every in-place write the harness recorded so far."""
+    mods = ctx.harness.modifications
+    names = sorted({m.tensor for m in mods})
+    metrics = {"modified_inputs": len(names), "modifying_calls": len({m.call for m in mods}),
+               "audited_calls": ctx.harness.audited}
+    if not mods:
+        return ctx.judged(metrics, ok_message=f"inputs bitwise unchanged after each of the {ctx.harness.audited} "
+                                              "kernel calls (forward, and backward where it ran)")
+    first = mods[0]
+    worst = case_record(first.case, tensor=first.tensor, stage=first.stage, mismatch=first.mismatch.to_dict(),
+                        summary=first.mismatch.summary())
+    worst["modifications"] = [{"tensor": m.tensor, "stage": m.stage, "case": m.case.describe()} for m in mods[:_LISTED]]
+    where = "; ".join(sorted({f"{m.tensor} in the {m.stage}" for m in mods}))
     return ctx.judged(
         metrics,
-        ok_message="inputs bitwise unchanged after forward and backward",
-        worst_case=found[0] if found else {},
-        extra_failures=[f"the kernel wrote into {', '.join(names)}: {found[0]['summary']}"] if found else [],
+        ok_message="",
+        worst_case=worst,
+        extra_failures=[f"the kernel wrote into {', '.join(names)} ({where}); first on {first.case.describe()}: "
+                        f"{first.mismatch.summary()}"],
     )
 
 
@@ -98,7 +115,16 @@ def inputs_unmodified(ctx):
 )
 def backward(ctx):
     if not ctx.has_backward:
-        return ctx.skip(f"forward-only kernel: {ctx.backward.reason}; gradient checks are skipped")
+        b = ctx.backward
+        if b.declared:
+            return ctx.skip("gradients not checked: the kernel is declared forward-only (--forward-only, "
+                            "forward_only = true); its backward was never called")
+        # undeclared: a backward that cannot run on the smallest case is a finding
+        problem = f"no usable backward: {b.reason}" + (
+            "" if b.cause == "inplace" else "; a kernel without a backward must be declared forward-only "
+                                            "(--forward-only, forward_only = true)")
+        worst = case_record(b.case, problem=problem, cause=b.cause) if b.case is not None else {"problem": problem}
+        return ctx.judged({"bad_gradients": 1, "cases": 1}, ok_message="", worst_case=worst, extra_failures=[problem])
     problems = []
     cases = _cases(ctx)
     for n, case in enumerate(cases):
