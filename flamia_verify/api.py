@@ -55,28 +55,39 @@ def check(
     only: list[str] | None = None,
     thresholds: dict | None = None,
     case_timeout_s: float | None = None,
+    forward_only: bool = False,
     out: str | Path | None = None,
 ):
     """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
 
     Returns a :class:`flamia_verify.Report`; with ``out`` the reports are also written there.
+    forward_only declares a kernel without a backward: its gradient checks skip and the report says
+    that gradients were not checked. Undeclared, a kernel whose backward is missing or raises fails.
+    A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to
+    ``out``, marked incomplete, and raises again; the exception's ``partial_report`` holds them.
     """
     from flamia_verify.properties import run_checks
+    from flamia_verify.reports import write_reports
 
-    report = run_checks(
-        kernel,
-        recipe=recipe,
-        suite=suite,
-        device=resolve_device(device),
-        dtype=resolve_dtype(dtype),
-        seed=seed,
-        only=only,
-        thresholds=thresholds,
-        case_timeout_s=case_timeout_s,
-    )
+    try:
+        report = run_checks(
+            kernel,
+            recipe=recipe,
+            suite=suite,
+            device=resolve_device(device),
+            dtype=resolve_dtype(dtype),
+            seed=seed,
+            only=only,
+            thresholds=thresholds,
+            case_timeout_s=case_timeout_s,
+            forward_only=forward_only,
+        )
+    except BaseException as exc:
+        partial = getattr(exc, "partial_report", None)
+        if out is not None and partial is not None and not isinstance(exc, OSError):
+            write_reports(partial, Path(out))
+        raise
     if out is not None:
-        from flamia_verify.reports import write_reports
-
         write_reports(report, Path(out))
     return report
 
