@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from zoo import fuzz_bugs as FB
 from zoo import kernels as Z
 from zoo import targeted as T
 
@@ -35,8 +36,9 @@ def _matches(name: str, selector: str) -> bool:
 def test_every_check_has_a_planted_bug_that_must_fail_it():
     """The standard: no check without a kernel that a test asserts it fails on."""
     every = {s.name for s in list_checks("full")}
-    assert len(every) == 32
+    assert len(every) == 33
     covered = {c for k in list(Z.BUGS.values()) + list(T.TARGETED.values()) for c in k.catches}
+    covered |= set(FB.STANDARD)  # standard-suite-only checks, asserted in test_fuzz_coverage.py
     assert covered <= every, f"catches names unknown checks: {sorted(covered - every)}"
     assert every <= covered, f"checks that no planted bug is asserted to fail: {sorted(every - covered)}"
 
