@@ -28,7 +28,14 @@ from flamia_verify.reports.metrics import (
     threshold_verdict,
 )
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.plots import PLOT_KINDS, PlotSpecError, plots_of, prefix_svg_ids, render_plot_svg
+from flamia_verify.reports.plots import (
+    PLOT_KINDS,
+    PlotSpecError,
+    blank_heatmap,
+    plots_of,
+    prefix_svg_ids,
+    render_plot_svg,
+)
 from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_notes,
                                            verdict)
 
@@ -83,6 +90,7 @@ figure.plot { margin: 0; border: 1px solid var(--line); border-radius: 6px; padd
 figure.plot svg { display: block; width: 100%; height: auto; }
 figure.plot figcaption { font-size: 12px; color: var(--muted); padding: 2px 4px 0; }
 .plot-error { color: var(--fail); border: 1px dashed var(--fail); border-radius: 6px; padding: 8px; }
+.blank-maps { font-size: 13px; margin: 6px 0; padding-left: 18px; }
 details > summary { cursor: pointer; color: var(--muted); }
 footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
 @media print { pre { max-height: none; } section.check { break-inside: avoid; } }
@@ -150,10 +158,29 @@ def _metrics_table(check: CheckResult) -> str:
     )
 
 
+def _blank_line(plot, shape: tuple[int, int]) -> str:
+    """One line in place of a heatmap that is 0 everywhere: what it maps and over how many rows."""
+    spec = plot.spec
+    what = spec.get("z_label") if isinstance(spec.get("z_label"), str) and spec.get("z_label") else "value"
+    rows = f"{shape[0]} row{'s' if shape[0] != 1 else ''}"
+    if isinstance(spec.get("y_label"), str) and spec.get("y_label"):
+        rows += f" ({spec['y_label']})"
+    cols = f"{shape[1]} column{'s' if shape[1] != 1 else ''}"
+    if isinstance(spec.get("x_label"), str) and spec.get("x_label"):
+        cols += f" ({spec['x_label']})"
+    return (f'<li><span class="mono">{_e(plot.title or plot.where)}</span>: {_e(what)} is 0 in every cell, '
+            f"{_e(rows)} × {_e(cols)}; not drawn</li>")
+
+
 def _plots(check: CheckResult, anchor: str) -> str:
     figures = []
+    blank = []
     for number, plot in enumerate(plots_of(check.details)):
         caption = f"{plot.title or plot.kind} · {plot.where}"
+        shape = blank_heatmap(plot)
+        if shape is not None:  # a map of zeros (nothing leaked) says it in words
+            blank.append(_blank_line(plot, shape))
+            continue
         try:
             svg = render_plot_svg(plot)
         except PlotSpecError as exc:
@@ -165,7 +192,10 @@ def _plots(check: CheckResult, anchor: str) -> str:
         svg = prefix_svg_ids(svg, f"{anchor}-plot{number}-")
         svg = svg.replace('role="img"', f'role="img" aria-label="{_e(plot.title or plot.kind)}"', 1)
         figures.append(f'<figure class="plot">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
-    return f'<div class="plots">{"".join(figures)}</div>' if figures else ""
+    html = f'<div class="plots">{"".join(figures)}</div>' if figures else ""
+    if blank:
+        html += f'<ul class="blank-maps muted">{"".join(blank)}</ul>'
+    return html
 
 
 def _check_section(report: Report, check: CheckResult, anchor: str) -> str:

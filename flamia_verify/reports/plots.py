@@ -36,6 +36,9 @@ How the data is drawn, so that a reader can trust what is *not* on a plot:
 - Heatmaps wider or taller than `MAX_HEATMAP_SIDE` cells are max-pooled by absolute value (the sign of the
   largest magnitude is kept), so one leaking cell stays visible.
 - A log axis with no positive value falls back to linear, and the title says so.
+- A heatmap whose every cell is exactly 0 (a leakage map where nothing leaked) is not drawn: a map of one
+  colour says nothing. `blank_heatmap` finds it and the HTML report states it in one line instead (its
+  title, the shape, and that every cell is 0). A map with any non-zero or non-finite cell is drawn.
 
 A description that breaks these rules raises `PlotSpecError` naming the field
 (``details.series[0].ys['kernel']``); the HTML report shows that message in place of the plot instead of
@@ -64,6 +67,7 @@ __all__ = [
     "PLOT_KINDS",
     "Plot",
     "PlotSpecError",
+    "blank_heatmap",
     "plots_of",
     "prefix_svg_ids",
     "render_plot_svg",
@@ -120,6 +124,23 @@ def plots_of(details: Any) -> list[Plot]:
             entries = [entries]  # a lone description: drawn, and flagged by validation if malformed
         found.extend(Plot(kind, i, spec) for i, spec in enumerate(entries))
     return found
+
+
+def blank_heatmap(plot: Plot) -> tuple[int, int] | None:
+    """``(rows, columns)`` of a heatmap description whose every cell is exactly 0, else None (also for a
+    malformed description, which drawing then reports, and for a map holding NaN or infinities)."""
+    if plot.kind != "heatmaps" or not isinstance(plot.spec, dict):
+        return None
+    rows = plot.spec.get("z")
+    if not isinstance(rows, list) or not rows or not all(
+        isinstance(r, (list, tuple)) and len(r) == len(rows[0]) and len(r) > 0 for r in rows
+    ):
+        return None
+    try:
+        z = np.stack([_vector(r, f"{plot.where}.z[{i}]") for i, r in enumerate(rows)])
+    except PlotSpecError:
+        return None
+    return (int(z.shape[0]), int(z.shape[1])) if bool(np.all(z == 0.0)) else None
 
 
 # ------------------------------------------------------------------------------------------ validation
