@@ -271,7 +271,7 @@ def _stale_rescale_patch(cu_q, cu_k):
 
 skip_rescale_after_256 = _tag(
     _patched_kernel(_stale_rescale_patch, None), "mxfp8",
-    ("bound.out", "bound.grad"),
+    ("bound.out", "bound.grad", "bias.gain"),
     ("causal", "isolation", "determinism"),
     "FLAMIA MXFP8 whose forward stops rescaling its accumulator and row sum when the running maximum "
     "rises after key 256",
