@@ -8,8 +8,10 @@
     flamia-verify report REPORT.json [--html FILE] [--md FILE]
     flamia-verify list
 
-Exit codes: 0 every check passed; 1 at least one check failed; 2 bad usage or configuration;
-3 the kernel could not be loaded or crashed. Errors print one line to stderr.
+Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
+(interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
+3 the kernel could not be loaded or crashed. Errors print one line to stderr. The reports of a run that
+did not complete say INCOMPLETE (report.json: summary.complete false, summary.status "incomplete").
 """
 
 from __future__ import annotations
@@ -36,6 +38,35 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_KERNEL = 0, 1, 2, 3
 DEFAULT_KERNEL = "flamia-mxfp8"
 
 
+CHECK_DESCRIPTION = """\
+Run the checks on a kernel beside a float64 reference and write report.json, report.md,
+report.html and junit.xml.
+
+suites (every suite runs every check; they differ in the cases):
+  quick:    at most 256 tokens a call, 3 base packings x 2 seeds (one scales dO by 2^-20, one
+            passes a non-default softmax_scale), causal documents of 96 tokens; seconds on a CPU
+  standard: 7 base packings: many tiny documents, lengths around 32, 64 and 128, 512 tokens at
+            headdim 128, GQA 4:1, Lq != Lk (also in the causal checks); tens of seconds on a CPU
+  full:     4 seeds, up to 2048 tokens a call, 4 heads; minutes on a CPU
+
+A kernel whose backward is missing or raises fails the run (interface.backward fails, the
+gradient checks report error) unless it is declared with --forward-only."""
+
+CHECK_EPILOG = """\
+exit codes: 0 every check passed; 1 a check failed or errored, or the run is incomplete
+(interrupted by SIGINT/SIGTERM, or the reports could not be written: one line names the file);
+2 bad usage or configuration; 3 the kernel could not be loaded or crashed. The reports of an
+incomplete run say INCOMPLETE and keep the checks that finished."""
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interruption so that the finished checks are written, marked incomplete."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated("SIGTERM")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line on stderr, exit 2
         self.exit(EXIT_USAGE, f"flamia-verify: error: {message} (see `{self.prog} --help`)\n")
@@ -46,50 +77,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"flamia-verify {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    c = sub.add_parser("check", help="run the checks on a kernel and write reports")
+    c = sub.add_parser("check", help="run the checks on a kernel and write reports",
+                       description=CHECK_DESCRIPTION, epilog=CHECK_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--kernel", help=f"built-in name, module:function or file.py:function (default {DEFAULT_KERNEL})")
-    c.add_argument("--recipe", help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4)")
-    c.add_argument("--suite", choices=("quick", "standard", "full"))
-    c.add_argument("--device", choices=("auto", "cpu", "cuda"))
-    c.add_argument("--dtype", choices=("bf16", "fp16"))
-    c.add_argument("--seed", type=int)
+    c.add_argument("--recipe", help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4); "
+                                    "built-in kernels carry their own")
+    c.add_argument("--suite", choices=("quick", "standard", "full"),
+                   help="how many and how large the cases are (see above; default quick)")
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                   help="where the kernel and its inputs live (default auto: cuda when a GPU is present)")
+    c.add_argument("--dtype", choices=("bf16", "fp16"), help="dtype of q, k, v and dO (default bf16)")
+    c.add_argument("--seed", type=int, help="seed every case is drawn from; the same seed gives the same cases (default 0)")
     c.add_argument("--out", help="directory for report.json, report.md, report.html, junit.xml (default ./flamia-report)")
-    c.add_argument("--config", help="TOML file with [tool.flamia-verify] settings and thresholds")
+    c.add_argument("--config", help="TOML file with [tool.flamia-verify] settings and thresholds "
+                                    "(default: pyproject.toml here, if it has that table)")
     c.add_argument("--only", nargs="+", metavar="FAMILY", help="only these families or checks (e.g. causal isolation)")
+    c.add_argument("--forward-only", action="store_true", default=None,
+                   help="declare a kernel without a backward: its backward is never called, the gradient checks "
+                        "skip and the reports say gradients were not checked (config: forward_only = true). "
+                        "Without it, a kernel whose backward is missing or raises fails")
 
     f = sub.add_parser("fuzz", help="fuzz a kernel over odd variable-length packings")
-    f.add_argument("--kernel", required=True)
-    f.add_argument("--recipe")
-    f.add_argument("--examples", type=int, default=100)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--out", default="flamia-report")
-    f.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    f.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    f.add_argument("--kernel", required=True, help="built-in name, module:function or file.py:function")
+    f.add_argument("--recipe", help="the precision recipe the kernel claims (built-in kernels carry their own)")
+    f.add_argument("--examples", type=int, default=100, help="how many packings to draw (default 100)")
+    f.add_argument("--seed", type=int, default=0, help="seed of the search; the same seed draws the same packings (default 0)")
+    f.add_argument("--out", default="flamia-report",
+                   help="directory for the reports and fuzz-case.json, the minimal failing case (default ./flamia-report)")
+    f.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the kernel runs (default auto: cuda when a GPU is present)")
+    f.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="dtype of q, k, v and dO (default bf16)")
     f.add_argument("--replay", metavar="CASE.json", help="rerun one reproducer written by an earlier fuzz run")
 
     b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
     b.add_argument("--kernel", nargs="+", default=None,
                    help="built-in names (their fused kernels) or module:function / file.py:function specs")
-    b.add_argument("--device", choices=("cuda",), default="cuda")
+    b.add_argument("--device", choices=("cuda",), default="cuda", help="the GPU to time on (only cuda)")
     b.add_argument("--seqlens", nargs="+", type=int, default=[2048, 8192, 16384],
                    help="tokens per document S; each row packs B = 32768 // S documents")
-    b.add_argument("--causal", choices=("both", "true", "false"), default="both")
+    b.add_argument("--causal", choices=("both", "true", "false"), default="both",
+                   help="time causal attention, non-causal, or both (default both)")
     b.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (triton do_bench)")
     b.add_argument("--md", help="also write the table as Markdown to this file")
     b.add_argument("--json", help="also write the rows as JSON to this file")
 
     cmp_ = sub.add_parser("compare", help="regression gate between two report.json files")
-    cmp_.add_argument("base")
-    cmp_.add_argument("new")
+    cmp_.add_argument("base", help="report.json of the accepted run (the baseline)")
+    cmp_.add_argument("new", help="report.json of the run to judge against it")
     cmp_.add_argument("--factor", type=float, default=None, help="a metric worse by more than this factor regresses (default 1.5)")
-    cmp_.add_argument("--config")
+    cmp_.add_argument("--config", help="TOML file with [tool.flamia-verify] settings (compare_factor)")
     cmp_.add_argument("--allow-missing", action="store_true",
                       help="do not fail when a check of BASE is missing from NEW (a deliberately narrower run)")
 
     r = sub.add_parser("report", help="render a report.json again")
-    r.add_argument("report")
-    r.add_argument("--html")
-    r.add_argument("--md")
+    r.add_argument("report", help="the report.json to read (validated against the report schema)")
+    r.add_argument("--html", help="write the HTML report to this file (instead of printing the summary)")
+    r.add_argument("--md", help="write the Markdown report to this file (instead of printing the summary)")
 
     sub.add_parser("list", help="built-in kernels, recipes and checks")
 
@@ -158,7 +202,6 @@ def _cmd_check(args) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
     from flamia_verify.reports import render_terminal, write_reports
-    from flamia_verify.reports.model import Report
 
     cfg = load_config(args.config)
     spec = args.kernel or cfg.kernel or DEFAULT_KERNEL
@@ -168,6 +211,7 @@ def _cmd_check(args) -> int:
     dtype = resolve_dtype(args.dtype or cfg.dtype)
     seed = args.seed if args.seed is not None else cfg.seed
     only = args.only or cfg.only
+    forward_only = bool(args.forward_only or cfg.forward_only)
     kernel = load_kernel(spec)
     out = _prepare_out(cfg.out if args.out is None else args.out)
 
@@ -177,16 +221,18 @@ def _cmd_check(args) -> int:
     console = _console()
     plain = _plain(console)  # a CI log or a pipe: a line per finished check instead of a progress bar
     finished = []
-    partial = Report(kernel=kernel.name, recipe=recipe or kernel.recipe or "?", suite=suite, seed=seed)
+    shown_recipe = recipe or kernel.recipe or "?"
     selected = {"total": None}
 
     def on_result(result):
         finished.append(result)
-        partial.checks = list(finished)
-        write_reports(partial, out)
         if plain:
             line = check_line(result, len(finished), selected["total"], time.monotonic() - started)
             console.print(line, soft_wrap=True, crop=False)
+
+    def on_report(report_so_far):
+        # written after every check, marked incomplete: a run killed now leaves no verdict behind
+        write_reports(report_so_far, out)
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -212,14 +258,26 @@ def _cmd_check(args) -> int:
         index = getattr(event, "index", 0) or 0
         total = getattr(event, "total", None) or total_checks or 1
         if plain and selected["total"] is None:  # the log says what runs before the first check finishes
-            console.print(f"checking {printable(kernel.name)}  recipe {printable(partial.recipe)}  suite {suite}  seed {seed}  "
+            console.print(f"checking {printable(kernel.name)}  recipe {printable(shown_recipe)}  suite {suite}  seed {seed}  "
                           f"device {device}: {getattr(event, 'total', None) or total_checks} checks",
                           markup=False, soft_wrap=True, crop=False)
         selected["total"] = getattr(event, "total", None) or selected["total"]
         done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
         progress.update(task, description=f"{kernel.name}: {name}", completed=min(done, total), total=total)
 
+    def write_partial(partial) -> str | None:
+        """Write the finished checks (marked incomplete); the one-line problem if that fails."""
+        if partial is None:  # nothing finished: reports of an earlier run must not stand in for this one
+            _remove_stale(out, _report_names())
+            return None
+        try:
+            write_reports(partial, out)
+        except OSError as werr:
+            return _write_problem(werr, out)
+        return None
+
     started = time.monotonic()
+    previous_term = _install(_on_sigterm)
     try:
         with progress:
             report = run_checks(
@@ -233,22 +291,58 @@ def _cmd_check(args) -> int:
                 thresholds=cfg.thresholds or None,
                 on_progress=on_progress,
                 on_result=on_result,
+                on_report=on_report,
                 case_timeout_s=cfg.case_timeout_s,
+                forward_only=forward_only,
             )
+        paths = write_reports(report, out)
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
+        partial = getattr(exc, "partial_report", None)
+        what = f"interrupted ({str(exc) or 'SIGINT'})"
+        problem = write_partial(partial)
+        if problem:
+            return _fail(f"{what}; {problem}", EXIT_FAIL)
+        if partial is None:
+            return _fail(f"{what} before any check finished; the run is incomplete and no reports were written",
+                         EXIT_FAIL)
+        render_terminal(partial, console, plain=plain)
+        return _fail(f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say "
+                     "INCOMPLETE", EXIT_FAIL)
     except KernelCrashError as exc:
-        if finished:
-            write_reports(partial, out)
-            where = f" (finished checks written to {out})"
-        else:  # reports of an earlier run must not stand in for this one
-            _remove_stale(out, _report_names())
-            where = " (no check finished; no reports written)"
+        partial = getattr(exc, "partial_report", None)
+        problem = write_partial(partial)
+        where = (f" ({problem})" if problem else " (no check finished; no reports written)" if partial is None
+                 else f" (the {len(partial.checks)} finished checks written to {out}, marked INCOMPLETE)")
         return _fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
-    paths = write_reports(report, out)
+    except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
+        return _fail(_write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
+    except BaseException as exc:
+        write_partial(getattr(exc, "partial_report", None))
+        raise
+    finally:
+        _install(previous_term)
     render_terminal(report, console, plain=plain)
     console.print(f"checked in {time.monotonic() - started:.1f} s; reports:", markup=False)
     for kind, path in paths.items():
         console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
     return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _install(handler):
+    """Set the SIGTERM handler (None: leave it); returns the previous one. Only the main thread can."""
+    import signal
+
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. called from a worker): keep the default
+        return None
+
+
+def _write_problem(exc: OSError, out: Path) -> str:
+    path = exc.filename or out
+    return f"cannot write {path}: {exc.strerror or exc}"
 
 
 def _cmd_fuzz(args) -> int:

@@ -222,7 +222,7 @@ class KernelHarness:
         except KernelCallError:
             raise
         except BaseException as exc:
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, KeyboardInterrupt):  # SIGINT, or SIGTERM turned into one: not the kernel's
                 raise
             raise KernelCallError(inputs.case, exc, getattr(exc, "__flamia_stage__", "call")) from exc
         finally:

@@ -14,7 +14,8 @@ A run that did not finish (interrupted, crashed mid-run, reports written while i
 ``complete = False`` with an ``incomplete_reason``; it never passes. The summary carries
 ``complete``, ``status`` (pass, fail or incomplete), ``incomplete_reason`` when incomplete, and
 ``gradients_checked`` / ``forward_only`` (from the environment: whether the backward was checked,
-whether the kernel was declared forward-only).
+whether the kernel was declared forward-only), and ``notes``, the sentences every renderer shows next
+to the verdict, when there are any.
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ class Report:
             out["incomplete_reason"] = self.incomplete_reason or "the run did not finish"
         out["gradients_checked"] = self.gradients_checked
         out["forward_only"] = bool((self.environment or {}).get("forward_only", False))
+        from flamia_verify.reports.wording import run_notes  # wording reads the model: imported here
+
+        notes = run_notes(self)
+        if notes:  # what a reader must not miss: an incomplete run, gradients not checked
+            out["notes"] = notes
         return out
 
     def check(self, name: str) -> CheckResult:
