@@ -13,9 +13,18 @@ require the protected elements to be *bitwise* unchanged:
     causal.dq       the same perturbations          -> dQ[<= t]
     causal.dk_dv    q and dO before position t      -> dK[>= t + offset], dV[>= t + offset]
     causal.nan      NaN in q and dO after t         -> out[<= t], dQ[<= t] unchanged and finite
+    causal.diagonal the pair (query t, key t + offset) alone changed -> out_t, dQ_t (or dK, dV of
+                    that key) change, and nothing on the other side of the diagonal does; rows that
+                    see no key output 0 with 0 dQ (a mask that stops short leaks nothing: only this
+                    check sees it)
 
 Huge values change every block maximum they share a scale with (a V block of 32 positions that
 straddles the diagonal, a per-tensor amax); tiny ones lower a maximum the future held.
+
+Where. A block-scaled kernel gets causality wrong at one class of positions, so the checks perturb
+documents of both offset signs (Lq < Lk, Lq > Lk), one packed off the 32-grid, one per head_dim of
+the suite, at ``causal_positions`` and at every residue in ``causal_residues`` around every
+``causal_block`` boundary of the query axis (t) and of the key axis (t + offset).
 
 NaN placement. A FlashAttention-style kernel multiplies masked probabilities (exact zeros) with
 masked V and dO rows inside its diagonal tile, and 0 * NaN = NaN; so NaN in a masked V or dO row
