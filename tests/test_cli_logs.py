@@ -140,3 +140,42 @@ def test_check_in_a_pipe_prints_each_check_as_it_finishes(tmp_path):
     assert all(re.search(r"\d+\.\d\d s  \(run \d+\.\d s\)$", line.rstrip()) for line in progress), progress
     summary = rest.splitlines()
     assert "PASS  4 checks: 4 passed" in summary
+
+
+def test_on_a_terminal_tables_stay_rich():
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=100, force_terminal=True, color_system=None)
+    print_table(console, "kernels", ["name", "description"], [["bf16", "the baseline"]])
+    assert "┏" in buffer.getvalue() and "│ bf16" in buffer.getvalue()
+
+
+def test_list_on_a_pseudo_terminal_draws_the_rich_table():
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "flamia_verify.cli", "list"], cwd=REPO, env=ENV,
+                            stdout=follower, stderr=subprocess.DEVNULL)
+    os.close(follower)
+    chunks = []
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # every writer is gone
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif proc.poll() is not None:
+                break
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        os.close(leader)
+    out = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0
+    assert "┏" in out and "┃ name" in out
