@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="regression gate between two report.json files")
     cmp_.add_argument("base", help="report.json of the accepted run (the baseline)")
     cmp_.add_argument("new", help="report.json of the run to judge against it")
-    cmp_.add_argument("--factor", type=float, default=None, help="a metric worse by more than this factor regresses (default 1.5)")
+    cmp_.add_argument("--factor", type=float, default=None, help="a metric regresses when worse by more than this factor (default 1.5) "
+                           "and by at least half the headroom to its threshold")
     cmp_.add_argument("--config", help="TOML file with [tool.flamia-verify] settings (compare_factor)")
     cmp_.add_argument("--allow-missing", action="store_true",
                       help="do not fail when a check of BASE is missing from NEW (a deliberately narrower run)")
