@@ -231,9 +231,18 @@ def _cmd_check(args) -> int:
             line = check_line(result, len(finished), selected["total"], time.monotonic() - started)
             console.print(line, soft_wrap=True, crop=False)
 
+    writes = {"last": None, "cost": 0.0}
+
     def on_report(report_so_far):
-        # written after every check, marked incomplete: a run killed now leaves no verdict behind
+        # marked incomplete: a run killed now leaves no verdict behind. Rendering grows with the checks
+        # (the HTML plots): after the first write, the next comes once 4x its cost has passed, which keeps
+        # the writes under a fifth of the run
+        now = time.monotonic()
+        if writes["last"] is not None and now - writes["last"] < 4 * writes["cost"]:
+            return
         write_reports(report_so_far, out)
+        writes["last"] = time.monotonic()
+        writes["cost"] = writes["last"] - now
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -278,6 +287,7 @@ def _cmd_check(args) -> int:
         return None
 
     started = time.monotonic()
+    _remove_stale(out, _report_names())  # an earlier run's reports must not stand in for this one, even if killed
     previous_term = _install(_on_sigterm)
     try:
         with progress:
