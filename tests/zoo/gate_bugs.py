@@ -10,7 +10,7 @@ as command-line specs: ``flamia-verify check --kernel tests/zoo/gate_bugs.py:bac
                             SageAttention does (softmax is shift-invariant per query, so the output is
                             right); autograd rejects the write on a leaf input that requires grad
     noncausal_q_inplace     pre-scales q in place (and compensates in the softmax scale), only when
-                            causal=False
+                            causal=False: the output is right, dq (taken for the unscaled q) halves
     backward_q_inplace      the forward is right; the backward writes into q in place
     long_v_inplace          copies v, then adds 1 to one element of the caller's v (output and
                             gradients are right), only on calls of more than 64 tokens
