@@ -346,6 +346,10 @@ def weights(ctx):
     # absolute underflow floors (FP16: 2^-25 each): P^T in the backward, then the forward's P
     # (unnormalized, <= 1, divided by l >= 1) and O's rounding to the output dtype
     alpha = model.pt.alpha / (1 - u_pt) + model.p.alpha + model.alpha_out / (1 - u_out)
+    # and dV's own rounding to the output dtype: a P^T element below FP16's normal range (2^-14; the
+    # long document's small weights reach it) need not be an FP16 number, so dV moves it by up to
+    # half the smallest subnormal (2^-25; 2^-134 for BF16)
+    alpha = alpha + model.alpha_out
     worst, rec = 0.0, None
     for n, case in enumerate(cases):
         tables = _weight_tables(ctx, case)
