@@ -44,7 +44,8 @@ report.html and junit.xml.
 
 suites (every suite runs every check; they differ in the cases):
   quick:    at most 256 tokens a call, 3 base packings x 2 seeds (one scales dO by 2^-20, one
-            passes a non-default softmax_scale), causal documents of 96 tokens; seconds on a CPU
+            passes a non-default softmax_scale), causal documents of 96 tokens; under a minute on
+            a 2-core CPU
   standard: 7 base packings x 2 seeds: many tiny documents, lengths around 32, 64 and 128, 512
             tokens at headdim 128, GQA 4:1, Lq != Lk (also in the causal checks); tens of seconds
   full:     10 base packings x 4 seeds, up to 2048 tokens a call, 4 heads; minutes on a CPU
