@@ -41,7 +41,9 @@ def test_list_checks_covers_every_family_with_unique_names():
     assert {s.family for s in specs} == set(FAMILIES)
     for s in specs:
         assert s.name.startswith(s.family + ".") and s.description and "quick" in s.suites
-    assert [s.name for s in list_checks("full")] == names  # every check runs in every suite
+    # every quick check runs in the larger suites; only the bounded fuzz pass is left out of quick
+    assert set(names) <= {s.name for s in list_checks("standard")} == {s.name for s in list_checks("full")}
+    assert {s.name for s in list_checks("full")} - set(names) == {"isolation.fuzz"}
     with pytest.raises(ConfigError, match="unknown suite 'fast'"):
         list_checks("fast")
 
@@ -49,7 +51,7 @@ def test_list_checks_covers_every_family_with_unique_names():
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_default_thresholds_are_derived_and_sane(recipe):
     th = default_thresholds(recipe)
-    assert set(th) == {s.name for s in list_checks("quick")}
+    assert set(th) == {s.name for s in list_checks("full")}
     for name, entries in th.items():
         for key, value in entries.items():
             assert isinstance(value, (int, float)) and not isinstance(value, bool), (name, key, value)
