@@ -279,7 +279,8 @@ def e4m3_grid(x: torch.Tensor) -> torch.Tensor:
 
 def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     """Structured edits: ``scale_<t>`` multiplies tensor t; ``zero_<t>`` zeroes rows [a, b) of t;
-    ``const_<t>`` sets every row of t to its first row; ``fill_<t>`` sets rows [a, b) to a value;
+    ``const_<t>`` sets every row of t to its first row; ``rowconst_<t>`` sets every channel of a row of t
+    to that row's first channel; ``fill_<t>`` sets rows [a, b) to a value;
     ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``int_<t>`` rounds t to
     integers; ``onehot_<t>`` makes row r of t ``value`` times the unit vector e_(r mod headdim)
     (distinct within every document of at most headdim rows); ``negscore_q`` makes every score deeply
@@ -295,6 +296,8 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         t[int(a) : int(b)] = 0
     elif kind == "const":
         t[:] = t[:1].clone()
+    elif kind == "rowconst":
+        tensors[name] = t[..., :1].expand(t.shape).clone()
     elif kind == "negscore":
         # keys close to the all-ones vector, queries close to -value times it: every score of a row is
         # about -value * scale * headdim (deeply negative) with a spread of a few units
@@ -314,7 +317,7 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         a, b, x = value
         t[int(a) : int(b)] = float(x)
     else:
-        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, fill_, grid_, int_ or onehot_ "
+        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
                           "with q, k, v or do")
 
 

@@ -22,15 +22,16 @@ from flamia_verify.properties.cases import cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
+from flamia_verify.properties.settings import OFF_DEFAULT_SCALE
 
-__all__ = ["bounds_for", "bound_report", "one_hot_keys_case", "one_hot_queries_case", "exact_weight_model"]
+__all__ = ["bounds_for", "bound_report", "one_hot_keys_case", "uniform_keys_case", "uniform_queries_case", "exact_weight_model"]
 
 LN2 = math.log(2.0)
 
 
 def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
     """The bound of a case (cached), with gradients when asked and the kernel has a backward;
-    ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are powers of two)."""
+    ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are exact, such as uniform rows)."""
 
     def compute():
         inp = ctx.inputs(case)
@@ -50,12 +51,13 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
 def exact_weight_model(model):
     """The recipe's model with P's relative rounding removed (u_P = 0; its underflow terms kept).
 
-    Sound on inputs whose scores are integers in log2 units: every probability 2^(s - m) is a power
-    of two, which E4M3, E5M2, BF16 and FP16 hold exactly under any power-of-two scale (and to within
-    fp32 rounding under an fp32 scale, inside the bound's REL32 slack); only its underflow remains.
-    Without the u_P |dS| slack that the bound otherwise must leave, the dQ (dK) bound of the one-hot
-    key (query) case is the rounding of the dS (dS^T) operand itself plus the rounding of D and the
-    output: a dS format one bit coarser than the recipe (E5M2, u = 2^-3, under an E4M3 claim,
+    Sound on inputs whose weights are exact: rows whose scores are all equal (:func:`uniform_keys_case`,
+    :func:`uniform_queries_case`) have weights 1/n however P's elements are rounded, because every
+    element of the row is rounded alike and the normalizer sums the rounded elements (to within fp32
+    rounding, inside the bound's REL32 slack), and however the scores are rounded, because equal
+    scores stay equal. Without the u_P |dS| slack that the bound otherwise must leave, the dQ (dK)
+    bound of the uniform key (query) case is the rounding of the dS (dS^T) operand itself plus the
+    rounding of D and the output: a dS format one bit coarser than the recipe (E5M2, u = 2^-3, under an E4M3 claim,
     u = 2^-4) leaves it."""
     return replace(model, p=replace(model.p, u=0.0))
 
@@ -135,14 +137,27 @@ def one_hot_keys_case(ctx):
                                ("grid_do", True)), seed_offset=3002)
 
 
-def one_hot_queries_case(ctx):
-    """The mirror of :func:`one_hot_keys_case`: queries one-hot (q_i = e_(i mod d)) in documents of at
-    most d queries, integer keys, softmax_scale = ln 2. Every score is an integer in log2 units and
-    dK_j[i mod d] = s dS_ij reads one entry of dS^T, the dK GEMM's operand, with no sum."""
+def uniform_keys_case(ctx):
+    """Keys one-hot (k_j = e_(j mod d)) in documents of at most d keys and every query constant across
+    its channels (an integer): all scores of a row are equal, so the row's weights are exactly uniform
+    (1/n over its visible keys) however the scores are rounded, whether softmax_scale is applied
+    after the QK^T GEMM or folded into Q before Q is rounded (the non-default scale 0.0883 makes the
+    two differ). dQ_i[j mod d] = s dS_ij reads one entry of dS with no sum; V and dO on the MX-exact
+    grid keep dP exact up to fp32 sums."""
     d = ctx.settings.headdim
-    return ctx.case((3 * d // 4, d, d // 2 + 1), (3 * d // 4 + 5, d + 7, d // 2 + 9), softmax_scale=LN2,
-                    overrides=(("scale_k", 1.5), ("int_k", True), ("onehot_q", 1.0), ("grid_v", True),
-                               ("grid_do", True)), seed_offset=3003)
+    return ctx.case((3 * d // 4, d, d // 2 + 1), softmax_scale=OFF_DEFAULT_SCALE,
+                    overrides=(("scale_q", 1.5), ("rowconst_q", True), ("int_q", True), ("onehot_k", 1.0),
+                               ("grid_v", True), ("grid_do", True)), seed_offset=3004)
+
+
+def uniform_queries_case(ctx):
+    """The mirror of :func:`uniform_keys_case`: queries one-hot (q_i = e_(i mod d)) in documents of at
+    most d queries and every key the same integer vector: S_ij = k[i mod d] is constant along a row,
+    the weights are exactly uniform and dK_j[i mod d] = s dS_ij reads one entry of dS^T."""
+    d = ctx.settings.headdim
+    return ctx.case((3 * d // 4, d, d // 2 + 1), (3 * d // 4 + 5, d + 7, d // 2 + 9), softmax_scale=OFF_DEFAULT_SCALE,
+                    overrides=(("scale_k", 1.5), ("const_k", True), ("int_k", True), ("onehot_q", 1.0),
+                               ("grid_v", True), ("grid_do", True)), seed_offset=3005)
 
 
 def _share_above_u(ctx, case, tensor: str, u: float) -> float:
@@ -176,7 +191,7 @@ def bound_out(ctx):
     "bound.grad",
     "every element of dQ, dK, dV within the rigorous a-priori bound propagated through the "
     "FlashAttention backward (recompute, dP, D, dS, the three gradient GEMMs); on one-hot key (query) "
-    "cases with power-of-two weights, dQ (dK) within the bound that leaves P no rounding: the dS "
+    "cases with exactly uniform weights, dQ (dK) within the bound that leaves P no rounding: the dS "
     "(dS^T) operand's own format is resolved",
     defaults=lambda recipe, dtype: {"violations": 0, "exact_weight_violations": 0},
     needs_backward=True,
@@ -187,7 +202,7 @@ def bound_grad(ctx):
     # exact-weight cases: dQ reads dS (one-hot keys), dK reads dS^T (one-hot queries)
     model = recipe_bound_model(ctx.recipe, ctx.dtype)
     exact_viol, exact_tight, exact_first = 0, 0.0, None
-    for case, tensor, u in ((one_hot_keys_case(ctx), "dq", model.ds.u), (one_hot_queries_case(ctx), "dk", model.dst.u)):
+    for case, tensor, u in ((uniform_keys_case(ctx), "dq", model.ds.u), (uniform_queries_case(ctx), "dk", model.dst.u)):
         m, f, _, _ = bound_report(ctx, [case], (tensor,), exact_weights=True)
         exact_viol += m["violations"]
         exact_tight = max(exact_tight, m["tightness"])
