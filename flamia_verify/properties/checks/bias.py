@@ -70,6 +70,7 @@ def _pooled(ctx):
     def compute():
         cases = bias_cases(ctx)
         pooled = {t: ([], []) for t in ("out", "dq", "dk", "dv")}
+        per_case = {t: [] for t in ("out", "dq", "dk", "dv")}  # (<e, r>, <r, r>) of every case
         for n, case in enumerate(cases):
             res, ref = ctx.run(case), ctx.reference(case)
             for t in _tensors(ctx):
@@ -77,8 +78,10 @@ def _pooled(ctx):
                 if x is None:
                     continue
                 r = getattr(ref, t)
-                pooled[t][0].append((x.detach().double().to(r.device) - r).flatten())
+                e_c = (x.detach().double().to(r.device) - r).flatten()
+                pooled[t][0].append(e_c)
                 pooled[t][1].append(r.flatten())
+                per_case[t].append((float((e_c * r.flatten()).sum()), float((r * r).sum())))
             ctx.progress((n + 1) / len(cases))
         stats = {}
         for t, (es, rs) in pooled.items():
@@ -93,10 +96,28 @@ def _pooled(ctx):
             mean_share = float(e.mean()) / rms if rms > 0 else 0.0
             cos = float((e * r).sum()) / math.sqrt(ee * rr) if ee > 0 and rr > 0 else 0.0
             stats[t] = {"gain": gain, "mean_share": mean_share, "rows": rows,
-                        "mean_z": mean_share * math.sqrt(rows), "gain_z": cos * math.sqrt(rows)}
+                        "mean_z": mean_share * math.sqrt(rows), "gain_z": cos * math.sqrt(rows),
+                        "gain_se_cases": _case_standard_error(per_case[t], gain)}
         return cases, stats
 
     return ctx.memo(("bias", ctx.has_backward), compute)
+
+
+def _case_standard_error(parts, gain: float) -> float:
+    """Standard error of the pooled gain from its spread over the cases it pools.
+
+    The pooled gain is the energy-weighted mean of the per-case gains g_c = <e_c, r_c> / <r_c, r_c>
+    with weights w_c = <r_c, r_c> / sum <r, r>; its standard error over cases is
+    sqrt(n / (n - 1) * sum w_c^2 (g_c - gain)^2). It measures how much the gain moves from one input
+    to another (seeds, packings), which the row-level z-score, computed as if every row were an
+    independent draw, does not."""
+    parts = [(er, rr) for er, rr in parts if rr > 0]
+    n = len(parts)
+    if n < 2:
+        return 0.0
+    total = sum(rr for _, rr in parts)
+    var = sum((rr / total) ** 2 * (er / rr - gain) ** 2 for er, rr in parts)
+    return math.sqrt(n / (n - 1) * var)
 
 
 def _gain_defaults(recipe, dtype):
@@ -117,6 +138,7 @@ def gain(ctx):
         metrics[f"gain_error_{t}"] = abs(s["gain"])
         metrics[f"gain_{t}"] = s["gain"]
         metrics[f"gain_z_{t}"] = s["gain_z"]
+        metrics[f"gain_se_{t}"] = s["gain_se_cases"]
     th = {k: v for k, v in ctx.th.items() if k in metrics}
     worst = max(stats, key=lambda t: abs(stats[t]["gain"]) / max(ctx.th.get(f"gain_error_{t}", 1e-300), 1e-300))
     wc = case_record(cases[0], tensor=worst, gain=stats[worst]["gain"], pooled_cases=[c.to_dict() for c in cases])
