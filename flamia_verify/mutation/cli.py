@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     m.add_argument("--sample", type=int, default=0,
                    help="a fixed, spread sample of N bugs (every k-th of the table) plus every correct design; 0 = all")
     m.add_argument("--no-correct", action="store_true", help="skip the correct designs (no false-alarm measurement)")
+    m.add_argument("--every-check", action="store_true",
+                   help="run every check on every bug (default: stop at the first family with a failing check)")
     m.add_argument("--jobs", type=int, default=1, help="processes to run mutants in (default 1)")
     m.add_argument("--seed", type=int, default=0, help="the suite's seed (default 0)")
     m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
@@ -84,7 +86,10 @@ def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
     if survivors:
         lines += ["", "## Survivors (bugs no check of the suite caught)", ""]
         lines += [f"- `{r['name']}`: {r['why']}" for r in survivors]
-    lines += ["", "## Every mutant", "", "| mutant | outcome | checks that failed | s |", "|---|---|---|---:|"]
+    lines += ["", "## Every mutant", "",
+              "A bug runs family by family and stops at the first family with a failing check (`--every-check`"
+              " runs them all); a correct design runs every check.", "",
+              "| mutant | outcome | checks that failed | s |", "|---|---|---|---:|"]
     for r in results:
         failing = ", ".join(r["failing"][:6]) + (" ..." if len(r["failing"]) > 6 else "")
         lines.append(f"| `{r['name']}`{' (correct)' if r['correct'] else ''} | {r['outcome']} | {failing or '-'} | {r['seconds']:.1f} |")
@@ -123,7 +128,8 @@ def run(args) -> int:
         print(f"[{done[0]:>3}/{total}] {r.name:44s} {r.outcome:11s} {r.seconds:6.1f}s  {failing}", flush=True)
 
     print(f"mutate: {total} mutants, suite {args.suite}, {args.jobs} process(es), device {device}", flush=True)
-    results = run_mutants(chosen, suite=args.suite, seed=args.seed, device=device, jobs=args.jobs, on_result=show)
+    results = run_mutants(chosen, suite=args.suite, seed=args.seed, device=device, jobs=args.jobs, on_result=show,
+                          first_kill=not args.every_check)
     summary = summarize(results)
     summary.update(suite=args.suite, seed=args.seed, device=device, seconds=round(time.perf_counter() - start, 1))
     rows = [r.to_dict() for r in results]

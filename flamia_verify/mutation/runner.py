@@ -22,7 +22,7 @@ import torch
 from flamia_verify.mutation.build import Mutant, mutant_kernel
 from flamia_verify.properties.cases import Case, make_inputs
 
-__all__ = ["MutantResult", "run_mutant", "run_mutants", "distinguishes", "PROBES", "summarize"]
+__all__ = ["MutantResult", "FAMILY_ORDER", "run_mutant", "run_mutants", "distinguishes", "PROBES", "summarize"]
 
 #: the probe calls: off-grid packed documents, Lq != Lk both ways, GQA 4:2 and 6:2 at head_dim 64
 #: and 128, rows longer than 256 keys, causal and not
@@ -106,19 +106,36 @@ def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
     return None
 
 
-def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu") -> MutantResult:
-    """Run ``suite`` on one mutant and classify the outcome."""
+#: the order in which a bug's families run when the first failing family ends the run (cheap and
+#: broad first; the causal and isolation perturbation sweeps last)
+FAMILY_ORDER = ("interface", "error", "bound", "consistency", "bias", "special", "determinism", "isolation", "causal")
+
+
+def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu",
+               first_kill: bool = True) -> MutantResult:
+    """Run ``suite`` on one mutant and classify the outcome.
+
+    A bug runs family by family (:data:`FAMILY_ORDER`) and stops at the first family with a failing
+    check when ``first_kill`` (the usual economy of mutation testing: one failing check is a kill);
+    ``failing`` then lists that family's failing checks. A correct design always runs every check.
+    """
     from flamia_verify.errors import KernelCrashError
     from flamia_verify.properties import run_checks
 
     start = time.perf_counter()
     kernel = mutant_kernel(mutant)
-    try:
-        report = run_checks(kernel, recipe=kernel.recipe, suite=suite, device=device, seed=seed)
-        failing = [c.name for c in report.checks if c.status in ("fail", "error")]
-        crashed = False
-    except KernelCrashError as exc:
-        failing, crashed = [f"(kernel crashed: {str(exc).splitlines()[0][:120]})"], True
+    groups = [list(FAMILY_ORDER)] if (mutant.correct or not first_kill) else [[f] for f in FAMILY_ORDER]
+    failing: list[str] = []
+    crashed = False
+    for only in groups:
+        try:
+            report = run_checks(kernel, recipe=kernel.recipe, suite=suite, device=device, seed=seed, only=only)
+        except KernelCrashError as exc:
+            failing, crashed = [f"(kernel crashed: {str(exc).splitlines()[0][:120]})"], True
+            break
+        failing += [c.name for c in report.checks if c.status in ("fail", "error")]
+        if failing:
+            break
     if mutant.correct:
         outcome = "false-alarm" if failing else "passed"
     else:
@@ -127,11 +144,11 @@ def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: s
                         round(time.perf_counter() - start, 2), mutant.why)
 
 
-def _worker(name: str, suite: str, seed: int, device: str) -> MutantResult:
+def _worker(name: str, suite: str, seed: int, device: str, first_kill: bool) -> MutantResult:
     from flamia_verify.mutation.table import by_name
 
     torch.set_num_threads(1)
-    return run_mutant(by_name(name), suite=suite, seed=seed, device=device)
+    return run_mutant(by_name(name), suite=suite, seed=seed, device=device, first_kill=first_kill)
 
 
 def run_mutants(
@@ -142,20 +159,21 @@ def run_mutants(
     device: str = "cpu",
     jobs: int = 1,
     on_result: Callable[[MutantResult], None] | None = None,
+    first_kill: bool = True,
 ) -> list[MutantResult]:
     """Run ``suite`` on every mutant (``jobs`` processes; results in table order)."""
     mutants = list(mutants)
     results: dict[str, MutantResult] = {}
     if jobs <= 1:
         for m in mutants:
-            r = run_mutant(m, suite=suite, seed=seed, device=device)
+            r = run_mutant(m, suite=suite, seed=seed, device=device, first_kill=first_kill)
             results[m.name] = r
             if on_result:
                 on_result(r)
     else:
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(_worker, m.name, suite, seed, device): m for m in mutants}
+            futures = {pool.submit(_worker, m.name, suite, seed, device, first_kill): m for m in mutants}
             for fut in concurrent.futures.as_completed(futures):
                 r = fut.result()
                 results[r.name] = r
