@@ -309,6 +309,7 @@ def _cmd_check(args) -> int:
             )
         paths = write_reports(report, out)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
+        _INTERRUPTED[0] = True
         partial = getattr(exc, "partial_report", None)
         what = f"interrupted ({str(exc) or 'SIGINT'})"
         problem = write_partial(partial)
@@ -551,7 +552,29 @@ _COMMANDS = {
 }
 
 
+#: set when a run was interrupted mid-kernel (SIGINT/SIGTERM): see main()
+_INTERRUPTED = [False]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; ``argv`` None means the process's own arguments (the console script).
+
+    A run interrupted inside a kernel call can leave native threads of the kernel's libraries (torch's
+    autograd engine, a CUDA context) mid-operation; tearing the interpreter down then may abort the
+    process ("terminate called without an active exception", exit -6) after the reports are written
+    and the exit code is decided. As a program, an interrupted run therefore ends with os._exit and
+    its own exit code once stdout and stderr are flushed; called from Python (``argv`` given), it
+    returns the code as usual.
+    """
+    code = _main(argv)
+    if argv is None and _INTERRUPTED[0]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
