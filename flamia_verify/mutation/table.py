@@ -32,7 +32,6 @@ from flamia_verify.mutation.build import Edit, Mutant
 
 __all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "by_name", "ci_sample"]
 
-_MX = Quant("mx", 32)
 
 # ------------------------------------------------------------------------------------------------
 # sites

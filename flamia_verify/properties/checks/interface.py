@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.properties.checks.common import case_record
-from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.registry import register
 

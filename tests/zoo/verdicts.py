@@ -1,0 +1,21 @@
+"""The assertion every planted-bug test makes: the kernel fails the checks it ``catches`` (saying
+why and where) and passes the checks of its ``quiet`` families, which its bug cannot reach."""
+
+from __future__ import annotations
+
+__all__ = ["assert_caught_and_quiet", "matches"]
+
+
+def matches(name: str, selector: str) -> bool:
+    """A check name against a selector: the check itself or its family."""
+    return name == selector or name.startswith(selector + ".")
+
+
+def assert_caught_and_quiet(name: str, kernel, report) -> None:
+    for check in kernel.catches:
+        res = report.check(check)
+        assert res.status == "fail", f"{name}: {check} says {res.status}: {res.message}"
+        assert res.message and res.worst_case, f"{name}: {check} failed without saying why or where"
+    loud = [f"{c.name}: {c.status}: {c.message}" for c in report.checks
+            if c.name not in kernel.catches and any(matches(c.name, q) for q in kernel.quiet) and c.status != "pass"]
+    assert not loud, f"{name} trips checks its bug cannot reach:\n" + "\n".join(loud)
