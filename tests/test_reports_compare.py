@@ -217,3 +217,17 @@ def test_bad_factor_is_a_config_error(factor):
 def test_metric_badness(metric, value, worse_if_higher, badness):
     result = metric_badness(metric, value, worse_if_higher)
     assert result == (pytest.approx(badness) if badness not in (None, math.inf) else badness)
+
+
+def test_an_incomplete_new_report_fails_the_gate_even_with_allow_missing():
+    base = passing_report()
+    new = copy.deepcopy(base)
+    new.checks = new.checks[:1]
+    new.complete, new.incomplete_reason = False, "interrupted (SIGTERM) after 1 of 3 checks"
+    for allow in (False, True):
+        cmp = compare_reports(base, new, allow_missing=allow)
+        assert cmp.exit_code == 1
+        assert any(c.check == "run.complete" and c.new == "incomplete" for c in cmp.regressions)
+    # an incomplete baseline is a note, not a regression of the new run
+    cmp = compare_reports(new, base)
+    assert cmp.exit_code == 0 and any("baseline run is incomplete" in n for n in cmp.context_notes)

@@ -242,6 +242,13 @@ def compare_reports(
         if a != b:
             cmp.context_notes.append(f"{label} differs: {a!r} in base, {b!r} in new")
 
+    # a run that did not finish is never a green gate, whatever it did finish (and --allow-missing
+    # does not excuse it: its missing checks were not deselected, they never ran)
+    if not new.complete:
+        cmp.regressions.append(Change("run.complete", "status", "complete", "incomplete", worse=True))
+    if not base.complete:
+        cmp.context_notes.append(f"the baseline run is incomplete: {base.incomplete_reason or 'it did not finish'}")
+
     base_checks = {c.name: c for c in base.checks}
     new_checks = {c.name: c for c in new.checks}
     cmp.new_checks = [n for n in new_checks if n not in base_checks]
