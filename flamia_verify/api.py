@@ -92,8 +92,12 @@ def check(
     return report
 
 
-def fuzz(kernel, *, recipe: str | None = None, examples: int = 100, seed: int = 0, device: str = "auto", dtype="bf16"):
-    """Fuzz ``kernel`` over odd variable-length packings; returns a FuzzResult with a reproducer on failure."""
+def fuzz(kernel, *, recipe: str | None = None, examples: int = 100, seed: int = 0, device: str = "auto", dtype="bf16",
+         forward_only: bool = False):
+    """Fuzz ``kernel`` over odd variable-length packings; returns a FuzzResult with a reproducer on failure.
+
+    A missing or raising backward fails the result unless ``forward_only`` declares it."""
     from flamia_verify.properties import fuzz as _fuzz
 
-    return _fuzz(kernel, recipe=recipe, examples=examples, seed=seed, device=resolve_device(device), dtype=resolve_dtype(dtype))
+    return _fuzz(kernel, recipe=recipe, examples=examples, seed=seed, device=resolve_device(device),
+                 dtype=resolve_dtype(dtype), forward_only=forward_only)

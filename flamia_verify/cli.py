@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the kernel runs (default auto: cuda when a GPU is present)")
     f.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="dtype of q, k, v and dO (default bf16)")
     f.add_argument("--replay", metavar="CASE.json", help="rerun one reproducer written by an earlier fuzz run")
+    f.add_argument("--forward-only", action="store_true",
+                   help="the kernel has no backward: fuzz the forward and say that gradients were not checked "
+                        "(without it, a missing or raising backward fails the run)")
 
     b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
     b.add_argument("--kernel", nargs="+", default=None,
@@ -402,7 +405,8 @@ def _cmd_fuzz(args) -> int:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     out = _prepare_out(args.out)
     try:
-        result = fuzz(kernel, recipe=args.recipe, examples=args.examples, seed=args.seed, device=device, dtype=dtype)
+        result = fuzz(kernel, recipe=args.recipe, examples=args.examples, seed=args.seed, device=device, dtype=dtype,
+                      forward_only=args.forward_only)
     except KernelCrashError:
         _remove_stale(out, _report_names() + ("fuzz-case.json",))
         raise

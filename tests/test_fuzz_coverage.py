@@ -175,3 +175,22 @@ def test_fuzz_pass_is_reproducible_from_the_seed():
     assert a.worst_case == b.worst_case and a.metrics == b.metrics
     ok1, ok2 = _pass("bf16", seed=7), _pass("bf16", seed=7)
     assert ok1.metrics == ok2.metrics and ok1.message == ok2.message
+
+
+def test_fuzz_fails_a_kernel_whose_backward_raises_unless_declared_forward_only(tmp_path, capsys):
+    """The fuzzer used to fall back to the forward silently when the backward raised: a broken kernel
+    then passed. Undeclared, it fails interface.backward (exit 1); declared, the report says that
+    gradients were not checked."""
+    from zoo.gate_bugs import backward_raises
+
+    res = fuzz(backward_raises, recipe="mxfp8", examples=3, seed=0)
+    assert not res.passed
+    check = res.report.check("interface.backward")
+    assert check.status == "fail" and "misaligned address" in check.message and "--forward-only" in check.message
+    declared = fuzz(backward_raises, recipe="mxfp8", examples=3, seed=0, forward_only=True)
+    assert declared.passed and declared.report.check("interface.backward").status == "skip"
+    assert "gradients were not checked" in declared.report.check("interface.backward").message
+    spec = "tests/zoo/gate_bugs.py:backward_raises"
+    assert main(["fuzz", "--kernel", spec, "--recipe", "mxfp8", "--examples", "3", "--out", str(tmp_path / "a")]) == 1
+    assert main(["fuzz", "--kernel", spec, "--recipe", "mxfp8", "--examples", "3", "--forward-only",
+                 "--out", str(tmp_path / "b")]) == 0

@@ -361,8 +361,13 @@ def fuzz(
     on_progress: Callable[[ProgressEvent], None] | None = None,
     max_tokens: int = MAX_TOKENS,
     long_tokens: int = LONG_TOKENS,
+    forward_only: bool = False,
 ) -> FuzzResult:
     """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``).
+
+    A kernel whose backward is missing or raises on the smallest case is fuzzed on its forward and
+    the report fails ``interface.backward`` with the reason, unless it is declared ``forward_only``
+    (then gradients are not checked and the report says so), as in ``check``.
 
     Examples hold at most ``max_tokens`` tokens; one packing in
     :data:`~flamia_verify.properties.strategies.LONG_ODDS` holds a document of up to ``long_tokens``
@@ -374,7 +379,7 @@ def fuzz(
     loaded, recipe = resolve_kernel(kernel, recipe)
     device = _resolve_device(device)
     ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dtype, seed=seed, thresholds=None,
-                        case_timeout_s=None)
+                        case_timeout_s=None, forward_only=forward_only)
     start = time.perf_counter()
 
     def on_example(n: int) -> None:
@@ -402,10 +407,24 @@ def fuzz(
             message=(found.message if failed else f"{prop}: no failure in {n} examples ({res.distinct} distinct)"),
             duration_s=0.0,
         ))
+    support = ctx.backward
+    if not support.available:
+        declared = support.declared
+        report.checks.insert(0, CheckResult(
+            name="interface.backward", family="interface", status="skip" if declared else "fail",
+            metrics={"backward_available": 0}, thresholds={},
+            worst_case={} if declared else {"case": support.case.to_dict() if support.case else {}, "cause": support.cause},
+            message=(f"gradients were not checked: {support.reason}" if declared else
+                     f"{support.reason}; only the forward was fuzzed (declare a forward-only kernel with "
+                     "--forward-only)"),
+        ))
     seconds = time.perf_counter() - start
     msg = (f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"
            if found else f"no failure in {n} examples")
-    return FuzzResult(found is None, n, seed, reproducer, report, msg, seconds, counts)
+    if not support.available and not support.declared:
+        msg = f"the backward cannot run ({support.reason}); " + msg
+    return FuzzResult(found is None and (support.available or support.declared), n, seed, reproducer, report, msg,
+                      seconds, counts)
 
 
 def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = "cpu") -> CheckResult:
