@@ -24,9 +24,10 @@ def _changed(report, name, *, status=None, **metrics):
     return new
 
 
-def _text(cmp, width=160):
+def _text(cmp, width=160, plain=False):
+    """The comparison as a terminal shows it (``plain=False``: tables) or as a CI log gets it."""
     buffer = io.StringIO()
-    render_comparison(cmp, Console(file=buffer, width=width, color_system=None))
+    render_comparison(cmp, Console(file=buffer, width=width, color_system=None), plain=plain)
     return buffer.getvalue()
 
 
@@ -231,3 +232,17 @@ def test_an_incomplete_new_report_fails_the_gate_even_with_allow_missing():
     # an incomplete baseline is a note, not a regression of the new run
     cmp = compare_reports(new, base)
     assert cmp.exit_code == 0 and any("baseline run is incomplete" in n for n in cmp.context_notes)
+
+
+def test_off_a_terminal_each_change_is_one_unwrapped_line():
+    """A CI log (a console that is not a terminal) gets one line per regression, never a table whose
+    narrow columns break check and metric names mid-word."""
+    base = passing_report()
+    new = _changed(base, "error.backward", rel_err_vs_bf16_dK=4.0)
+    cmp = compare_reports(base, new)
+    buffer = io.StringIO()
+    render_comparison(cmp, Console(file=buffer, width=40, color_system=None))  # not a terminal: plain
+    lines = buffer.getvalue().splitlines()
+    assert any(line.startswith("regression: error.backward: rel_err_vs_bf16_dK ") and line.endswith("headroom to 4")
+               for line in lines), lines
+    assert not any("│" in line or "┃" in line for line in lines)

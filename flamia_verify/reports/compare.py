@@ -361,33 +361,50 @@ def _rule(cmp: Comparison) -> str:
     return f"metric factor {cmp.factor:g}, headroom share {HEADROOM_SHARE:g}"
 
 
-def render_comparison(cmp: Comparison, console: Console | None = None) -> None:
-    """Print the comparison: context, regressions, improvements, other changes, and the gate's verdict."""
+def render_comparison(cmp: Comparison, console: Console | None = None, *, plain: bool | None = None) -> None:
+    """Print the comparison: context, regressions, improvements, other changes, and the gate's verdict.
+
+    ``plain`` (default: the console is not an interactive terminal, e.g. a CI log): regressions and
+    improvements as one unwrapped line each (``regression: <check>: <metric> a -> b, ...``) instead
+    of a table whose narrow columns would break names mid-word."""
+    from flamia_verify.reports.terminal import is_plain
+
     console = console or Console()
-    console.print(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
+    if plain is None:
+        plain = is_plain(console)
+
+    def say(text) -> None:  # off a terminal: one unwrapped line, whatever the console's width
+        console.print(text, soft_wrap=plain)
+
+    say(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
     for note in cmp.context_notes:
-        console.print(Text.assemble(("note: ", "yellow"), printable(note),
+        say(Text.assemble(("note: ", "yellow"), printable(note),
                                     ("; metrics come from different cases", "dim")))
-    if cmp.regressions:
-        console.print(_changes_table(f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red"))
-    if cmp.improvements:
-        console.print(_changes_table(f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green"))
+    for title, changes, style, word in ((f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red", "regression"),
+                                        (f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green", "improvement")):
+        if not changes:
+            continue
+        if plain:
+            for change in changes:
+                say(Text.assemble((f"{word}: ", style), printable(change.describe())))
+        else:
+            console.print(_changes_table(title, changes, style))  # a terminal: the table
     for change in cmp.status_notes:
-        console.print(Text.assemble(("status change (does not gate): ", "yellow"), printable(change.describe())))
+        say(Text.assemble(("status change (does not gate): ", "yellow"), printable(change.describe())))
     for change in cmp.past_limit:
-        console.print(Text.assemble(("past its limit in both reports (does not gate): ", "yellow"),
+        say(Text.assemble(("past its limit in both reports (does not gate): ", "yellow"),
                                     printable(change.describe())))
     if cmp.new_checks:
         statuses = {c.name: c.status for c in cmp.new.checks}
         items = ", ".join(f"{n} ({STATUS_MARK.get(statuses[n], statuses[n])})" for n in cmp.new_checks)
-        console.print(Text.assemble(("new checks: ", "cyan"), printable(items)))
+        say(Text.assemble(("new checks: ", "cyan"), printable(items)))
     if cmp.removed_checks:
-        console.print(Text.assemble(("removed checks: ", "yellow"), printable(", ".join(cmp.removed_checks))))
+        say(Text.assemble(("removed checks: ", "yellow"), printable(", ".join(cmp.removed_checks))))
     if cmp.regressions:
         n = len(cmp.regressions)
-        console.print(Text.assemble(("REGRESSED", "bold red"),
+        say(Text.assemble(("REGRESSED", "bold red"),
                                     f"  {n} regression{'s' if n != 1 else ''} ({_rule(cmp)})"))
     else:
-        console.print(Text.assemble(("OK", "bold green"),
+        say(Text.assemble(("OK", "bold green"),
                                     f"  no regressions ({_rule(cmp)}, "
                                     f"{len(cmp.improvements)} improvement{'s' if len(cmp.improvements) != 1 else ''})"))
