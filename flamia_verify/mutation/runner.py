@@ -79,6 +79,11 @@ def _call(kernel, inp, *, backward: bool = True):
     return [out.detach()] + [g.detach() for g in grads], inputs_changed
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element by element, NaN where the other is NaN (torch.equal calls NaN != NaN)."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
     """How the mutant shows on the probe calls (a one-line description), or None if it never does."""
     from flamia_verify.kernels.registry import load_kernel
@@ -97,11 +102,11 @@ def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
                 return f"modifies its inputs on {where}"
             ref, _ = _call(original, inp)
             for n, a, b in zip(names, mine, ref):
-                if not torch.equal(a, b) and not (a.isnan() & b.isnan()).any():
+                if not _same_bits(a, b):
                     return f"{n} differs on {where}"
             again, _ = _call(kernel, inp)
             for n, a, b in zip(names, mine, again):
-                if not torch.equal(a, b):
+                if not _same_bits(a, b):
                     return f"{n} differs between two runs on {where}"
     return None
 
