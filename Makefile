@@ -1,6 +1,6 @@
 # Two entry points (see README "Quick start"):
 #   make check   set up .venv and run `flamia-verify check` with its defaults
-#   make test    set up .venv and run the whole test suite
+#   make test    set up .venv, lint (ruff: pyflakes rules) and run the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -23,6 +23,7 @@ check: setup
 	$(BIN)/flamia-verify check
 
 test: setup
+	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 -q
 
 clean:
