@@ -149,11 +149,9 @@ def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: s
                         round(time.perf_counter() - start, 2), mutant.why)
 
 
-def _worker(name: str, suite: str, seed: int, device: str, first_kill: bool) -> MutantResult:
-    from flamia_verify.mutation.table import by_name
-
+def _worker(mutant: Mutant, suite: str, seed: int, device: str, first_kill: bool) -> MutantResult:
     torch.set_num_threads(1)
-    return run_mutant(by_name(name), suite=suite, seed=seed, device=device, first_kill=first_kill)
+    return run_mutant(mutant, suite=suite, seed=seed, device=device, first_kill=first_kill)
 
 
 def run_mutants(
@@ -178,7 +176,7 @@ def run_mutants(
     else:
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(_worker, m.name, suite, seed, device, first_kill): m for m in mutants}
+            futures = {pool.submit(_worker, m, suite, seed, device, first_kill): m for m in mutants}
             for fut in concurrent.futures.as_completed(futures):
                 r = fut.result()
                 results[r.name] = r
