@@ -7,6 +7,7 @@
     flamia-verify compare BASE.json NEW.json
     flamia-verify report REPORT.json [--html FILE] [--md FILE]
     flamia-verify list
+    flamia-verify mutate [--suite NAME] [--family F ...] [--mutant NAME ...] [--sample N] [--jobs N]
 
 Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
 (interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
@@ -42,13 +43,16 @@ CHECK_DESCRIPTION = """\
 Run the checks on a kernel beside a float64 reference and write report.json, report.md,
 report.html and junit.xml.
 
-suites (every suite runs every check; they differ in the cases):
-  quick:    at most 256 tokens a call, 3 base packings x 2 seeds (one scales dO by 2^-20, one
-            passes a non-default softmax_scale), causal documents of 96 tokens; under a minute on
-            a 2-core CPU
+suites (they differ in the cases; standard and full add a bounded fuzz pass, isolation.fuzz):
+  quick:    3 base packings x 2 seeds (one GQA 4:2 with Lq != Lk, one scales dO by 2^-20, one
+            passes a non-default softmax_scale), causal documents of 96 tokens probed at every
+            32-block boundary, Lq < Lk and Lq > Lk, head_dim 64 and 128, one 512-key document;
+            10-20 s for an emulated kernel on a 2-core CPU
   standard: 7 base packings x 2 seeds: many tiny documents, lengths around 32, 64 and 128, 512
-            tokens at headdim 128, GQA 4:1, Lq != Lk (also in the causal checks); tens of seconds
-  full:     10 base packings x 4 seeds, up to 2048 tokens a call, 4 heads; minutes on a CPU
+            tokens at headdim 128, GQA 4:1, Lq != Lk; longer causal documents; about two minutes
+            for a fused kernel on an H200
+  full:     10 base packings x 4 seeds, up to 2048 tokens a call, 4 heads, head_dim 256 too;
+            many minutes on a CPU
 
 A kernel whose backward is missing or raises fails the run (interface.backward fails, the
 gradient checks report error) unless it is declared with --forward-only."""
