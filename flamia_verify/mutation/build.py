@@ -89,16 +89,17 @@ def apply_edits(source: str, edits: tuple[Edit, ...], *, name: str = "") -> str:
     return source
 
 
-_MODULES: dict[str, types.ModuleType] = {}
+_MODULES: dict[tuple, types.ModuleType] = {}
 
 
 def mutated_module(mutant: Mutant) -> types.ModuleType:
-    """The emulation module with ``mutant``'s edits, compiled once per process."""
-    if mutant.name in _MODULES:
-        return _MODULES[mutant.name]
+    """The emulation module with ``mutant``'s edits, compiled once per process and set of edits."""
+    key = (mutant.name, mutant.edits)
+    if key in _MODULES:
+        return _MODULES[key]
     original = importlib.import_module(EMULATION)
     source = apply_edits(inspect.getsource(original), mutant.edits, name=mutant.name)
-    modname = f"flamia_verify.mutation._mutant_{re.sub(r'[^0-9A-Za-z]+', '_', mutant.name)}"
+    modname = f"flamia_verify.mutation._mutant_{re.sub(r'[^0-9A-Za-z]+', '_', mutant.name)}_{len(_MODULES)}"
     module = types.ModuleType(modname, original.__doc__)
     module.__file__ = f"<mutant {mutant.name} of {EMULATION}>"
     from flamia_verify.mutation import operators
@@ -110,7 +111,7 @@ def mutated_module(mutant: Mutant) -> types.ModuleType:
     except Exception as exc:
         del sys.modules[modname]
         raise MutationError(f"mutant {mutant.name} does not compile: {type(exc).__name__}: {exc}") from exc
-    _MODULES[mutant.name] = module
+    _MODULES[key] = module
     return module
 
 
