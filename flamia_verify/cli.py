@@ -36,6 +36,7 @@ from flamia_verify.errors import (
 __all__ = ["main", "build_parser"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_KERNEL = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader closed the pipe
 DEFAULT_KERNEL = "flamia-mxfp8"
 
 
@@ -158,7 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    class _CliConsole(Console):
+        def on_broken_pipe(self) -> None:  # let main() end the command with EXIT_BROKEN_PIPE
+            raise BrokenPipeError
+
+    return _CliConsole(stderr=stderr, highlight=False)
 
 
 def _plain(console) -> bool:
@@ -598,6 +603,10 @@ def _main(argv: list[str] | None) -> int:
         return _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout must not raise again
+        return EXIT_BROKEN_PIPE
     except OSError as exc:  # a file the command reads or writes (reports, --out): not the kernel's failure
         where = f" {exc.filename!r}" if exc.filename else ""
         return _fail(f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE)

@@ -424,3 +424,18 @@ def test_compare_fails_when_checks_go_missing_unless_allowed(capsys, tmp_path):
     assert code == 1 and "missing" in out
     code, _, _ = run_cli(["compare", base / "report.json", narrow / "report.json", "--allow-missing"], capsys)
     assert code == 0
+
+
+@pytest.mark.parametrize("argv", [["list"], ["mutate", "--list"]])
+def test_a_closed_stdout_ends_the_command_quietly_with_141(argv):
+    """`flamia-verify list | head -1`: the reader goes away; the command stops without a traceback or
+    a 'cannot access' line, with the shell's code for a writer whose pipe closed (128 + SIGPIPE)."""
+    r, w = os.pipe()
+    os.close(r)  # every write to stdout now fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flamia_verify.cli", *argv], stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""

@@ -194,3 +194,17 @@ def test_fuzz_fails_a_kernel_whose_backward_raises_unless_declared_forward_only(
     assert main(["fuzz", "--kernel", spec, "--recipe", "mxfp8", "--examples", "3", "--out", str(tmp_path / "a")]) == 1
     assert main(["fuzz", "--kernel", spec, "--recipe", "mxfp8", "--examples", "3", "--forward-only",
                  "--out", str(tmp_path / "b")]) == 0
+
+
+def test_every_fuzz_property_that_failed_on_some_example_reads_fail():
+    """The search shrinks only its first failure; a property that failed on other examples used to
+    read PASS ("no failure") beside failing_examples > 0."""
+    res = fuzz("mxfp8-naive", examples=5, seed=0)
+    assert not res.passed
+    for check in res.report.checks:
+        if "failing_examples" in check.metrics:
+            failed = check.metrics["failing_examples"] > 0 or bool(check.worst_case)
+            assert (check.status == "fail") == failed, (check.name, check.status, check.metrics, check.message)
+            if failed and not check.worst_case:
+                assert "not shrunk" in check.message
+    assert sum(c.status == "fail" for c in res.report.checks) >= 2  # more than the shrunk property

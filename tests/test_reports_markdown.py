@@ -108,3 +108,15 @@ def test_backticks_in_a_case_get_a_longer_fence():
 )
 def test_md_escape(text, escaped):
     assert md_escape(text) == escaped
+
+
+def test_run_notes_read_as_sentences():
+    """A run note is ``> **Head:** text`` with a space after the bold head (it rendered ``**...:**text``)."""
+    from flamia_verify.reports.model import CheckResult, Report
+
+    rep = Report(kernel="k", recipe="mxfp8", suite="quick", seed=0,
+                 checks=[CheckResult("interface.output", "interface", "pass")])
+    rep.complete, rep.incomplete_reason = False, "interrupted (SIGINT) after 1 of 32 checks"
+    lines = [x for x in render_markdown(rep).splitlines() if "INCOMPLETE run" in x]
+    assert lines == ["> **INCOMPLETE run:** interrupted (SIGINT) after 1 of 32 checks. Only the checks listed ran; "
+                     "this is no verdict on the kernel."]

@@ -398,13 +398,22 @@ def fuzz(
     report.environment.update(dtype=dtype_name(dtype), backward=ctx.has_backward, examples=n)
     for prop, name in PROPERTIES.items():
         family = name.partition(".")[0]
-        failed = found is not None and found.prop == prop
+        shrunk = found is not None and found.prop == prop
+        if shrunk:
+            message = found.message
+        elif counts[prop]:
+            # the search shrinks only its first failure; this property failed on other examples too
+            first = f", a {found.prop} one" if found is not None else ""
+            message = (f"{prop}: failed on {counts[prop]} of {n} examples (not shrunk: the search shrinks only "
+                       f"its first failure{first})")
+        else:
+            message = f"{prop}: no failure in {n} examples ({res.distinct} distinct)"
         report.checks.append(CheckResult(
-            name=name, family=family, status="fail" if failed else "pass",
+            name=name, family=family, status="fail" if shrunk or counts[prop] else "pass",
             metrics={"examples": n, "distinct_examples": res.distinct, "failing_examples": counts[prop]},
             thresholds={"failing_examples": 0},
-            worst_case=dict(reproducer) if failed else {},
-            message=(found.message if failed else f"{prop}: no failure in {n} examples ({res.distinct} distinct)"),
+            worst_case=dict(reproducer) if shrunk else {},
+            message=message,
             duration_s=0.0,
         ))
     support = ctx.backward

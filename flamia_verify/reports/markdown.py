@@ -111,7 +111,7 @@ def render_markdown(report: Report) -> str:
     ]
     for note in run_notes(report):
         head, _, rest = note.partition(":")
-        out += [f"> **{md_escape(head)}:**{md_escape(rest)}", ""]
+        out += [f"> **{md_escape(head)}:** {md_escape(rest.strip())}", ""]
     if report.checks:
         out += ["| Check | Status | Key metric | Value | Threshold |", "|---|---|---|---:|---:|"]
         for check in report.checks:
