@@ -428,10 +428,11 @@ def _cmd_fuzz(args) -> int:
         tmp = case_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result.reproducer, indent=2, sort_keys=True))
         tmp.replace(case_path)
-        console.print(f"minimal failing case: {case_path}")
-        console.print(f"rerun it with: flamia-verify fuzz --kernel {args.kernel} --replay {case_path}")
+        console.print(f"minimal failing case: {case_path}", markup=False, soft_wrap=True)
+        console.print(f"rerun it with: flamia-verify fuzz --kernel {args.kernel} --replay {case_path}",
+                      markup=False, soft_wrap=True)
     for kind, path in paths.items():
-        console.print(f"  {kind:<6} {path}")
+        console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
     return EXIT_PASS if result.report.passed else EXIT_FAIL
 
 

@@ -439,3 +439,13 @@ def test_a_closed_stdout_ends_the_command_quietly_with_141(argv):
         os.close(w)
     assert proc.returncode == 141, proc.stderr
     assert proc.stderr == ""
+
+
+def test_fuzz_prints_the_rerun_hint_and_report_paths_on_whole_lines(tmp_path, capsys):
+    out = tmp_path / ("a-rather-long-directory-name-for-the-fuzz-reports-" * 2)
+    code = main(["fuzz", "--kernel", "mxfp8-naive", "--examples", "5", "--out", str(out)])
+    assert code == 1
+    lines = capsys.readouterr().out.splitlines()
+    case = out / "fuzz-case.json"
+    assert f"rerun it with: flamia-verify fuzz --kernel mxfp8-naive --replay {case}" in lines
+    assert f"  markdown {out / 'report.md'}" in lines and f"  json     {out / 'report.json'}" in lines
