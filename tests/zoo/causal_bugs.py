@@ -34,8 +34,10 @@ import torch
 
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
+from flamia_verify.kernels.emulation import Quant, make_kernel
 from zoo.kernels import _flamia, _split_kernel
+
+from flamia_verify.mutation import by_name, mutant_kernel
 
 __all__ = ["CAUSAL_BUGS"]
 
@@ -154,38 +156,9 @@ no_fallback_hd128 = _tag(
 # ---------------------------------------------------------------------------------------------
 
 
-def _visible_plus1(lq: int, lk: int, causal: bool, device=None) -> torch.Tensor:
-    if not causal:
-        return _VISIBLE(lq, lk, causal, device)
-    i = torch.arange(lq, device=device)[:, None]
-    j = torch.arange(lk, device=device)[None, :]
-    return j <= i + (lk - lq) + 1
-
-
-class _BackwardMaskPlus1(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
-        out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
-        ctx.scale, ctx.causal = scale, causal
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        with mock.patch.object(E, "visible", _visible_plus1):
-            dq, dk, dv = _backward(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None
-
-
-def _backward_mask_plus1(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                         causal=False):
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _BackwardMaskPlus1.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal))
-
-
+# the mutation table's `mask.backward+1`: the emulation's backward with its visibility test edited
 backward_mask_plus1 = _tag(
-    _backward_mask_plus1, ("causal.dq", "causal.dk_dv", "causal.diagonal"), "backward only",
+    mutant_kernel(by_name("mask.backward+1")), ("causal.dq", "causal.dk_dv", "causal.diagonal"), "backward only",
     "FLAMIA MXFP8 whose backward masks with j <= i + offset + 1 (one key too many); the forward is right",
 )
 
