@@ -447,9 +447,9 @@ def _cmd_bench(args) -> int:
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"cannot write {path!r}: its directory does not exist")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
+    from flamia_verify.reports.terminal import print_table
     from flamia_verify.reports.model import jsonable
 
     # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
@@ -465,14 +465,10 @@ def _cmd_bench(args) -> int:
                            rep_ms=args.rep_ms,
                            progress=lambda done, total, label: progress.update(task, description=label,
                                                                                completed=done, total=total))
-    table = Table(title="attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, "
-                        "ratio_bf16: to the fused bf16 kernel)")
-    if rows:
-        for col in rows[0]:
-            table.add_column(str(col))
-        for row in rows:
-            table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()])
-    console.print(table)
+    print_table(console, "attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, "
+                         "ratio_bf16: to the fused bf16 kernel)",
+                [str(col) for col in (rows[0] if rows else [])],
+                [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()] for row in rows])
     tokens = sorted({r["batch"] * r["seqlen"] for r in rows})
     header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B*S = "
               f"{' or '.join(map(str, tokens))} tokens, H = 16, D = 128, bf16")

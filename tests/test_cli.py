@@ -194,6 +194,9 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
     assert code == 0, err
     assert seen == {"kernels": ["bf16", "fp8"], "seqlens": (8192,), "causal": (True,), "rep_ms": 20}
     assert "fp8" in out and "0.5" in out  # ratio_bf16 of fp8: 150 / 300
+    # off a terminal (captured stdout): one whole line per row, never a table that wraps mid-word
+    assert any(line.split()[:9] == ["fp8", "8192", "4", "True", "150", "150", "150", "0.3", "0.5"]
+               for line in out.splitlines()), out
     assert "| fp8 | 8192 | True | 150 | 150 | 150 | 0.30 | 0.50 |" in md.read_text()
     def no_constants(name):
         raise AssertionError(f"bench --json wrote the non-JSON constant {name}")
