@@ -30,7 +30,7 @@ from __future__ import annotations
 from flamia_verify.kernels.emulation import Quant
 from flamia_verify.mutation.build import Edit, Mutant
 
-__all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "by_name", "ci_sample"]
+__all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "VARIANT_KIND_EDITS", "by_name", "ci_sample"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -66,8 +66,9 @@ _OPERAND_WHAT = {
     "q_seq": "Q in dK = dS^T Q",
 }
 
-# new operand kinds "mx-<variant>" dispatch to operators.mx_variant; the fallback keeps guarding them
-_VARIANT_KINDS = (
+#: the edits that let a design name the operand kinds "mx-<variant>" (e5m2, truncate, scale_down,
+#: scale_up): they dispatch to operators.mx_variant, and the diagonal fallback keeps guarding them
+VARIANT_KIND_EDITS = (
     Edit("quantize_operand", '    if kind == "nvfp4":',
          '    if kind.startswith("mx-"):\n        return _mut.mx_variant(x, quant, axis, cu_seqlens, kind[3:])\n'
          '    if kind == "nvfp4":'),
@@ -199,7 +200,7 @@ def _operand_mutants(family: str, variants: dict[str, tuple[Quant, str]]) -> lis
     for f in _OPERANDS:
         for tag, (quant, what) in variants.items():
             out.append(Mutant(f"{family}.{f}-{tag}", family, f"{_OPERAND_WHAT[f]}: {what}",
-                              _VARIANT_KINDS, ((f, quant),)))
+                              VARIANT_KIND_EDITS, ((f, quant),)))
     return out
 
 

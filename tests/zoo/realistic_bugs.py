@@ -1,7 +1,9 @@
 """Planted bugs that only show on realistic shapes: unequal query and key lengths per document, GQA
 with 1 < heads_k < heads, rows of more than 256 keys, several key tiles, and a dS format one bit
-coarser than the recipe claims. Each is the FLAMIA MXFP8 emulation with one function patched
-while it runs (forward and backward), in the style of ``zoo/targeted.py``.
+coarser than the recipe claims. Each is the FLAMIA MXFP8 emulation with one change: one function
+patched while it runs (forward and backward), in the style of ``zoo/targeted.py``, or, where the
+mutation table's operators already express it, a mutant (``flamia_verify.mutation``: source edits
+in a module of its own).
 
 Each kernel carries ``recipe``, ``catches`` (the checks of the quick suite that must report
 ``fail`` on it) and ``quiet`` (checks its bug cannot reach, which must pass).
@@ -29,16 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-from dataclasses import replace
 from unittest import mock
 
 import torch
 
-from flamia_verify.formats import E5M2, ScaleRule, mx_fake_quantize
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, _backward, _forward
+from flamia_verify.mutation import Edit, Mutant, mutant_kernel
+from flamia_verify.mutation.table import VARIANT_KIND_EDITS
 
 __all__ = ["REALISTIC"]
 
@@ -69,6 +70,11 @@ class _Patched(torch.autograd.Function):
         with (ctx.bwd_patch or _nothing)(cu_q, cu_k):
             dq, dk, dv = _backward(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _mutant(name: str, why: str, *edits: Edit, **design) -> object:
+    """The emulation with source edits and design changes (flamia_verify.mutation): no patching."""
+    return mutant_kernel(Mutant(f"zoo.{name}", "zoo", why, tuple(edits), tuple(design.items())))
 
 
 def _nothing(cu_q, cu_k):
@@ -132,16 +138,9 @@ do_blocks_at_cu_k = _tag(
 # ---------------------------------------------------------------------------------------------
 
 
-def _expand_repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.repeat(1, groups, 1)
-
-
-def _gqa_repeat_patch(cu_q, cu_k):
-    return mock.patch.object(E, "_expand_kv", _expand_repeat)
-
-
 gqa_repeat = _tag(
-    _patched_kernel(_gqa_repeat_patch, _gqa_repeat_patch), "mxfp8",
+    _mutant("gqa_repeat", "kv heads tiled with repeat in every GEMM",
+            Edit("_expand_kv", "x.repeat_interleave(groups, dim=1)", "_mut.expand_repeat(x, groups)")), "mxfp8",
     ("error.out", "error.dq", "error.dk", "error.dv"),
     ("causal", "isolation", "determinism"),
     "FLAMIA MXFP8 that expands the kv heads with repeat (k0 k1 k0 k1) instead of repeat_interleave (k0 k0 k1 k1)",
@@ -151,35 +150,18 @@ gqa_repeat = _tag(
 # summation order that changes from call to call on long rows only
 # ---------------------------------------------------------------------------------------------
 
-_MATMUL = torch.matmul
 #: rows longer than this many keys (or queries) get their tile order shuffled
 LONG_ROW = 256
 #: the key tile whose partial products are summed as one unit
 TILE = 64
-_ENTROPY = random.SystemRandom()  # never seeded: the order differs on every call, as atomics' does
-
-
-def _shuffled_tile_matmul(a, b, *args, **kwargs):
-    """torch.matmul whose contraction, when longer than LONG_ROW, is summed tile by tile (TILE
-    positions per partial product) in a random order."""
-    if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32 or a.shape[-1] <= LONG_ROW:
-        return _MATMUL(a, b, *args, **kwargs)
-    n = a.shape[-1]
-    starts = list(range(0, n, TILE))
-    _ENTROPY.shuffle(starts)
-    acc = None
-    for s in starts:
-        part = _MATMUL(a[..., s:s + TILE], b[..., s:s + TILE, :])
-        acc = part if acc is None else acc + part
-    return acc
-
-
-def _tile_order_patch(cu_q, cu_k):
-    return mock.patch.object(torch, "matmul", _shuffled_tile_matmul)
-
+_SHUFFLED = f"tile={TILE}, min_len={LONG_ROW}"
 
 long_row_tile_order = _tag(
-    _patched_kernel(_tile_order_patch, _tile_order_patch), "mxfp8",
+    _mutant("long_row_tile_order", "sequence GEMMs over > 256 positions sum 64-wide tiles in a random order",
+            Edit("_gemm_seq", "return torch.matmul(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
+            Edit("_gemm_seq", "return torch.matmul(a_full, b_q) + torch.matmul(a_part, b_hp)",
+                 f"return _mut.shuffled_matmul(a_full, b_q, {_SHUFFLED}) + _mut.shuffled_matmul(a_part, b_hp, "
+                 f"{_SHUFFLED})")), "mxfp8",
     ("determinism.repeat",),
     ("error", "causal", "isolation", "consistency.conservation_forward"),
     "FLAMIA MXFP8 whose GEMMs over more than 256 keys (or queries) add their 64-wide tile partial sums in "
@@ -281,28 +263,10 @@ skip_rescale_after_256 = _tag(
 # dS in E5M2 under an MXFP8 (E4M3) claim
 # ---------------------------------------------------------------------------------------------
 
-_QUANTIZE = E.quantize_operand
-_E5M2_KIND = "mx-e5m2"
-
-
-def _quantize_with_e5m2(x, quant, axis, *, input_dtype, cu_seqlens=None):
-    if quant.kind == _E5M2_KIND:
-        x = x.to(torch.float32)
-        if x.shape[axis] == 0:
-            return x
-        return mx_fake_quantize(x, axis=axis, block_size=quant.block, elem=E5M2, rule=ScaleRule.RCEIL,
-                                cu_seqlens=cu_seqlens)
-    return _QUANTIZE(x, quant, axis, input_dtype=input_dtype, cu_seqlens=cu_seqlens)
-
-
-def _e5m2_patch(cu_q, cu_k):
-    return mock.patch.object(E, "quantize_operand", _quantize_with_e5m2)
-
-
-_E5M2 = Quant(_E5M2_KIND, 32)
+_E5M2 = Quant("mx-e5m2", 32)
 
 ds_e5m2 = _tag(
-    _patched_kernel(None, _e5m2_patch, replace(FLAMIA_MXFP8, name="ds-e5m2", ds_quant=_E5M2, dst_quant=_E5M2)),
+    _mutant("ds_e5m2", "dS and dS^T in E5M2", *VARIANT_KIND_EDITS, ds_quant=_E5M2, dst_quant=_E5M2),
     "mxfp8",
     ("bound.grad",),
     ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
@@ -310,7 +274,7 @@ ds_e5m2 = _tag(
 )
 
 dst_e5m2 = _tag(
-    _patched_kernel(None, _e5m2_patch, replace(FLAMIA_MXFP8, name="dst-e5m2", dst_quant=_E5M2)),
+    _mutant("dst_e5m2", "dS^T in E5M2", *VARIANT_KIND_EDITS, dst_quant=_E5M2),
     "mxfp8",
     ("bound.grad",),
     ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
