@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 __all__ = ["add_parser", "run", "render_markdown", "verdict"]
 
@@ -104,8 +103,10 @@ def _print_table(mutants) -> None:
 
 def run(args) -> int:
     from flamia_verify.api import resolve_device
+    from flamia_verify.cli import _prepare_out
     from flamia_verify.errors import UsageError
     from flamia_verify.mutation.runner import run_mutants, summarize
+    from flamia_verify.reports.store import atomic_write_text
 
     chosen = _select(args)
     if args.list:
@@ -116,8 +117,7 @@ def run(args) -> int:
     if args.min_kill_rate is not None and not 0.0 <= args.min_kill_rate <= 1.0:
         raise UsageError(f"--min-kill-rate must lie in [0, 1], got {args.min_kill_rate}")
     device = resolve_device(args.device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _prepare_out(args.out)  # a bad --out is a usage error before minutes of mutants, as in check
     total = len(chosen)
     done = [0]
     start = time.perf_counter()
@@ -133,9 +133,9 @@ def run(args) -> int:
     summary = summarize(results)
     summary.update(suite=args.suite, seed=args.seed, device=device, seconds=round(time.perf_counter() - start, 1))
     rows = [r.to_dict() for r in results]
-    (out / "mutation.json").write_text(json.dumps({"schema": "flamia-verify/mutation/v1", "summary": summary,
-                                                   "results": rows}, indent=1) + "\n")
-    (out / "mutation.md").write_text(render_markdown(summary, rows, suite=args.suite))
+    atomic_write_text(out / "mutation.json", json.dumps({"schema": "flamia-verify/mutation/v1", "summary": summary,
+                                                         "results": rows}, indent=1) + "\n")
+    atomic_write_text(out / "mutation.md", render_markdown(summary, rows, suite=args.suite))
     print(f"kill rate {summary['killed']}/{summary['mutants']} = {100 * summary['kill_rate']:.1f} %; "
           f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}; "
           f"{summary['seconds']:.0f} s; reports: {out / 'mutation.md'}, {out / 'mutation.json'}")
