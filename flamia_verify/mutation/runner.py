@@ -21,6 +21,7 @@ import torch
 
 from flamia_verify.mutation.build import Mutant, mutant_kernel
 from flamia_verify.properties.cases import Case, make_inputs
+from flamia_verify.properties.harness import same_bits
 
 __all__ = ["MutantResult", "FAMILY_ORDER", "run_mutant", "run_mutants", "distinguishes", "PROBES", "summarize"]
 
@@ -79,11 +80,6 @@ def _call(kernel, inp, *, backward: bool = True):
     return [out.detach()] + [g.detach() for g in grads], inputs_changed
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal element by element, NaN where the other is NaN (torch.equal calls NaN != NaN)."""
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
-
-
 def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
     """How the mutant shows on the probe calls (a one-line description), or None if it never does."""
     from flamia_verify.kernels.registry import load_kernel
@@ -102,11 +98,11 @@ def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
                 return f"modifies its inputs on {where}"
             ref, _ = _call(original, inp)
             for n, a, b in zip(names, mine, ref):
-                if not _same_bits(a, b):
+                if not same_bits(a, b):
                     return f"{n} differs on {where}"
             again, _ = _call(kernel, inp)
             for n, a, b in zip(names, mine, again):
-                if not _same_bits(a, b):
+                if not same_bits(a, b):
                     return f"{n} differs between two runs on {where}"
     return None
 

@@ -32,7 +32,7 @@ from flamia_verify.properties.cases import Case, Inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 
 __all__ = ["KernelOutputs", "KernelCallError", "KernelHarness", "BackwardSupport", "Modification",
-           "is_leaf_inplace_error"]
+           "is_leaf_inplace_error", "same_bits"]
 
 #: torch's message when an in-place operation hits a leaf tensor that requires grad
 _LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation"
@@ -106,7 +106,7 @@ class Modification:
     call: int = 0  # the harness's call number (0-based)
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal (-0.0 and +0.0 alike, as in compare_bitwise); the raw bytes decide the common case."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -139,7 +139,7 @@ class KernelHarness:
             if name in flagged:
                 continue
             passed = passed.detach()
-            if not _same_bits(passed, original):
+            if not same_bits(passed, original):
                 flagged.add(name)
                 cu = None
                 if name in ("q", "do"):
