@@ -45,7 +45,7 @@ D = rowsum(dO * O_kernel), dS = P (dP - D)); the rebuilt weights obey the same E
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -56,6 +56,7 @@ __all__ = [
     "OperandModel",
     "RecipeBoundModel",
     "recipe_bound_model",
+    "exact_operands_model",
     "attention_bounds",
     "U32",
     "E4M3_ETA",
@@ -114,6 +115,10 @@ class OperandModel:
     eta_g: float = 0.0
     exact_sig: float | None = None
     alpha: float = 0.0
+    #: the recipe fixes this operand's rounding completely (MXFP8: E4M3 elements, 32-blocks along the
+    #: contraction axis, an E8M0 scale by the recipe's rule, RNE), so that inputs can be built on which
+    #: it is known in closed form (:mod:`flamia_verify.properties.mx_probes`)
+    mx_block: bool = False
 
     def rho(self, x_abs: torch.Tensor, line_max: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
         r = self.u * x_abs
@@ -164,6 +169,14 @@ class RecipeBoundModel:
         return {f: getattr(self, f).describe() for f in self.__dataclass_fields__ if isinstance(getattr(self, f), OperandModel)}
 
 
+def exact_operands_model(model: RecipeBoundModel) -> RecipeBoundModel:
+    """``model`` with every operand rounding the identity: what is left is fp32 accumulation, the fp32
+    exponent arithmetic and the rounding of the outputs (to the input dtype). The bound of a kernel
+    run on inputs that its roundings leave unchanged, read against the attention of those inputs."""
+    ops = {f: EXACT for f in model.__dataclass_fields__ if isinstance(getattr(model, f), OperandModel)}
+    return replace(model, recipe=f"{model.recipe} (operands exact)", **ops)
+
+
 def _unit_roundoff(dtype: torch.dtype) -> float:
     """Round to nearest: half the spacing at 1 (bf16 2^-8, fp16 2^-11, fp32 2^-24, fp64 2^-53)."""
     return torch.finfo(dtype).eps / 2
@@ -201,8 +214,9 @@ def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
         p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA, alpha=_ALPHA_E8M0)
         return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in, a_in)
     u = _U_E4M3_FLOOR if recipe == "mxfp8-floor" else _U_E4M3
-    mx = OperandModel(u, E4M3_ETA, alpha=_ALPHA_E8M0)  # computed operands (P, P^T, dS)
-    mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875, alpha=_ALPHA_E8M0)  # q, k, v, dO
+    mx = OperandModel(u, E4M3_ETA, alpha=_ALPHA_E8M0, mx_block=True)  # computed operands (P, P^T, dS)
+    mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875, alpha=_ALPHA_E8M0,
+                         mx_block=True)  # q, k, v, dO
     if recipe in ("mxfp8", "mxfp8-floor"):
         return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in, a_in)
     if recipe == "nvfp4":

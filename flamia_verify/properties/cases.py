@@ -284,7 +284,18 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``int_<t>`` rounds t to
     integers; ``onehot_<t>`` makes row r of t ``value`` times the unit vector e_(r mod headdim)
     (distinct within every document of at most headdim rows); ``negscore_q`` makes every score deeply
-    negative (about -value * scale * headdim)."""
+    negative (about -value * scale * headdim); ``probe`` (value ``"site:variant"``) replaces all
+    four tensors by the MX rounding probe of :mod:`flamia_verify.properties.mx_probes`, drawn from
+    the case's seed (its shapes must be the probe's: 64 tokens, one head, head_dim 64)."""
+    if key == "probe":
+        from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
+
+        if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (PROBE_LEN, PROBE_LEN, 1, 1, PROBE_DIM):
+            raise ConfigError(f"a rounding probe needs {PROBE_LEN} queries and keys, one head and head_dim "
+                              f"{PROBE_DIM}; the case has {case.describe()}")
+        inputs, _ = probe_tensors(str(value), case.seed)
+        tensors.update({n: x.float() for n, x in inputs.items()})
+        return
     kind, _, name = key.partition("_")
     if name not in tensors:
         raise ConfigError(f"override {key!r} names no tensor (q, k, v, do)")
@@ -318,7 +329,7 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         t[int(a) : int(b)] = float(x)
     else:
         raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
-                          "with q, k, v or do")
+                          "with q, k, v or do, or probe")
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:

@@ -68,6 +68,8 @@ class SuiteSettings:
     #: keys of the long document that determinism, bound and bias add to their cases (longer than the
     #: 256 keys where a kernel's tile loop, split-K or atomics typically start to matter)
     long_len: int = 512
+    #: draws of every MX rounding probe (bound.rounding; each draw is one 64-token call per probe)
+    rounding_seeds: int = 1
 
 
 _QUICK = SuiteSettings(
@@ -115,6 +117,7 @@ _STANDARD = SuiteSettings(
     special_len=160,
     repeats=3,
     long_len=1024,
+    rounding_seeds=2,
 )
 
 _FULL = SuiteSettings(
@@ -138,13 +141,14 @@ _FULL = SuiteSettings(
     repeats=4,
     heads=4,
     long_len=2048,
+    rounding_seeds=4,
 )
 
 _BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
 
 #: suite settings a user may override (thresholds={"suite": {...}})
 SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int,
-                "special_cases": int, "long_len": int}
+                "special_cases": int, "long_len": int, "rounding_seeds": int}
 
 
 def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:

@@ -1,0 +1,122 @@
+"""bound.rounding: every MXFP8 operand rounds exactly as the recipe says.
+
+The recipe's bound (bound.out, bound.grad) must hold for any block layout, so it charges every
+element's underflow at the worst block scale of its line: it cannot tell a block scale one exponent
+too large from the right one (only elements 2^-13 below their block maximum lose a bit), nor
+rounding toward zero from rounding to nearest on inputs that lie on the grid. But an MX recipe fixes
+the rounding completely (E4M3, 32-blocks along the contraction axis, E8M0 by RCEIL or FLOOR, RNE).
+On the probe inputs of :mod:`flamia_verify.properties.mx_probes` it is known in closed form, every
+other rounding is exact, and the weights are exactly uniform; a kernel that follows its recipe then
+computes the attention of the *rounded* inputs, up to fp32 accumulation and the rounding of its
+outputs. That residue is bounded rigorously by the bound model with every operand exact
+(:func:`~flamia_verify.properties.bounds.exact_operands_model`); no element may leave it.
+
+Probed: each of the recipe's MXFP8 sites (Q, K in S; V in PV; dO, V in dP; dO in dV; dS, K in dQ;
+dS^T, Q in dK) with grid probes, and its input operands with step probes. Sites the recipe does not
+round as MXFP8 (BF16; FP8 with a scale of any granularity; NVFP4's P^T, dS, dS^T) are not probed:
+their rounding is not fixed by the recipe.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flamia_verify.properties.bounds import attention_bounds, exact_operands_model, recipe_bound_model
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.compare import compare_within
+from flamia_verify.properties.mx_probes import (
+    MODEL_FIELDS,
+    PROBE_DIM,
+    PROBE_LEN,
+    PROBE_SCALE,
+    PROBES,
+    Probe,
+    probe_tensors,
+)
+from flamia_verify.properties.registry import register
+
+__all__ = ["probe_case", "mx_sites", "rounding_report"]
+
+
+def mx_sites(recipe: str, dtype) -> tuple[str, ...]:
+    """The probe sites whose every operand the recipe rounds as MXFP8."""
+    model = recipe_bound_model(recipe, dtype)
+    return tuple(s for s, fields in MODEL_FIELDS.items() if all(getattr(model, f).mx_block for f in fields))
+
+
+def probe_case(ctx, probe: Probe, seed_offset: int = 0):
+    return ctx.case((PROBE_LEN,), heads=1, headdim=PROBE_DIM, causal=False, softmax_scale=PROBE_SCALE,
+                    overrides=(("probe", probe.tag),), seed_offset=4000 + seed_offset)
+
+
+def rounding_report(ctx, probes, seeds: int = 1):
+    """Run ``probes`` (``seeds`` draws each); count elements of their observed tensors outside the
+    exact-operand bound around the attention of the rounded inputs."""
+    model = exact_operands_model(recipe_bound_model(ctx.recipe, ctx.dtype))
+    violations, tight, first, n_cases = 0, 0.0, None, 0
+    per_site: dict[str, float] = {}
+    jobs = [(p, s) for s in range(seeds) for p in probes]
+    for n, (probe, s) in enumerate(jobs):
+        case = probe_case(ctx, probe, s)
+        res = ctx.run(case)
+        inp = ctx.inputs(case)
+        _, rounded = probe_tensors(probe, case.seed)
+        rin = inp.replace(**{k: v.to(inp.q.device) for k, v in rounded.items()})
+        ref = ctx.reference(rin)
+        B = attention_bounds(rin.q, rin.k, rin.v, rin.do, rin.cu_q.tolist(), rin.cu_k.tolist(), scale=case.scale,
+                             causal=False, model=model, ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv))
+        n_cases += 1
+        for t in probe.observed:
+            x = getattr(res, t)
+            if x is None:
+                continue
+            r, b = getattr(ref, t), getattr(B, t)
+            m = compare_within(x, r, b, what=f"|{t} - attention of the rounded inputs|",
+                               rule="within fp32 accumulation and the output rounding", cu_seqlens=[0, PROBE_LEN])
+            err = (x.detach().double().to(r.device) - r).abs()
+            ratio = torch.nan_to_num(torch.where(err == 0, torch.zeros_like(err), err / b.clamp_min(1e-300)),
+                                     nan=float("inf"))
+            mx = float(ratio.max())
+            tight = max(tight, mx)
+            key = f"tightness_{probe.site}"
+            per_site[key] = max(per_site.get(key, 0.0), mx)
+            if not m.ok:
+                violations += m.mismatched
+                if first is None:
+                    first = case_record(case, tensor=t, probe=probe.tag, site=probe.describe(), recipe=ctx.recipe,
+                                        mismatch=m.to_dict(),
+                                        summary=f"{t} of probe {probe.tag} ({probe.describe()}): {m.summary()}")
+        ctx.progress((n + 1) / len(jobs))
+    metrics = {"violations": violations, "tightness": tight, "probe_cases": n_cases, **per_site}
+    return metrics, first
+
+
+@register(
+    "bound.rounding",
+    "each MXFP8 operand of the recipe rounds exactly as the recipe says (E4M3, 32-blocks, the E8M0 "
+    "scale rule, round to nearest): on probe inputs where that rounding is known in closed form and "
+    "every other one is exact, O and the gradients equal the attention of the rounded inputs to "
+    "within fp32 accumulation and the output rounding; no violation allowed",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    cost=0.5,
+)
+def bound_rounding(ctx):
+    sites = mx_sites(ctx.recipe, ctx.dtype)
+    if not sites:
+        return ctx.skip(f"the {ctx.recipe} recipe rounds no GEMM operand as MXFP8 (E4M3 32-blocks with an "
+                        "E8M0 scale rule): no operand's rounding is fixed by the recipe")
+    probes = [p for p in PROBES if p.site in sites and (ctx.has_backward or not p.needs_backward)]
+    left_out = sorted({p.site for p in PROBES if p.site in sites} - {p.site for p in probes})
+    metrics, first = rounding_report(ctx, probes, seeds=ctx.settings.rounding_seeds)
+    not_probed = [s for s in MODEL_FIELDS if s not in sites]
+    notes = []
+    if not_probed:
+        notes.append(f"not MXFP8 in the recipe, not probed: {', '.join(not_probed)}")
+    if left_out:
+        notes.append(f"no backward, not probed: {', '.join(left_out)}")
+    msg = (f"every probed operand rounds as the {ctx.recipe} recipe says on {metrics['probe_cases']} probe cases "
+           f"({', '.join(sorted({p.site for p in probes}))}); tightness {metrics['tightness']:.3g}")
+    if notes:
+        msg += "; " + "; ".join(notes)
+    return ctx.judged(metrics, ok_message=msg, worst_case=first or {},
+                      extra_failures=[first["summary"]] if first else [])
