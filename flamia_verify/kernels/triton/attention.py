@@ -302,7 +302,7 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, st
     return acc, l_i, m_new
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
 def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
               GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -358,7 +358,7 @@ def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_q", "stride_lh"])  # lengths: no recompilation per packing
 def _attn_bwd_delta(O, DO, Delta, total_q, stride_ot, stride_oh, stride_dot, stride_doh, stride_lh,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """D = rowsum(dO * O) in fp32, from O and dO in the input dtype."""
@@ -501,7 +501,7 @@ def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, D
     return dk, dv, amax_pt, amax_dst
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
 def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scale,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
@@ -634,7 +634,7 @@ def _attn_bwd_dq_sweep(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_ba
     return dq, amax_ds
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
 def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dqt, stride_dqh, stride_lh,
