@@ -22,7 +22,8 @@ so that the failure is the bug's doing and not a side effect).
     v_unscaled              V cast to E4M3 without a scale (huge values saturate, tiny ones flush)
     static_v_scale          V cast to E4M3 with a fixed scale calibrated on outlier-free data
     range_scale_do          dO's sequence blocks scaled by their range max - min (an int8 habit) and
-                            cast without saturation: a constant block becomes NaN
+                            cast without saturation: a constant block becomes NaN (and a scale that
+                            is not the recipe's rounds dO's lowest binades otherwise: bound.rounding)
     range_scale_do_flush    the same with a saturating cast: a constant dO block becomes 0, hence dV
     ds_unscaled             dQ = dS K with dS cast to E4M3 without a scale (a small dO flushes dQ to 0)
     ds_nvfp4                claims MXFP8 but rounds dS to NVFP4 for dQ = dS K (a 4x coarser operand)
@@ -32,11 +33,13 @@ so that the failure is the bug's doing and not a side effect).
     ignores_softmax_scale   the softmax_scale argument is ignored, headdim^-0.5 used instead
     bf16_accumulation       every GEMM keeps its running sum in bf16: each 32-long slice of the
                             contraction is summed, rounded to bf16 and added to a bf16 accumulator
+    v_scale_too_large       V's MX block scale one exponent too large (a bit lost below 2^-13 of the max)
+    q_toward_zero           Q rounded toward zero onto its MXFP8 grid (head_dim blocks) before S = QK^T
 
 Known misses (``KNOWN_MISSES``, kept as strict expected failures in the tests): none at present.
 
-The front quantizers of ``dv_saturating_do`` and ``range_scale_do`` block dO along the queries
-without the FLAMIA kernel's diagonal fallback, so they also leak causally (a second finding, not
+The front quantizers of ``dv_saturating_do``, ``range_scale_do`` and ``v_scale_too_large`` block dO
+(V) along the queries (keys) without the FLAMIA kernel's diagonal fallback, so they also leak causally (a second finding, not
 the one they are for; their ``quiet`` leaves causal out). The fp32 kernels return out in float32
 (the convention allows a wider dtype than q's).
 """
@@ -53,7 +56,7 @@ import torch
 from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
-from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one,
+from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one, _mx_truncate,
                          _split_kernel, _v_quant_kernel)
 
 
@@ -439,7 +442,7 @@ def _range_scale_do_kernel(saturate: bool):
 
 
 range_scale_do = _tag(
-    _range_scale_do_kernel(saturate=False), "mxfp8", ("special.constant_rows",),
+    _range_scale_do_kernel(saturate=False), "mxfp8", ("special.constant_rows", "bound.rounding"),
     ("error", "bound", "special.zero_blocks", "special.short_documents", "consistency.weights"),
     "MXFP8 whose dO blocks along the sequence take their scale from the range max - min and are cast "
     "without saturation: a constant block of dO becomes NaN",
@@ -448,7 +451,7 @@ range_scale_do = _tag(
 #: the same bug with a saturating cast zeroes the constant dO blocks, hence dV: special.constant_rows
 #: sees it on its case with q and k on the MX-exact grid, where the bound on dV is tight
 range_scale_do_flush = _tag(
-    _range_scale_do_kernel(saturate=True), "mxfp8", ("special.constant_rows",),
+    _range_scale_do_kernel(saturate=True), "mxfp8", ("special.constant_rows", "bound.rounding"),
     ("error", "bound", "special.zero_blocks", "special.magnitudes", "special.short_documents"),
     "range_scale_do with a saturating cast: a constant block of dO becomes 0",
 )
@@ -547,6 +550,39 @@ bf16_accumulation = _tag(
     "rounded to bf16 and added to a bf16 accumulator)",
 )
 
+# ---------------------------------------------------------------------------------------------
+# bound.rounding: roundings that stay inside every a-priori bound
+# ---------------------------------------------------------------------------------------------
+
+
+def _mx_scale_too_large(block: torch.Tensor, axis: int) -> torch.Tensor:
+    """MX with the block scale exponent one too large: ceil(log2(amax / 448)) + 1 (nothing saturates,
+    the elements more than 2^-13 below the block maximum lose their last bit)."""
+    amax = block.abs().amax(dim=axis, keepdim=True)
+    scale = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)) + 1), torch.ones_like(amax))
+    return _e4m3_rne(block / scale) * scale
+
+
+v_scale_too_large = _tag(  # its front quantizer has no diagonal fallback: it leaks causally too (not quiet)
+    _v_quant_kernel(_mx_scale_too_large), "mxfp8", ("bound.rounding",),
+    ("error", "bound.out", "bound.grad", "consistency", "isolation", "interface"),
+    "FLAMIA MXFP8 whose V block scale exponent is one too large (E4M3's lowest binades lose a bit)",
+)
+
+
+def _q_toward_zero(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                   causal=False):
+    qt = _STE.apply(q, lambda x: _blockwise(x, None, 2, _mx_truncate))  # 32-blocks along head_dim
+    return _flamia(qt, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+                   causal=causal)
+
+
+q_toward_zero = _tag(
+    _q_toward_zero, "mxfp8", ("bound.rounding",),
+    ("error", "bound.out", "bound.grad", "consistency", "causal", "isolation", "interface"),
+    "FLAMIA MXFP8 whose Q is rounded toward zero (not to nearest) onto its MXFP8 grid before S = QK^T",
+)
+
 #: the kernels that some check must fail, by name
 TARGETED = {
     name: globals()[name]
@@ -571,6 +607,8 @@ TARGETED = {
         "ignores_softmax_scale",
         "range_scale_do_flush",
         "bf16_accumulation",
+        "v_scale_too_large",
+        "q_toward_zero",
     )
 }
 
