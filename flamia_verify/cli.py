@@ -50,8 +50,8 @@ suites (they differ in the cases; standard and full add a bounded fuzz pass, iso
             32-block boundary, Lq < Lk and Lq > Lk, head_dim 64 and 128, one 512-key document;
             10-20 s for an emulated kernel on a 2-core CPU
   standard: 7 base packings x 2 seeds: many tiny documents, lengths around 32, 64 and 128, 512
-            tokens at headdim 128, GQA 4:1, Lq != Lk; longer causal documents; about two minutes
-            for a fused kernel on an H200
+            tokens at headdim 128, GQA 4:1, Lq != Lk; longer causal documents; about a minute
+            for a fused kernel on an H200 with an empty Triton cache, 20 s with its kernels compiled
   full:     10 base packings x 4 seeds, up to 2048 tokens a call, 4 heads, head_dim 256 too;
             many minutes on a CPU
 
