@@ -41,6 +41,7 @@ same values).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -218,8 +219,15 @@ def _head_rows(rng: _Rng, variant: str, first: int, signs: torch.Tensor, scale_e
 
 def probe_tensors(probe: Probe | str, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs, rounded): q, k, v, do as float64 (64, 1, 64) tensors, and the same with every probe
-    replaced by the value the recipe's rounding gives it. Every value is exact in BF16 and FP16."""
+    replaced by the value the recipe's rounding gives it. Every value is exact in BF16 and FP16.
+    Fresh copies of a cached draw (the construction loops in Python; a suite asks for each twice)."""
     p = parse_probe(probe) if isinstance(probe, str) else probe
+    inputs, rounded = _probe_tensors(p, int(seed))
+    return {n: x.clone() for n, x in inputs.items()}, {n: x.clone() for n, x in rounded.items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _probe_tensors(p: Probe, seed: int):
     rng = _Rng(seed * 1009 + SITES.index(p.site) * 31 + (p.variant == "step"))
     L, D = PROBE_LEN, PROBE_DIM
     z = lambda: torch.zeros(L, D, dtype=torch.float64)  # noqa: E731
