@@ -8,6 +8,7 @@
     flamia-verify report REPORT.json [--html FILE] [--md FILE]
     flamia-verify list
     flamia-verify mutate [--suite NAME] [--family F ...] [--mutant NAME ...] [--sample N] [--jobs N]
+    flamia-verify train-parity --kernel SPEC [SPEC ...] [--preset tiny|small] [--steps N] [--out DIR]
 
 Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
 (interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
@@ -150,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flamia_verify.mutation.cli import add_parser as add_mutate_parser
 
     add_mutate_parser(sub)
+    from flamia_verify.training.cli import add_parser as add_train_parity_parser
+
+    add_train_parity_parser(sub)
     return p
 
 
@@ -551,6 +555,12 @@ def _cmd_mutate(args) -> int:
     return run(args)
 
 
+def _cmd_train_parity(args) -> int:
+    from flamia_verify.training.cli import run
+
+    return run(args)
+
+
 _COMMANDS = {
     "check": _cmd_check,
     "fuzz": _cmd_fuzz,
@@ -559,6 +569,7 @@ _COMMANDS = {
     "report": _cmd_report,
     "list": _cmd_list,
     "mutate": _cmd_mutate,
+    "train-parity": _cmd_train_parity,
 }
 
 

@@ -58,6 +58,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "compare_factor": (int, float),
     "forward_only": (bool,),
     "thresholds": (dict,),
+    "train_parity": (dict,),
+}
+#: keys of the [tool.flamia-verify.train_parity] table (train-parity's defaults; flags override them)
+TRAIN_PARITY_TYPES: dict[str, tuple[type, ...]] = {
+    "preset": (str,), "steps": (int,), "tokens": (int,), "bf16_seeds": (int,), "seed": (int,),
+    "max_gap": (int, float), "kernels": (list,),
 }
 _CHOICES = {"suite": SUITE_NAMES, "device": DEVICES, "dtype": DTYPES}
 
@@ -79,6 +85,7 @@ class Config:
     # declared forward-only: without it a kernel whose backward is missing or raises fails the run
     forward_only: bool = False
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    train_parity: dict[str, Any] = field(default_factory=dict)
     source: str | None = None  # the file the values came from, for messages
 
 
@@ -104,8 +111,30 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
             from flamia_verify.properties.thresholds import validate_overrides
 
             value = validate_overrides(value, where)
+        if key == "train_parity":
+            value = _validate_train_parity(value, f"{where} train_parity")
         out[key] = value
     return out
+
+
+def _validate_train_parity(table: dict[str, Any], where: str) -> dict[str, Any]:
+    from flamia_verify.training.parity import PRESETS
+
+    for key, value in table.items():
+        if key not in TRAIN_PARITY_TYPES:
+            raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(TRAIN_PARITY_TYPES))}")
+        types = TRAIN_PARITY_TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ConfigError(f"{where}: {key} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+        if key == "preset" and value not in PRESETS:
+            raise ConfigError(f"{where}: preset = {value!r} is not one of {', '.join(PRESETS)}")
+        if key == "max_gap" and not (0 < value < math.inf):
+            raise ConfigError(f"{where}: max_gap must be a positive finite number, got {value!r}")
+        if key in ("steps", "tokens", "bf16_seeds") and value < (2 if key == "bf16_seeds" else 1):
+            raise ConfigError(f"{where}: {key} must be >= {2 if key == 'bf16_seeds' else 1}, got {value!r}")
+        if key == "kernels" and not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: kernels must be a list of kernel specs, got {value!r}")
+    return dict(table)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -1,0 +1,117 @@
+"""train-parity's reports: train-parity.json (the result document), train-parity.md (the table a
+pull request shows) and train-parity.html (one page with the loss, gradient-norm and drift plots)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+__all__ = ["render_markdown", "render_html", "write_parity_reports", "PARITY_FILES"]
+
+PARITY_FILES = ("train-parity.json", "train-parity.md", "train-parity.html")
+
+
+def _fmt(x: float, spec: str = ".4f") -> str:
+    return "inf" if x == float("inf") else ("-inf" if x == float("-inf") else format(x, spec))
+
+
+def render_markdown(doc: dict) -> str:
+    cfg, noise, m = doc["config"], doc["noise"], doc["config"]["model"]
+    verdict = "PASS" if doc["passed"] else "FAIL"
+    lines = [
+        f"# Training parity: {verdict}",
+        "",
+        f"{m['layers']} layers, d_model {m['d_model']}, {m['heads']} heads of {m['d_model'] // m['heads']}, byte-level; "
+        f"{cfg['steps']} steps of {cfg['tokens']} tokens (windows up to {cfg['max_len']}), seed {cfg['seed']}, "
+        f"device {doc['device']}. Corpus: {doc['corpus']['train_documents']} / {doc['corpus']['val_documents']} "
+        f"train / validation files of {doc['corpus']['root']} (fingerprint {doc['corpus']['fingerprint'][:12]}).",
+        "",
+        f"Noise floor: BF16 over {len(noise['bf16_final_val'])} seeds, final validation loss "
+        f"{', '.join(_fmt(x) for x in noise['bf16_final_val'])}: sigma {_fmt(noise['sigma'], '.4g')} "
+        f"(exact evaluation: sigma {_fmt(noise['sigma_exact'], '.4g')}). A kernel fails when |gap| > "
+        f"{cfg['max_gap']} sigma, with its own attention or with the exact one.",
+        "",
+        "| kernel | final val loss | gap (sigma) | val loss, exact eval | gap (sigma), exact eval | grad-norm ratio | attention rel. RMSE | s | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in doc["kernels"]:
+        lines.append(
+            f"| `{r['kernel']}` | {_fmt(r['final_val_loss'])} | {_fmt(r['gap_sigmas'], '+.2f')} | "
+            f"{_fmt(r['final_val_loss_exact'])} | {_fmt(r['gap_sigmas_exact'], '+.2f')} | "
+            f"{r['grad_norm_ratio']:.3f} | {r['attn_rel_rmse_final']:.3g} | {r['seconds']:.0f} | {r['status'].upper()} |")
+    lines += ["", "Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
+              "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
+              "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
+              "attention outputs against the exact kernel's on the same q, k, v during the last evaluation.", ""]
+    return "\n".join(lines)
+
+
+def _plot_png(doc: dict) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (a_tr, a_val), (a_gn, a_dr) = axes
+    for run in doc["runs"]:
+        label = f"{run['kernel']} (seed {run['seed']})"
+        k = max(1, len(run["train_loss"]) // 50)
+        smooth = [sum(run["train_loss"][max(0, i - k + 1):i + 1]) / len(run["train_loss"][max(0, i - k + 1):i + 1])
+                  for i in range(len(run["train_loss"]))]
+        a_tr.plot(run["steps"], smooth, label=label, lw=1)
+        line, = a_val.plot(run["eval_steps"], run["val_loss"], marker="o", ms=3, label=label)
+        a_val.plot(run["eval_steps"], run["val_loss_exact"], ls="--", color=line.get_color(), lw=1)
+        a_gn.plot(run["steps"], run["grad_norm"], lw=0.7, label=label)
+        a_dr.plot(run["eval_steps"], run["attn_rel_rmse"], marker="o", ms=3, label=label)
+    a_tr.set(title="train loss (moving mean)", xlabel="step", ylabel="loss (nats / byte)")
+    a_val.set(title="validation loss (solid: own kernel, dashed: exact evaluation)", xlabel="step", ylabel="loss")
+    a_gn.set(title="gradient norm (before clipping)", xlabel="step", yscale="log")
+    a_dr.set(title="attention output vs exact kernel (rel. RMSE)", xlabel="step", yscale="log")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    a_val.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(doc: dict) -> str:
+    md = render_markdown(doc)
+    body = []
+    for line in md.splitlines():
+        if line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("|---"):
+            continue
+        elif line.startswith("| "):
+            cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+            tag = "th" if cells[0] == "kernel" else "td"
+            body.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
+        elif line:
+            body.append(f"<p>{html.escape(line)}</p>")
+    rows = [b for b in body if b.startswith("<tr>")]
+    others = [b for b in body if not b.startswith("<tr>")]
+    table = "<table>" + "".join(rows) + "</table>"
+    img = f'<img alt="loss curves, gradient norms and attention drift per kernel" src="data:image/png;base64,{_plot_png(doc)}">'
+    style = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+             "th{background:#f2f2f2}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Training parity</title><style>{style}</style>"
+            f"</head><body>{others[0]}{''.join(others[1:3])}{table}{''.join(others[3:])}{img}</body></html>")
+
+
+def write_parity_reports(doc: dict, out: Path) -> dict[str, Path]:
+    from flamia_verify.reports.store import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in PARITY_FILES}
+    atomic_write_text(paths["train-parity.json"], json.dumps(doc, indent=1, allow_nan=True) + "\n")
+    atomic_write_text(paths["train-parity.md"], render_markdown(doc))
+    atomic_write_text(paths["train-parity.html"], render_html(doc))
+    return paths
