@@ -97,6 +97,10 @@ def run(args) -> int:
             print(f"  {name}: step {step + 1}/{cfg.steps} loss {loss:.3f}  ({now - t0:.0f} s)", flush=True)
 
     def on_run(r):
+        if r.diverged_at is not None:
+            print(f"{r.kernel} (seed {r.seed}): DIVERGED at step {r.diverged_at} (loss or gradient not finite)",
+                  flush=True)
+            return
         print(f"{r.kernel} (seed {r.seed}): val loss {r.final_val:.4f}, exact eval {r.final_val_exact:.4f}, "
               f"{r.seconds:.1f} s", flush=True)
 
@@ -107,9 +111,12 @@ def run(args) -> int:
         raise KernelCrashError(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     doc["preset"] = preset
     paths = write_parity_reports(doc, out)
+    from flamia_verify.training.report import fmt_number as f
+
     for r in doc["kernels"]:
-        print(f"{r['status'].upper():4s}  {r['kernel']:24s} gap {r['gap_sigmas']:+.2f} sigma (exact eval "
-              f"{r['gap_sigmas_exact']:+.2f}), val loss {r['final_val_loss']:.4f}")
+        why = "" if r.get("diverged_at") is None else f"  diverged at step {r['diverged_at']}"
+        print(f"{r['status'].upper():4s}  {r['kernel']:24s} gap {f(r['gap_sigmas'], '+.2f')} sigma (exact eval "
+              f"{f(r['gap_sigmas_exact'], '+.2f')}), val loss {f(r['final_val_loss'])}{why}")
     print(f"noise floor sigma {doc['noise']['sigma']:.4g} over {cfg.bf16_seeds} BF16 seeds; limit {cfg.max_gap} sigma")
     for p in paths.values():
         print(f"  {p}")

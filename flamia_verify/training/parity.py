@@ -77,6 +77,7 @@ class TrainResult:
     attn_rel_rmse: list[float]
     tokens_seen: int
     seconds: float
+    diverged_at: int | None = None  # the step whose loss or gradient norm was not finite
 
     @property
     def final_val(self) -> float:
@@ -141,11 +142,21 @@ def train_one(kernel: Callable, name: str, cfg: ParityConfig, corpus: Corpus, *,
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         loss = _loss(model, batch, kernel, device)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{name}: the training loss is {float(loss)} at step {step}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(loss):
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not (torch.isfinite(loss) and torch.isfinite(gn)):
+            # the run diverged: a finding about the kernel, not a crash of the tool; its row fails
+            res.diverged_at = step
+            res.train_loss.append(float(loss.detach()))
+            res.steps.append(step)
+            res.grad_norm.append(float("nan") if not torch.isfinite(loss) else float(gn))
+            res.eval_steps.append(step)
+            res.val_loss.append(float("nan"))
+            res.val_loss_exact.append(float("nan"))
+            res.attn_rel_rmse.append(float("nan"))
+            break
         opt.step()
         res.steps.append(step)
         res.train_loss.append(float(loss.detach()))
@@ -184,6 +195,9 @@ def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str =
         return r
 
     base = [go(baseline, "bf16", cfg.seed + i) for i in range(cfg.bf16_seeds)]
+    bad = [r.seed for r in base if r.diverged_at is not None]
+    if bad:
+        raise FloatingPointError(f"the BF16 baseline diverged (seeds {bad}): no noise floor; lower the learning rate")
     ref = base[0]
     sigma = statistics.stdev([r.final_val for r in base])
     sigma_exact = statistics.stdev([r.final_val_exact for r in base])
@@ -193,13 +207,15 @@ def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str =
         gap = (r.final_val - ref.final_val) / sigma if sigma > 0 else math.inf
         gap_exact = (r.final_val_exact - ref.final_val_exact) / sigma_exact if sigma_exact > 0 else math.inf
         gn_ratio = _tail_mean(r.grad_norm) / _tail_mean(ref.grad_norm)
-        passed = abs(gap) <= cfg.max_gap and abs(gap_exact) <= cfg.max_gap
-        rows.append({"kernel": name, "final_val_loss": r.final_val, "final_val_loss_exact": r.final_val_exact,
+        passed = r.diverged_at is None and abs(gap) <= cfg.max_gap and abs(gap_exact) <= cfg.max_gap
+        if r.diverged_at is not None:
+            gap = gap_exact = math.inf
+        rows.append({"diverged_at": r.diverged_at,"kernel": name, "final_val_loss": r.final_val, "final_val_loss_exact": r.final_val_exact,
                      "gap_sigmas": gap, "gap_sigmas_exact": gap_exact, "delta_val_loss": r.final_val - ref.final_val,
                      "delta_val_loss_exact": r.final_val_exact - ref.final_val_exact,
                      "grad_norm_ratio": gn_ratio, "attn_rel_rmse_final": r.attn_rel_rmse[-1],
                      "status": "pass" if passed else "fail", "seconds": r.seconds, "tokens_seen": r.tokens_seen})
-    return {
+    return _finite_json({
         "schema": SCHEMA,
         "config": cfg.to_dict(),
         "device": device,
@@ -210,7 +226,18 @@ def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str =
         "kernels": rows,
         "runs": [asdict(r) for r in runs],
         "passed": all(row["status"] == "pass" for row in rows),
-    }
+    })
+
+
+def _finite_json(x):
+    """NaN and infinities as strings (report.json's convention: strict JSON readers refuse NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _finite_json(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite_json(v) for v in x]
+    return x
 
 
 def _tail_mean(xs: list[float], frac: float = 0.2) -> float:

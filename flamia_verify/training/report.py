@@ -9,13 +9,14 @@ import io
 import json
 from pathlib import Path
 
-__all__ = ["render_markdown", "render_html", "write_parity_reports", "PARITY_FILES"]
+__all__ = ["fmt_number", "render_markdown", "render_html", "write_parity_reports", "PARITY_FILES"]
 
 PARITY_FILES = ("train-parity.json", "train-parity.md", "train-parity.html")
 
 
-def _fmt(x: float, spec: str = ".4f") -> str:
-    return "inf" if x == float("inf") else ("-inf" if x == float("-inf") else format(x, spec))
+def _fmt(x, spec: str = ".4f") -> str:
+    """A number of the result document (non-finite ones are the strings "nan", "inf", "-inf")."""
+    return x if isinstance(x, str) else format(x, spec)
 
 
 def render_markdown(doc: dict) -> str:
@@ -41,7 +42,8 @@ def render_markdown(doc: dict) -> str:
         lines.append(
             f"| `{r['kernel']}` | {_fmt(r['final_val_loss'])} | {_fmt(r['gap_sigmas'], '+.2f')} | "
             f"{_fmt(r['final_val_loss_exact'])} | {_fmt(r['gap_sigmas_exact'], '+.2f')} | "
-            f"{r['grad_norm_ratio']:.3f} | {r['attn_rel_rmse_final']:.3g} | {r['seconds']:.0f} | {r['status'].upper()} |")
+            f"{_fmt(r['grad_norm_ratio'], '.3f')} | {_fmt(r['attn_rel_rmse_final'], '.3g')} | {r['seconds']:.0f} | "
+            f"{r['status'].upper()}{'' if r.get('diverged_at') is None else ' (diverged at step ' + str(r['diverged_at']) + ')'} |")
     lines += ["", "Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
               "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
               "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
@@ -57,7 +59,8 @@ def _plot_png(doc: dict) -> str:
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     (a_tr, a_val), (a_gn, a_dr) = axes
-    for run in doc["runs"]:
+    for raw in doc["runs"]:
+        run = {k: ([float(x) for x in v] if isinstance(v, list) else v) for k, v in raw.items()}
         label = f"{run['kernel']} (seed {run['seed']})"
         k = max(1, len(run["train_loss"]) // 50)
         smooth = [sum(run["train_loss"][max(0, i - k + 1):i + 1]) / len(run["train_loss"][max(0, i - k + 1):i + 1])
@@ -115,3 +118,6 @@ def write_parity_reports(doc: dict, out: Path) -> dict[str, Path]:
     atomic_write_text(paths["train-parity.md"], render_markdown(doc))
     atomic_write_text(paths["train-parity.html"], render_html(doc))
     return paths
+
+
+fmt_number = _fmt
