@@ -139,6 +139,22 @@ def test_nvfp4_tile_quantization_matches_formats():
     assert_bitwise(got, want, "NVFP4 16-blocks, finite row scale over a NaN block", t)
 
 
+def test_nvfp4_rows_of_a_few_subnormal_ulps_stay_finite_and_match_formats():
+    """A row amax of a few fp32 subnormal ulps made amax / 2688 underflow to 0 and the row NaN (found by
+    train-parity: the dS^T row of a key no query attends to). The global scale's floor of 2^-126 keeps
+    every such row finite, in the fused quantizer and in formats alike, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(32, 128, generator=g)
+    for i in range(32):
+        t[i] = t[i] * 2.0 ** (-120 - i)  # row amax from ~2^-118 down to a few ulps of 2^-149
+    t = t.to(DEVICE)
+    got = quantize_tile(t, kind=KIND_NVFP4, block=16, axis=1)
+    want = nvfp4_fake_quantize(t, axis=1, block_size=16, global_amax=t.abs().amax(dim=1, keepdim=True))
+    assert bool(torch.isfinite(want).all()) and bool(torch.isfinite(got).all())
+    assert bool(((want - t).abs() <= 2 * 2688.0 * 2.0**-126 + t.abs()).all())
+    assert_bitwise(got, want, "NVFP4 rows of tiny amax", t)
+
+
 @pytest.mark.parametrize("is_fp16", [False, True])
 def test_input_kind_rounds_like_a_cast(is_fp16):
     t = _special_tile(64, 64)

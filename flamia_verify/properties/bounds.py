@@ -78,6 +78,10 @@ E2M1_ETA = 0.25 * (1 + 2.0**-4) / 6.0
 # A UE4M3 block scale below E4M3's smallest normal (2^-6) only happens when the block amax is below
 # 2^-6 / 448 of the global amax; such a block may lose everything, at most that much.
 NVFP4_GLOBAL_ETA = 2.0**-6 / 448.0
+# NVFP4's global scale has a floor of 2^-126 (formats.blocks, step 2): a row whose amax is below
+# 2688 * 2^-126 gets smaller block scales than its amax asks for and may flush; no element of it moves
+# by more than twice that amax
+NVFP4_ALPHA = 2 * 2688.0 * 2.0**-126
 # fp32 exponent arithmetic (scale * log2(e) in fp32, exp2, log2 of the sum): a few ulps of |S| + |m| + 1
 EXP_SLACK = 2.0**-20
 # E8M0's smallest scale 2^-127 times half of E4M3's smallest subnormal 2^-9: a block whose amax is below
@@ -220,7 +224,7 @@ def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
     if recipe in ("mxfp8", "mxfp8-floor"):
         return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in, a_in)
     if recipe == "nvfp4":
-        nv = OperandModel(_U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA)
+        nv = OperandModel(_U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA, alpha=NVFP4_ALPHA)
         return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, nv, mx_in, nv, mx_in, nv, mx_in, u_in, a_in)
     raise ConfigError(f"no bound model for recipe {recipe!r}")
 

@@ -216,9 +216,10 @@ def mx_first(x, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, RCEIL: tl
 
 @triton.jit
 def nvfp4_row_scale(row_amax):
-    """NVFP4's fp32 global scale of each row: amax / 2688 (IEEE division), 1 for an all-zero row."""
-    s_global = tl.where(row_amax == 0, 1.0, tl.math.div_rn(row_amax, tl.full(row_amax.shape, NVFP4_GLOBAL_DIVISOR,
-                                                                              tl.float32)))
+    """NVFP4's fp32 global scale of each row: max(amax / 2688, 2^-126) (IEEE division), 1 for an all-zero
+    row (formats.blocks, NVFP4 step 2: the floor keeps a tiny row's scale from underflowing to 0)."""
+    q = tl.math.div_rn(row_amax, tl.full(row_amax.shape, NVFP4_GLOBAL_DIVISOR, tl.float32))
+    s_global = tl.where(row_amax == 0, 1.0, tl.maximum(q, 1.1754943508222875e-38))
     return tl.where(row_amax < float("inf"), s_global, float("nan"))
 
 
