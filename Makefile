@@ -24,7 +24,7 @@ check: setup
 
 test: setup
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 -q
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 clean:
 	rm -rf $(VENV) flamia-report .pytest_cache .hypothesis

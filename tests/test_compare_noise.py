@@ -4,13 +4,11 @@ regression, planted regressions (zoo kernels against FLAMIA MXFP8 on the same in
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 from pathlib import Path
 
 import pytest
 
-from flamia_verify.properties import run_checks
 from flamia_verify.properties.thresholds import BIAS_Z
 from flamia_verify.reports import CheckResult, Report, compare_reports
 from flamia_verify.reports.compare import HEADROOM_SHARE, NOISE_Z, standard_error
@@ -18,14 +16,16 @@ from flamia_verify.reports.compare import HEADROOM_SHARE, NOISE_Z, standard_erro
 sys.path.insert(0, str(Path(__file__).parent))
 from zoo import kernels as Z  # noqa: E402
 from zoo import targeted as T  # noqa: E402
+from zoo.quick_reports import GROUP, quick_report  # noqa: E402
 
 BUILT_INS = ("bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-mxfp8-floor", "flamia-nvfp4", "mxfp8-naive")
 
 
-@functools.lru_cache(maxsize=None)
+pytestmark = pytest.mark.xdist_group(GROUP)
+
+
 def _report(kernel, seed: int = 0) -> Report:
-    recipe = getattr(kernel, "recipe", None)
-    return run_checks(kernel, recipe=recipe, suite="quick", seed=seed, device="cpu")
+    return quick_report(kernel, seed)
 
 
 def _gain_report(gain: float, z: float, *, limit: float = 2.0**-6) -> Report:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 from zoo import sdpa_bf16
+from zoo.quick_reports import GROUP, quick_report
 from zoo.verdicts import quiet_for_recipe
 
-from flamia_verify.properties import list_checks, run_checks
+from flamia_verify.properties import list_checks
 from flamia_verify.reference import reference_attention
+
+pytestmark = pytest.mark.xdist_group(GROUP)
 
 CORRECT = {
     "bf16": ("bf16", None),
@@ -32,7 +35,7 @@ def _explain(report) -> str:
 @pytest.mark.parametrize("name", list(CORRECT))
 def test_correct_kernel_passes_every_check(name, seed):
     kernel, recipe = CORRECT[name]
-    report = run_checks(kernel, recipe=recipe, suite="quick", seed=seed)
+    report = quick_report(kernel, seed, recipe)
     assert [c.name for c in report.checks] == [s.name for s in list_checks("quick")]
     assert report.passed, f"{name} (seed {seed}) raised false alarms:\n{_explain(report)}"
     assert all(quiet_for_recipe(report, c) for c in report.checks), _explain(report)
