@@ -104,3 +104,29 @@ def test_config_table_is_validated(tmp_path):
     cfg.write_text('[tool.flamia-verify.train_parity]\nbf16_seeds = 1\n')
     with pytest.raises(ConfigError, match="bf16_seeds must be >= 2"):
         load_config(cfg)
+
+
+def test_a_kernel_whose_training_diverges_fails_its_row_and_the_others_still_run(corpus):
+    from dataclasses import replace
+
+    from flamia_verify.reference import reference_attention
+    from flamia_verify.training.parity import PRESETS, run_parity
+
+    bf16 = load_kernel("bf16").fn
+
+    def nan_after_step_one(q, k, v, *args, **kw):
+        out = bf16(q, k, v, *args, **kw)
+        return out * float("nan") if nan_after_step_one.calls >= 4 else out  # 2 layers: the 4th call is in step 1
+
+    def counting(*a, **kw):
+        nan_after_step_one.calls += 1
+        return nan_after_step_one(*a, **kw)
+
+    nan_after_step_one.calls = 0
+    cfg = replace(PRESETS["tiny"], steps=4, tokens=256, max_len=64, eval_every=2, val_batches=1, bf16_seeds=2)
+    doc = run_parity({"bf16": bf16, "nan": counting, "mxfp8": load_kernel("flamia-mxfp8").fn}, cfg,
+                     baseline=bf16, exact=reference_attention, corpus=corpus)
+    rows = {r["kernel"]: r for r in doc["kernels"]}
+    assert rows["nan"]["status"] == "fail" and rows["nan"]["diverged_at"] == 1 and rows["nan"]["gap_sigmas"] == "inf"
+    assert rows["mxfp8"]["diverged_at"] is None and isinstance(rows["mxfp8"]["gap_sigmas"], float)
+    json.dumps(doc, allow_nan=False)  # strict JSON: NaN and Inf are strings
