@@ -130,3 +130,18 @@ def test_a_kernel_whose_training_diverges_fails_its_row_and_the_others_still_run
     assert rows["nan"]["status"] == "fail" and rows["nan"]["diverged_at"] == 1 and rows["nan"]["gap_sigmas"] == "inf"
     assert rows["mxfp8"]["diverged_at"] is None and isinstance(rows["mxfp8"]["gap_sigmas"], float)
     json.dumps(doc, allow_nan=False)  # strict JSON: NaN and Inf are strings
+
+
+def test_next_token_leak_shows_each_query_its_next_position_and_nothing_across_documents():
+    from flamia_verify.training.demo_kernels import next_token_leak
+
+    g = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    q, k, v = (torch.randn(9, 2, 32, generator=g).bfloat16() for _ in range(3))
+    base = next_token_leak(q, k, v, cu, cu, 5, 5, softmax_scale=0.2, causal=True)
+    for pos, sees in ((1, {0, 1, 2, 3, 4}), (5, set()), (6, {5, 6, 7, 8})):
+        v2 = v.clone()
+        v2[pos] += 8
+        moved = {i for i in range(9) if not torch.equal(next_token_leak(q, k, v2, cu, cu, 5, 5, softmax_scale=0.2,
+                                                                           causal=True)[i], base[i])}
+        assert moved == {i for i in sees if i >= pos - 1}, (pos, moved)
