@@ -47,6 +47,14 @@ def test_batches_pack_windows_of_the_documents(corpus):
             assert any(w in d for d in docs)  # each window is a piece of one document
 
 
+def test_impossible_packings_are_refused_not_looped_on(corpus):
+    with pytest.raises(ConfigError, match="window length"):
+        make_batches(corpus.train, n=1, tokens=16, max_len=12, min_len=8, seed=0)
+    tiny_docs = tuple(d[:10] for d in corpus.train[:5])
+    with pytest.raises(ConfigError, match="cannot pack"):
+        make_batches(tiny_docs, n=1, tokens=12, max_len=16, min_len=8, seed=0)
+
+
 def test_a_document_gives_the_same_logits_alone_and_packed_after_another():
     """Positions restart at every document and the causal varlen kernel keeps them apart."""
     torch.manual_seed(0)
@@ -87,6 +95,7 @@ def test_a_correct_kernel_is_within_the_noise_and_a_leaking_one_is_not(tmp_path,
     (["--kernel", "bf16", "--preset", "huge"], "unknown preset"),
     (["--kernel", "no_such_kernel"], "unknown kernel"),
     ([], "needs at least one --kernel"),
+    (["--kernel", "bf16", "--max-gap", "inf"], "--max-gap must be a positive finite number"),
 ])
 def test_bad_usage_is_one_line_and_an_exit_code(argv, message, tmp_path, capsys):
     code = main(["train-parity", "--device", "cpu", "--out", str(tmp_path / "o"), *argv])

@@ -56,10 +56,10 @@ All in IEEE fp32 operations, in this order (float64 inputs are first rounded to 
 2. ``s_global = max(amax / 2688, 2^-126)`` (2688 = 448 * 6); ``amax == 0`` gives ``s_global = 1`` (an
    Inf global scale would turn zeros into 0 * Inf = NaN); a non-finite amax gives NaN. The floor at
    fp32's smallest normal: below amax = 2688 * 2^-126 (3.2e-35) the quotient is subnormal, and for
-   amax under a few subnormal ulps it underflows to 0, which made step 3 divide by 0 (an Inf block
+   amax below about 1344 subnormal ulps it rounds to 0, which made step 3 divide by 0 (an Inf block
    scale, NaN elements: seen in training, in the dS^T rows of keys no query attends to). With the
    floor such a row keeps finite, smaller block scales and may flush to 0 (at most 2 * 2688 * 2^-126
-   per element; GPUs that flush subnormal quotients to zero agree).
+   per element).
 3. ``s_block = round_to_format((block_amax / 6) / s_global, UE4M3, saturate=True)``: two fp32
    divisions, then RNE onto UE4M3. Subnormal and zero block scales are allowed (as in
    TransformerEngine; torchao instead clamps to [2^-6, 448]); the two are not interchangeable.

@@ -16,7 +16,9 @@ gets the scale B under both rules (RCEIL: 2^ceil(log2(256/448)) = 1; FLOOR: 2^(8
 
 Each probe case makes one *site* (the operand of one GEMM) carry such probes, arranges that the
 block maxima contribute nothing to what is observed (a +256 B / -256 B pair whose products cancel,
-or a channel the other operand of the GEMM zeroes), and makes every other operand exact: scores are
+or a channel the other operand of the GEMM zeroes), and makes every other rounding that reaches the
+observed outputs exact (roundings of other operands may move values whose products are 0, or whose
+signs are balanced so that they cancel exactly): scores are
 all 0 (Q and K in disjoint channels, or one of them 0), so the weights are exactly uniform (1/64)
 whatever the design rounds P to; V, dO and dS are made of +-1 and powers of two, or are exact probes.
 A kernel that rounds as its recipe says then computes exactly the attention of the *rounded* inputs

@@ -69,8 +69,8 @@ def run(args) -> int:
         value = getattr(args, flag)
         if value is not None and value < (2 if flag == "bf16_seeds" else 1):
             raise UsageError(f"--{flag.replace('_', '-')} must be >= {2 if flag == 'bf16_seeds' else 1}, got {value}")
-    if args.max_gap is not None and not args.max_gap > 0:
-        raise UsageError(f"--max-gap must be positive, got {args.max_gap}")
+    if args.max_gap is not None and not (0 < args.max_gap < float("inf")):
+        raise UsageError(f"--max-gap must be a positive finite number, got {args.max_gap}")
     cfg = with_overrides(PRESETS[preset], **{k: conf.get(k) for k in ("steps", "tokens", "bf16_seeds", "seed", "max_gap")})
     cfg = with_overrides(cfg, steps=args.steps, tokens=args.tokens, bf16_seeds=args.bf16_seeds, seed=args.seed,
                          max_gap=args.max_gap)
@@ -117,7 +117,7 @@ def run(args) -> int:
         why = "" if r.get("diverged_at") is None else f"  diverged at step {r['diverged_at']}"
         print(f"{r['status'].upper():4s}  {r['kernel']:24s} gap {f(r['gap_sigmas'], '+.2f')} sigma (exact eval "
               f"{f(r['gap_sigmas_exact'], '+.2f')}), val loss {f(r['final_val_loss'])}{why}")
-    print(f"noise floor sigma {doc['noise']['sigma']:.4g} over {cfg.bf16_seeds} BF16 seeds; limit {cfg.max_gap} sigma")
+    print(f"noise floor sigma {f(doc['noise']['sigma'], '.4g')} over {cfg.bf16_seeds} BF16 seeds; limit {cfg.max_gap} sigma")
     for p in paths.values():
         print(f"  {p}")
     sys.stdout.flush()

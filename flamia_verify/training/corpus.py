@@ -105,16 +105,20 @@ def make_batches(docs: tuple[torch.Tensor, ...], *, n: int, tokens: int, max_len
                  seed: int) -> list[Batch]:
     """``n`` packed batches of exactly ``tokens`` input tokens each, windows of at most ``max_len``,
     drawn with ``seed`` (the same batches for every kernel of a run)."""
-    if tokens < min_len or max_len < min_len:
-        raise ConfigError(f"tokens per step ({tokens}) and the window length ({max_len}) must be >= {min_len}")
+    if tokens < min_len or max_len < 2 * min_len:
+        raise ConfigError(f"tokens per step ({tokens}) must be >= {min_len} and the window length ({max_len}) "
+                          f">= {2 * min_len}")
     g = torch.Generator().manual_seed(int(seed))
     usable = [d for d in docs if d.numel() >= min_len + 1]
     if not usable:
         raise ConfigError("no document is long enough to draw a window from")
     out = []
     for _ in range(n):
-        xs, ys, lens, left = [], [], [], tokens
+        xs, ys, lens, left, tries = [], [], [], tokens, 0
         while left > 0:  # invariant: left == 0 or left >= min_len
+            tries += 1
+            if tries > 100 * (tokens // min_len + 10):
+                raise ConfigError(f"cannot pack {tokens} tokens from these documents (windows {min_len}..{max_len})")
             doc = usable[int(torch.randint(len(usable), (1,), generator=g))]
             length = min(max_len, int(doc.numel()) - 1, left)
             if 0 < left - length < min_len:  # the rest would be a window shorter than min_len

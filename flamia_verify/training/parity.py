@@ -204,8 +204,8 @@ def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str =
     rows = []
     for name, fn in kernels.items():
         r = ref if name == "bf16" else go(fn, name, cfg.seed)
-        gap = (r.final_val - ref.final_val) / sigma if sigma > 0 else math.inf
-        gap_exact = (r.final_val_exact - ref.final_val_exact) / sigma_exact if sigma_exact > 0 else math.inf
+        gap = _in_sigmas(r.final_val - ref.final_val, sigma)
+        gap_exact = _in_sigmas(r.final_val_exact - ref.final_val_exact, sigma_exact)
         gn_ratio = _tail_mean(r.grad_norm) / _tail_mean(ref.grad_norm)
         passed = r.diverged_at is None and abs(gap) <= cfg.max_gap and abs(gap_exact) <= cfg.max_gap
         if r.diverged_at is not None:
@@ -238,6 +238,13 @@ def _finite_json(x):
     if isinstance(x, list):
         return [_finite_json(v) for v in x]
     return x
+
+
+def _in_sigmas(delta: float, sigma: float) -> float:
+    """delta / sigma; with no spread (sigma 0 or not finite) only an exact tie is 0, anything else inf."""
+    if sigma > 0 and math.isfinite(sigma):
+        return delta / sigma
+    return 0.0 if delta == 0 else math.inf
 
 
 def _tail_mean(xs: list[float], frac: float = 0.2) -> float:
