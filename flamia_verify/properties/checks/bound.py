@@ -24,7 +24,7 @@ from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.settings import OFF_DEFAULT_SCALE
 
-__all__ = ["bounds_for", "bound_report", "one_hot_keys_case", "uniform_keys_case", "uniform_queries_case", "exact_weight_model"]
+__all__ = ["bounds_for", "bound_ratio", "bound_report", "one_hot_keys_case", "uniform_keys_case", "uniform_queries_case", "exact_weight_model"]
 
 LN2 = math.log(2.0)
 
@@ -62,6 +62,13 @@ def exact_weight_model(model):
     return replace(model, p=replace(model.p, u=0.0))
 
 
+def bound_ratio(x: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """|x - ref| / bound elementwise, float64: 0 where the error is 0, inf where it is NaN."""
+    err = (x.detach().double().to(ref.device) - ref).abs()
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound.clamp_min(1e-300))
+    return torch.nan_to_num(ratio, nan=float("inf"))
+
+
 def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact_weights: bool = False):
     """Count violations of the bound over ``cases`` for ``tensors``; metrics, worst case, details."""
     violations, tight, first = 0, 0.0, None
@@ -80,9 +87,7 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact
             b = getattr(B, t)
             cu = cu_from_lens(case.lens_q if t in ("out", "dq") else case.lens_k).tolist()
             m = compare_within(x, r, b, what=f"|{t} - reference|", rule="within the a-priori bound", cu_seqlens=cu)
-            err = (x.detach().double().to(r.device) - r).abs()
-            ratio = torch.where(err == 0, torch.zeros_like(err), err / b.clamp_min(1e-300))
-            ratio = torch.nan_to_num(ratio, nan=float("inf"))
+            ratio = bound_ratio(x, r, b)
             mx = float(ratio.max()) if ratio.numel() else 0.0
             if mx > tight_t[t]:
                 tight_t[t] = mx

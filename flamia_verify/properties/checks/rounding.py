@@ -19,9 +19,9 @@ their rounding is not fixed by the recipe.
 
 from __future__ import annotations
 
-import torch
 
 from flamia_verify.properties.bounds import attention_bounds, exact_operands_model, recipe_bound_model
+from flamia_verify.properties.checks.bound import bound_ratio
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.mx_probes import (
@@ -73,10 +73,7 @@ def rounding_report(ctx, probes, seeds: int = 1):
             r, b = getattr(ref, t), getattr(B, t)
             m = compare_within(x, r, b, what=f"|{t} - attention of the rounded inputs|",
                                rule="within fp32 accumulation and the output rounding", cu_seqlens=[0, PROBE_LEN])
-            err = (x.detach().double().to(r.device) - r).abs()
-            ratio = torch.nan_to_num(torch.where(err == 0, torch.zeros_like(err), err / b.clamp_min(1e-300)),
-                                     nan=float("inf"))
-            mx = float(ratio.max())
+            mx = float(bound_ratio(x, r, b).max())
             tight = max(tight, mx)
             key = f"tightness_{probe.site}"
             per_site[key] = max(per_site.get(key, 0.0), mx)
