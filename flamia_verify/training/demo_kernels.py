@@ -50,13 +50,18 @@ def _shift_left(x, cu):
     return x.index_select(0, torch.minimum(idx, last))
 
 
+@functools.lru_cache(maxsize=1)
+def _mxfp8():
+    """The built-in flamia-mxfp8 kernel, loaded once (loading builds every built-in)."""
+    from flamia_verify.kernels import load_kernel
+
+    return load_kernel("flamia-mxfp8").fn
+
+
 def next_token_leak(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
                     causal=False):
     """flamia-mxfp8 on keys and values shifted one position left: causal query i sees position i + 1."""
-    from flamia_verify.kernels import load_kernel
-
-    fn = load_kernel("flamia-mxfp8").fn
-    return fn(q, _shift_left(k, cu_seqlens_k), _shift_left(v, cu_seqlens_k), cu_seqlens_q, cu_seqlens_k,
+    return _mxfp8()(q, _shift_left(k, cu_seqlens_k), _shift_left(v, cu_seqlens_k), cu_seqlens_q, cu_seqlens_k,
               max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
 
 
