@@ -143,24 +143,21 @@ def train_one(kernel: Callable, name: str, cfg: ParityConfig, corpus: Corpus, *,
             group["lr"] = _lr(cfg, step)
         loss = _loss(model, batch, kernel, device)
         opt.zero_grad(set_to_none=True)
+        gn = float("nan")
         if torch.isfinite(loss):
             loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if not (torch.isfinite(loss) and torch.isfinite(gn)):
-            # the run diverged: a finding about the kernel, not a crash of the tool; its row fails
-            res.diverged_at = step
-            res.train_loss.append(float(loss.detach()))
-            res.steps.append(step)
-            res.grad_norm.append(float("nan") if not torch.isfinite(loss) else float(gn))
-            res.eval_steps.append(step)
-            res.val_loss.append(float("nan"))
-            res.val_loss_exact.append(float("nan"))
-            res.attn_rel_rmse.append(float("nan"))
-            break
-        opt.step()
+            gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         res.steps.append(step)
         res.train_loss.append(float(loss.detach()))
-        res.grad_norm.append(float(gn))
+        res.grad_norm.append(gn)
+        if not math.isfinite(gn):
+            # the run diverged: a finding about the kernel, not a crash of the tool; its row fails
+            res.diverged_at = step
+            for series in (res.val_loss, res.val_loss_exact, res.attn_rel_rmse):
+                series.append(float("nan"))
+            res.eval_steps.append(step)
+            break
+        opt.step()
         res.tokens_seen += int(batch.tokens.numel())
         if on_step is not None:
             on_step(name, step, float(loss.detach()))
