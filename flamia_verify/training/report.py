@@ -19,35 +19,46 @@ def _fmt(x, spec: str = ".4f") -> str:
     return x if isinstance(x, str) else format(x, spec)
 
 
-def render_markdown(doc: dict) -> str:
+_HEADER = ("kernel", "final val loss", "gap (sigma)", "val loss, exact eval", "gap (sigma), exact eval",
+           "grad-norm ratio", "attention rel. RMSE", "s", "status")
+_LEGEND = ("Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
+           "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
+           "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
+           "attention outputs against the exact kernel's on the same q, k, v during the last evaluation.")
+
+
+def _parts(doc: dict) -> tuple[str, list[str], list[list[str]]]:
+    """(title, the paragraphs before the table, the table's rows of cells): what both renderers show."""
     cfg, noise, m = doc["config"], doc["noise"], doc["config"]["model"]
-    verdict = "PASS" if doc["passed"] else "FAIL"
-    lines = [
-        f"# Training parity: {verdict}",
-        "",
+    title = f"Training parity: {'PASS' if doc['passed'] else 'FAIL'}"
+    paragraphs = [
         f"{m['layers']} layers, d_model {m['d_model']}, {m['heads']} heads of {m['d_model'] // m['heads']}, byte-level; "
         f"{cfg['steps']} steps of {cfg['tokens']} tokens (windows up to {cfg['max_len']}), seed {cfg['seed']}, "
         f"device {doc['device']}. Corpus: {doc['corpus']['train_documents']} / {doc['corpus']['val_documents']} "
         f"train / validation files of {doc['corpus']['root']} (fingerprint {doc['corpus']['fingerprint'][:12]}).",
-        "",
         f"Noise floor: BF16 over {len(noise['bf16_final_val'])} seeds, final validation loss "
         f"{', '.join(_fmt(x) for x in noise['bf16_final_val'])}: sigma {_fmt(noise['sigma'], '.4g')} "
         f"(exact evaluation: sigma {_fmt(noise['sigma_exact'], '.4g')}). A kernel fails when |gap| > "
         f"{cfg['max_gap']} sigma, with its own attention or with the exact one.",
-        "",
-        "| kernel | final val loss | gap (sigma) | val loss, exact eval | gap (sigma), exact eval | grad-norm ratio | attention rel. RMSE | s | status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    rows = []
     for r in doc["kernels"]:
-        lines.append(
-            f"| `{r['kernel']}` | {_fmt(r['final_val_loss'])} | {_fmt(r['gap_sigmas'], '+.2f')} | "
-            f"{_fmt(r['final_val_loss_exact'])} | {_fmt(r['gap_sigmas_exact'], '+.2f')} | "
-            f"{_fmt(r['grad_norm_ratio'], '.3f')} | {_fmt(r['attn_rel_rmse_final'], '.3g')} | {r['seconds']:.0f} | "
-            f"{r['status'].upper()}{'' if r.get('diverged_at') is None else ' (diverged at step ' + str(r['diverged_at']) + ')'} |")
-    lines += ["", "Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
-              "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
-              "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
-              "attention outputs against the exact kernel's on the same q, k, v during the last evaluation.", ""]
+        status = r["status"].upper() + ("" if r.get("diverged_at") is None else f" (diverged at step {r['diverged_at']})")
+        rows.append([r["kernel"], _fmt(r["final_val_loss"]), _fmt(r["gap_sigmas"], "+.2f"),
+                     _fmt(r["final_val_loss_exact"]), _fmt(r["gap_sigmas_exact"], "+.2f"),
+                     _fmt(r["grad_norm_ratio"], ".3f"), _fmt(r["attn_rel_rmse_final"], ".3g"),
+                     f"{r['seconds']:.0f}", status])
+    return title, paragraphs, rows
+
+
+def render_markdown(doc: dict) -> str:
+    title, paragraphs, rows = _parts(doc)
+    lines = [f"# {title}", ""]
+    for p in paragraphs:
+        lines += [p, ""]
+    lines += ["| " + " | ".join(_HEADER) + " |", "|---|" + "---:|" * (len(_HEADER) - 2) + "---|"]
+    lines += ["| " + " | ".join([f"`{row[0]}`", *row[1:]]) + " |" for row in rows]
+    lines += ["", _LEGEND, ""]
     return "\n".join(lines)
 
 
@@ -85,28 +96,17 @@ def _plot_png(doc: dict) -> str:
 
 
 def render_html(doc: dict) -> str:
-    md = render_markdown(doc)
-    body = []
-    for line in md.splitlines():
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("|---"):
-            continue
-        elif line.startswith("| "):
-            cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
-            tag = "th" if cells[0] == "kernel" else "td"
-            body.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
-        elif line:
-            body.append(f"<p>{html.escape(line)}</p>")
-    rows = [b for b in body if b.startswith("<tr>")]
-    others = [b for b in body if not b.startswith("<tr>")]
-    table = "<table>" + "".join(rows) + "</table>"
+    title, paragraphs, rows = _parts(doc)
+    esc = html.escape
+    table = ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in _HEADER) + "</tr>"
+             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
     img = f'<img alt="loss curves, gradient norms and attention drift per kernel" src="data:image/png;base64,{_plot_png(doc)}">'
     style = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
              "th{background:#f2f2f2}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Training parity</title><style>{style}</style>"
-            f"</head><body>{others[0]}{''.join(others[1:3])}{table}{''.join(others[3:])}{img}</body></html>")
+            f"</head><body><h1>{esc(title)}</h1>{''.join(f'<p>{esc(p)}</p>' for p in paragraphs)}{table}"
+            f"<p>{esc(_LEGEND)}</p>{img}</body></html>")
 
 
 def write_parity_reports(doc: dict, out: Path) -> dict[str, Path]:
