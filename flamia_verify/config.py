@@ -89,15 +89,19 @@ class Config:
     source: str | None = None  # the file the values came from, for messages
 
 
+def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> None:
+    """``value`` is one of ``types``; a TOML boolean counts only where bool is named (not as an int)."""
+    if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
+        want = " or ".join(t.__name__ for t in types)
+        raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+
+
 def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key not in _TYPES:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(_TYPES))}")
-        types = _TYPES[key]
-        if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
-            want = " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+        _check_type(key, value, _TYPES[key], where)
         if key in _CHOICES and value not in _CHOICES[key]:
             raise ConfigError(f"{where}: {key} = {value!r} is not one of {', '.join(_CHOICES[key])}")
         if key == "only" and not all(isinstance(v, str) for v in value):
@@ -123,9 +127,7 @@ def _validate_train_parity(table: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in table.items():
         if key not in TRAIN_PARITY_TYPES:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(TRAIN_PARITY_TYPES))}")
-        types = TRAIN_PARITY_TYPES[key]
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise ConfigError(f"{where}: {key} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+        _check_type(key, value, TRAIN_PARITY_TYPES[key], where)
         if key == "preset" and value not in PRESETS:
             raise ConfigError(f"{where}: preset = {value!r} is not one of {', '.join(PRESETS)}")
         if key == "max_gap" and not (0 < value < math.inf):
