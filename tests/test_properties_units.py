@@ -299,3 +299,18 @@ def test_bitwise_comparison_reads_negative_zero_as_zero_and_nothing_else():
     # the case the fuzzer shrank to: one 31-query document over a single key, t = 0
     result = fuzz("bf16", examples=600, seed=0)
     assert result.passed, result.message
+
+
+def test_every_recipe_models_every_operand_once():
+    from flamia_verify.kernels.emulation import DESIGN_FIELD
+    from flamia_verify.kernels.recipes import RECIPES
+    from flamia_verify.kernels.triton.config import CONFIG_FIELD
+
+    assert set(DESIGN_FIELD) == set(Operand)
+    assert set(CONFIG_FIELD) == set(Operand) - {Operand.P}
+    for recipe in RECIPES.values():
+        model = recipe.bound_model(torch.bfloat16)
+        assert tuple(model.operands) == tuple(Operand)
+        assert model.recipe == recipe.name
+    with pytest.raises(ValueError, match="DST"):
+        type(model)("partial", {op: OperandModel() for op in Operand if op is not Operand.DST}, u_out=0.0)
