@@ -17,7 +17,9 @@ from zoo import targeted as T
 from zoo.verdicts import quiet_for_recipe
 
 from flamia_verify.properties import list_checks, run_checks
-from flamia_verify.properties.bounds import OperandModel, recipe_bound_model
+from flamia_verify.kernels.bounds import OperandModel
+from flamia_verify.kernels.operands import Operand
+from flamia_verify.kernels.recipes import get_recipe
 
 
 def _explain(report) -> str:
@@ -25,17 +27,17 @@ def _explain(report) -> str:
 
 
 def test_fp16_operand_model_covers_rounding_through_the_subnormal_range():
-    model = recipe_bound_model("bf16", torch.float16)
-    for op in (model.p, model.pt, model.ds, model.dst):
+    model = get_recipe("bf16").bound_model(torch.float16)
+    for op in (model[Operand.P], model[Operand.PT], model[Operand.DS], model[Operand.DST]):
         assert op.u == 2.0**-11 and op.alpha == 2.0**-25
     assert model.u_out == 2.0**-11 and model.alpha_out == 2.0**-25
-    assert recipe_bound_model("mxfp8", torch.float16).alpha_out == 2.0**-25
+    assert get_recipe("mxfp8").bound_model(torch.float16).alpha_out == 2.0**-25
     # every magnitude from FP16's overflow-free top down past its smallest subnormal
     g = torch.Generator().manual_seed(0)
     x = torch.exp2(torch.empty(200_000, dtype=torch.float64).uniform_(-30, 15, generator=g))
     x = x * torch.where(torch.rand(x.shape, generator=g) < 0.5, -1.0, 1.0).double()
     err = (x.to(torch.float16).double() - x).abs()
-    rho = model.ds.rho(x.abs(), 0.0, 0.0)
+    rho = model[Operand.DS].rho(x.abs(), 0.0, 0.0)
     assert bool((err <= rho).all())
     # the floor is needed: the relative term alone does not cover the subnormal range
     assert bool((err > OperandModel(2.0**-11).rho(x.abs(), 0.0, 0.0)).any())

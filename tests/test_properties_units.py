@@ -12,12 +12,14 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, mx_fake_quantize
 from flamia_verify.kernels import builtin_kernels
-from flamia_verify.properties.bounds import OperandModel, attention_bounds, recipe_bound_model
+from flamia_verify.kernels.bounds import OperandModel, attention_bounds
+from flamia_verify.kernels.noise_model import predicted_errors
+from flamia_verify.kernels.operands import Operand
+from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.cases import DISTRIBUTIONS, Case, e4m3_grid, make_inputs
 from flamia_verify.properties.checks.consistency import constant_value_inputs, one_hot_inputs
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
-from flamia_verify.properties.noise_model import predicted_errors
 from flamia_verify.reference import attention_backward, attention_forward
 
 KERNELS = builtin_kernels()
@@ -104,7 +106,8 @@ def test_mx_operand_model_covers_blocks_at_e8m0s_smallest_scale(rule):
     err = (xq.double() - x.double()).abs()
     line = x.abs().double().amax(-1, keepdim=True)
     recipe = "mxfp8" if rule == "rceil" else "mxfp8-floor"
-    for model in (recipe_bound_model(recipe, torch.float32).v_hd, recipe_bound_model("fp8", torch.float32).v_hd):
+    for model in (get_recipe(recipe).bound_model(torch.float32)[Operand.V_HD],
+                  get_recipe("fp8").bound_model(torch.float32)[Operand.V_HD]):
         rho = model.rho(x.abs().double(), line, float(line.max()))
         assert bool((err <= rho).all()), f"{recipe}: {int((err > rho).sum())} elements outside the model"
         bare = OperandModel(model.u, model.eta, model.eta_g, model.exact_sig)
@@ -180,7 +183,7 @@ def test_bound_is_never_violated_by_kernels_of_the_recipe(name, case):
     out, grads = _ref(inp)
     kern = KERNELS[name]
     B = attention_bounds(inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale,
-                         causal=case.causal, model=recipe_bound_model(kern.recipe, torch.bfloat16), ref_out=out,
+                         causal=case.causal, model=get_recipe(kern.recipe).bound_model(torch.bfloat16), ref_out=out,
                          ref_grads=grads)
     got = _run(kern, inp)
     for t, x, r, b in zip(("out", "dq", "dk", "dv"), got, (out,) + grads, (B.out, B.dq, B.dk, B.dv)):
@@ -195,7 +198,7 @@ def test_bound_is_tight_where_rounding_is_the_only_error():
     inp = make_inputs(case)
     out, grads = _ref(inp)
     B = attention_bounds(inp.q, inp.k, inp.v, None, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale, causal=True,
-                         model=recipe_bound_model("mxfp8", torch.bfloat16), ref_out=out)
+                         model=get_recipe("mxfp8").bound_model(torch.bfloat16), ref_out=out)
     rel = (B.out / out.abs().clamp_min(1e-12)).median()
     assert float(rel) < 0.25  # about 3 u = 0.19 of |O|
     x = _run(KERNELS["flamia-mxfp8"], inp)[0]
@@ -226,11 +229,11 @@ def test_noise_model_matches_the_first_order_formula_on_gaussian_inputs():
 
     ref = R()
     ref.out, (ref.dq, ref.dk, ref.dv) = out, grads
-    pred = predicted_errors(inp, ref, recipe_bound_model("mxfp8", torch.bfloat16), draws=4)
+    pred = predicted_errors(inp, ref, get_recipe("mxfp8").bound_model(torch.bfloat16), draws=4)
     # O: q, k, P, v each at u = 2^-4 -> about sqrt(4/3) u at unit amplification
     assert 0.5 * math.sqrt(4 / 3) * 2**-4 < pred["out"] < 2 * math.sqrt(4 / 3) * 2**-4
     assert all(v > 0 for v in pred.values())
-    bf = predicted_errors(inp, ref, recipe_bound_model("bf16", torch.bfloat16), draws=4)
+    bf = predicted_errors(inp, ref, get_recipe("bf16").bound_model(torch.bfloat16), draws=4)
     assert bf["out"] < pred["out"] / 8
 
 
@@ -296,3 +299,18 @@ def test_bitwise_comparison_reads_negative_zero_as_zero_and_nothing_else():
     # the case the fuzzer shrank to: one 31-query document over a single key, t = 0
     result = fuzz("bf16", examples=600, seed=0)
     assert result.passed, result.message
+
+
+def test_every_recipe_models_every_operand_once():
+    from flamia_verify.kernels.emulation import DESIGN_FIELD
+    from flamia_verify.kernels.recipes import RECIPES
+    from flamia_verify.kernels.triton.config import CONFIG_FIELD
+
+    assert set(DESIGN_FIELD) == set(Operand)
+    assert set(CONFIG_FIELD) == set(Operand) - {Operand.P}
+    for recipe in RECIPES.values():
+        model = recipe.bound_model(torch.bfloat16)
+        assert tuple(model.operands) == tuple(Operand)
+        assert model.recipe == recipe.name
+    with pytest.raises(ValueError, match="DST"):
+        type(model)("partial", {op: OperandModel() for op in Operand if op is not Operand.DST}, u_out=0.0)

@@ -41,10 +41,13 @@ from flamia_verify.formats import (
     round_to_format,
 )
 from flamia_verify.kernels.convention import validate_varlen_inputs
+from flamia_verify.kernels.operands import Operand
 
 __all__ = [
     "Quant",
     "EmulatedDesign",
+    "DESIGN_FIELD",
+    "QUANT_FIELDS",
     "emulated_attention",
     "emulated_forward_with_lse",
     "attention_weights",
@@ -86,9 +89,32 @@ class Quant:
         ]
 
 
+#: the field of :class:`EmulatedDesign` that rounds each GEMM operand (Q and K share ``qk`` in S,
+#: dO and V share ``dp_quant`` in dP)
+DESIGN_FIELD: dict[Operand, str] = {
+    Operand.Q_HD: "qk",
+    Operand.K_HD: "qk",
+    Operand.P: "p_quant",
+    Operand.V_SEQ: "v_seq",
+    Operand.DO_HD: "dp_quant",
+    Operand.V_HD: "dp_quant",
+    Operand.PT: "pt_quant",
+    Operand.DO_SEQ: "do_seq",
+    Operand.DS: "ds_quant",
+    Operand.K_SEQ: "k_seq",
+    Operand.DST: "dst_quant",
+    Operand.Q_SEQ: "q_seq",
+}
+#: every :class:`Quant` field of a design, once each, in the order of :class:`Operand`
+QUANT_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(DESIGN_FIELD.values()))
+
+
 @dataclass(frozen=True)
 class EmulatedDesign:
-    """A kernel: the rounding of each GEMM operand and the three FLAMIA switches."""
+    """A kernel: the rounding of each GEMM operand and the three FLAMIA switches.
+
+    The fields name the roundings; :data:`DESIGN_FIELD` says which operand each one rounds, and
+    :meth:`quant` reads one by operand."""
 
     name: str
     recipe: str
@@ -108,6 +134,10 @@ class EmulatedDesign:
     diagonal_fallback: bool = True
     recompute_from_seq: bool = False  # the backward rebuilds S from the sequence-quantized Q, K (a bug)
     description: str = ""
+
+    def quant(self, op: Operand) -> Quant:
+        """How the design rounds the GEMM operand ``op``."""
+        return getattr(self, DESIGN_FIELD[op])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,7 +538,7 @@ def make_kernel(design: EmulatedDesign):
 def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: str) -> EmulatedDesign:
     """The same design with every MX operand on another scale rule."""
     fields = {}
-    for f in ("qk", "v_seq", "p_quant", "dp_quant", "pt_quant", "do_seq", "ds_quant", "k_seq", "dst_quant", "q_seq"):
+    for f in QUANT_FIELDS:
         qv = getattr(design, f)
         fields[f] = replace(qv, rule=rule) if qv.kind == "mx" else qv
     return replace(design, name=name, recipe=recipe, **fields)

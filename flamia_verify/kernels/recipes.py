@@ -1,8 +1,9 @@
 """Recipes: which precision a kernel claims for each GEMM of attention.
 
-A recipe names the number format of every GEMM operand; it selects the error-bound model and the
-default thresholds of the checks. Built-in kernels carry their own recipe; a user's kernel names one
-with ``--recipe``.
+A recipe names the number format of every GEMM operand (:class:`~flamia_verify.kernels.operands.Operand`
+lists them with their GEMM and contraction axis); it carries the error-bound model of those formats
+(:meth:`Recipe.bound_model`), which the checks derive their bounds and default thresholds from.
+Built-in kernels carry their own recipe; a user's kernel names one with ``--recipe``.
 
 The six GEMMs and the axis each operand is blocked along (its contraction axis):
 
@@ -20,81 +21,121 @@ where causal and cross-document leakage come from: one shared scale covers sever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.kernels.bounds import (
+    ALPHA_BF16,
+    ALPHA_E8M0,
+    E2M1_ETA,
+    E4M3_ETA,
+    E4M3_UNSCALED_ETA,
+    EXACT,
+    NVFP4_ALPHA,
+    NVFP4_GLOBAL_ETA,
+    U_BF16,
+    U_E2M1,
+    U_E4M3,
+    U_E4M3_FLOOR,
+    OperandModel,
+    RecipeBoundModel,
+    input_rounding,
+    output_rounding,
+)
+from flamia_verify.kernels.operands import Operand
 
-__all__ = ["Recipe", "RECIPES", "get_recipe", "GEMMS"]
-
-GEMMS = ("qk", "pv", "qk_recompute", "dp", "dv", "dq", "dk")
+__all__ = ["Recipe", "RECIPES", "get_recipe"]
 
 
 @dataclass(frozen=True)
 class Recipe:
+    """A precision recipe: its name, a description for people, and the rounding model of each GEMM
+    operand under its formats (``operand_models(dtype)``: {Operand: OperandModel} for inputs of
+    ``dtype``)."""
+
     name: str
     description: str
-    # format of each GEMM's operands, for people and for the bound model
-    gemm_formats: dict
-    # unit roundoff of the element format used by the forward's GEMM operands (2^-(mantissa bits + 1))
-    forward_unit_roundoff: float
-    # unit roundoff of the coarsest element format used by any backward GEMM operand
-    backward_unit_roundoff: float
+    operand_models: Callable[[torch.dtype], Mapping[Operand, OperandModel]] = field(repr=False, compare=False)
+
+    def bound_model(self, dtype: torch.dtype) -> RecipeBoundModel:
+        """The rounding model of every GEMM operand and of the outputs, for inputs of ``dtype``."""
+        u_out, alpha_out = output_rounding(dtype)
+        return RecipeBoundModel(self.name, self.operand_models(dtype), u_out=u_out, alpha_out=alpha_out)
 
 
-_BF16 = "bf16 (fp32 accumulation)"
-_MX = "MXFP8 E4M3, 32-blocks, E8M0 scale"
-_NV = "NVFP4 E2M1, 16-blocks, UE4M3 scale, fp32 row scale"
+def _bf16(dtype: torch.dtype) -> dict[Operand, OperandModel]:
+    """BF16 GEMMs: on BF16/FP16 inputs only the computed operands (P, P^T, dS, dS^T) are rounded (to
+    the input dtype); on fp32 inputs every operand is rounded to BF16."""
+    if dtype in (torch.bfloat16, torch.float16):
+        inputs, computed = EXACT, input_rounding(dtype)
+    else:
+        inputs = computed = OperandModel(U_BF16, alpha=ALPHA_BF16)
+    return {op: computed if op.computed else inputs for op in Operand}
 
-# unit roundoffs: bf16 has 7 stored mantissa bits (u = 2^-8), E4M3 has 3 (u = 2^-4), E2M1 has 1 (u = 2^-2)
-U_BF16 = 2.0**-8
-U_FP16 = 2.0**-11
-U_E4M3 = 2.0**-4
-U_E2M1 = 2.0**-2
+
+def _fp8(dtype: torch.dtype) -> dict[Operand, OperandModel]:
+    """E4M3 with scales of any granularity: a scale may cover the whole tensor, and P (P^T) may be
+    cast without a scale."""
+    scaled = OperandModel(U_E4M3, 0.0, E4M3_ETA, alpha=ALPHA_E8M0)
+    p = OperandModel(U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA, alpha=ALPHA_E8M0)
+    return {op: p if op in (Operand.P, Operand.PT) else scaled for op in Operand}
+
+
+def _mx(floor: bool) -> tuple[OperandModel, OperandModel]:
+    """(inputs, computed) MXFP8 operand models: E4M3 32-blocks with an E8M0 scale by RCEIL, or by
+    FLOOR (whose saturation doubles u); q, k, v and dO on the E4M3 grid near their line maximum stay
+    exact (significands up to 1.875, 1.75 under FLOOR)."""
+    u = U_E4M3_FLOOR if floor else U_E4M3
+    computed = OperandModel(u, E4M3_ETA, alpha=ALPHA_E8M0, mx_block=True)
+    inputs = OperandModel(u, E4M3_ETA, 0.0, 1.75 if floor else 1.875, alpha=ALPHA_E8M0, mx_block=True)
+    return inputs, computed
+
+
+def _mxfp8(floor: bool):
+    def models(dtype: torch.dtype) -> dict[Operand, OperandModel]:
+        inputs, computed = _mx(floor)
+        return {op: computed if op.computed else inputs for op in Operand}
+
+    return models
+
+
+def _nvfp4(dtype: torch.dtype) -> dict[Operand, OperandModel]:
+    """MXFP8 everywhere but P^T, dS and dS^T (the left operands of dV, dQ, dK): NVFP4 with its
+    row-local fp32 scale."""
+    inputs, computed = _mx(False)
+    nv = OperandModel(U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA, alpha=NVFP4_ALPHA)
+    return {op: inputs if not op.computed else computed if op is Operand.P else nv for op in Operand}
+
 
 RECIPES: dict[str, Recipe] = {
     "bf16": Recipe(
         "bf16",
         "all GEMM operands BF16, fp32 accumulation (the FlashAttention baseline)",
-        {g: _BF16 for g in GEMMS},
-        U_BF16,
-        U_BF16,
+        _bf16,
     ),
     "fp8": Recipe(
         "fp8",
         "E4M3 operands with power-of-two or fp32 scales of any granularity (per tensor, row or tile)",
-        {g: "E4M3 with scales" for g in GEMMS},
-        U_E4M3,
-        U_E4M3,
+        _fp8,
     ),
     "mxfp8": Recipe(
         "mxfp8",
         "MXFP8 on every GEMM: E4M3 elements, 32-blocks along each contraction axis, E8M0 scale by RCEIL",
-        {g: _MX for g in GEMMS},
-        U_E4M3,
-        U_E4M3,
+        _mxfp8(floor=False),
     ),
     "mxfp8-floor": Recipe(
         "mxfp8-floor",
         "MXFP8 with the OCP FLOOR scale rule (the largest elements of a block saturate)",
-        {g: _MX + " (FLOOR)" for g in GEMMS},
-        U_E4M3,
-        U_E4M3,
+        _mxfp8(floor=True),
     ),
     "nvfp4": Recipe(
         "nvfp4",
         "mixed NVFP4/FP8: MXFP8 forward, S recompute and dP; NVFP4 for the P^T, dS and dS^T operands of "
         "dV, dQ, dK (their sequence-blocked partners stay MXFP8)",
-        {
-            "qk": _MX,
-            "pv": _MX,
-            "qk_recompute": _MX,
-            "dp": _MX,
-            "dv": f"P^T {_NV}; dO {_MX}",
-            "dq": f"dS {_NV}; K {_MX}",
-            "dk": f"dS^T {_NV}; Q {_MX}",
-        },
-        U_E4M3,
-        U_E2M1,
+        _nvfp4,
     ),
 }
 

@@ -27,7 +27,8 @@ order): the checks must pass on them (false alarms).
 
 from __future__ import annotations
 
-from flamia_verify.kernels.emulation import Quant
+from flamia_verify.kernels.emulation import DESIGN_FIELD, QUANT_FIELDS, Quant
+from flamia_verify.kernels.operands import Operand, describe_operands
 from flamia_verify.mutation.build import Edit, Mutant
 
 __all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "VARIANT_KIND_EDITS", "by_name", "ci_sample"]
@@ -53,18 +54,8 @@ _SEQ_PATHS = (
 )
 
 # the operand roundings of a design (p_quant only sets P's block size in FLAMIA's pow2-block mode)
-_OPERANDS = ("qk", "v_seq", "dp_quant", "pt_quant", "do_seq", "ds_quant", "k_seq", "dst_quant", "q_seq")
-_OPERAND_WHAT = {
-    "qk": "Q, K in S = QK^T",
-    "v_seq": "V in O = PV",
-    "dp_quant": "dO, V in dP = dO V^T",
-    "pt_quant": "P^T in dV = P^T dO",
-    "do_seq": "dO in dV = P^T dO",
-    "ds_quant": "dS in dQ = dS K",
-    "k_seq": "K in dQ = dS K",
-    "dst_quant": "dS^T in dK = dS^T Q",
-    "q_seq": "Q in dK = dS^T Q",
-}
+_OPERANDS = tuple(f for f in QUANT_FIELDS if f != DESIGN_FIELD[Operand.P])
+_OPERAND_WHAT = {f: describe_operands(op for op in Operand if DESIGN_FIELD[op] == f) for f in _OPERANDS}
 
 #: the edits that let a design name the operand kinds "mx-<variant>" (e5m2, truncate, scale_down,
 #: scale_up): they dispatch to operators.mx_variant, and the diagonal fallback keeps guarding them

@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from flamia_verify.kernels.bounds import RecipeBoundModel
+from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
@@ -81,6 +83,11 @@ class CheckContext:
     @property
     def has_backward(self) -> bool:
         return self.backward.available
+
+    @property
+    def bound_model(self) -> RecipeBoundModel:
+        """The rounding model of the recipe's operands for this run's input dtype."""
+        return get_recipe(self.recipe).bound_model(self.dtype)
 
     def progress(self, fraction: float) -> None:
         if self.on_fraction is not None:

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
-from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
+from flamia_verify.kernels.bounds import attention_bounds
 from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
 from flamia_verify.properties.checks.causal import _future_inputs, perturb_rows
 from flamia_verify.properties.compare import compare_bitwise, compare_within
@@ -189,7 +189,7 @@ def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only
     if want("bound"):
         B = attention_bounds(
             inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale, causal=case.causal,
-            model=recipe_bound_model(ctx.recipe, ctx.dtype), ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
+            model=ctx.bound_model, ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
         )
         for n in names:
             x = getattr(res, n)

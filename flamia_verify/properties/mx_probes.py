@@ -48,7 +48,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SITES", "STEP_SITES", "SITE_WHAT", "VARIANT_WHAT", "Probe", "PROBES", "probe_tensors", "PROBE_LEN", "PROBE_DIM", "PROBE_SCALE",
+from flamia_verify.kernels.operands import Operand, describe_operands
+
+__all__ = ["SITE_OPERANDS", "SITES", "STEP_SITES", "SITE_WHAT", "VARIANT_WHAT", "Probe", "PROBES", "probe_tensors", "PROBE_LEN", "PROBE_DIM", "PROBE_SCALE",
            "parse_probe"]
 
 PROBE_LEN = 64
@@ -62,26 +64,24 @@ GRID_M = (1, 5, 9, 13)
 TRIPLES = ((9, 2, 11), (13, 2, 15))
 STEP_SIG = (1.25, 1.5, 1.75)
 
-SITES = ("qk", "v_seq", "dp", "do_seq", "ds", "k_seq", "dst", "q_seq")
+#: the GEMM operands a site's probes sit in
+SITE_OPERANDS = {
+    "qk": (Operand.Q_HD, Operand.K_HD), "v_seq": (Operand.V_SEQ,), "dp": (Operand.DO_HD, Operand.V_HD),
+    "do_seq": (Operand.DO_SEQ,), "ds": (Operand.DS,), "k_seq": (Operand.K_SEQ,), "dst": (Operand.DST,),
+    "q_seq": (Operand.Q_SEQ,),
+}
+SITES = tuple(SITE_OPERANDS)
 #: sites with step probes: the input operands (the computed dS is not an input a probe can be put into)
-STEP_SITES = ("qk", "v_seq", "dp", "do_seq", "k_seq", "q_seq")
+STEP_SITES = tuple(s for s, ops in SITE_OPERANDS.items() if not any(op.computed for op in ops))
 OBSERVED = {
     "qk": ("out",), "v_seq": ("out",), "dp": ("dq", "dk"), "do_seq": ("dv",),
     "ds": ("dq",), "k_seq": ("dq",), "dst": ("dk",), "q_seq": ("dk",),
 }
-SITE_WHAT = {
-    "qk": "Q, K in S = QK^T", "v_seq": "V in O = PV", "dp": "dO, V in dP = dO V^T", "do_seq": "dO in dV = P^T dO",
-    "ds": "dS in dQ = dS K", "k_seq": "K in dQ = dS K", "dst": "dS^T in dK = dS^T Q", "q_seq": "Q in dK = dS^T Q",
-}
+SITE_WHAT = {site: describe_operands(ops) for site, ops in SITE_OPERANDS.items()}
 VARIANT_WHAT = {
     "grid": "probes on E4M3's lowest binades (a block scale one exponent too large or a coarser element "
             "format loses them)",
     "step": "probes a quarter step below an E4M3 value (rounding toward zero, not to nearest, loses them)",
-}
-#: the operand models of :class:`~flamia_verify.properties.bounds.RecipeBoundModel` a site's probes sit in
-MODEL_FIELDS = {
-    "qk": ("q_hd", "k_hd"), "v_seq": ("v_seq",), "dp": ("do_hd", "v_hd"), "do_seq": ("do_seq",),
-    "ds": ("ds",), "k_seq": ("k_seq",), "dst": ("dst",), "q_seq": ("q_seq",),
 }
 
 

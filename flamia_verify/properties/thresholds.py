@@ -25,8 +25,8 @@ import math
 import torch
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.kernels.recipes import RECIPES
-from flamia_verify.properties.bounds import recipe_bound_model
+from flamia_verify.kernels.operands import OPERANDS_REACHING
+from flamia_verify.kernels.recipes import RECIPES, get_recipe
 from flamia_verify.properties.settings import SETTING_KEYS
 
 __all__ = [
@@ -49,23 +49,14 @@ ERROR_MODEL_FACTOR = 2.0
 #: deviations: a false alarm probability below 2e-9 per statistic for a Gaussian null.
 BIAS_Z = 6.0
 
-# the operands whose rounding reaches each tensor (RecipeBoundModel field names)
-_OPERANDS = {
-    "out": ("q_hd", "k_hd", "p", "v_seq"),
-    "dv": ("q_hd", "k_hd", "pt", "do_seq"),
-    "dq": ("q_hd", "k_hd", "p", "do_hd", "v_hd", "ds", "k_seq"),
-    "dk": ("q_hd", "k_hd", "p", "do_hd", "v_hd", "dst", "q_seq"),
-}
-
-
 def input_unit_roundoff(dtype: torch.dtype) -> float:
     return {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}.get(dtype, 2.0**-53)
 
 
 def predicted_rel_rmse(recipe: str, dtype: torch.dtype, tensor: str) -> float:
     """First-order RMS relative error of ``tensor`` (out, dq, dk, dv): sqrt(sum_x u_x^2 / 3)."""
-    model = recipe_bound_model(recipe, dtype)
-    total = sum(getattr(model, op).u ** 2 for op in _OPERANDS[tensor])
+    model = get_recipe(recipe).bound_model(dtype)
+    total = sum(model[op].u ** 2 for op in OPERANDS_REACHING[tensor])
     return math.sqrt(total / 3.0)
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
+from flamia_verify.kernels.operands import Operand
 
-__all__ = ["KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_limit",
+__all__ = ["CONFIG_FIELD", "KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_limit",
            "head_dim_supported", "tile_multiples", "tiles", "unsupported_reason"]
 
 # operand kinds, the constexpr values of quant.KIND_* (see emulation.Quant)
@@ -52,17 +53,46 @@ class FusedConfig:
     def two_pass_dkdv(self, part: int = 0) -> bool:
         """Whether the dK/dV kernel's launch ``part`` (0 both, 1 dV only, 2 dK only) sweeps twice: an
         NVFP4 P^T (dV) or dS^T (dK)."""
-        ops = {0: (self.pt, self.dst), 1: (self.pt,), 2: (self.dst,)}[part]
-        return any(kind == KIND_NVFP4 for kind, _ in ops)
+        ops = {0: (Operand.PT, Operand.DST), 1: (Operand.PT,), 2: (Operand.DST,)}[part]
+        return any(self.operand(op)[0] == KIND_NVFP4 for op in ops)
 
     def two_pass_dq(self) -> bool:
         """Whether the dQ kernel sweeps twice: an NVFP4 dS."""
-        return self.ds[0] == KIND_NVFP4
+        return self.operand(Operand.DS)[0] == KIND_NVFP4
 
-    def seq_block(self, *ops) -> int:
+    def operand(self, op: Operand) -> tuple:
+        """The (kind, block) of the GEMM operand ``op`` (P has none: see ``p_pow2``, ``p_block``)."""
+        return getattr(self, CONFIG_FIELD[op])
+
+    def seq_block(self, *ops: Operand) -> int:
         """The largest block size among the given sequence-axis operands (tiles are multiples of it)."""
-        sizes = [getattr(self, o)[1] for o in ops if getattr(self, o)[0] != KIND_INPUT]
+        sizes = [self.operand(o)[1] for o in ops if self.operand(o)[0] != KIND_INPUT]
         return max(sizes + [16])
+
+
+#: the field of :class:`FusedConfig` that holds each operand's (kind, block); Q and K (in S) and
+#: dO and V (in dP) share one. P is formed in the kernel (``p_pow2``, ``p_block``) and has none.
+CONFIG_FIELD: dict[Operand, str] = {
+    Operand.Q_HD: "qk",
+    Operand.K_HD: "qk",
+    Operand.V_SEQ: "v_seq",
+    Operand.DO_HD: "dp",
+    Operand.V_HD: "dp",
+    Operand.PT: "pt",
+    Operand.DO_SEQ: "do_seq",
+    Operand.DS: "ds",
+    Operand.K_SEQ: "k_seq",
+    Operand.DST: "dst",
+    Operand.Q_SEQ: "q_seq",
+}
+
+
+def _where(op: Operand) -> str:
+    """How the fused kernels round ``op``: along head_dim, as a sequence-blocked right operand, or as
+    the computed left operand of a sequence GEMM."""
+    if op.axis == "head_dim":
+        return "head_dim"
+    return "sequence" if op.side == "right" else "left"
 
 
 def _kind(quant, where: str) -> tuple:
@@ -118,24 +148,18 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
 
 
 def _quants(d: EmulatedDesign):
-    return (d.qk, d.v_seq, d.dp_quant, d.pt_quant, d.do_seq, d.ds_quant, d.k_seq, d.dst_quant, d.q_seq)
+    """The roundings of the operands that the fused kernels take as switches (every one but P)."""
+    return tuple(d.quant(op) for op in CONFIG_FIELD)
 
 
 def config_for(design: EmulatedDesign) -> FusedConfig:
     """The constexpr switches that make the fused kernels compute ``design``."""
     rules = {q.rule for q in _quants(design) if q.kind == "mx"}
+    kinds = {name: _kind(design.quant(op), _where(op)) for op, name in CONFIG_FIELD.items()}
     return FusedConfig(
-        qk=_kind(design.qk, "head_dim"),
-        v_seq=_kind(design.v_seq, "sequence"),
+        **kinds,
         p_pow2=design.p_mode == "pow2-blocks",
         p_block=design.p_quant.block if design.p_mode == "pow2-blocks" else 0,
-        dp=_kind(design.dp_quant, "head_dim"),
-        pt=_kind(design.pt_quant, "left"),
-        do_seq=_kind(design.do_seq, "sequence"),
-        ds=_kind(design.ds_quant, "left"),
-        k_seq=_kind(design.k_seq, "sequence"),
-        dst=_kind(design.dst_quant, "left"),
-        q_seq=_kind(design.q_seq, "sequence"),
         rceil=ScaleRule.FLOOR not in rules,
         fallback=design.diagonal_fallback,
     )
@@ -161,9 +185,9 @@ def tile_multiples(cfg: FusedConfig) -> dict[str, tuple[int, int]]:
     (P blocks); dq: M queries (any), N keys (P, dS, K blocks). 16 at the least (the MMA's K step).
     """
     p = cfg.p_block if cfg.p_pow2 else 16
-    return {"fwd": (1, max(p, cfg.seq_block("v_seq"))),
-            "dkdv": (cfg.seq_block("pt", "do_seq", "dst", "q_seq"), p),
-            "dq": (1, max(p, cfg.seq_block("ds", "k_seq")))}
+    return {"fwd": (1, max(p, cfg.seq_block(Operand.V_SEQ))),
+            "dkdv": (cfg.seq_block(Operand.PT, Operand.DO_SEQ, Operand.DST, Operand.Q_SEQ), p),
+            "dq": (1, max(p, cfg.seq_block(Operand.DS, Operand.K_SEQ)))}
 
 
 def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, TileConfig]:

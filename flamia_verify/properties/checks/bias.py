@@ -24,10 +24,11 @@ import math
 
 import torch
 
-from flamia_verify.properties.bounds import recipe_bound_model
+from flamia_verify.kernels.operands import OPERANDS_REACHING
+from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import _OPERANDS, BIAS_Z
+from flamia_verify.properties.thresholds import BIAS_Z
 
 __all__ = ["bias_cases", "GAIN_FRACTION", "MEAN_SHARE"]
 
@@ -58,8 +59,8 @@ def bias_cases(ctx):
 
 
 def _u_tensor(recipe, dtype, tensor) -> float:
-    model = recipe_bound_model(recipe, dtype)
-    return max(getattr(model, op).u for op in _OPERANDS[tensor])
+    model = get_recipe(recipe).bound_model(dtype)
+    return max(model[op].u for op in OPERANDS_REACHING[tensor])
 
 
 def _tensors(ctx):

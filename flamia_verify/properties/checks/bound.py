@@ -1,6 +1,6 @@
 """bound: every element of O, dQ, dK, dV stays inside the rigorous a-priori bound of the recipe.
 
-The bound (flamia_verify.properties.bounds, derived in docs/checks.md) takes every rounding of the
+The bound (flamia_verify.kernels.bounds, derived in docs/checks.md) takes every rounding of the
 recipe's formats at its worst: unit roundoff, underflow of subnormal elements, saturation (FLOOR),
 per-tensor scales, fp32 accumulation and the rounding of the outputs. A correct kernel can never
 exceed it; no violation is allowed. ``tightness`` = max |error| / bound says how much of the bound a
@@ -17,7 +17,8 @@ import torch
 
 from dataclasses import replace
 
-from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
+from flamia_verify.kernels.bounds import attention_bounds
+from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
@@ -36,7 +37,7 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
     def compute():
         inp = ctx.inputs(case)
         ref = ctx.reference(case)
-        model = recipe_bound_model(ctx.recipe, ctx.dtype)
+        model = ctx.bound_model
         if exact_weights:
             model = exact_weight_model(model)
         return attention_bounds(
@@ -59,7 +60,7 @@ def exact_weight_model(model):
     bound of the uniform key (query) case is the rounding of the dS (dS^T) operand itself plus the
     rounding of D and the output: a dS format one bit coarser than the recipe (E5M2, u = 2^-3, under an E4M3 claim,
     u = 2^-4) leaves it."""
-    return replace(model, p=replace(model.p, u=0.0))
+    return model.with_operands({Operand.P: replace(model[Operand.P], u=0.0)})
 
 
 def bound_ratio(x: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
@@ -205,9 +206,10 @@ def bound_out(ctx):
 def bound_grad(ctx):
     metrics, first, details, msg = bound_report(ctx, _cases(ctx), ("dq", "dk", "dv"))
     # exact-weight cases: dQ reads dS (one-hot keys), dK reads dS^T (one-hot queries)
-    model = recipe_bound_model(ctx.recipe, ctx.dtype)
+    model = ctx.bound_model
     exact_viol, exact_tight, exact_first = 0, 0.0, None
-    for case, tensor, u in ((uniform_keys_case(ctx), "dq", model.ds.u), (uniform_queries_case(ctx), "dk", model.dst.u)):
+    for case, tensor, u in ((uniform_keys_case(ctx), "dq", model[Operand.DS].u),
+                            (uniform_queries_case(ctx), "dk", model[Operand.DST].u)):
         m, f, _, _ = bound_report(ctx, [case], (tensor,), exact_weights=True)
         exact_viol += m["violations"]
         exact_tight = max(exact_tight, m["tightness"])

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from flamia_verify.properties.bounds import recipe_bound_model
+from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, e4m3_grid, make_tensors
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.metrics import rel_rmse
@@ -223,7 +223,8 @@ def _doc_weights(inp: Inputs, ref_lse: torch.Tensor, b: int):
     cost=0.5,
 )
 def conservation_backward(ctx):
-    model = recipe_bound_model(ctx.recipe, ctx.dtype)
+    model = ctx.bound_model
+    m_pt, m_do = model[Operand.PT], model[Operand.DO_SEQ]
     worst, rec = 0.0, None
     cases = ctx.base_cases()
     for n, case in enumerate(cases):
@@ -244,13 +245,13 @@ def conservation_backward(ctx):
             rhs = (dO * rows[..., None]).sum(1).view(case.heads_k, g, -1).sum(1)  # (Hk, D)
             resid = (lhs - rhs).abs()
             adO = dO.abs()
-            rdo = model.do_seq.rho(adO, colmax_do[:, None, :], do_tmax)
+            rdo = m_do.rho(adO, colmax_do[:, None, :], do_tmax)
             # per row: sum_j rho_PT(i, j) <= u_pt sum_j A + eta_pt sum_j colmax_j(A) + lk eta_g (+ u_in mismatch)
             colmax = A.amax(1, keepdim=True)  # (H, 1, lk)
-            per_row = (model.pt.u + model.u_out) * A.sum(-1) + model.pt.eta * colmax.sum(-1)
-            per_row = per_row + A.shape[-1] * (model.pt.eta_g + model.pt.alpha)  # alpha: P^T underflow per element
+            per_row = (m_pt.u + model.u_out) * A.sum(-1) + m_pt.eta * colmax.sum(-1)
+            per_row = per_row + A.shape[-1] * (m_pt.eta_g + m_pt.alpha)  # alpha: P^T underflow per element
             gam = (max(A.shape[1], A.shape[2]) + 2) * 2.0**-24
-            budget = ((adO + rdo) * (per_row[..., None] + gam)).sum(1) + (rdo * (1 + model.pt.u)).sum(1)
+            budget = ((adO + rdo) * (per_row[..., None] + gam)).sum(1) + (rdo * (1 + m_pt.u)).sum(1)
             # each of the lk dV elements is rounded to the output dtype: u_out relative, alpha_out absolute
             budget = budget.view(case.heads_k, g, -1).sum(1) + model.u_out * (lhs.abs() + rhs.abs())
             budget = budget + (k1 - k0) * model.alpha_out
@@ -341,11 +342,12 @@ def weights(ctx):
         ctx.case((L // 2, L), heads=2, heads_k=2, causal=False, seed_offset=43),
         ctx.case((L_long,), heads=2, heads_k=2, causal=True, seed_offset=44),
     ]
-    model = recipe_bound_model(ctx.recipe, ctx.dtype)
-    u_pt, eta, eta_g, u_out = model.pt.u, model.pt.eta, model.pt.eta_g, model.u_out
+    model = ctx.bound_model
+    m_pt = model[Operand.PT]
+    u_pt, eta, eta_g, u_out = m_pt.u, m_pt.eta, m_pt.eta_g, model.u_out
     # absolute underflow floors (FP16: 2^-25 each): P^T in the backward, then the forward's P
     # (unnormalized, <= 1, divided by l >= 1) and O's rounding to the output dtype
-    alpha = model.pt.alpha / (1 - u_pt) + model.p.alpha + model.alpha_out / (1 - u_out)
+    alpha = m_pt.alpha / (1 - u_pt) + model[Operand.P].alpha + model.alpha_out / (1 - u_out)
     # and dV's own rounding to the output dtype: a P^T element below FP16's normal range (2^-14; the
     # long document's small weights reach it) need not be an FP16 number, so dV moves it by up to
     # half the smallest subnormal (2^-25; 2^-134 for BF16)

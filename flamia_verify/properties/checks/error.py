@@ -5,7 +5,7 @@ and the built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs.
 
 Threshold (docs/checks.md "error"): the recipe's expected error on the same inputs, ``pred``, is
 measured by running float64 attention with the first-order rounding model (every operand the
-recipe rounds multiplied by 1 + e, e uniform on [-u, u]; flamia_verify.properties.noise_model), so
+recipe rounds multiplied by 1 + e, e uniform on [-u, u]; flamia_verify.kernels.noise_model), so
 the amplification of rounding by large scores, heavy tails or low rank is part of it;
 
     normalized_error = rel_rmse / pred <= 2
@@ -22,8 +22,7 @@ import math
 from flamia_verify.properties.checks.common import case_record, worst_element
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.bounds import recipe_bound_model
-from flamia_verify.properties.noise_model import predicted_errors
+from flamia_verify.kernels.noise_model import predicted_errors
 from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
 
 __all__ = []
@@ -42,7 +41,7 @@ def predicted(ctx, case) -> dict[str, float]:
     """The rounding model's relative RMSE of every tensor on this case (cached)."""
 
     def compute():
-        model = recipe_bound_model(ctx.recipe, ctx.dtype)
+        model = ctx.bound_model
         return predicted_errors(ctx.inputs(case), ctx.reference(case), model, seed=case.seed)
 
     return ctx.memo(("predicted", case), compute)

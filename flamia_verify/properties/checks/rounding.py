@@ -9,7 +9,7 @@ On the probe inputs of :mod:`flamia_verify.properties.mx_probes` it is known in 
 other rounding is exact, and the weights are exactly uniform; a kernel that follows its recipe then
 computes the attention of the *rounded* inputs, up to fp32 accumulation and the rounding of its
 outputs. That residue is bounded rigorously by the bound model with every operand exact
-(:func:`~flamia_verify.properties.bounds.exact_operands_model`); no element may leave it.
+(:func:`~flamia_verify.kernels.bounds.exact_operands_model`); no element may leave it.
 
 Probed: each of the recipe's MXFP8 sites (Q, K in S; V in PV; dO, V in dP; dO in dV; dS, K in dQ;
 dS^T, Q in dK) with grid probes, and its input operands with step probes. Sites the recipe does not
@@ -20,16 +20,17 @@ their rounding is not fixed by the recipe.
 from __future__ import annotations
 
 
-from flamia_verify.properties.bounds import attention_bounds, exact_operands_model, recipe_bound_model
+from flamia_verify.kernels.bounds import attention_bounds, exact_operands_model
+from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.checks.bound import bound_ratio
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.mx_probes import (
-    MODEL_FIELDS,
     PROBE_DIM,
     PROBE_LEN,
     PROBE_SCALE,
     PROBES,
+    SITE_OPERANDS,
     Probe,
     probe_tensors,
 )
@@ -40,8 +41,8 @@ __all__ = ["probe_case", "mx_sites", "rounding_report"]
 
 def mx_sites(recipe: str, dtype) -> tuple[str, ...]:
     """The probe sites whose every operand the recipe rounds as MXFP8."""
-    model = recipe_bound_model(recipe, dtype)
-    return tuple(s for s, fields in MODEL_FIELDS.items() if all(getattr(model, f).mx_block for f in fields))
+    model = get_recipe(recipe).bound_model(dtype)
+    return tuple(s for s, ops in SITE_OPERANDS.items() if all(model[op].mx_block for op in ops))
 
 
 def probe_case(ctx, probe: Probe, seed_offset: int = 0):
@@ -52,7 +53,7 @@ def probe_case(ctx, probe: Probe, seed_offset: int = 0):
 def rounding_report(ctx, probes, seeds: int = 1):
     """Run ``probes`` (``seeds`` draws each); count elements of their observed tensors outside the
     exact-operand bound around the attention of the rounded inputs."""
-    model = exact_operands_model(recipe_bound_model(ctx.recipe, ctx.dtype))
+    model = exact_operands_model(ctx.bound_model)
     violations, tight, first, n_cases = 0, 0.0, None, 0
     per_site: dict[str, float] = {}
     jobs = [(p, s) for s in range(seeds) for p in probes]
@@ -105,7 +106,7 @@ def bound_rounding(ctx):
     probes = [p for p in PROBES if p.site in sites and (ctx.has_backward or not p.needs_backward)]
     left_out = sorted({p.site for p in PROBES if p.site in sites} - {p.site for p in probes})
     metrics, first = rounding_report(ctx, probes, seeds=ctx.settings.rounding_seeds)
-    not_probed = [s for s in MODEL_FIELDS if s not in sites]
+    not_probed = [s for s in SITE_OPERANDS if s not in sites]
     notes = []
     if not_probed:
         notes.append(f"not MXFP8 in the recipe, not probed: {', '.join(not_probed)}")

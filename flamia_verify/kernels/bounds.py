@@ -45,24 +45,34 @@ D = rowsum(dO * O_kernel), dS = P (dP - D)); the rebuilt weights obey the same E
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import torch
 
-from flamia_verify.errors import ConfigError
-from flamia_verify.kernels.recipes import RECIPES
+from flamia_verify.kernels.operands import Operand
 
 __all__ = [
+    "EXACT",
     "OperandModel",
     "RecipeBoundModel",
-    "recipe_bound_model",
     "exact_operands_model",
     "attention_bounds",
+    "input_rounding",
+    "output_rounding",
     "U32",
     "E4M3_ETA",
     "E2M1_ETA",
     "NVFP4_GLOBAL_ETA",
+    "NVFP4_ALPHA",
     "E4M3_UNSCALED_ETA",
+    "ALPHA_E8M0",
+    "U_BF16",
+    "ALPHA_BF16",
+    "U_E4M3",
+    "U_E4M3_FLOOR",
+    "U_E2M1",
 ]
 
 U32 = 2.0**-24  # fp32 unit roundoff
@@ -86,16 +96,16 @@ NVFP4_ALPHA = 2 * 2688.0 * 2.0**-126
 EXP_SLACK = 2.0**-20
 # E8M0's smallest scale 2^-127 times half of E4M3's smallest subnormal 2^-9: a block whose amax is below
 # 448 * 2^-127 keeps that scale (the clamp), so its elements may move by this much, whatever the amax
-_ALPHA_E8M0 = 2.0**-137
+ALPHA_E8M0 = 2.0**-137
 # bf16 rounding of fp32 inputs in a BF16 GEMM: unit roundoff, and half the smallest subnormal 2^-133
-_U_BF16 = 2.0**-8
-_ALPHA_BF16 = 2.0**-134
+U_BF16 = 2.0**-8
+ALPHA_BF16 = 2.0**-134
 # relative fp32 rounding of the elementwise steps (products, the difference dP - D, the division by l)
 REL32 = 8 * U32
 
-_U_E4M3 = 2.0**-4
-_U_E4M3_FLOOR = 2.0**-3  # saturation under FLOOR moves the largest elements by at most 1/8 (480 -> 448 at worst)
-_U_E2M1 = 2.0**-2
+U_E4M3 = 2.0**-4
+U_E4M3_FLOOR = 2.0**-3  # saturation under FLOOR moves the largest elements by at most 1/8 (480 -> 448 at worst)
+U_E2M1 = 2.0**-2
 
 
 @dataclass(frozen=True)
@@ -151,34 +161,38 @@ EXACT = OperandModel()
 
 @dataclass(frozen=True)
 class RecipeBoundModel:
-    """The rounding model of every GEMM operand of a recipe, for one input dtype."""
+    """The rounding model of every GEMM operand of a recipe, for one input dtype.
+
+    ``operands``: an :class:`OperandModel` for every :class:`~flamia_verify.kernels.operands.Operand`
+    (P's ``eta_g`` is relative to the row maximum of P); ``model[Operand.V_SEQ]`` reads one."""
 
     recipe: str
-    q_hd: OperandModel  # Q and K along head_dim (S = Q K^T, forward and recompute)
-    k_hd: OperandModel
-    p: OperandModel  # P along keys (O = P V); eta_g relative to the row maximum of P
-    v_seq: OperandModel  # V along keys
-    do_hd: OperandModel  # dO, V along head_dim (dP = dO V^T)
-    v_hd: OperandModel
-    pt: OperandModel  # P^T along queries (dV = P^T dO)
-    do_seq: OperandModel
-    ds: OperandModel  # dS along keys (dQ = dS K)
-    k_seq: OperandModel
-    dst: OperandModel  # dS^T along queries (dK = dS^T Q)
-    q_seq: OperandModel
+    operands: Mapping[Operand, OperandModel]
     u_out: float  # rounding of the outputs to the input dtype
     alpha_out: float = 0.0  # absolute floor of that rounding (half the input dtype's smallest subnormal)
 
+    def __post_init__(self):
+        missing = [op.name for op in Operand if op not in self.operands]
+        if missing:
+            raise ValueError(f"{self.recipe}: no operand model for {', '.join(missing)}")
+        object.__setattr__(self, "operands", MappingProxyType({op: self.operands[op] for op in Operand}))
+
+    def __getitem__(self, op: Operand) -> OperandModel:
+        return self.operands[op]
+
+    def with_operands(self, changes: Mapping[Operand, OperandModel], **fields) -> "RecipeBoundModel":
+        """The model with the operand models in ``changes`` (and the other ``fields``) replaced."""
+        return replace(self, operands={**self.operands, **changes}, **fields)
+
     def describe(self) -> dict[str, str]:
-        return {f: getattr(self, f).describe() for f in self.__dataclass_fields__ if isinstance(getattr(self, f), OperandModel)}
+        return {op.key: model.describe() for op, model in self.operands.items()}
 
 
 def exact_operands_model(model: RecipeBoundModel) -> RecipeBoundModel:
     """``model`` with every operand rounding the identity: what is left is fp32 accumulation, the fp32
     exponent arithmetic and the rounding of the outputs (to the input dtype). The bound of a kernel
     run on inputs that its roundings leave unchanged, read against the attention of those inputs."""
-    ops = {f: EXACT for f in model.__dataclass_fields__ if isinstance(getattr(model, f), OperandModel)}
-    return replace(model, recipe=f"{model.recipe} (operands exact)", **ops)
+    return model.with_operands({op: EXACT for op in Operand}, recipe=f"{model.recipe} (operands exact)")
 
 
 def _unit_roundoff(dtype: torch.dtype) -> float:
@@ -193,40 +207,16 @@ def _underflow_floor(dtype: torch.dtype) -> float:
     return info.tiny * info.eps / 2
 
 
-def recipe_bound_model(recipe: str, dtype: torch.dtype) -> RecipeBoundModel:
-    """The operand models that ``recipe`` implies for inputs of ``dtype``.
+def input_rounding(dtype: torch.dtype) -> OperandModel:
+    """Rounding to the input dtype without a scale (the computed operands P, P^T, dS, dS^T of a
+    BF16/FP16 GEMM): FP16's underflow below 2^-14 is an absolute error of up to 2^-25 per element
+    (docs/checks.md, "Underflow of FP16 operands")."""
+    return OperandModel(_unit_roundoff(dtype), alpha=_underflow_floor(dtype))
 
-    Inputs already in the input dtype are exact in a BF16/FP16 GEMM; computed operands (P, P^T, dS)
-    are rounded to it. E4M3 recipes round every operand; ``fp8`` allows any scale granularity (one
-    scale for the whole tensor, and an unscaled P); ``nvfp4`` uses NVFP4 for P^T, dS and dS^T.
-    """
-    if recipe not in RECIPES:
-        raise ConfigError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
-    u_in = _unit_roundoff(dtype)
-    a_in = _underflow_floor(dtype)
-    # P, P^T, dS, dS^T rounded to the input dtype without a scale: FP16's underflow below 2^-14
-    # is an absolute error of up to 2^-25 per element (docs/checks.md, "Underflow of FP16 operands")
-    computed = OperandModel(u_in, alpha=a_in)
-    if recipe == "bf16":
-        # a BF16 GEMM on BF16 inputs rounds only what it computes; on fp32 inputs it rounds those too
-        inp = EXACT if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16, alpha=_ALPHA_BF16)
-        c = computed if dtype in (torch.bfloat16, torch.float16) else OperandModel(_U_BF16, alpha=_ALPHA_BF16)
-        return RecipeBoundModel(recipe, inp, inp, c, inp, inp, inp, c, inp, c, inp, c, inp, u_in, a_in)
-    if recipe == "fp8":
-        # any granularity: the scale may cover the whole tensor
-        x = OperandModel(_U_E4M3, 0.0, E4M3_ETA, alpha=_ALPHA_E8M0)
-        p = OperandModel(_U_E4M3, E4M3_ETA, E4M3_UNSCALED_ETA, alpha=_ALPHA_E8M0)
-        return RecipeBoundModel(recipe, x, x, p, x, x, x, p, x, x, x, x, x, u_in, a_in)
-    u = _U_E4M3_FLOOR if recipe == "mxfp8-floor" else _U_E4M3
-    mx = OperandModel(u, E4M3_ETA, alpha=_ALPHA_E8M0, mx_block=True)  # computed operands (P, P^T, dS)
-    mx_in = OperandModel(u, E4M3_ETA, 0.0, 1.75 if recipe == "mxfp8-floor" else 1.875, alpha=_ALPHA_E8M0,
-                         mx_block=True)  # q, k, v, dO
-    if recipe in ("mxfp8", "mxfp8-floor"):
-        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, mx, mx_in, mx, mx_in, mx, mx_in, u_in, a_in)
-    if recipe == "nvfp4":
-        nv = OperandModel(_U_E2M1, E2M1_ETA, NVFP4_GLOBAL_ETA, alpha=NVFP4_ALPHA)
-        return RecipeBoundModel(recipe, mx_in, mx_in, mx, mx_in, mx_in, mx_in, nv, mx_in, nv, mx_in, nv, mx_in, u_in, a_in)
-    raise ConfigError(f"no bound model for recipe {recipe!r}")
+
+def output_rounding(dtype: torch.dtype) -> tuple[float, float]:
+    """(u_out, alpha_out): the rounding of the outputs to the input dtype."""
+    return _unit_roundoff(dtype), _underflow_floor(dtype)
 
 
 def _gamma(n: int) -> float:
@@ -298,10 +288,10 @@ def attention_bounds(
         K = _heads_first(k64[k0:k1]).repeat_interleave(group, dim=0)  # (H, lk, D)
         V = _heads_first(v64[k0:k1]).repeat_interleave(group, dim=0)
         aQ, aK, aV = Q.abs(), K.abs(), V.abs()
-        rQ = m.q_hd.rho(aQ, aQ.amax(-1, keepdim=True), tmax["q"])
-        rK = m.k_hd.rho(aK, aK.amax(-1, keepdim=True), tmax["k"])
+        rQ = m[Operand.Q_HD].rho(aQ, aQ.amax(-1, keepdim=True), tmax["q"])
+        rK = m[Operand.K_HD].rho(aK, aK.amax(-1, keepdim=True), tmax["k"])
         cvk = colmax_v.repeat_interleave(group, dim=0)[:, None, :]  # (H, 1, D)
-        rV = m.v_seq.rho(aV, cvk, tmax["v"])
+        rV = m[Operand.V_SEQ].rho(aV, cvk, tmax["v"])
         i = torch.arange(lq, device=dev)[:, None]
         j = torch.arange(lk, device=dev)[None, :]
         vis = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=dev)
@@ -322,9 +312,10 @@ def attention_bounds(
         dmax = delta.amax(-1, keepdim=True)
         # alpha_P is absolute in the kernel's units of P = exp(S^ - running max) <= 1 (FlashAttention
         # rounds the unnormalized P): at most alpha_P of the row maximum, like eta_gP
-        tau = (m.p.eta + m.p.eta_g + m.p.alpha) * torch.exp(dmax)
+        mP = m[Operand.P]
+        tau = (mP.eta + mP.eta_g + mP.alpha) * torch.exp(dmax)
         n_vis = vis.sum(-1, keepdim=True).to(f64)
-        up, ep, em = m.p.u + REL32, torch.exp(delta), torch.exp(-delta)
+        up, ep, em = mP.u + REL32, torch.exp(delta), torch.exp(-delta)
         N_hi = torch.where(vis, a * ep * (1 + up) + tau, torch.zeros_like(a))
         N_lo = torch.where(vis, (a * em * (1 - up) - tau).clamp_min(0), torch.zeros_like(a))
         gn = _gamma(lk)
@@ -352,8 +343,8 @@ def attention_bounds(
     for (b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref) in docs:
         dO = _heads_first(do64[q0:q1])
         adO = dO.abs()
-        rdO = m.do_hd.rho(adO, adO.amax(-1, keepdim=True), tmax["do"])
-        rVh = m.v_hd.rho(aV, aV.amax(-1, keepdim=True), tmax["v"])
+        rdO = m[Operand.DO_HD].rho(adO, adO.amax(-1, keepdim=True), tmax["do"])
+        rVh = m[Operand.V_HD].rho(aV, aV.amax(-1, keepdim=True), tmax["v"])
         dP = torch.matmul(dO, V.transpose(1, 2))
         Dref = (dO * Oref).sum(-1, keepdim=True)
         g = dP - Dref
@@ -375,23 +366,23 @@ def attention_bounds(
         lq, lk = Q.shape[1], K.shape[1]
         # dV = P^T dO: P^T blocked along queries (line = column of P), dO along queries
         cdo = colmax_do[:, None, :]
-        rdOs = m.do_seq.rho(adO, cdo, tmax["do"])
-        rPT = m.pt.rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
+        rdOs = m[Operand.DO_SEQ].rho(adO, cdo, tmax["do"])
+        rPT = m[Operand.PT].rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
         rPT = torch.where(vis, rPT, torch.zeros_like(rPT))
         Bdv = torch.matmul(E.transpose(1, 2), adO) + torch.matmul(rPT.transpose(1, 2), adO + rdOs) + torch.matmul(AE.transpose(1, 2), rdOs)
         Bdv = (Bdv + _gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32)
         # dQ = s dS K: dS blocked along keys (line = row of dS), K along keys
         ck = colmax_k.repeat_interleave(K.shape[0] // colmax_k.shape[0], dim=0)[:, None, :]
-        rKs = m.k_seq.rho(aK, ck, tmax["k"])
-        rdS = m.ds.rho(M, M.amax(-1, keepdim=True), ms_max)
+        rKs = m[Operand.K_SEQ].rho(aK, ck, tmax["k"])
+        rdS = m[Operand.DS].rho(M, M.amax(-1, keepdim=True), ms_max)
         rdS = torch.where(vis, rdS, torch.zeros_like(rdS))
         T = Sig + rdS
         Bdq = scale * (torch.matmul(T, aK + rKs) + torch.matmul(dS.abs(), rKs))
         Bdq = (Bdq + scale * _gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32)
         # dK = s dS^T Q: dS^T blocked along queries (line = column of dS), Q along queries
         cq = colmax_q[:, None, :]
-        rQs = m.q_seq.rho(aQ, cq, tmax["q"])
-        rdST = m.dst.rho(M, M.amax(dim=1, keepdim=True), ms_max)
+        rQs = m[Operand.Q_SEQ].rho(aQ, cq, tmax["q"])
+        rdST = m[Operand.DST].rho(M, M.amax(dim=1, keepdim=True), ms_max)
         rdST = torch.where(vis, rdST, torch.zeros_like(rdST))
         TT = Sig + rdST
         Bdk = scale * (torch.matmul(TT.transpose(1, 2), aQ + rQs) + torch.matmul(dS.abs().transpose(1, 2), rQs))

@@ -2,7 +2,7 @@
 
 The first-order model of rounding to nearest: every rounded GEMM operand x becomes x (1 + e) with e
 independent and uniform on [-u, u] (RMS u / sqrt(3)), u the unit roundoff the recipe gives that
-operand (flamia_verify.properties.bounds.recipe_bound_model; 0 for operands a recipe keeps exact).
+operand (its :meth:`~flamia_verify.kernels.recipes.Recipe.bound_model`; 0 for operands a recipe keeps exact).
 Running the FlashAttention forward and backward in float64 with that noise on the *same inputs* as
 the kernel gives the error a correct kernel of the recipe should show there, amplification by large
 scores, heavy tails or low rank included:
@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from flamia_verify.properties.bounds import RecipeBoundModel
+from flamia_verify.kernels.bounds import RecipeBoundModel
+from flamia_verify.kernels.operands import Operand
 
 __all__ = ["predicted_errors"]
 
@@ -54,23 +55,23 @@ def _one_draw(q, k, v, do, cu_q, cu_k, scale, causal, m: RecipeBoundModel, g):
         i = torch.arange(lq, device=q.device)[:, None]
         j = torch.arange(lk, device=q.device)[None, :]
         vis = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-        Qn, Kn = _noisy(Q, m.q_hd.u, g), _noisy(K, m.k_hd.u, g)
+        Qn, Kn = _noisy(Q, m[Operand.Q_HD].u, g), _noisy(K, m[Operand.K_HD].u, g)
         S = scale * Qn @ Kn.transpose(1, 2)
         S = torch.where(vis, S, torch.full_like(S, -math.inf))
         mx = S.amax(-1, keepdim=True)
         mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
         P = torch.where(vis, torch.exp(S - mx), torch.zeros_like(S))
-        Pn = _noisy(P, m.p.u, g)
+        Pn = _noisy(P, m[Operand.P].u, g)
         L = Pn.sum(-1, keepdim=True)
         A = torch.where(L > 0, Pn / torch.where(L > 0, L, torch.ones_like(L)), torch.zeros_like(Pn))
-        O = _noisy(A @ _noisy(V, m.v_seq.u, g), m.u_out, g)  # the output as the caller holds it
-        dP = _noisy(dO, m.do_hd.u, g) @ _noisy(V, m.v_hd.u, g).transpose(1, 2)
+        O = _noisy(A @ _noisy(V, m[Operand.V_SEQ].u, g), m.u_out, g)  # the output as the caller holds it
+        dP = _noisy(dO, m[Operand.DO_HD].u, g) @ _noisy(V, m[Operand.V_HD].u, g).transpose(1, 2)
         Dl = (dO * O).sum(-1, keepdim=True)  # D from that output, as FlashAttention computes it
         dS = A * (dP - Dl)
         out[q0:q1] = O.permute(1, 0, 2)
-        dv[k0:k1] = (_noisy(A, m.pt.u, g).transpose(1, 2) @ _noisy(dO, m.do_seq.u, g)).permute(1, 0, 2)
-        dq[q0:q1] = (scale * _noisy(dS, m.ds.u, g) @ _noisy(K, m.k_seq.u, g)).permute(1, 0, 2)
-        dk[k0:k1] = (scale * _noisy(dS, m.dst.u, g).transpose(1, 2) @ _noisy(Q, m.q_seq.u, g)).permute(1, 0, 2)
+        dv[k0:k1] = (_noisy(A, m[Operand.PT].u, g).transpose(1, 2) @ _noisy(dO, m[Operand.DO_SEQ].u, g)).permute(1, 0, 2)
+        dq[q0:q1] = (scale * _noisy(dS, m[Operand.DS].u, g) @ _noisy(K, m[Operand.K_SEQ].u, g)).permute(1, 0, 2)
+        dk[k0:k1] = (scale * _noisy(dS, m[Operand.DST].u, g).transpose(1, 2) @ _noisy(Q, m[Operand.Q_SEQ].u, g)).permute(1, 0, 2)
     dk = dk.view(k.shape[0], Hk, grp, D).sum(2)
     dv = dv.view(k.shape[0], Hk, grp, D).sum(2)
     # the kernel returns its gradients in the input dtype (O is already rounded)
