@@ -379,7 +379,7 @@ def _cmd_fuzz(args) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import fuzz, replay_case
     from flamia_verify.reports import render_terminal, write_reports
-    from flamia_verify.reports.model import Report
+    from flamia_verify.results import Report
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)
@@ -454,7 +454,7 @@ def _cmd_bench(args) -> int:
 
     from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
     from flamia_verify.reports.terminal import print_table
-    from flamia_verify.reports.model import jsonable
+    from flamia_verify.results import jsonable
 
     # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
     kernels = [resolve_kernel(spec) for spec in (args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"])]

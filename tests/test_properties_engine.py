@@ -22,7 +22,7 @@ from flamia_verify.properties import (
     list_checks,
     run_checks,
 )
-from flamia_verify.reports.model import FAMILIES, Report
+from flamia_verify.results import FAMILIES, Report
 
 
 def test_public_api_names():

@@ -19,7 +19,7 @@ from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.settings import Packing, SuiteSettings
 from flamia_verify.reference import attention_backward, attention_forward
 from flamia_verify.reports.metrics import threshold_verdict
-from flamia_verify.reports.model import CheckResult
+from flamia_verify.results import CheckResult
 
 __all__ = ["CheckContext", "RefOutputs", "violations"]
 

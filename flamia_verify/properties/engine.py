@@ -1,5 +1,5 @@
 """Running the checks: ``run_checks`` resolves the kernel, recipe, suite and thresholds, probes the
-kernel, runs every selected check and returns the :class:`~flamia_verify.reports.model.Report`.
+kernel, runs every selected check and returns the :class:`~flamia_verify.results.Report`.
 
 Failure handling:
 
@@ -42,7 +42,7 @@ from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec, all_specs
 from flamia_verify.properties.settings import SUITES, suite_settings
 from flamia_verify.properties.thresholds import resolve_thresholds
-from flamia_verify.reports.model import FAMILIES, CheckResult, Report
+from flamia_verify.results import FAMILIES, CheckResult, Report
 
 __all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks"]
 

@@ -23,7 +23,7 @@ from flamia_verify.reports.html_report import render_html
 from flamia_verify.reports.junit import render_junit
 from flamia_verify.reports.markdown import render_markdown
 from flamia_verify.reports.metrics import KeyMetric, key_metric
-from flamia_verify.reports.model import SCHEMA, CheckResult, Report
+from flamia_verify.results import SCHEMA, CheckResult, Report
 from flamia_verify.reports.store import atomic_write_text, load_report, write_reports
 from flamia_verify.reports.terminal import render_terminal
 

@@ -27,7 +27,7 @@ from flamia_verify.reports.metrics import (
     safe_json,
     threshold_verdict,
 )
-from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.results import CheckResult, Report
 from flamia_verify.reports.plots import (
     PLOT_KINDS,
     PlotSpecError,

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flamia_verify.reports.model import CheckResult, jsonable
+from flamia_verify.results import CheckResult, jsonable
 from flamia_verify.reports.wording import printable
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The report model: what a run found, in the shape of report.json (schema flamia-verify/report/v1).
+"""The result model and the verdict rule: what a run found, in the shape of report.json (schema flamia-verify/report/v1).
 
     {"schema": "flamia-verify/report/v1", "kernel": ..., "recipe": ..., "suite": ..., "seed": ...,
      "environment": {...},
@@ -15,7 +15,10 @@ A run that did not finish (interrupted, crashed mid-run, reports written while i
 ``complete``, ``status`` (pass, fail or incomplete), ``incomplete_reason`` when incomplete, and
 ``gradients_checked`` / ``forward_only`` (from the environment: whether the backward was checked,
 whether the kernel was declared forward-only), and ``notes``, the sentences every renderer shows next
-to the verdict, when there are any.
+to the verdict, when there are any (`run_notes`).
+
+This module sits low in the package: the checks build these results and the renderers read them, so it
+imports nothing of the package but its errors.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 from flamia_verify.errors import ReportSchemaError
 
-__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "json_number", "jsonable"]
+__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "json_number", "jsonable", "run_notes"]
 
 SCHEMA = "flamia-verify/report/v1"
 STATUSES = ("pass", "fail", "error", "skip")
@@ -150,8 +153,6 @@ class Report:
             out["incomplete_reason"] = self.incomplete_reason or "the run did not finish"
         out["gradients_checked"] = self.gradients_checked
         out["forward_only"] = bool((self.environment or {}).get("forward_only", False))
-        from flamia_verify.reports.wording import run_notes  # wording reads the model: imported here
-
         notes = run_notes(self)
         if notes:  # what a reader must not miss: an incomplete run, gradients not checked
             out["notes"] = notes
@@ -201,3 +202,21 @@ class Report:
             environment=dict(data["environment"]),
             checks=[CheckResult.from_dict(c) for c in data["checks"]],
         )
+
+
+def run_notes(report: Report) -> list[str]:
+    """Sentences every renderer puts next to the verdict, and report.json's ``summary.notes``: an
+    incomplete run, gradients not checked."""
+    notes = []
+    if not getattr(report, "complete", True):
+        notes.append(f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
+                     "listed ran; this is no verdict on the kernel.")
+    env = report.environment or {}
+    if env.get("backward") is False:
+        if env.get("forward_only"):
+            notes.append("Gradients were not checked: the kernel was declared forward-only, so dQ, dK and dV were "
+                         "never compared with the reference.")
+        else:
+            why = env.get("backward_reason") or "the backward did not run"
+            notes.append(f"Gradients were not checked: {why}.")
+    return notes
