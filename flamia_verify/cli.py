@@ -452,7 +452,7 @@ def _cmd_bench(args) -> int:
             raise UsageError(f"cannot write {path!r}: its directory does not exist")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
+    from flamia_verify.bench import bench_table, format_table, resolve_kernel
     from flamia_verify.reports.terminal import print_table
     from flamia_verify.results import jsonable
 

@@ -40,7 +40,7 @@ from flamia_verify.formats import (
     nvfp4_fake_quantize,
     round_to_format,
 )
-from flamia_verify.kernels.convention import validate_varlen_inputs
+from flamia_verify.convention import validate_varlen_inputs
 
 __all__ = [
     "Quant",

@@ -7,7 +7,7 @@ the emulation (:mod:`flamia_verify.kernels.emulation`) stays the specification a
   kernels (when Triton is installed and the design has a fused implementation) and everything else
   runs the emulation.
 * ``attention`` holds the kernels; ``quant`` the in-register quantizers (bit-exact twins of
-  :mod:`flamia_verify.formats`); ``bench`` the speed table of ``flamia-verify bench``.
+  :mod:`flamia_verify.formats`). The speed table of ``flamia-verify bench`` is :mod:`flamia_verify.bench`.
 """
 
 from __future__ import annotations
