@@ -522,9 +522,10 @@ def _cmd_report(args) -> int:
 def _cuda_path(kernel) -> str:
     """What a built-in kernel runs on CUDA bf16/fp16 inputs: its fused Triton kernels (up to which
     head_dim) or its PyTorch emulation (and why)."""
+    from flamia_verify.kernels.metadata import kernel_design
     from flamia_verify.kernels.triton.config import config_for, head_dim_limit, unsupported_reason
 
-    design = getattr(kernel.fn, "design", None)
+    design = kernel_design(kernel.fn)
     if design is None:
         return ""
     why = unsupported_reason(design)

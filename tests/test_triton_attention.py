@@ -53,6 +53,7 @@ from test_kernels_emulation import (  # noqa: E402
 from flamia_verify.kernels import builtin_kernels  # noqa: E402
 from flamia_verify.kernels import emulation as E  # noqa: E402
 from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
+from flamia_verify.kernels.metadata import emulated_twin  # noqa: E402
 from flamia_verify.kernels.triton.compat import interpreting  # noqa: E402
 from flamia_verify.kernels.triton.config import config_for, unsupported_reason  # noqa: E402
 
@@ -275,7 +276,7 @@ def test_random_inputs_deviate_from_the_spec_less_than_the_spec_errs(device, nam
     q, k, v, do, cu_q, cu_k = make_case([64, 1, 45], heads=2, dim=64, seed=7)
     ref = reference(q, k, v, do, cu_q, cu_k, causal=True)
     got = run(fused(name), *to(device, q, k, v, do, cu_q, cu_k), causal=True)
-    spec = run(builtin_kernels()[name].fn.emulated, q, k, v, do, cu_q, cu_k, causal=True)
+    spec = run(emulated_twin(builtin_kernels()[name].fn), q, k, v, do, cu_q, cu_k, causal=True)
     for what, g_, s_, r_ in zip(("out", "dq", "dk", "dv"), got, spec, ref):
         assert torch.isfinite(g_).all(), f"{name}: non-finite {what}"
         noise, error = rel_rmse(g_.cpu(), s_), rel_rmse(s_, r_)
@@ -341,13 +342,13 @@ def test_registry_dispatches_cuda_inputs_to_the_fused_kernels_and_keeps_the_emul
     kernels = builtin_kernels()
     for name in FUSED + ["flamia-mxfp8-floor"]:
         assert unsupported_reason(DESIGNS[name]) is None, name
-        assert hasattr(kernels[name].fn, "emulated"), f"{name} should dispatch to a fused kernel on CUDA"
+        assert emulated_twin(kernels[name].fn) is not None, f"{name} should dispatch to a fused kernel on CUDA"
     for name in ("fp8-tensor", "mxfp8-naive"):
         assert unsupported_reason(DESIGNS[name]), name
-        assert not hasattr(kernels[name].fn, "emulated"), f"{name} has no fused kernel"
+        assert emulated_twin(kernels[name].fn) is None, f"{name} has no fused kernel"
     q, k, v, do, cu_q, cu_k = make_case([20, 33], heads=2, dim=64, seed=2)
     a = run(kernels["flamia-mxfp8"].fn, q, k, v, do, cu_q, cu_k, causal=True)
-    b = run(kernels["flamia-mxfp8"].fn.emulated, q, k, v, do, cu_q, cu_k, causal=True)
+    b = run(emulated_twin(kernels["flamia-mxfp8"].fn), q, k, v, do, cu_q, cu_k, causal=True)
     assert all(torch.equal(x, y) for x, y in zip(a, b)), "CPU inputs must run the emulation"
 
 

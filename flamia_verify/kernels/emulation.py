@@ -27,12 +27,12 @@ The three FLAMIA fixes, as design switches (docs/kernels.md gives the reasoning 
 
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
+from flamia_verify.convention import validate_varlen_inputs
 from flamia_verify.formats import (
     E4M3,
     ScaleRule,
@@ -40,7 +40,7 @@ from flamia_verify.formats import (
     nvfp4_fake_quantize,
     round_to_format,
 )
-from flamia_verify.convention import validate_varlen_inputs
+from flamia_verify.kernels.metadata import mark_builtin
 
 __all__ = [
     "Quant",
@@ -487,7 +487,8 @@ def emulated_forward_with_lse(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_
 
 
 def make_kernel(design: EmulatedDesign):
-    """A plain function in the calling convention, carrying its design and recipe as attributes."""
+    """A plain function in the calling convention, carrying its design and recipe as attributes
+    (:mod:`flamia_verify.kernels.metadata`)."""
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         kernel.paths["PyTorch emulation"] += 1
@@ -496,13 +497,10 @@ def make_kernel(design: EmulatedDesign):
             softmax_scale=softmax_scale, causal=causal,
         )
 
-    kernel.paths = collections.Counter()  # calls (the report's environment lists the implementation that ran)
     kernel.__name__ = design.name.replace("-", "_")
     kernel.__qualname__ = kernel.__name__
     kernel.__doc__ = f"{design.name} (emulation): {design.description}"
-    kernel.design = design
-    kernel.recipe = design.recipe
-    return kernel
+    return mark_builtin(kernel, design)  # design, recipe, calls per implementation (kernels.metadata)
 
 
 def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: str) -> EmulatedDesign:

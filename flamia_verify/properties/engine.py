@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
+from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.kernels.registry import LoadedKernel, load_kernel
 from flamia_verify.properties.cases import Case, dtype_name, make_inputs
@@ -260,7 +261,7 @@ def run_checks(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     loaded, recipe = resolve_kernel(kernel, recipe)
-    paths_before = dict(getattr(loaded.fn, "paths", {}))
+    paths_before = dict(kernel_paths(loaded.fn) or {})
     specs = select_checks(list_checks(suite), only)
     device = _resolve_device(device)
     ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
@@ -321,9 +322,10 @@ def run_checks(
         raise
     report.complete = True
     report.incomplete_reason = None
-    if hasattr(loaded.fn, "paths"):  # a built-in kernel: which implementation ran, call by call
+    paths = kernel_paths(loaded.fn)
+    if paths is not None:  # a built-in kernel: which implementation ran, call by call
         report.environment["kernel_paths"] = {
-            path: n - paths_before.get(path, 0) for path, n in sorted(loaded.fn.paths.items())
+            path: n - paths_before.get(path, 0) for path, n in sorted(paths.items())
             if n > paths_before.get(path, 0)}
     report.environment["kernel_calls"] = ctx.harness.calls
     report.environment["kernel_seconds"] = round(ctx.harness.seconds, 3)
