@@ -7,7 +7,7 @@ forward/backward consistency, error bounds, special values, determinism.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from flamia_verify._version import __version__
 
 __all__ = ["__version__", "check", "fuzz", "load_kernel", "Report"]
 

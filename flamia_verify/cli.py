@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from flamia_verify import __version__
+from flamia_verify._version import __version__
 from flamia_verify.errors import (
     ConfigError,
     FlamiaVerifyError,

@@ -33,6 +33,7 @@ from typing import Callable
 
 import torch
 
+from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.recipes import RECIPES
@@ -108,14 +109,12 @@ def _version(dist: str) -> str | None:
 
 
 def environment(device: str) -> dict:
-    import flamia_verify
-
     if device.startswith("cuda") and torch.cuda.is_available():
         dev_name = torch.cuda.get_device_name(torch.device(device))
     else:
         dev_name = platform.processor() or platform.machine() or "cpu"
     return {
-        "flamia_verify": flamia_verify.__version__,
+        "flamia_verify": __version__,
         "torch": torch.__version__,
         "triton": _version("triton"),
         "cuda": torch.version.cuda,
