@@ -48,8 +48,8 @@ def test_kernel_runner_takes_any_spec_check_takes(tmp_path):
     import pytest
     import torch
 
-    from flamia_verify.errors import KernelLoadError
     from flamia_verify.bench import kernel_runner
+    from flamia_verify.errors import KernelLoadError
 
     (tmp_path / "user_attn.py").write_text(
         "import torch\n"

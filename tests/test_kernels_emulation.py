@@ -342,7 +342,7 @@ def test_emulation_on_cuda_matches_cpu_and_keeps_the_fixes(name):
 
 def test_convention_errors_name_the_problem():
     from flamia_verify.errors import InputError
-    from flamia_verify.kernels import validate_varlen_inputs
+    from flamia_verify.convention import validate_varlen_inputs
 
     q, k, v, _, cu_q, cu_k = make_case([5, 7])
     cases = [
