@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from flamia_verify.kernels.triton.bench import bench_table, format_table  # noqa: E402
-from flamia_verify.reports.model import jsonable  # noqa: E402
+from flamia_verify.bench import bench_table, format_table  # noqa: E402
+from flamia_verify.results import jsonable  # noqa: E402
 
 DEFAULT_KERNELS = ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
 

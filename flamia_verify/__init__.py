@@ -7,7 +7,7 @@ forward/backward consistency, error bounds, special values, determinism.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from flamia_verify._version import __version__
 
 __all__ = ["__version__", "check", "fuzz", "load_kernel", "Report"]
 
@@ -15,7 +15,7 @@ __all__ = ["__version__", "check", "fuzz", "load_kernel", "Report"]
 def __getattr__(name: str):
     # Lazy: `import flamia_verify` stays cheap and never imports Triton.
     if name == "Report":
-        from flamia_verify.reports.model import Report
+        from flamia_verify.results import Report
 
         return Report
     if name == "load_kernel":

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from flamia_verify import __version__
+from flamia_verify._version import __version__
 from flamia_verify.errors import (
     ConfigError,
     FlamiaVerifyError,
@@ -379,7 +379,7 @@ def _cmd_fuzz(args) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import fuzz, replay_case
     from flamia_verify.reports import render_terminal, write_reports
-    from flamia_verify.reports.model import Report
+    from flamia_verify.results import Report
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)
@@ -452,9 +452,9 @@ def _cmd_bench(args) -> int:
             raise UsageError(f"cannot write {path!r}: its directory does not exist")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
+    from flamia_verify.bench import bench_table, format_table, resolve_kernel
     from flamia_verify.reports.terminal import print_table
-    from flamia_verify.reports.model import jsonable
+    from flamia_verify.results import jsonable
 
     # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
     kernels = [resolve_kernel(spec) for spec in (args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"])]
@@ -522,9 +522,10 @@ def _cmd_report(args) -> int:
 def _cuda_path(kernel) -> str:
     """What a built-in kernel runs on CUDA bf16/fp16 inputs: its fused Triton kernels (up to which
     head_dim) or its PyTorch emulation (and why)."""
+    from flamia_verify.kernels.metadata import kernel_design
     from flamia_verify.kernels.triton.config import config_for, head_dim_limit, unsupported_reason
 
-    design = getattr(kernel.fn, "design", None)
+    design = kernel_design(kernel.fn)
     if design is None:
         return ""
     why = unsupported_reason(design)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 
-from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.results import CheckResult, Report
 
 #: Plots in `example_report()`: the HTML report must draw exactly this many <svg> elements (its all-zero
 #: heatmap is stated in words, not drawn).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 
-from flamia_verify.kernels.triton.bench import COLUMNS, add_ratios, format_table
+from flamia_verify.bench import COLUMNS, add_ratios, format_table
 
 
 def _row(kernel, tflops=None, error=""):
@@ -48,8 +48,8 @@ def test_kernel_runner_takes_any_spec_check_takes(tmp_path):
     import pytest
     import torch
 
+    from flamia_verify.bench import kernel_runner
     from flamia_verify.errors import KernelLoadError
-    from flamia_verify.kernels.triton.bench import kernel_runner
 
     (tmp_path / "user_attn.py").write_text(
         "import torch\n"
@@ -99,7 +99,7 @@ def test_the_table_loop_counts_measurements_and_keeps_forward_only_kernels(monke
     forward-only kernel keeps its forward time with the rest empty."""
     import torch
 
-    from flamia_verify.kernels.triton import bench
+    from flamia_verify import bench
 
     def fwd_only(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
         return v.detach() * 1.0

@@ -170,7 +170,7 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
     before any timing."""
     import torch
 
-    from flamia_verify.kernels.triton import bench
+    from flamia_verify import bench
 
     seen = {}
 

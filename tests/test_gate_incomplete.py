@@ -15,7 +15,7 @@ import pytest
 from flamia_verify.cli import main
 from flamia_verify.reports import load_report, render_markdown, write_reports
 from flamia_verify.reports.junit import render_junit
-from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.results import CheckResult, Report
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ from reports_examples import example_report
 
 import flamia_verify
 from flamia_verify.reports import render_html
-from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.plots import Plot, blank_heatmap
+from flamia_verify.results import CheckResult, Report
 
 
 def _section(page: str, name: str) -> str:

@@ -11,10 +11,10 @@ from flamia_verify.kernels import builtin_kernels, load_kernel
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import (
     _aligned_cu,
-    _pow2_block_elements,
     attention_weights,
     emulated_forward_with_lse,
     full_block_mask,
+    pow2_block_elements,
     visible,
 )
 from flamia_verify.reference import attention_backward, attention_forward
@@ -88,8 +88,8 @@ def test_pow2_block_p_elements_do_not_depend_on_the_row_maximum():
     P's quantization depends only on the scores of its own block, never on the running maximum."""
     g = torch.Generator().manual_seed(1)
     s = torch.randn(2, 5, 96, generator=g) * 4
-    e1, mb1 = _pow2_block_elements(s, 32)
-    e2, mb2 = _pow2_block_elements(s + 7.0, 32)
+    e1, mb1 = pow2_block_elements(s, 32)
+    e2, mb2 = pow2_block_elements(s + 7.0, 32)
     assert torch.equal(e1, e2)
     assert torch.equal(mb1 + 7.0, mb2)
     # elements of a block's maximum lie in [128, 256]; everything is on the E4M3 grid
@@ -342,7 +342,7 @@ def test_emulation_on_cuda_matches_cpu_and_keeps_the_fixes(name):
 
 def test_convention_errors_name_the_problem():
     from flamia_verify.errors import InputError
-    from flamia_verify.kernels import validate_varlen_inputs
+    from flamia_verify.convention import validate_varlen_inputs
 
     q, k, v, _, cu_q, cu_k = make_case([5, 7])
     cases = [

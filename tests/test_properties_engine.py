@@ -22,7 +22,7 @@ from flamia_verify.properties import (
     list_checks,
     run_checks,
 )
-from flamia_verify.reports.model import FAMILIES, Report
+from flamia_verify.results import FAMILIES, Report
 
 
 def test_public_api_names():
@@ -247,7 +247,8 @@ def test_the_report_says_which_implementation_of_a_builtin_kernel_ran():
     assert again.environment["kernel_paths"] == first.environment["kernel_paths"]
     assert "ran PyTorch emulation (" in render_markdown(first) and "cpu (" in render_markdown(first)
     from flamia_verify.kernels import builtin_kernels
+    from flamia_verify.kernels.metadata import emulated_twin
 
-    plain = builtin_kernels()["bf16"].fn.emulated  # an emulated kernel passed as a user callable
+    plain = emulated_twin(builtin_kernels()["bf16"].fn)  # an emulated kernel passed as a user callable
     user = run_checks(lambda *a, **kw: plain(*a, **kw), recipe="bf16", only=["interface.output"])
     assert "kernel_paths" not in user.environment

@@ -20,7 +20,7 @@ from zoo import targeted as T
 from zoo.verdicts import assert_caught_and_quiet
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import _backward, _forward
+from flamia_verify.kernels.emulation import backward_pass, forward_pass
 from flamia_verify.properties import list_checks, run_checks
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.harness import KernelHarness
@@ -90,7 +90,7 @@ class _Ungrouped(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
+        out, lse2 = forward_pass(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal = scale, causal
         return out
@@ -98,7 +98,7 @@ class _Ungrouped(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _backward(FLAMIA_MXFP8, q, k, v, out, lse2, g, cu_q, cu_k, ctx.scale, ctx.causal)
+        dq, dk, dv = backward_pass(FLAMIA_MXFP8, q, k, v, out, lse2, g, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq.float(), dk, dv, None, None, None, None
 
 

@@ -21,7 +21,7 @@ from flamia_verify.properties.strategies import (
     packings,
     value_distributions,
 )
-from flamia_verify.reports.model import Report
+from flamia_verify.results import Report
 
 
 @settings(max_examples=60, deadline=None)

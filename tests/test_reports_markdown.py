@@ -112,7 +112,7 @@ def test_md_escape(text, escaped):
 
 def test_run_notes_read_as_sentences():
     """A run note is ``> **Head:** text`` with a space after the bold head (it rendered ``**...:**text``)."""
-    from flamia_verify.reports.model import CheckResult, Report
+    from flamia_verify.results import CheckResult, Report
 
     rep = Report(kernel="k", recipe="mxfp8", suite="quick", seed=0,
                  checks=[CheckResult("interface.output", "interface", "pass")])

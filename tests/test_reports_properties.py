@@ -21,7 +21,7 @@ from flamia_verify.reports import (
     render_terminal,
     write_reports,
 )
-from flamia_verify.reports.model import FAMILIES, STATUSES
+from flamia_verify.results import FAMILIES, STATUSES
 
 # Every code point, surrogates and control characters included: kernels and messages are not ours.
 any_text = st.text(st.characters(exclude_categories=()), max_size=24)

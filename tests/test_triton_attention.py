@@ -53,6 +53,7 @@ from test_kernels_emulation import (  # noqa: E402
 from flamia_verify.kernels import builtin_kernels  # noqa: E402
 from flamia_verify.kernels import emulation as E  # noqa: E402
 from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
+from flamia_verify.kernels.metadata import emulated_twin  # noqa: E402
 from flamia_verify.kernels.triton.compat import interpreting  # noqa: E402
 from flamia_verify.kernels.triton.config import config_for, unsupported_reason  # noqa: E402
 
@@ -171,7 +172,7 @@ def test_forward_is_bitwise_the_emulation_on_exact_inputs(device, name, lens_q, 
     lq = max(lens_q)
     lk = max(lens_k or lens_q)
     out, lse2 = fused_forward(config_for(DESIGNS[name]), q, k, v, cu_q, cu_k, lq, lk, LN2, causal)
-    out_e, lse2_e = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
+    out_e, lse2_e = E.forward_pass(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out (exact inputs)")
     # lse2 = m + log2(l): m and l are exact; only the two log2 implementations differ (each within
     # 2 ulp of log2(l) < 7, i.e. 2^-21 absolute), then one fp32 rounding of the sum (ulp of lse2)
@@ -184,7 +185,7 @@ def test_forward_is_bitwise_the_emulation_on_exact_inputs(device, name, lens_q, 
 
 def _exact_backward_inputs(device, name, lens_q, lens_k, heads, heads_k, causal):
     q, k, v, do, o, cu_q, cu_k = to(device, *exact_case(lens_q, lens_k, heads=heads, heads_k=heads_k))
-    _, lse2 = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
+    _, lse2 = E.forward_pass(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     lse2 = torch.ceil(lse2)  # an integer log-sum-exp >= the row maximum: 2^(s - lse) is exact
     return q, k, v, do, o, lse2, cu_q, cu_k
 
@@ -198,13 +199,13 @@ def check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, he
     q, k, v, do, o, lse2, cu_q, cu_k = _exact_backward_inputs(device, name, lens_q, lens_k, heads, heads_k, causal)
     lq, lk = max(lens_q), max(lens_k or lens_q)
     got = fused_backward(config_for(design), q, k, v, o, lse2.T.contiguous(), do, cu_q, cu_k, lq, lk, LN2, causal)
-    want = E._backward(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
+    want = E.backward_pass(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
     # sum_j |a_j| |b_j| of each output: the emulation's own backward with |operands| in its last GEMMs
     # (its scale multiply and GQA group sum included); its bf16 cast may round down by 2^-8 relative
     gemm = E._gemm_seq
     with monkeypatch.context() as m:
         m.setattr(E, "_gemm_seq", lambda a, bq, bhp, full: gemm(a.abs(), bq.abs(), bhp.abs(), full))
-        absolute = E._backward(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
+        absolute = E.backward_pass(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
     for what, g_, w_, a_, n in zip(("dq", "dk", "dv"), got, want, absolute, (lk, lq, lq)):
         # n terms plus two roundings (the scale multiply; NVFP4's row scale applied after the sum)
         tol32 = 2 * gamma(n + 2) * a_.double() * (1 + 2.0**-7)
@@ -259,7 +260,7 @@ def test_fuzzed_packings_forward_bitwise_and_backward_within_bound(packing):
     q, k, v, _, _, cu_q, cu_k = to(device, *exact_case(lens_q, lens_k, heads=heads, heads_k=heads_k))
     lq, lk = max(lens_q), max(lens_k or lens_q)
     out, _ = fused_forward(config_for(DESIGNS[name]), q, k, v, cu_q, cu_k, lq, lk, LN2, causal)
-    out_e, _ = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
+    out_e, _ = E.forward_pass(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out {packing}")
     with pytest.MonkeyPatch.context() as mp:
         check_backward_on_exact_inputs(device, mp, name, lens_q, lens_k, heads, heads_k, causal)
@@ -275,7 +276,7 @@ def test_random_inputs_deviate_from_the_spec_less_than_the_spec_errs(device, nam
     q, k, v, do, cu_q, cu_k = make_case([64, 1, 45], heads=2, dim=64, seed=7)
     ref = reference(q, k, v, do, cu_q, cu_k, causal=True)
     got = run(fused(name), *to(device, q, k, v, do, cu_q, cu_k), causal=True)
-    spec = run(builtin_kernels()[name].fn.emulated, q, k, v, do, cu_q, cu_k, causal=True)
+    spec = run(emulated_twin(builtin_kernels()[name].fn), q, k, v, do, cu_q, cu_k, causal=True)
     for what, g_, s_, r_ in zip(("out", "dq", "dk", "dv"), got, spec, ref):
         assert torch.isfinite(g_).all(), f"{name}: non-finite {what}"
         noise, error = rel_rmse(g_.cpu(), s_), rel_rmse(s_, r_)
@@ -341,13 +342,13 @@ def test_registry_dispatches_cuda_inputs_to_the_fused_kernels_and_keeps_the_emul
     kernels = builtin_kernels()
     for name in FUSED + ["flamia-mxfp8-floor"]:
         assert unsupported_reason(DESIGNS[name]) is None, name
-        assert hasattr(kernels[name].fn, "emulated"), f"{name} should dispatch to a fused kernel on CUDA"
+        assert emulated_twin(kernels[name].fn) is not None, f"{name} should dispatch to a fused kernel on CUDA"
     for name in ("fp8-tensor", "mxfp8-naive"):
         assert unsupported_reason(DESIGNS[name]), name
-        assert not hasattr(kernels[name].fn, "emulated"), f"{name} has no fused kernel"
+        assert emulated_twin(kernels[name].fn) is None, f"{name} has no fused kernel"
     q, k, v, do, cu_q, cu_k = make_case([20, 33], heads=2, dim=64, seed=2)
     a = run(kernels["flamia-mxfp8"].fn, q, k, v, do, cu_q, cu_k, causal=True)
-    b = run(kernels["flamia-mxfp8"].fn.emulated, q, k, v, do, cu_q, cu_k, causal=True)
+    b = run(emulated_twin(kernels["flamia-mxfp8"].fn), q, k, v, do, cu_q, cu_k, causal=True)
     assert all(torch.equal(x, y) for x, y in zip(a, b)), "CPU inputs must run the emulation"
 
 
@@ -371,7 +372,7 @@ def test_gpu_long_documents_on_exact_inputs(monkeypatch, name, causal):
     lens = [700, 129, 1030]
     q, k, v, _, _, cu_q, cu_k = to("cuda", *exact_case(lens, heads=2))
     out, _ = fused_forward(config_for(DESIGNS[name]), q, k, v, cu_q, cu_k, max(lens), max(lens), LN2, causal)
-    out_e, _ = E._forward(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
+    out_e, _ = E.forward_pass(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out (exact inputs)")
     check_backward_on_exact_inputs("cuda", monkeypatch, name, lens, None, 2, 2, causal)
 

@@ -23,16 +23,23 @@ The three FLAMIA fixes, as design switches (docs/kernels.md gives the reasoning 
   that multiplies V, so numerator and denominator agree and mass lost to underflow is lost from both.
   The backward rebuilds exactly these probabilities from the same quantized Q, K and the saved
   log-sum-exp.
+
+Tests that need a kernel with a bug planted inside the specification build it from the public
+building blocks: :func:`forward_pass` / :func:`backward_pass` (one design forward or backward, no
+autograd) and :func:`overriding`, which swaps one of the :data:`STEPS` (every GEMM, the causal mask,
+the causal-safe split, the sequence rounding, the probabilities) for the duration of a block.
 """
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
+from flamia_verify.convention import validate_varlen_inputs
 from flamia_verify.formats import (
     E4M3,
     ScaleRule,
@@ -40,7 +47,7 @@ from flamia_verify.formats import (
     nvfp4_fake_quantize,
     round_to_format,
 )
-from flamia_verify.kernels.convention import validate_varlen_inputs
+from flamia_verify.kernels.metadata import mark_builtin
 from flamia_verify.kernels.operands import Operand
 
 __all__ = [
@@ -52,9 +59,22 @@ __all__ = [
     "emulated_forward_with_lse",
     "attention_weights",
     "make_kernel",
-    "visible",
     "LOG2E",
     "LN2",
+    # the building blocks, for tests that plant a bug inside the specification
+    "STEPS",
+    "overriding",
+    "forward_pass",
+    "backward_pass",
+    "quantize_operand",
+    "seq_quantize",
+    "visible",
+    "full_block_mask",
+    "fallback_mask",
+    "gemm",
+    "probabilities",
+    "pow2_block_elements",
+    "recomputed_probabilities",
 ]
 
 LOG2E = 1.4426950408889634  # log2(e)
@@ -192,7 +212,7 @@ def quantize_operand(
     raise ValueError(f"unknown operand rounding {kind!r}")
 
 
-def _seq_quantize(x: torch.Tensor, quant: Quant, design: EmulatedDesign, cu: torch.Tensor, dtype) -> torch.Tensor:
+def seq_quantize(x: torch.Tensor, quant: Quant, design: EmulatedDesign, cu: torch.Tensor, dtype) -> torch.Tensor:
     """Quantize a packed (tokens, heads, dim) input along the sequence axis 0."""
     seg = cu if design.seq_blocks == "document" else None
     return quantize_operand(x, quant, 0, input_dtype=dtype, cu_seqlens=seg)
@@ -233,15 +253,21 @@ def full_block_mask(vis: torch.Tensor, block: int) -> torch.Tensor:
     return (counts == sizes)[:, blk]
 
 
+def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Every GEMM of the emulation: a (..., R, C) @ b (..., C, D) on float32 operands, accumulated in fp32
+    (``torch.matmul``). A step that :func:`overriding` can replace, e.g. with a narrower accumulator."""
+    return torch.matmul(a, b)
+
+
 def _gemm_seq(
     a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None
 ) -> torch.Tensor:
     """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision."""
     if full is None:
-        return torch.matmul(a, b_q)
+        return gemm(a, b_q)
     a_full = torch.where(full, a, a.new_zeros(()))
     a_part = torch.where(full, a.new_zeros(()), a)
-    return torch.matmul(a_full, b_q) + torch.matmul(a_part, b_hp)
+    return gemm(a_full, b_q) + gemm(a_part, b_hp)
 
 
 def _block_ids(n: int, block: int, device) -> torch.Tensor:
@@ -253,7 +279,7 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(e), e.clamp(-200, 200).to(torch.int32))
 
 
-def _probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, start_k: int, dtype):
+def probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, start_k: int, dtype):
     """Forward probabilities of one document.
 
     s2: (H, Lq, Lk) fp32 scores in log2 units (softmax_scale * log2(e) folded in), masked to -inf.
@@ -263,7 +289,7 @@ def _probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, 
     H, Lq, Lk = s2.shape
     if design.p_mode == "pow2-blocks":
         block = design.p_quant.block
-        elem, mb = _pow2_block_elements(s2, block)
+        elem, mb = pow2_block_elements(s2, block)
         m = mb.amax(dim=-1)  # (H, Lq)
         ids = _block_ids(Lk, block, s2.device)
         exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]
@@ -281,7 +307,7 @@ def _probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, 
     return p_used, l, m
 
 
-def _pow2_block_elements(s2: torch.Tensor, block: int):
+def pow2_block_elements(s2: torch.Tensor, block: int):
     """E4M3 elements 2^(s - M_b + 8) of P per ``block`` keys, M_b = ceil(block max of s) (log2 units)."""
     H, Lq, Lk = s2.shape
     nblk = (Lk + block - 1) // block
@@ -295,13 +321,13 @@ def _pow2_block_elements(s2: torch.Tensor, block: int):
     return elem, mb
 
 
-def _recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
+def recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
     """Backward probabilities A = P / l rebuilt from the recomputed scores and the saved lse (log2)."""
     finite = torch.isfinite(lse2)
     lse_safe = torch.where(finite, lse2, torch.zeros_like(lse2))
     if design.p_mode == "pow2-blocks":
         block = design.p_quant.block
-        elem, mb = _pow2_block_elements(s2, block)
+        elem, mb = pow2_block_elements(s2, block)
         ids = _block_ids(s2.shape[-1], block, s2.device)
         scale = torch.exp2(torch.nan_to_num(mb[..., ids], neginf=-1000.0) - P_POW2_OFFSET - lse_safe[..., None])
         a = elem * scale
@@ -340,7 +366,7 @@ def _log2_scale(scale: float) -> float:
 
 def _scores(q_hd, k_hd, groups: int, vis: torch.Tensor, qk_scale: float) -> torch.Tensor:
     """(H, Lq, Lk) fp32 scores of one document in log2 units, masked to -inf where not visible."""
-    s = torch.matmul(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
+    s = gemm(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
     return torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
 
 
@@ -350,33 +376,36 @@ def _lse2(l: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), l.new_full((), -math.inf))
 
 
-def _fallback_mask(design: "EmulatedDesign", quant: "Quant", vis: torch.Tensor, causal: bool):
+def fallback_mask(design: "EmulatedDesign", quant: "Quant", vis: torch.Tensor, causal: bool):
     """Where the causal-safe split applies: entries whose sequence block the row sees whole."""
     if design.diagonal_fallback and causal and quant.kind in ("mx", "nvfp4"):
         return full_block_mask(vis, quant.block)
     return None
 
 
-def _forward(design, q, k, v, cu_q, cu_k, scale, causal):
+def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
+    """The forward of ``design`` over a packed batch, without autograd: (out in q's dtype, lse2), lse2 the
+    log-sum-exp in log2 units, (total_q, nheads) fp32 (-inf for rows that saw no key). ``scale`` is the
+    softmax scale (a float), ``causal`` a bool; inputs as in the calling convention, already validated."""
     dtype = q.dtype
     H, Hk = q.shape[1], k.shape[1]
     groups = H // Hk
     qf, kf, vf = q.float(), k.float(), v.float()
     q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)
     k_hd = quantize_operand(kf, design.qk, -1, input_dtype=dtype)
-    v_seq = _seq_quantize(vf, design.v_seq, design, cu_k, dtype)
+    v_seq = seq_quantize(vf, design.v_seq, design, cu_k, dtype)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse2 = torch.full((q.shape[0], H), -math.inf, dtype=torch.float32, device=q.device)
     qk_scale = _log2_scale(scale)
     for q0, q1, k0, k1 in _documents(cu_q, cu_k):
         vis = visible(q1 - q0, k1 - k0, causal, q.device)
         s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
-        p_used, l, m = _probabilities(s2, vis, design, k0, dtype)
+        p_used, l, m = probabilities(s2, vis, design, k0, dtype)
         acc = _gemm_seq(
             p_used,
             _to_hld(_expand_kv(v_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
-            _fallback_mask(design, design.v_seq, vis, causal),
+            fallback_mask(design, design.v_seq, vis, causal),
         )
         ok = l > 0
         o = torch.where(ok[..., None], acc / torch.where(ok, l, torch.ones_like(l))[..., None], acc.new_zeros(()))
@@ -385,23 +414,25 @@ def _forward(design, q, k, v, cu_q, cu_k, scale, causal):
     return out.to(dtype), lse2
 
 
-def _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
+def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
+    """The backward of ``design`` from the forward's ``out`` and ``lse2`` (as :func:`forward_pass` returns
+    them) and the output gradient ``dout``: (dq, dk, dv) in q's dtype."""
     dtype = q.dtype
     H, Hk = q.shape[1], k.shape[1]
     groups = H // Hk
     qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.to(dtype).float()
     if design.recompute_from_seq:
-        q_s = _seq_quantize(qf, design.q_seq, design, cu_q, dtype)
-        k_s = _seq_quantize(kf, design.k_seq, design, cu_k, dtype)
+        q_s = seq_quantize(qf, design.q_seq, design, cu_q, dtype)
+        k_s = seq_quantize(kf, design.k_seq, design, cu_k, dtype)
         q_hd, k_hd = q_s, k_s
     else:
         q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)
         k_hd = quantize_operand(kf, design.qk, -1, input_dtype=dtype)
     do_hd = quantize_operand(dof, design.dp_quant, -1, input_dtype=dtype)
     v_hd = quantize_operand(vf, design.dp_quant, -1, input_dtype=dtype)
-    do_seq = _seq_quantize(dof, design.do_seq, design, cu_q, dtype)
-    k_seq = _seq_quantize(kf, design.k_seq, design, cu_k, dtype)
-    q_seq = _seq_quantize(qf, design.q_seq, design, cu_q, dtype)
+    do_seq = seq_quantize(dof, design.do_seq, design, cu_q, dtype)
+    k_seq = seq_quantize(kf, design.k_seq, design, cu_k, dtype)
+    q_seq = seq_quantize(qf, design.q_seq, design, cu_q, dtype)
     # D = rowsum(dO * O) from the output as the caller holds it (input dtype), fp32 sum
     delta = (dof * out.to(dtype).float()).sum(dim=-1)  # (Tq, H)
 
@@ -413,25 +444,25 @@ def _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
     for q0, q1, k0, k1 in _documents(cu_q, cu_k):
         vis = visible(q1 - q0, k1 - k0, causal, q.device)
         s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
-        a = _recomputed_probabilities(s2, vis, lse2[q0:q1].T, design)  # (H, Lq, Lk)
-        dp = torch.matmul(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
+        a = recomputed_probabilities(s2, vis, lse2[q0:q1].T, design)  # (H, Lq, Lk)
+        dp = gemm(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
         ds = a * (dp - delta[q0:q1].T[..., None])
         # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
         at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
-        dv_d = _gemm_seq(at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), _fallback_mask(design, design.do_seq, vis.T, causal))
+        dv_d = _gemm_seq(at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), fallback_mask(design, design.do_seq, vis.T, causal))
         dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
         dk_d = _gemm_seq(
             dst,
             _to_hld(q_seq[q0:q1]),
             _to_hld(_round_input(qf[q0:q1], dtype)),
-            _fallback_mask(design, design.q_seq, vis.T, causal),
+            fallback_mask(design, design.q_seq, vis.T, causal),
         )
         dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
         dq_d = _gemm_seq(
             dsq,
             _to_hld(_expand_kv(k_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
-            _fallback_mask(design, design.k_seq, vis, causal),
+            fallback_mask(design, design.k_seq, vis, causal),
         )
         dq[q0:q1] = (dq_d * scale32).permute(1, 0, 2)
         dk[k0:k1] = (dk_d * scale32).permute(1, 0, 2)
@@ -442,10 +473,39 @@ def _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
     return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
 
+#: The steps of the emulation that :func:`overriding` replaces, each a function of this module that the
+#: forward and backward look up by name on every call: ``gemm`` (every GEMM), ``visible`` (the causal
+#: mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
+#: (rounding of an operand along the sequence), ``probabilities`` (the forward's P, l and m) and
+#: ``recomputed_probabilities`` (the weights the backward rebuilds).
+STEPS = ("gemm", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
+
+
+@contextlib.contextmanager
+def overriding(**steps: Callable):
+    """Within the block, the emulation runs the given replacements of its :data:`STEPS` (same
+    signatures), e.g. ``overriding(gemm=my_matmul)``; afterwards the original functions again.
+
+    This is how a test plants a bug inside the specification (another mask, a narrower accumulator):
+    the replacement may call the original, which stays reachable under its name captured before the
+    block. It changes this module for every caller, so it is for single-threaded tests only.
+    """
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        raise TypeError(f"unknown emulation step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}")
+    namespace = globals()
+    saved = {name: namespace[name] for name in steps}
+    namespace.update(steps)
+    try:
+        yield
+    finally:
+        namespace.update(saved)
+
+
 class _EmulatedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, design):
-        out, lse2 = _forward(design, q, k, v, cu_q, cu_k, scale, causal)
+        out, lse2 = forward_pass(design, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal, ctx.design = scale, causal, design
         return out
@@ -453,7 +513,7 @@ class _EmulatedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        dq, dk, dv = backward_pass(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -499,25 +559,26 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     q_hd = quantize_operand(q.float(), design.qk, -1, input_dtype=dtype)
     k_hd = quantize_operand(k.float(), design.qk, -1, input_dtype=dtype)
     s2 = _scores(q_hd, k_hd, groups, vis, qk_scale)
-    p_used, l, m = _probabilities(s2, vis, design, 0, dtype)
+    p_used, l, m = probabilities(s2, vis, design, 0, dtype)
     if not backward:
         ok = (l > 0)[..., None]
         return torch.where(ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(()))
     if design.recompute_from_seq:
-        q_s = _seq_quantize(q.float(), design.q_seq, design, cu_q, dtype)
-        k_s = _seq_quantize(k.float(), design.k_seq, design, cu_k, dtype)
+        q_s = seq_quantize(q.float(), design.q_seq, design, cu_q, dtype)
+        k_s = seq_quantize(k.float(), design.k_seq, design, cu_k, dtype)
         s2 = _scores(q_s, k_s, groups, vis, qk_scale)
-    return _recomputed_probabilities(s2, vis, _lse2(l, m), design)
+    return recomputed_probabilities(s2, vis, _lse2(l, m), design)
 
 
 def emulated_forward_with_lse(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale, causal):
     """Forward only: (out in q's dtype, lse in natural-log units, (total_q, nheads) fp32)."""
-    out, lse2 = _forward(design, q, k, v, cu_seqlens_q, cu_seqlens_k, float(softmax_scale), bool(causal))
+    out, lse2 = forward_pass(design, q, k, v, cu_seqlens_q, cu_seqlens_k, float(softmax_scale), bool(causal))
     return out, lse2 * LN2
 
 
 def make_kernel(design: EmulatedDesign):
-    """A plain function in the calling convention, carrying its design and recipe as attributes."""
+    """A plain function in the calling convention, carrying its design and recipe as attributes
+    (:mod:`flamia_verify.kernels.metadata`)."""
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         kernel.paths["PyTorch emulation"] += 1
@@ -526,13 +587,10 @@ def make_kernel(design: EmulatedDesign):
             softmax_scale=softmax_scale, causal=causal,
         )
 
-    kernel.paths = collections.Counter()  # calls (the report's environment lists the implementation that ran)
     kernel.__name__ = design.name.replace("-", "_")
     kernel.__qualname__ = kernel.__name__
     kernel.__doc__ = f"{design.name} (emulation): {design.description}"
-    kernel.design = design
-    kernel.recipe = design.recipe
-    return kernel
+    return mark_builtin(kernel, design)  # design, recipe, calls per implementation (kernels.metadata)
 
 
 def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: str) -> EmulatedDesign:

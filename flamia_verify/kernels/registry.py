@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from flamia_verify.errors import KernelLoadError
+from flamia_verify.kernels.metadata import kernel_recipe
 
 __all__ = ["LoadedKernel", "load_kernel", "builtin_kernels", "ENTRY_POINT_GROUP"]
 
@@ -132,8 +133,7 @@ def _attr(module, attr: str, spec: str, source: str) -> LoadedKernel:
         return obj
     if not callable(obj):
         raise KernelLoadError(f"{spec!r} is not callable ({type(obj).__name__})")
-    recipe = getattr(obj, "recipe", None)
-    return LoadedKernel(spec, obj, recipe if isinstance(recipe, str) else None, source, (obj.__doc__ or "").strip().split("\n")[0])
+    return LoadedKernel(spec, obj, kernel_recipe(obj), source, (obj.__doc__ or "").strip().split("\n")[0])
 
 
 def _entry_point_kernels() -> dict:
@@ -145,9 +145,8 @@ def load_kernel(spec) -> LoadedKernel:
     if isinstance(spec, LoadedKernel):
         return spec
     if callable(spec):
-        recipe = getattr(spec, "recipe", None)
         name = getattr(spec, "__qualname__", None) or type(spec).__name__
-        return LoadedKernel(name, spec, recipe if isinstance(recipe, str) else None, "callable")
+        return LoadedKernel(name, spec, kernel_recipe(spec), "callable")
     if not isinstance(spec, str) or not spec:
         raise KernelLoadError(f"kernel spec must be a non-empty string or a callable, got {spec!r}")
     builtins = builtin_kernels()

@@ -43,14 +43,14 @@ _VIS = "visible(q1 - q0, k1 - k0, causal, q.device)"
 # (path name, scope, the call that quantizes the operand along the sequence, the cu it uses, the
 # fallback call that guards its diagonal block, suffix (rows see a suffix: transposed masks))
 _SEQ_PATHS = (
-    ("V", "_forward", "v_seq = _seq_quantize(vf, design.v_seq, design, cu_k, dtype)", "cu_k", "cu_q",
-     "_fallback_mask(design, design.v_seq, vis, causal)", False),
-    ("dO", "_backward", "do_seq = _seq_quantize(dof, design.do_seq, design, cu_q, dtype)", "cu_q", "cu_k",
-     "_fallback_mask(design, design.do_seq, vis.T, causal)", True),
-    ("K", "_backward", "k_seq = _seq_quantize(kf, design.k_seq, design, cu_k, dtype)", "cu_k", "cu_q",
-     "_fallback_mask(design, design.k_seq, vis, causal)", False),
-    ("Q", "_backward", "q_seq = _seq_quantize(qf, design.q_seq, design, cu_q, dtype)", "cu_q", "cu_k",
-     "_fallback_mask(design, design.q_seq, vis.T, causal)", True),
+    ("V", "forward_pass", "v_seq = seq_quantize(vf, design.v_seq, design, cu_k, dtype)", "cu_k", "cu_q",
+     "fallback_mask(design, design.v_seq, vis, causal)", False),
+    ("dO", "backward_pass", "do_seq = seq_quantize(dof, design.do_seq, design, cu_q, dtype)", "cu_q", "cu_k",
+     "fallback_mask(design, design.do_seq, vis.T, causal)", True),
+    ("K", "backward_pass", "k_seq = seq_quantize(kf, design.k_seq, design, cu_k, dtype)", "cu_k", "cu_q",
+     "fallback_mask(design, design.k_seq, vis, causal)", False),
+    ("Q", "backward_pass", "q_seq = seq_quantize(qf, design.q_seq, design, cu_q, dtype)", "cu_q", "cu_k",
+     "fallback_mask(design, design.q_seq, vis.T, causal)", True),
 )
 
 # the operand roundings of a design (p_quant only sets P's block size in FLAMIA's pow2-block mode)
@@ -63,7 +63,7 @@ VARIANT_KIND_EDITS = (
     Edit("quantize_operand", '    if kind == "nvfp4":',
          '    if kind.startswith("mx-"):\n        return _mut.mx_variant(x, quant, axis, cu_seqlens, kind[3:])\n'
          '    if kind == "nvfp4":'),
-    Edit("_fallback_mask", 'quant.kind in ("mx", "nvfp4")', '(quant.kind.startswith("mx") or quant.kind == "nvfp4")'),
+    Edit("fallback_mask", 'quant.kind in ("mx", "nvfp4")', '(quant.kind.startswith("mx") or quant.kind == "nvfp4")'),
 )
 
 
@@ -73,7 +73,7 @@ def _k(k: int) -> str:
 
 def _mask() -> list[Mutant]:
     out = []
-    for scope, path in (("_forward", "forward"), ("_backward", "backward")):
+    for scope, path in (("forward_pass", "forward"), ("backward_pass", "backward")):
         for k in (1, 2, -1, -2):
             out.append(Mutant(
                 f"mask.{path}{_k(k)}", "mask",
@@ -150,7 +150,7 @@ def _cu() -> list[Mutant]:
             f"{cu.replace('cu_', 'cu_seqlens_')}",
             (Edit(scope, call, call.replace(f", {cu}, dtype)", f", {other}, dtype)")),),
         ))
-    for scope, path in (("_forward", "forward"), ("_backward", "backward")):
+    for scope, path in (("forward_pass", "forward"), ("backward_pass", "backward")):
         out.append(Mutant(
             f"cu.{path}-keys-from-cu_q", "cu",
             f"the {path} reads each document's keys at cu_seqlens_q (right only when Lq == Lk everywhere)",
@@ -162,12 +162,12 @@ def _cu() -> list[Mutant]:
 def _heads() -> list[Mutant]:
     sites = (
         ("scores", "_scores", "_expand_kv(k_hd, groups)", "K in S = QK^T (forward and recompute)"),
-        ("pv", "_forward", "_expand_kv(v_seq[k0:k1], groups)", "V in O = PV"),
-        ("pv-diagonal", "_forward", "_expand_kv(_round_input(vf[k0:k1], dtype), groups)",
+        ("pv", "forward_pass", "_expand_kv(v_seq[k0:k1], groups)", "V in O = PV"),
+        ("pv-diagonal", "forward_pass", "_expand_kv(_round_input(vf[k0:k1], dtype), groups)",
          "V of the diagonal block (the input-precision path only)"),
-        ("dp", "_backward", "_expand_kv(v_hd[k0:k1], groups)", "V in dP = dO V^T"),
-        ("dq", "_backward", "_expand_kv(k_seq[k0:k1], groups)", "K in dQ = dS K"),
-        ("dq-diagonal", "_backward", "_expand_kv(_round_input(kf[k0:k1], dtype), groups)",
+        ("dp", "backward_pass", "_expand_kv(v_hd[k0:k1], groups)", "V in dP = dO V^T"),
+        ("dq", "backward_pass", "_expand_kv(k_seq[k0:k1], groups)", "K in dQ = dS K"),
+        ("dq-diagonal", "backward_pass", "_expand_kv(_round_input(kf[k0:k1], dtype), groups)",
          "K of the diagonal block in dQ (the input-precision path only)"),
     )
     out = [Mutant(f"heads.{n}-repeat", "heads", f"GQA heads of {what} expanded with repeat, not repeat_interleave",
@@ -177,10 +177,10 @@ def _heads() -> list[Mutant]:
         old = f"{t} = {t}.view({shape}.shape[0], Hk, groups, {shape}.shape[2]).sum(dim=2)"
         out.append(Mutant(f"heads.{t}-group-sum", "heads",
                           f"{t.upper()} summed over the query heads of a group in the tiled (repeat) order",
-                          (Edit("_backward", old, f"{t} = _mut.reduce_groups_swapped({t}, Hk, groups)"),)))
+                          (Edit("backward_pass", old, f"{t} = _mut.reduce_groups_swapped({t}, Hk, groups)"),)))
     out.append(Mutant("heads.dk-group-sum-reversed", "heads",
                       "dK summed over a group's query heads in reverse order (another fixed fp32 order: correct)",
-                      (Edit("_backward", "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).sum(dim=2)",
+                      (Edit("backward_pass", "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).sum(dim=2)",
                             "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).flip(2).sum(dim=2)"),),
                       correct=True))
     return out
@@ -199,15 +199,15 @@ def _normalisation() -> list[Mutant]:
     return [
         Mutant("normalisation.no-rescale-after-256", "normalisation",
                "the online softmax stops rescaling after 256 keys: later row maxima do not rescale earlier keys",
-               (Edit("_probabilities", "exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]",
+               (Edit("probabilities", "exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]",
                      "exp = mb[..., ids] - P_POW2_OFFSET - _mut.running_max_without_rescale(mb, ids, m, 256 // block)"),)),
         Mutant("normalisation.backward-tile-lse", "normalisation",
                "the backward rebuilds P of each 128-key tile against the running normalizer of that tile",
-               (Edit("_recomputed_probabilities", "- P_POW2_OFFSET - lse_safe[..., None])",
+               (Edit("recomputed_probabilities", "- P_POW2_OFFSET - lse_safe[..., None])",
                      "- P_POW2_OFFSET - _mut.tile_lse(s2, lse_safe, 128))"),)),
         Mutant("normalisation.l-from-unrounded-p", "normalisation",
                "the row sum l is taken over the unrounded probabilities, not the P that multiplies V",
-               (Edit("_probabilities", "l = p_used.sum(dim=-1)\n        return p_used, l, m",
+               (Edit("probabilities", "l = p_used.sum(dim=-1)\n        return p_used, l, m",
                      "l = torch.exp2(torch.where(vis, s2 - m[..., None], s2.new_full((), -math.inf))).sum(dim=-1)\n"
                      "        return p_used, l, m"),)),
         Mutant("normalisation.p-offset+1", "normalisation",
@@ -215,37 +215,37 @@ def _normalisation() -> list[Mutant]:
                (Edit("", "P_POW2_OFFSET = 8", "P_POW2_OFFSET = 9"),)),
         Mutant("normalisation.delta-from-p-dp", "normalisation",
                "D = rowsum(P * dP) instead of rowsum(dO * O) (equal in exact arithmetic: correct)",
-               (Edit("_backward", "ds = a * (dp - delta[q0:q1].T[..., None])",
+               (Edit("backward_pass", "ds = a * (dp - delta[q0:q1].T[..., None])",
                      "ds = a * (dp - (a * dp).sum(dim=-1, keepdim=True))"),), correct=True),
         Mutant("normalisation.scale-folded-into-q", "normalisation",
                "softmax_scale multiplied into Q before Q is rounded (scores then need no scale: correct)",
-               (Edit("_forward", "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
+               (Edit("forward_pass", "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
                      "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)"),
-                Edit("_forward", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)"),
-                Edit("_backward", "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
+                Edit("forward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)"),
+                Edit("backward_pass", "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
                      "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)"),
-                Edit("_backward", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)")),
+                Edit("backward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)")),
                correct=True),
     ]
 
 
 def _reduction() -> list[Mutant]:
-    both = "return torch.matmul(a_full, b_q) + torch.matmul(a_part, b_hp)"
+    both = "return gemm(a_full, b_q) + gemm(a_part, b_hp)"
     return [
         Mutant("reduction.long-rows-random-order", "reduction",
                "GEMMs over more than 256 positions sum their 16-wide slices in a random order (split-K atomics)",
-               (Edit("_gemm_seq", "return torch.matmul(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
+               (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
                 Edit("_gemm_seq", both,
                      "return _mut.shuffled_matmul(a_full, b_q, min_len=256) + _mut.shuffled_matmul(a_part, b_hp, min_len=256)"))),
         Mutant("reduction.non-causal-random-order", "reduction",
                "only the non-causal path sums its GEMM slices in a random order",
-               (Edit("_gemm_seq", "return torch.matmul(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),)),
+               (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),)),
         Mutant("reduction.causal-random-order", "reduction",
                "only the causal path (diagonal split) sums its GEMM slices in a random order",
-               (Edit("_gemm_seq", both, "return _mut.shuffled_matmul(a_full, b_q) + torch.matmul(a_part, b_hp)"),)),
+               (Edit("_gemm_seq", both, "return _mut.shuffled_matmul(a_full, b_q) + gemm(a_part, b_hp)"),)),
         Mutant("reduction.reversed-order", "reduction",
                "every sequence GEMM sums its slices in reverse (another fixed order: correct)",
-               (Edit("_gemm_seq", "return torch.matmul(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
+               (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
                 Edit("_gemm_seq", both, "return _mut.reversed_matmul(a_full, b_q) + _mut.reversed_matmul(a_part, b_hp)")),
                correct=True),
     ]
@@ -256,13 +256,13 @@ def _inplace() -> list[Mutant]:
     bwd = "qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.to(dtype).float()\n"
     return [
         Mutant("inplace.k-causal", "inplace", "the causal forward subtracts K's mean from the caller's K in place",
-               (Edit("_forward", fwd, fwd + "    if causal:\n        _mut.write_in_place(k)\n"),)),
+               (Edit("forward_pass", fwd, fwd + "    if causal:\n        _mut.write_in_place(k)\n"),)),
         Mutant("inplace.k-non-causal", "inplace", "the non-causal forward subtracts K's mean in place",
-               (Edit("_forward", fwd, fwd + "    if not causal:\n        _mut.write_in_place(k)\n"),)),
+               (Edit("forward_pass", fwd, fwd + "    if not causal:\n        _mut.write_in_place(k)\n"),)),
         Mutant("inplace.v-gqa", "inplace", "the forward with GQA (groups > 1) centres V in place",
-               (Edit("_forward", fwd, fwd + "    if groups > 1:\n        _mut.write_in_place(v)\n"),)),
+               (Edit("forward_pass", fwd, fwd + "    if groups > 1:\n        _mut.write_in_place(v)\n"),)),
         Mutant("inplace.q-backward", "inplace", "the backward centres the saved Q (the caller's tensor) in place",
-               (Edit("_backward", bwd, bwd + "    _mut.write_in_place(q)\n"),)),
+               (Edit("backward_pass", bwd, bwd + "    _mut.write_in_place(q)\n"),)),
     ]
 
 

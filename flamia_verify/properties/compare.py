@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from flamia_verify.reports.model import json_number
+from flamia_verify.results import json_number
 
 __all__ = ["Mismatch", "compare_bitwise", "compare_within", "locate", "FIRST_FEW"]
 

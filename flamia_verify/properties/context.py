@@ -20,8 +20,7 @@ from flamia_verify.properties.harness import BackwardSupport, KernelHarness, Ker
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.settings import Packing, SuiteSettings
 from flamia_verify.reference import attention_backward, attention_forward
-from flamia_verify.reports.metrics import threshold_verdict
-from flamia_verify.reports.model import CheckResult
+from flamia_verify.results import CheckResult, higher_is_better, threshold_verdict
 
 __all__ = ["CheckContext", "RefOutputs", "violations"]
 
@@ -227,8 +226,6 @@ class CheckContext:
 
 
 def _direction(key: str) -> str:
-    from flamia_verify.reports.metrics import higher_is_better
-
     return ">=" if higher_is_better(key) else "<="
 
 

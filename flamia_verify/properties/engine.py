@@ -1,5 +1,5 @@
 """Running the checks: ``run_checks`` resolves the kernel, recipe, suite and thresholds, probes the
-kernel, runs every selected check and returns the :class:`~flamia_verify.reports.model.Report`.
+kernel, runs every selected check and returns the :class:`~flamia_verify.results.Report`.
 
 Failure handling:
 
@@ -33,7 +33,9 @@ from typing import Callable
 
 import torch
 
+from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
+from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.kernels.registry import LoadedKernel, load_kernel
 from flamia_verify.properties.cases import Case, dtype_name, make_inputs
@@ -42,7 +44,7 @@ from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec, all_specs
 from flamia_verify.properties.settings import SUITES, suite_settings
 from flamia_verify.properties.thresholds import resolve_thresholds
-from flamia_verify.reports.model import FAMILIES, CheckResult, Report
+from flamia_verify.results import FAMILIES, CheckResult, Report
 
 __all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks"]
 
@@ -107,14 +109,12 @@ def _version(dist: str) -> str | None:
 
 
 def environment(device: str) -> dict:
-    import flamia_verify
-
     if device.startswith("cuda") and torch.cuda.is_available():
         dev_name = torch.cuda.get_device_name(torch.device(device))
     else:
         dev_name = platform.processor() or platform.machine() or "cpu"
     return {
-        "flamia_verify": flamia_verify.__version__,
+        "flamia_verify": __version__,
         "torch": torch.__version__,
         "triton": _version("triton"),
         "cuda": torch.version.cuda,
@@ -260,7 +260,7 @@ def run_checks(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     loaded, recipe = resolve_kernel(kernel, recipe)
-    paths_before = dict(getattr(loaded.fn, "paths", {}))
+    paths_before = dict(kernel_paths(loaded.fn) or {})
     specs = select_checks(list_checks(suite), only)
     device = _resolve_device(device)
     ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
@@ -321,9 +321,10 @@ def run_checks(
         raise
     report.complete = True
     report.incomplete_reason = None
-    if hasattr(loaded.fn, "paths"):  # a built-in kernel: which implementation ran, call by call
+    paths = kernel_paths(loaded.fn)
+    if paths is not None:  # a built-in kernel: which implementation ran, call by call
         report.environment["kernel_paths"] = {
-            path: n - paths_before.get(path, 0) for path, n in sorted(loaded.fn.paths.items())
+            path: n - paths_before.get(path, 0) for path, n in sorted(paths.items())
             if n > paths_before.get(path, 0)}
     report.environment["kernel_calls"] = ctx.harness.calls
     report.environment["kernel_seconds"] = round(ctx.harness.seconds, 3)

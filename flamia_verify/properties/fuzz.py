@@ -46,7 +46,7 @@ from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.engine import ProgressEvent, _resolve_device, build_context, environment, resolve_kernel
 from flamia_verify.properties.harness import KernelCallError, KernelOutputs, _NoBackward
 from flamia_verify.properties.strategies import attention_cases
-from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.results import CheckResult, Report
 
 __all__ = ["FuzzResult", "fuzz", "replay_case", "search", "Search", "PROPERTIES"]
 

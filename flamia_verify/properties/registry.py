@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from flamia_verify.reports.model import FAMILIES
+from flamia_verify.results import FAMILIES
 
 __all__ = ["CheckSpec", "register", "all_specs", "ALL_SUITES"]
 

@@ -1,7 +1,7 @@
 """Float64 attention reference: forward (O, LSE) and analytic backward; varlen, causal, GQA; chunked.
 
 ``reference_attention`` follows the kernel calling convention (see
-:mod:`flamia_verify.kernels.convention`); ``attention_forward`` and ``attention_backward``
+:mod:`flamia_verify.convention`); ``attention_forward`` and ``attention_backward``
 are the two halves it is built from; ``naive_attention`` is the slow, obviously-correct
 twin (dense per document, autograd) that the tests hold the fast path to.
 """

@@ -36,8 +36,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from flamia_verify.convention import seqlens, validate_varlen_inputs
 from flamia_verify.errors import InputError
-from flamia_verify.kernels.convention import seqlens, validate_varlen_inputs
 
 __all__ = [
     "SCORE_BLOCK_BYTES",

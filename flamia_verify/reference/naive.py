@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from flamia_verify.kernels.convention import validate_varlen_inputs
+from flamia_verify.convention import validate_varlen_inputs
 
 __all__ = ["naive_attention"]
 

@@ -1,4 +1,5 @@
-"""Reports of a flamia-verify run: the model (report.json), its renderers and the regression gate.
+"""Reports of a flamia-verify run: report.json and its renderers, and the regression gate. The result
+model itself (`Report`, `CheckResult`, re-exported here) lives in `flamia_verify.results`.
 
 - `write_reports` / `load_report`: report.json, report.md, report.html, junit.xml (atomic writes; validation);
   `atomic_write_text` for a single rendered file (``flamia-verify report --html FILE``).
@@ -23,9 +24,9 @@ from flamia_verify.reports.html_report import render_html
 from flamia_verify.reports.junit import render_junit
 from flamia_verify.reports.markdown import render_markdown
 from flamia_verify.reports.metrics import KeyMetric, key_metric
-from flamia_verify.reports.model import SCHEMA, CheckResult, Report
 from flamia_verify.reports.store import atomic_write_text, load_report, write_reports
 from flamia_verify.reports.terminal import render_terminal
+from flamia_verify.results import SCHEMA, CheckResult, Report
 
 __all__ = [
     "SCHEMA",

@@ -73,8 +73,8 @@ from rich.text import Text
 
 from flamia_verify.errors import ConfigError
 from flamia_verify.reports.metrics import as_number, format_value, higher_is_better
-from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.wording import STATUS_MARK, printable
+from flamia_verify.results import CheckResult, Report
 
 __all__ = [
     "DEFAULT_FACTOR",

@@ -27,7 +27,8 @@ from flamia_verify.reports.metrics import (
     safe_json,
     threshold_verdict,
 )
-from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify._version import __version__
+from flamia_verify.results import CheckResult, Report
 from flamia_verify.reports.plots import (
     PLOT_KINDS,
     PlotSpecError,
@@ -274,8 +275,6 @@ def _checks_table(report: Report, anchors: dict[str, str]) -> str:
 
 def render_html(report: Report) -> str:
     """The whole report as one self-contained HTML page (see the module docstring)."""
-    from flamia_verify import __version__
-
     anchors = _anchors(report)
     word = verdict(report)
     failed = [c for c in report.checks if c.status in ("fail", "error")]

@@ -24,8 +24,8 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from flamia_verify.reports.metrics import format_value, higher_is_better, safe_json, threshold_verdict
-from flamia_verify.reports.model import CheckResult, Report
 from flamia_verify.reports.wording import case_seed, rerun_command, run_notes
+from flamia_verify.results import CheckResult, Report
 
 __all__ = ["render_junit"]
 

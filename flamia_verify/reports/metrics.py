@@ -3,19 +3,10 @@
 Every renderer (terminal, Markdown, HTML, JUnit) and `compare_reports` use these rules, so a check shows
 the same headline number everywhere.
 
-Values
-    Metrics and thresholds are JSON scalars. Non-finite floats arrive as the strings ``"nan"``, ``"inf"``
-    and ``"-inf"`` (see ``model.jsonable``); `as_number` reads them back as floats. Booleans are never
-    numbers here.
-
-Direction rule (`higher_is_better`)
-    A metric whose name ends in ``_min`` or starts with ``sqnr`` or ``cos`` is higher-is-better (a signal to
-    noise ratio, a cosine similarity, a lower limit); every other metric is lower-is-better (an error, a
-    ratio to the BF16 error, a count of violations, a leak). A threshold is checked against the metric of
-    the same name in that direction: lower-is-better passes when ``value <= threshold``, higher-is-better
-    when ``value >= threshold``; NaN never passes; a boolean or string threshold passes only on equality.
-    The check's own status, set by the check engine, is always authoritative: `threshold_verdict` only
-    annotates the numbers.
+Values and the direction rule
+    `as_number` (a metric value as a float), `higher_is_better` (which direction is better) and
+    `threshold_verdict` (a value against its threshold) are the result model's rules, defined in
+    `flamia_verify.results` (the checks use them too) and re-exported here for the renderers.
 
 Key metric rule (`key_metric`)
     - A check with thresholds shows a threshold key: for a failed check the first threshold that its
@@ -33,8 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flamia_verify.reports.model import CheckResult, jsonable
 from flamia_verify.reports.wording import printable
+from flamia_verify.results import CheckResult, as_number, higher_is_better, jsonable, threshold_verdict
 
 __all__ = [
     "KeyMetric",
@@ -49,25 +40,6 @@ __all__ = [
 
 #: Shown where a value is absent (no metric, no threshold).
 ABSENT = "—"
-
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
-
-
-def as_number(value: Any) -> float | None:
-    """The float a metric value stands for, or None when it is not a number (bool, text, None)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return _NONFINITE.get(value.strip().lower())
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        try:
-            return as_number(value.item())
-        except (TypeError, ValueError, RuntimeError):
-            return None
-    return None
-
 
 def format_value(value: Any) -> str:
     """A short, stable text for a metric or threshold value: 4 significant digits for floats; text with its
@@ -98,29 +70,6 @@ def format_threshold(metric: str, threshold: Any) -> str:
     if as_number(threshold) is None:
         return f"= {format_value(threshold)}"
     return f"{'≥' if higher_is_better(metric) else '≤'} {format_value(threshold)}"
-
-
-def higher_is_better(metric: str) -> bool:
-    """The direction rule: names ending in ``_min`` or starting with ``sqnr``/``cos`` are higher-is-better."""
-    name = metric.lower()
-    return name.endswith("_min") or name.startswith(("sqnr", "cos"))
-
-
-def threshold_verdict(metric: str, value: Any, threshold: Any) -> bool | None:
-    """True when `value` satisfies `threshold` under the direction rule, False when it violates it,
-    None when they cannot be compared (a value or threshold missing, or of different kinds)."""
-    if value is None or threshold is None:
-        return None
-    if isinstance(threshold, (bool, str)) and as_number(threshold) is None:
-        return value == threshold
-    v, t = as_number(value), as_number(threshold)
-    if v is None or t is None:
-        return None
-    if math.isnan(v):
-        return False
-    if math.isnan(t):
-        return None
-    return v >= t if higher_is_better(metric) else v <= t
 
 
 @dataclass(frozen=True)

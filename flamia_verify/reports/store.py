@@ -22,7 +22,7 @@ from flamia_verify.errors import ReportSchemaError
 from flamia_verify.reports.html_report import render_html
 from flamia_verify.reports.junit import render_junit
 from flamia_verify.reports.markdown import render_markdown
-from flamia_verify.reports.model import FAMILIES, SCHEMA, STATUSES, Report
+from flamia_verify.results import FAMILIES, SCHEMA, STATUSES, Report
 
 __all__ = ["REPORT_FILES", "atomic_write_text", "load_report", "report_json", "validate_report_data", "write_reports"]
 

@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric
-from flamia_verify.reports.model import Report
 from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, run_notes, verdict
+from flamia_verify.results import Report
 
 __all__ = ["STATUS_STYLE", "WIDE_CONSOLE", "check_line", "is_plain", "print_table", "render_terminal"]
 

@@ -9,7 +9,7 @@ import re
 import shlex
 from typing import Any
 
-from flamia_verify.reports.model import CheckResult, Report
+from flamia_verify.results import CheckResult, Report, run_notes
 
 __all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line",
            "run_notes", "verdict"]
@@ -42,23 +42,6 @@ def verdict(report: Report) -> str:
     if not getattr(report, "complete", True):
         return "INCOMPLETE"
     return "PASS" if report.passed else "FAIL"
-
-
-def run_notes(report: Report) -> list[str]:
-    """Sentences every renderer puts next to the verdict: an incomplete run, gradients not checked."""
-    notes = []
-    if not getattr(report, "complete", True):
-        notes.append(f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
-                     "listed ran; this is no verdict on the kernel.")
-    env = report.environment or {}
-    if env.get("backward") is False:
-        if env.get("forward_only"):
-            notes.append("Gradients were not checked: the kernel was declared forward-only, so dQ, dK and dV were "
-                         "never compared with the reference.")
-        else:
-            why = env.get("backward_reason") or "the backward did not run"
-            notes.append(f"Gradients were not checked: {why}.")
-    return notes
 
 
 def counts_line(report: Report) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from unittest import mock
 
 import torch
 
@@ -80,7 +79,7 @@ def _distinct_paths(design):
 def _fallback_off(path: str, slack: int):
     design = _distinct_paths(FLAMIA_MXFP8)
     field = PATHS[path]
-    original = E._fallback_mask
+    original = E.fallback_mask
 
     def fallback(design_, quant, vis, causal):
         full = original(design_, quant, vis, causal)
@@ -88,7 +87,7 @@ def _fallback_off(path: str, slack: int):
             return full
         return _slack_block_mask(vis, quant.block, slack)
 
-    within = functools.partial(mock.patch.object, E, "_fallback_mask", fallback)
+    within = functools.partial(E.overriding, fallback_mask=fallback)
     return _split_kernel(design, design, within=within)
 
 
@@ -119,7 +118,7 @@ def _top_left_when(longer: str):
         return _VISIBLE(lq, lk, causal, device)
 
     return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8,
-                         within=functools.partial(mock.patch.object, E, "visible", visible))
+                         within=functools.partial(E.overriding, visible=visible))
 
 
 top_left_if_lq_gt_lk = _tag(

@@ -32,7 +32,7 @@ from dataclasses import replace
 import torch
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
+from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
 
 E4M3_MAX = 448.0
 MX_BLOCK = 32
@@ -56,7 +56,7 @@ class _Split(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, fwd_design, bwd_design, within):
         with within():
-            out, lse2 = _forward(fwd_design, q, k, v, cu_q, cu_k, scale, causal)
+            out, lse2 = forward_pass(fwd_design, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal, ctx.bwd, ctx.within = scale, causal, bwd_design, within
         return out
@@ -65,7 +65,7 @@ class _Split(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         with ctx.within():
-            dq, dk, dv = _backward(ctx.bwd, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+            dq, dk, dv = backward_pass(ctx.bwd, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from unittest import mock
 
 import torch
 
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import Quant, _backward, _forward
+from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass
 from flamia_verify.mutation import Edit, Mutant, mutant_kernel
 from flamia_verify.mutation.table import VARIANT_KIND_EDITS
 
@@ -59,7 +58,7 @@ class _Patched(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, design, fwd_patch, bwd_patch):
         with (fwd_patch or _nothing)(cu_q, cu_k):
-            out, lse2 = _forward(design, q, k, v, cu_q, cu_k, scale, causal)
+            out, lse2 = forward_pass(design, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal, ctx.design, ctx.bwd_patch = scale, causal, design, bwd_patch
         return out
@@ -68,7 +67,7 @@ class _Patched(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         with (ctx.bwd_patch or _nothing)(cu_q, cu_k):
-            dq, dk, dv = _backward(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+            dq, dk, dv = backward_pass(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -93,7 +92,7 @@ def _patched_kernel(fwd_patch=None, bwd_patch=None, design=FLAMIA_MXFP8):
 # cu_seqlens_q and cu_seqlens_k confused (visible only where they differ)
 # ---------------------------------------------------------------------------------------------
 
-_SEQ_QUANTIZE = E._seq_quantize
+_SEQ_QUANTIZE = E.seq_quantize
 
 
 def _as_offsets(cu: torch.Tensor, length: int) -> torch.Tensor:
@@ -114,7 +113,7 @@ def _swap_offsets(replace_k: bool):
                 cu = _as_offsets(cu_k, x.shape[0])
             return _SEQ_QUANTIZE(x, quant, design, cu, dtype)
 
-        return mock.patch.object(E, "_seq_quantize", seq_quantize)
+        return E.overriding(seq_quantize=seq_quantize)
 
     return patch
 
@@ -158,8 +157,8 @@ _SHUFFLED = f"tile={TILE}, min_len={LONG_ROW}"
 
 long_row_tile_order = _tag(
     _mutant("long_row_tile_order", "sequence GEMMs over > 256 positions sum 64-wide tiles in a random order",
-            Edit("_gemm_seq", "return torch.matmul(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
-            Edit("_gemm_seq", "return torch.matmul(a_full, b_q) + torch.matmul(a_part, b_hp)",
+            Edit("_gemm_seq", "return gemm(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
+            Edit("_gemm_seq", "return gemm(a_full, b_q) + gemm(a_part, b_hp)",
                  f"return _mut.shuffled_matmul(a_full, b_q, {_SHUFFLED}) + _mut.shuffled_matmul(a_part, b_hp, "
                  f"{_SHUFFLED})")), "mxfp8",
     ("determinism.repeat",),
@@ -172,7 +171,7 @@ long_row_tile_order = _tag(
 # backward probabilities normalized per key tile
 # ---------------------------------------------------------------------------------------------
 
-_RECOMPUTED = E._recomputed_probabilities
+_RECOMPUTED = E.recomputed_probabilities
 
 
 def _tile_normalized(tile: int):
@@ -193,7 +192,7 @@ def _tile_normalized(tile: int):
         return out
 
     def patch(cu_q, cu_k):
-        return mock.patch.object(E, "_recomputed_probabilities", recomputed)
+        return E.overriding(recomputed_probabilities=recomputed)
 
     return patch
 
@@ -216,7 +215,7 @@ bwd_tile_normalized_64 = _tag(
 # online softmax that stops rescaling after 256 keys
 # ---------------------------------------------------------------------------------------------
 
-_PROBABILITIES = E._probabilities
+_PROBABILITIES = E.probabilities
 #: the forward's key tile (its online-softmax step)
 FWD_TILE = 64
 
@@ -230,7 +229,7 @@ def _stale_rescale_probabilities(s2, vis, design, start_k, dtype):
     lk = s2.shape[-1]
     if lk <= LONG_ROW or design.p_mode != "pow2-blocks":
         return p_used, l, m
-    _, mb = E._pow2_block_elements(s2, design.p_quant.block)  # (H, Lq, nblk), -inf where masked
+    _, mb = E.pow2_block_elements(s2, design.p_quant.block)  # (H, Lq, nblk), -inf where masked
     ntiles = (lk + FWD_TILE - 1) // FWD_TILE
     per_tile = FWD_TILE // design.p_quant.block
     pad = ntiles * per_tile - mb.shape[-1]
@@ -248,7 +247,7 @@ def _stale_rescale_probabilities(s2, vis, design, start_k, dtype):
 
 
 def _stale_rescale_patch(cu_q, cu_k):
-    return mock.patch.object(E, "_probabilities", _stale_rescale_probabilities)
+    return E.overriding(probabilities=_stale_rescale_probabilities)
 
 
 skip_rescale_after_256 = _tag(

@@ -48,14 +48,13 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from unittest import mock
 from dataclasses import replace
 
 import torch
 
 from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels import emulation as E
-from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
+from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
 from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one, _mx_truncate,
                          _split_kernel, _v_quant_kernel)
 
@@ -100,7 +99,7 @@ class _OneGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, which, change):
-        out, lse2 = _forward(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
+        out, lse2 = forward_pass(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal, ctx.which, ctx.change = scale, causal, which, change
         return out
@@ -108,9 +107,9 @@ class _OneGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        grads = list(_backward(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal))
+        grads = list(backward_pass(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal))
         out2, dout2 = ctx.change(out, dout, cu_q)
-        grads[ctx.which] = _backward(FLAMIA_MXFP8, q, k, v, out2, lse2, dout2, cu_q, cu_k, ctx.scale, ctx.causal)[ctx.which]
+        grads[ctx.which] = backward_pass(FLAMIA_MXFP8, q, k, v, out2, lse2, dout2, cu_q, cu_k, ctx.scale, ctx.causal)[ctx.which]
         return (*grads, None, None, None, None, None, None)
 
 
@@ -220,7 +219,7 @@ def _top_left_visible(lq: int, lk: int, causal: bool, device=None) -> torch.Tens
 
 
 #: the emulation with its visibility rule swapped (forward and backward read ``visible``)
-_top_left_masks = functools.partial(mock.patch.object, E, "visible", _top_left_visible)
+_top_left_masks = functools.partial(E.overriding, visible=_top_left_visible)
 
 
 #: the quick suite's base packing (50, 1, 77) against (64, 3, 40) keys has Lq < Lk and Lq > Lk; its
@@ -246,7 +245,7 @@ class _FiniteFallback(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
         design = FLAMIA_MXFP8 if _finite(q, k, v) else BF16
-        out, lse2 = _forward(design, q, k, v, cu_q, cu_k, scale, causal)
+        out, lse2 = forward_pass(design, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal, ctx.design = scale, causal, design
         return out
@@ -255,7 +254,7 @@ class _FiniteFallback(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         design = ctx.design if _finite(dout) else BF16
-        dq, dk, dv = _backward(design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        dq, dk, dv = backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None
 
 
@@ -480,13 +479,13 @@ ACC_SLICE = 32  # the contraction slice one tensor-core instruction sums (K = 32
 
 
 def _sliced_matmul(slice_sum, add):
-    """A torch.matmul whose contraction runs in 32-long slices, as a tensor core's instructions do:
+    """An emulation ``gemm`` whose contraction runs in 32-long slices, as a tensor core's instructions do:
     ``slice_sum(a_s, b_s)`` gives each slice's result and ``add(acc, part)`` accumulates them (fp32
-    operands only, the emulation's GEMMs; anything else goes to torch.matmul)."""
+    operands only; anything else goes to torch.matmul)."""
 
-    def matmul(a, b, *args, **kwargs):
-        if args or kwargs or a.dtype != torch.float32 or b.dtype != torch.float32:
-            return _MATMUL(a, b, *args, **kwargs)
+    def matmul(a, b):
+        if a.dtype != torch.float32 or b.dtype != torch.float32:
+            return _MATMUL(a, b)
         acc = None
         for s in range(0, a.shape[-1], ACC_SLICE):
             part = slice_sum(a[..., s:s + ACC_SLICE], b[..., s:s + ACC_SLICE, :])
@@ -497,10 +496,10 @@ def _sliced_matmul(slice_sum, add):
 
 
 def _within_matmul(matmul):
-    """FLAMIA MXFP8 with every torch.matmul of the kernel call (the emulation's GEMMs and the S
-    recompute) replaced by ``matmul``."""
+    """FLAMIA MXFP8 with every GEMM of the emulation (``emulation.gemm``: the sequence GEMMs, S and its
+    recompute, dP) replaced by ``matmul``."""
     return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8,
-                         within=functools.partial(mock.patch.object, torch, "matmul", matmul))
+                         within=functools.partial(E.overriding, gemm=matmul))
 
 
 def _to_bf16(x):

@@ -7,14 +7,15 @@ the emulation (:mod:`flamia_verify.kernels.emulation`) stays the specification a
   kernels (when Triton is installed and the design has a fused implementation) and everything else
   runs the emulation.
 * ``attention`` holds the kernels; ``quant`` the in-register quantizers (bit-exact twins of
-  :mod:`flamia_verify.formats`); ``bench`` the speed table of ``flamia-verify bench``.
+  :mod:`flamia_verify.formats`). The speed table of ``flamia-verify bench`` is :mod:`flamia_verify.bench`.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib.util
+
+from flamia_verify.kernels.metadata import kernel_design, mark_builtin
 
 __all__ = ["triton_available", "fused_supported", "fused_applies", "with_fused_dispatch"]
 
@@ -36,7 +37,7 @@ def with_fused_dispatch(emulated):
     """Wrap an emulated kernel (``emulation.make_kernel``): CUDA bf16/fp16 inputs with a power-of-two
     head_dim (``fused_applies``) run the fused Triton kernels of its design, everything else the
     emulation. Returns ``emulated`` unchanged when the design has no fused implementation."""
-    design = emulated.design
+    design = kernel_design(emulated)
     if not fused_supported(design):
         return emulated
 
@@ -54,11 +55,7 @@ def with_fused_dispatch(emulated):
     kernel.__name__ = emulated.__name__
     kernel.__qualname__ = emulated.__qualname__
     kernel.__doc__ = f"{design.name} (fused Triton on CUDA, emulation elsewhere): {design.description}"
-    kernel.design = design
-    kernel.recipe = emulated.recipe
-    kernel.emulated = emulated
-    kernel.paths = collections.Counter()  # calls per implementation (the report's environment lists them)
-    return kernel
+    return mark_builtin(kernel, design, emulated=emulated)  # calls per implementation: kernels.metadata
 
 
 def fused_applies(q, design=None) -> bool:

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from flamia_verify.kernels.convention import validate_varlen_inputs
+from flamia_verify.convention import validate_varlen_inputs
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
 from flamia_verify.kernels.triton.compat import patch_interpreter
 from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign

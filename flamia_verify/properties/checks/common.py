@@ -6,7 +6,7 @@ import torch
 
 from flamia_verify.properties.cases import Case
 from flamia_verify.properties.harness import KernelOutputs
-from flamia_verify.reports.model import json_number
+from flamia_verify.results import json_number
 
 __all__ = ["TENSORS", "GRADS", "tensors_of", "case_record", "worst_element"]
 

@@ -80,7 +80,7 @@ def resolve_kernel(spec) -> BenchKernel:
 def kernel_runner(spec, causal: bool, cu, seqlen: int):
     """forward(q, k, v) -> out for one kernel (a spec or a ``resolve_kernel`` result) in the varlen
     convention: documents of ``seqlen`` tokens at offsets ``cu``, softmax_scale head_dim^-0.5."""
-    from flamia_verify.kernels.convention import first_output
+    from flamia_verify.convention import first_output
 
     kernel = resolve_kernel(spec)
     if kernel.design is not None:

@@ -1,4 +1,4 @@
-"""The report model: what a run found, in the shape of report.json (schema flamia-verify/report/v1).
+"""The result model and the verdict rule: what a run found, in the shape of report.json (schema flamia-verify/report/v1).
 
     {"schema": "flamia-verify/report/v1", "kernel": ..., "recipe": ..., "suite": ..., "seed": ...,
      "environment": {...},
@@ -15,7 +15,23 @@ A run that did not finish (interrupted, crashed mid-run, reports written while i
 ``complete``, ``status`` (pass, fail or incomplete), ``incomplete_reason`` when incomplete, and
 ``gradients_checked`` / ``forward_only`` (from the environment: whether the backward was checked,
 whether the kernel was declared forward-only), and ``notes``, the sentences every renderer shows next
-to the verdict, when there are any.
+to the verdict, when there are any (`run_notes`).
+
+Values
+    Metrics and thresholds are JSON scalars. Non-finite floats are stored as the strings ``"nan"``,
+    ``"inf"`` and ``"-inf"`` (`jsonable`); `as_number` reads them back as floats. Booleans are never
+    numbers here.
+
+Direction rule (`higher_is_better`)
+    A metric whose name ends in ``_min`` or starts with ``sqnr`` or ``cos`` is higher-is-better (a signal to
+    noise ratio, a cosine similarity, a lower limit); every other metric is lower-is-better (an error, a
+    ratio to the BF16 error, a count of violations, a leak). A threshold is checked against the metric of
+    the same name in that direction: lower-is-better passes when ``value <= threshold``, higher-is-better
+    when ``value >= threshold``; NaN never passes; a boolean or string threshold passes only on equality
+    (`threshold_verdict`). The check's own status, set by the check engine, is always authoritative.
+
+This module sits low in the package: the checks build these results and the renderers read them, so it
+imports nothing of the package but its errors.
 """
 
 from __future__ import annotations
@@ -26,7 +42,8 @@ from typing import Any
 
 from flamia_verify.errors import ReportSchemaError
 
-__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "json_number", "jsonable"]
+__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "as_number", "higher_is_better",
+           "json_number", "jsonable", "run_notes", "threshold_verdict"]
 
 SCHEMA = "flamia-verify/report/v1"
 STATUSES = ("pass", "fail", "error", "skip")
@@ -64,6 +81,48 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
         return jsonable(value.item())
     return value
+
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+
+
+def as_number(value: Any) -> float | None:
+    """The float a metric value stands for, or None when it is not a number (bool, text, None)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return _NONFINITE.get(value.strip().lower())
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return as_number(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def higher_is_better(metric: str) -> bool:
+    """The direction rule: names ending in ``_min`` or starting with ``sqnr``/``cos`` are higher-is-better."""
+    name = metric.lower()
+    return name.endswith("_min") or name.startswith(("sqnr", "cos"))
+
+
+def threshold_verdict(metric: str, value: Any, threshold: Any) -> bool | None:
+    """True when `value` satisfies `threshold` under the direction rule, False when it violates it,
+    None when they cannot be compared (a value or threshold missing, or of different kinds)."""
+    if value is None or threshold is None:
+        return None
+    if isinstance(threshold, (bool, str)) and as_number(threshold) is None:
+        return value == threshold
+    v, t = as_number(value), as_number(threshold)
+    if v is None or t is None:
+        return None
+    if math.isnan(v):
+        return False
+    if math.isnan(t):
+        return None
+    return v >= t if higher_is_better(metric) else v <= t
 
 
 @dataclass
@@ -150,8 +209,6 @@ class Report:
             out["incomplete_reason"] = self.incomplete_reason or "the run did not finish"
         out["gradients_checked"] = self.gradients_checked
         out["forward_only"] = bool((self.environment or {}).get("forward_only", False))
-        from flamia_verify.reports.wording import run_notes  # wording reads the model: imported here
-
         notes = run_notes(self)
         if notes:  # what a reader must not miss: an incomplete run, gradients not checked
             out["notes"] = notes
@@ -201,3 +258,21 @@ class Report:
             environment=dict(data["environment"]),
             checks=[CheckResult.from_dict(c) for c in data["checks"]],
         )
+
+
+def run_notes(report: Report) -> list[str]:
+    """Sentences every renderer puts next to the verdict, and report.json's ``summary.notes``: an
+    incomplete run, gradients not checked."""
+    notes = []
+    if not getattr(report, "complete", True):
+        notes.append(f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
+                     "listed ran; this is no verdict on the kernel.")
+    env = report.environment or {}
+    if env.get("backward") is False:
+        if env.get("forward_only"):
+            notes.append("Gradients were not checked: the kernel was declared forward-only, so dQ, dK and dV were "
+                         "never compared with the reference.")
+        else:
+            why = env.get("backward_reason") or "the backward did not run"
+            notes.append(f"Gradients were not checked: {why}.")
+    return notes
