@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
+from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
-from flamia_verify.properties.settings import Packing, SuiteSettings
 from flamia_verify.reference import attention_backward, attention_forward
 from flamia_verify.reports.metrics import threshold_verdict
 from flamia_verify.reports.model import CheckResult
+from flamia_verify.settings import Packing, SuiteSettings, dtype_name
 
 __all__ = ["CheckContext", "RefOutputs", "violations"]
 
