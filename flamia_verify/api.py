@@ -35,6 +35,8 @@ def check(
     """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
 
     Returns a :class:`flamia_verify.Report`; with ``out`` the reports are also written there.
+    device: auto, cpu, cuda or cuda:N; dtype: bf16, fp16 or fp32, their torch names or torch dtypes
+    (:mod:`flamia_verify.settings`).
     forward_only declares a kernel without a backward: its gradient checks skip and the report says
     that gradients were not checked. Undeclared, a kernel whose backward is missing or raises fails.
     A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to

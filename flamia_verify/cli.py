@@ -3,12 +3,16 @@
     flamia-verify check  [--kernel SPEC] [--recipe NAME] [--suite quick|standard|full] [--device auto|cpu|cuda]
                          [--dtype bf16|fp16] [--seed N] [--out DIR] [--config FILE] [--only FAMILY ...]
     flamia-verify fuzz   --kernel SPEC [--recipe NAME] [--examples N] [--seed N] [--out DIR] [--replay CASE.json]
+                         [--device auto|cpu|cuda] [--dtype bf16|fp16] [--config FILE]
     flamia-verify bench  [--kernel SPEC ...] [--device cuda]
     flamia-verify compare BASE.json NEW.json
     flamia-verify report REPORT.json [--html FILE] [--md FILE]
     flamia-verify list
     flamia-verify mutate [--suite NAME] [--family F ...] [--mutant NAME ...] [--sample N] [--jobs N]
     flamia-verify train-parity --kernel SPEC [SPEC ...] [--preset tiny|small] [--steps N] [--out DIR]
+
+``--device`` also takes ``cuda:N`` (GPU N). check and fuzz read ``[tool.flamia-verify]`` (pyproject.toml
+here or ``--config FILE``); a flag wins over the file (flamia_verify.config says which keys each reads).
 
 Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
 (interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
@@ -235,10 +239,10 @@ def _report_names() -> tuple[str, ...]:
 
 def _cmd_check(args) -> int:
     from flamia_verify.config import load_config
-    from flamia_verify.settings import resolve_device, resolve_dtype
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
     from flamia_verify.reports import render_terminal, write_reports
+    from flamia_verify.settings import resolve_device, resolve_dtype
 
     cfg = load_config(args.config)
     spec = args.kernel or cfg.kernel or DEFAULT_KERNEL
