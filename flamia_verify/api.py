@@ -13,35 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from flamia_verify.settings import resolve_device, resolve_dtype
 
-from flamia_verify.errors import ConfigError
-
-__all__ = ["check", "fuzz", "resolve_device", "resolve_dtype"]
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` picks CUDA when a GPU is present, else the CPU; asking for an absent CUDA is an error."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu or auto")
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"device must be auto, cpu or cuda, got {device!r}")
-    return device
-
-
-def resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise ConfigError(f"dtype must be bf16 or fp16, got {dtype}")
-        return dtype
-    try:
-        return _DTYPES[str(dtype)]
-    except KeyError:
-        raise ConfigError(f"dtype must be bf16 or fp16, got {dtype!r}") from None
+__all__ = ["check", "fuzz"]
 
 
 def check(
@@ -61,6 +35,8 @@ def check(
     """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
 
     Returns a :class:`flamia_verify.Report`; with ``out`` the reports are also written there.
+    device: auto, cpu, cuda or cuda:N; dtype: bf16, fp16 or fp32, their torch names or torch dtypes
+    (:mod:`flamia_verify.settings`).
     forward_only declares a kernel without a backward: its gradient checks skip and the report says
     that gradients were not checked. Undeclared, a kernel whose backward is missing or raises fails.
     A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to

@@ -3,12 +3,16 @@
     flamia-verify check  [--kernel SPEC] [--recipe NAME] [--suite quick|standard|full] [--device auto|cpu|cuda]
                          [--dtype bf16|fp16] [--seed N] [--out DIR] [--config FILE] [--only FAMILY ...]
     flamia-verify fuzz   --kernel SPEC [--recipe NAME] [--examples N] [--seed N] [--out DIR] [--replay CASE.json]
+                         [--device auto|cpu|cuda] [--dtype bf16|fp16] [--config FILE]
     flamia-verify bench  [--kernel SPEC ...] [--device cuda]
     flamia-verify compare BASE.json NEW.json
     flamia-verify report REPORT.json [--html FILE] [--md FILE]
     flamia-verify list
     flamia-verify mutate [--suite NAME] [--family F ...] [--mutant NAME ...] [--sample N] [--jobs N]
     flamia-verify train-parity --kernel SPEC [SPEC ...] [--preset tiny|small] [--steps N] [--out DIR]
+
+``--device`` also takes ``cuda:N`` (GPU N). check and fuzz read ``[tool.flamia-verify]`` (pyproject.toml
+here or ``--config FILE``); a flag wins over the file (flamia_verify.config says which keys each reads).
 
 Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
 (interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
@@ -33,8 +37,9 @@ from flamia_verify.errors import (
     KernelLoadError,
     UsageError,
 )
+from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "device_arg", "DEVICE_METAVAR"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_KERNEL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader closed the pipe
@@ -74,6 +79,19 @@ def _on_sigterm(signum, frame):
     raise _Terminated("SIGTERM")
 
 
+#: how --device shows its values in --help
+DEVICE_METAVAR = "{" + ",".join(DEVICES) + "}"
+
+
+def device_arg(text: str) -> str:
+    """argparse type of ``--device``: a name of :data:`flamia_verify.settings.DEVICES`, checked here
+    (exit 2 naming the accepted values) and resolved against the machine's devices when the command runs."""
+    try:
+        return check_device(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line on stderr, exit 2
         self.exit(EXIT_USAGE, f"flamia-verify: error: {message} (see `{self.prog} --help`)\n")
@@ -90,11 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kernel", help=f"built-in name, module:function or file.py:function (default {DEFAULT_KERNEL})")
     c.add_argument("--recipe", help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4); "
                                     "built-in kernels carry their own")
-    c.add_argument("--suite", choices=("quick", "standard", "full"),
+    c.add_argument("--suite", choices=SUITES,
                    help="how many and how large the cases are (see above; default quick)")
-    c.add_argument("--device", choices=("auto", "cpu", "cuda"),
-                   help="where the kernel and its inputs live (default auto: cuda when a GPU is present)")
-    c.add_argument("--dtype", choices=("bf16", "fp16"), help="dtype of q, k, v and dO (default bf16)")
+    c.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR,
+                   help="where the kernel and its inputs live: cuda:N is GPU N (default auto: cuda when a GPU "
+                        "is present)")
+    c.add_argument("--dtype", choices=CLI_DTYPES, help="dtype of q, k, v and dO (default bf16)")
     c.add_argument("--seed", type=int, help="seed every case is drawn from; the same seed gives the same cases (default 0)")
     c.add_argument("--out", help="directory for report.json, report.md, report.html, junit.xml (default ./flamia-report)")
     c.add_argument("--config", help="TOML file with [tool.flamia-verify] settings and thresholds "
@@ -106,19 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "Without it, a kernel whose backward is missing or raises fails")
 
     f = sub.add_parser("fuzz", help="fuzz a kernel over odd variable-length packings")
-    f.add_argument("--kernel", required=True, help="built-in name, module:function or file.py:function")
+    f.add_argument("--kernel", help="built-in name, module:function or file.py:function (required here or as "
+                                    "kernel in the config)")
     f.add_argument("--recipe", help="the precision recipe the kernel claims (built-in kernels carry their own)")
     f.add_argument("--examples", type=int, default=100, help="how many packings to draw (default 100)")
-    f.add_argument("--seed", type=int, default=0, help="seed of the search; the same seed draws the same packings (default 0)")
-    f.add_argument("--out", default="flamia-report",
+    f.add_argument("--seed", type=int, help="seed of the search; the same seed draws the same packings (default 0)")
+    f.add_argument("--out",
                    help="directory for the reports and fuzz-case.json, the minimal failing case (default ./flamia-report)")
-    f.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the kernel runs (default auto: cuda when a GPU is present)")
-    f.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="dtype of q, k, v and dO (default bf16)")
+    f.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR,
+                   help="where the kernel runs: cuda:N is GPU N (default auto: cuda when a GPU is present)")
+    f.add_argument("--dtype", choices=CLI_DTYPES, help="dtype of q, k, v and dO (default bf16)")
+    f.add_argument("--config", help="TOML file with [tool.flamia-verify] settings; fuzz reads kernel, recipe, device, "
+                                    "dtype, seed, out and forward_only from it, the flags win (default: "
+                                    "pyproject.toml here, if it has that table)")
     f.add_argument("--replay", metavar="CASE.json", help="rerun one reproducer written by an earlier fuzz run")
-    f.add_argument("--forward-only", action="store_true",
+    f.add_argument("--forward-only", action="store_true", default=None,
                    help="the kernel has no backward: fuzz the forward and say that gradients were not checked "
-                        "(without it, a missing or raising backward fails the run)")
+                        "(config: forward_only = true; without it, a missing or raising backward fails the run)")
 
     b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
     b.add_argument("--kernel", nargs="+", default=None,
@@ -215,11 +238,11 @@ def _report_names() -> tuple[str, ...]:
 
 
 def _cmd_check(args) -> int:
-    from flamia_verify.api import resolve_device, resolve_dtype
     from flamia_verify.config import load_config
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
     from flamia_verify.reports import render_terminal, write_reports
+    from flamia_verify.settings import resolve_device, resolve_dtype
 
     cfg = load_config(args.config)
     spec = args.kernel or cfg.kernel or DEFAULT_KERNEL
@@ -375,15 +398,26 @@ def _write_problem(exc: OSError, out: Path) -> str:
 
 
 def _cmd_fuzz(args) -> int:
-    from flamia_verify.api import resolve_device, resolve_dtype
+    """Fuzz (or replay one reproducer). The config's kernel, recipe, device, dtype, seed, out and
+    forward_only apply as in check, the flags winning; its suite, only, thresholds and case_timeout_s
+    are check's (fuzz judges every example against the rigorous bound and bitwise comparisons)."""
+    from flamia_verify.config import load_config
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import fuzz, replay_case
     from flamia_verify.reports import render_terminal, write_reports
     from flamia_verify.results import Report
+    from flamia_verify.settings import resolve_device, resolve_dtype
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype)
-    kernel = load_kernel(args.kernel)
+    cfg = load_config(args.config)
+    spec = args.kernel or cfg.kernel
+    if not spec:
+        raise UsageError("fuzz needs a kernel: --kernel SPEC (or kernel = \"SPEC\" in [tool.flamia-verify])")
+    device = resolve_device(args.device or cfg.device)
+    dtype = resolve_dtype(args.dtype or cfg.dtype)
+    seed = args.seed if args.seed is not None else cfg.seed
+    forward_only = bool(args.forward_only or cfg.forward_only)
+    out_dir = cfg.out if args.out is None else args.out
+    kernel = load_kernel(spec)
     console = _console()
     if args.replay:
         try:
@@ -398,9 +432,11 @@ def _cmd_fuzz(args) -> int:
             raise UsageError(f"replay file {args.replay!r} is not JSON: {exc}") from None
         if not isinstance(case, dict):
             raise UsageError(f"replay file {args.replay!r} must hold one JSON object (a fuzz reproducer)")
-        out = _prepare_out(args.out)
+        out = _prepare_out(out_dir)
+        # the recipe: --recipe, else the one the reproducer ran with, else the config's, else the kernel's
+        recipe = args.recipe or (None if case.get("recipe") else cfg.recipe)
         try:
-            result = replay_case(kernel, case, recipe=args.recipe, device=device)
+            result = replay_case(kernel, case, recipe=recipe, device=device)
         except FlamiaVerifyError:
             raise
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -416,10 +452,10 @@ def _cmd_fuzz(args) -> int:
         return EXIT_PASS if report.passed else EXIT_FAIL
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
-    out = _prepare_out(args.out)
+    out = _prepare_out(out_dir)
     try:
-        result = fuzz(kernel, recipe=args.recipe, examples=args.examples, seed=args.seed, device=device, dtype=dtype,
-                      forward_only=args.forward_only)
+        result = fuzz(kernel, recipe=args.recipe or cfg.recipe, examples=args.examples, seed=seed, device=device,
+                      dtype=dtype, forward_only=forward_only)
     except KernelCrashError:
         _remove_stale(out, _report_names() + ("fuzz-case.json",))
         raise
@@ -433,7 +469,7 @@ def _cmd_fuzz(args) -> int:
         tmp.write_text(json.dumps(result.reproducer, indent=2, sort_keys=True))
         tmp.replace(case_path)
         console.print(f"minimal failing case: {case_path}", markup=False, soft_wrap=True)
-        console.print(f"rerun it with: flamia-verify fuzz --kernel {args.kernel} --replay {case_path}",
+        console.print(f"rerun it with: flamia-verify fuzz --kernel {spec} --replay {case_path}",
                       markup=False, soft_wrap=True)
     for kind, path in paths.items():
         console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)

@@ -4,7 +4,7 @@
     kernel = "mypkg.attn:flash_varlen"   # kernel spec (command-line --kernel wins)
     recipe = "mxfp8"
     suite = "standard"                   # quick | standard | full
-    device = "auto"                      # auto | cpu | cuda
+    device = "auto"                      # auto | cpu | cuda | cuda:N
     dtype = "bf16"                       # bf16 | fp16
     seed = 0
     out = "flamia-report"
@@ -20,13 +20,19 @@
     warn_only = true                     # an option of a check: true or false
 
     [tool.flamia-verify.thresholds.suite]
-    seeds = 3                            # a suite setting (flamia_verify.properties.settings)
+    seeds = 3                            # a suite setting (flamia_verify.settings)
 
 A file given with ``--config`` may hold the same keys either under ``[tool.flamia-verify]`` or at its
 top level. An unknown key or a value of the wrong type is a configuration error (exit 2) that names it
 and the file; threshold tables are checked against the registered checks when the file is read
-(`flamia_verify.properties.thresholds.validate_overrides`). `flamia-verify list` shows every check;
-docs/checks.md its threshold keys and options.
+(`flamia_verify.properties.thresholds.validate_overrides`, by the rules of
+`flamia_verify.settings.validate_thresholds`). `flamia-verify list` shows every check; docs/checks.md
+its threshold keys and options.
+
+`check` reads every key but train_parity and compare_factor; `fuzz` reads kernel, recipe, device,
+dtype, seed, out and forward_only (its examples are judged against the rigorous bound and bitwise, so
+suite, only, thresholds and case_timeout_s do not apply to it); `compare` reads compare_factor;
+`train-parity` its own table. A command-line flag wins over the file.
 """
 
 from __future__ import annotations
@@ -38,12 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device
 
-__all__ = ["Config", "load_config", "SUITE_NAMES", "DEVICES", "DTYPES"]
-
-SUITE_NAMES = ("quick", "standard", "full")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("bf16", "fp16")
+__all__ = ["Config", "load_config"]
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "kernel": (str,),
@@ -65,7 +68,7 @@ TRAIN_PARITY_TYPES: dict[str, tuple[type, ...]] = {
     "preset": (str,), "steps": (int,), "tokens": (int,), "bf16_seeds": (int,), "seed": (int,),
     "max_gap": (int, float), "kernels": (list,),
 }
-_CHOICES = {"suite": SUITE_NAMES, "device": DEVICES, "dtype": DTYPES}
+_CHOICES = {"suite": SUITES, "dtype": CLI_DTYPES}
 
 
 @dataclass
@@ -104,6 +107,11 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
         _check_type(key, value, _TYPES[key], where)
         if key in _CHOICES and value not in _CHOICES[key]:
             raise ConfigError(f"{where}: {key} = {value!r} is not one of {', '.join(_CHOICES[key])}")
+        if key == "device":
+            try:
+                check_device(value)
+            except ConfigError:
+                raise ConfigError(f"{where}: device = {value!r} is not one of {', '.join(DEVICES)}") from None
         if key == "only" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: only must be a list of family or check names, got {value!r}")
         if key == "case_timeout_s" and not (0 < value < math.inf):

@@ -100,7 +100,7 @@ def test_sites_follow_the_recipe():
 
 
 def _rounding(kernel, recipe=None, dtype="bf16"):
-    from flamia_verify.properties.cases import DTYPES
+    from flamia_verify.settings import DTYPES
 
     report = run_checks(kernel, recipe=recipe, suite="quick", only=["bound.rounding"], dtype=DTYPES[dtype])
     return report.check("bound.rounding")

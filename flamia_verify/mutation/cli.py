@@ -1,7 +1,7 @@
 """``flamia-verify mutate``: the kill rate of a suite over the mutant table, and its false alarms.
 
     flamia-verify mutate [--suite quick|standard|full] [--family F ...] [--mutant NAME ...]
-                         [--sample N] [--jobs N] [--seed N] [--device cpu|cuda|auto]
+                         [--sample N] [--jobs N] [--seed N] [--device cpu|cuda|cuda:N|auto]
                          [--min-kill-rate R] [--out DIR] [--list]
 
 Writes DIR/mutation.json (every mutant's outcome and failing checks, the summary) and
@@ -19,6 +19,9 @@ __all__ = ["add_parser", "run", "render_markdown", "verdict"]
 
 
 def add_parser(sub) -> None:
+    from flamia_verify.cli import DEVICE_METAVAR, device_arg
+    from flamia_verify.settings import SUITES
+
     m = sub.add_parser(
         "mutate",
         help="kill rate of a suite over systematic mutants of the FLAMIA MXFP8 emulation",
@@ -28,7 +31,7 @@ def add_parser(sub) -> None:
         "alternative designs of the table. A bug is killed when a check fails or errors; a correct "
         "design must pass every check.",
     )
-    m.add_argument("--suite", choices=("quick", "standard", "full"), default="quick", help="the suite to measure (default quick)")
+    m.add_argument("--suite", choices=SUITES, default="quick", help="the suite to measure (default quick)")
     m.add_argument("--family", nargs="+", metavar="FAMILY", help="only mutants of these families (see --list)")
     m.add_argument("--mutant", nargs="+", metavar="NAME", help="only these mutants (see --list)")
     m.add_argument("--sample", type=int, default=0,
@@ -38,8 +41,8 @@ def add_parser(sub) -> None:
                    help="run every check on every bug (default: stop at the first family with a failing check)")
     m.add_argument("--jobs", type=int, default=1, help="processes to run mutants in (default 1)")
     m.add_argument("--seed", type=int, default=0, help="the suite's seed (default 0)")
-    m.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where the mutated emulation runs (default cpu)")
+    m.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR, default="cpu",
+                   help="where the mutated emulation runs: cuda:N is GPU N (default cpu)")
     m.add_argument("--min-kill-rate", type=float, default=None, metavar="R",
                    help="exit 1 when the kill rate is below R (0..1); false alarms always exit 1")
     m.add_argument("--out", default="flamia-report", help="directory for mutation.json and mutation.md (default ./flamia-report)")
@@ -102,11 +105,11 @@ def _print_table(mutants) -> None:
 
 
 def run(args) -> int:
-    from flamia_verify.api import resolve_device
     from flamia_verify.cli import _prepare_out
     from flamia_verify.errors import UsageError
     from flamia_verify.mutation.runner import run_mutants, summarize
     from flamia_verify.reports.store import atomic_write_text
+    from flamia_verify.settings import resolve_device
 
     chosen = _select(args)
     if args.list:

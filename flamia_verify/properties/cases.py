@@ -31,23 +31,19 @@ from typing import Any
 import torch
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.settings import DTYPES
 
 __all__ = [
     "Case",
     "Inputs",
     "DISTRIBUTIONS",
-    "DTYPES",
     "make_inputs",
     "make_tensors",
     "cu_from_lens",
-    "dtype_name",
-    "parse_dtype",
     "e4m3_grid",
 ]
 
 DISTRIBUTIONS = ("gaussian", "shifted", "heavy_tail", "outliers", "sink", "low_rank", "peaked")
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # outlier channels are this many times larger than the rest (the "outlier channels (x100)")
 OUTLIER_FACTOR = 100.0
@@ -55,23 +51,6 @@ OUTLIER_FACTOR = 100.0
 # keys of median 8.5, measured over seeds); its value row is scaled by SINK_VALUE
 SINK_STRENGTH = 2.5
 SINK_VALUE = 0.05
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, d in DTYPES.items():
-        if d == dtype:
-            return name
-    raise ConfigError(f"unsupported dtype {dtype}; choose one of: {', '.join(DTYPES)}")
-
-
-def parse_dtype(value: str | torch.dtype) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        dtype_name(value)
-        return value
-    try:
-        return DTYPES[value]
-    except KeyError:
-        raise ConfigError(f"unknown dtype {value!r}; choose one of: {', '.join(DTYPES)}") from None
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import torch
 
 from flamia_verify.kernels.bounds import RecipeBoundModel
 from flamia_verify.kernels.recipes import get_recipe
-from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
+from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
-from flamia_verify.properties.settings import Packing, SuiteSettings
 from flamia_verify.reference import attention_backward, attention_forward
 from flamia_verify.results import CheckResult, higher_is_better, threshold_verdict
+from flamia_verify.settings import Packing, SuiteSettings, dtype_name
 
 __all__ = ["CheckContext", "RefOutputs", "violations"]
 

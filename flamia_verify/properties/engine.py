@@ -38,13 +38,13 @@ from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.kernels.registry import LoadedKernel, load_kernel
-from flamia_verify.properties.cases import Case, dtype_name, make_inputs
+from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec, all_specs
-from flamia_verify.properties.settings import SUITES, suite_settings
 from flamia_verify.properties.thresholds import resolve_thresholds
 from flamia_verify.results import FAMILIES, CheckResult, Report
+from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
 
 __all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks"]
 
@@ -138,19 +138,9 @@ def resolve_kernel(kernel, recipe: str | None) -> tuple[LoadedKernel, str]:
     return loaded, chosen
 
 
-def _resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise ConfigError(f"unknown device {device!r}; use auto, cpu or cuda")
-    return device
-
-
 def build_context(loaded: LoadedKernel, recipe: str, *, suite: str, device: str, dtype, seed: int,
                   thresholds: dict | None, case_timeout_s: float | None, forward_only: bool = False) -> CheckContext:
-    dtype_name(dtype)
+    dtype = resolve_dtype(dtype)
     # inf is not "no limit" (None is): the timed wait overflows the platform's time_t
     if case_timeout_s is not None and not 0 < case_timeout_s < float("inf"):
         raise ConfigError(f"case_timeout_s must be a positive finite number of seconds (or None), got {case_timeout_s!r}")
@@ -236,7 +226,7 @@ def run_checks(
     recipe: str | None = None,
     suite: str = "quick",
     device: str = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     seed: int = 0,
     only: list[str] | None = None,
     thresholds: dict | None = None,
@@ -249,7 +239,8 @@ def run_checks(
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
     recipe: the kernel's own recipe when it declares one, else required. suite: quick, standard
-    or full. only: families (``["causal", "error"]``) or full check names. thresholds: overrides
+    or full. device: auto, cpu, cuda or cuda:N; dtype: bf16, fp16 or fp32 (a name or a torch dtype;
+    :func:`flamia_verify.settings.resolve_dtype`). only: families (``["causal", "error"]``) or full check names. thresholds: overrides
     ``{check_name: {key: value}}`` (and ``"suite": {setting: value}``). on_progress receives
     :class:`ProgressEvent`s; on_result each finished :class:`CheckResult`. case_timeout_s bounds
     each kernel call (a hung call makes its check ``error``). forward_only declares a kernel without
@@ -262,7 +253,8 @@ def run_checks(
     loaded, recipe = resolve_kernel(kernel, recipe)
     paths_before = dict(kernel_paths(loaded.fn) or {})
     specs = select_checks(list_checks(suite), only)
-    device = _resolve_device(device)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype)
     ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
                         thresholds=thresholds, case_timeout_s=case_timeout_s, forward_only=forward_only)
     report = Report(kernel=loaded.name, recipe=recipe, suite=suite, seed=seed, environment=environment(device))

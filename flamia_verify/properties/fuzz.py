@@ -40,13 +40,14 @@ from hypothesis.errors import NoSuchExample
 
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.bounds import attention_bounds
-from flamia_verify.properties.cases import Case, Inputs, dtype_name, make_inputs
+from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.checks.causal import _future_inputs, perturb_rows
 from flamia_verify.properties.compare import compare_bitwise, compare_within
-from flamia_verify.properties.engine import ProgressEvent, _resolve_device, build_context, environment, resolve_kernel
+from flamia_verify.properties.engine import ProgressEvent, build_context, environment, resolve_kernel
 from flamia_verify.properties.harness import KernelCallError, KernelOutputs, _NoBackward
 from flamia_verify.properties.strategies import attention_cases
 from flamia_verify.results import CheckResult, Report
+from flamia_verify.settings import DTYPES, dtype_name, resolve_device, resolve_dtype
 
 __all__ = ["FuzzResult", "fuzz", "replay_case", "search", "Search", "PROPERTIES"]
 
@@ -357,7 +358,7 @@ def fuzz(
     examples: int = 100,
     seed: int = 0,
     device: str = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     on_progress: Callable[[ProgressEvent], None] | None = None,
     max_tokens: int = MAX_TOKENS,
     long_tokens: int = LONG_TOKENS,
@@ -377,7 +378,8 @@ def fuzz(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     loaded, recipe = resolve_kernel(kernel, recipe)
-    device = _resolve_device(device)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype)
     ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dtype, seed=seed, thresholds=None,
                         case_timeout_s=None, forward_only=forward_only)
     start = time.perf_counter()
@@ -449,8 +451,8 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
     fields = {k: v for k, v in case.items() if k in _CASE_FIELDS}
     c = Case.from_dict(fields)
     loaded, recipe = resolve_kernel(kernel, recipe or case.get("recipe"))
-    device = _resolve_device(device)
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c.dtype]
+    device = resolve_device(device)
+    dt = DTYPES[c.dtype]
     ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None,
                         case_timeout_s=None)
     name = PROPERTIES[prop]

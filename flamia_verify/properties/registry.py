@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flamia_verify.results import FAMILIES
+from flamia_verify.settings import SUITES
 
-__all__ = ["CheckSpec", "register", "all_specs", "ALL_SUITES"]
-
-ALL_SUITES = ("quick", "standard", "full")
+__all__ = ["CheckSpec", "register", "all_specs"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class CheckSpec:
     name: str
     family: str
     description: str
-    suites: tuple[str, ...] = ALL_SUITES
+    suites: tuple[str, ...] = SUITES
     needs_backward: bool = False
     cost: float = 1.0  # relative run time, for the progress estimate
     fn: Callable | None = field(default=None, repr=False, compare=False)
@@ -44,7 +43,7 @@ def register(
     name: str,
     description: str,
     *,
-    suites: tuple[str, ...] = ALL_SUITES,
+    suites: tuple[str, ...] = SUITES,
     needs_backward: bool = False,
     cost: float = 1.0,
     defaults: Callable | None = None,

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from flamia_verify.properties.cases import DISTRIBUTIONS, DTYPES, Case
+from flamia_verify.properties.cases import DISTRIBUTIONS, Case
+from flamia_verify.settings import DTYPES
 
 __all__ = [
     "BOUNDARY_LENGTHS",

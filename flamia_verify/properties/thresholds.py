@@ -11,7 +11,7 @@ Every default is derived (docs/checks.md gives each derivation):
 * from the null distribution of a statistic (bias z-scores).
 
 Overrides have the shape ``{check_name: {key: value}}`` plus an optional ``"suite"`` entry with
-suite settings (see :mod:`flamia_verify.properties.settings`). A key is a threshold (a number; inf
+suite settings (see :mod:`flamia_verify.settings`). A key is a threshold (a number; inf
 switches it off) or a check's option (``causal.nan`` ``require_nan_keys``, ``determinism.repeat``
 ``warn_only``: true or false). Unknown names, keys and values of the wrong kind raise
 :class:`ConfigError` naming them (and the file they came from, when the config loader validates a
@@ -27,7 +27,7 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.kernels.operands import OPERANDS_REACHING
 from flamia_verify.kernels.recipes import RECIPES, get_recipe
-from flamia_verify.properties.settings import SETTING_KEYS
+from flamia_verify.settings import validate_thresholds
 
 __all__ = [
     "default_thresholds",
@@ -76,19 +76,6 @@ def default_thresholds(recipe: str, dtype: torch.dtype = torch.bfloat16) -> dict
     return {s.name: s.default_thresholds(recipe, dtype) for s in all_specs()}
 
 
-def _check_value(where: str, key: str, value, default) -> float | bool:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key!r} must be true or false, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: {key!r} must be a number, got {value!r}")
-    value = float(value)
-    if math.isnan(value) or value < 0:
-        raise ConfigError(f"{where}: {key!r} must be a non-negative number (inf allowed), got {value!r}")
-    return value
-
-
 def _known_keys(specs) -> tuple[dict[str, dict], dict[str, dict]]:
     """Every check's threshold keys and options with the kind of their defaults. The keys are the same
     for every recipe and dtype (only the values differ), so any recipe serves to list them."""
@@ -103,43 +90,8 @@ def validate_overrides(overrides, where: str | None = None) -> dict:
     every message; without it the messages name the mapping."""
     from flamia_verify.properties.registry import all_specs
 
-    def at(part: str) -> str:
-        return f"{where}: {part}" if where else part
-
-    if not isinstance(overrides, dict):
-        raise ConfigError(at(f"thresholds must be a mapping {{check_name: {{key: value}}}}, "
-                             f"got {type(overrides).__name__}"))
-    specs = {s.name: s for s in all_specs()}
-    thresholds, options = _known_keys(specs)
-    out: dict = {}
-    for name, entries in overrides.items():
-        if name == "suite":
-            if not isinstance(entries, dict):
-                raise ConfigError(at("thresholds['suite'] must be a mapping of suite settings"))
-            for key, value in entries.items():
-                if key not in SETTING_KEYS:
-                    raise ConfigError(at(f"unknown suite setting {key!r}; known: {', '.join(sorted(SETTING_KEYS))}"))
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(at(f"suite setting {key!r} must be a positive integer, got {value!r}"))
-            out[name] = dict(entries)
-            continue
-        if name not in specs:
-            raise ConfigError(at(f"unknown check {name!r} in thresholds; known checks: {', '.join(specs)}"))
-        if not isinstance(entries, dict):
-            raise ConfigError(at(f"thresholds[{name!r}] must be a mapping of threshold keys to values"))
-        checked = {}
-        for key, value in entries.items():
-            here = at(f"thresholds[{name!r}]")
-            if key in thresholds[name]:
-                checked[key] = _check_value(here, key, value, thresholds[name][key])
-            elif key in options[name]:
-                checked[key] = _check_value(here, key, value, options[name][key])
-            else:
-                known = sorted(list(thresholds[name]) + list(options[name]))
-                raise ConfigError(at(f"unknown key {key!r} for check {name!r}; known keys: "
-                                     f"{', '.join(known) if known else '(none)'}"))
-        out[name] = checked
-    return out
+    thresholds, options = _known_keys({s.name: s for s in all_specs()})
+    return validate_thresholds(overrides, thresholds, options, where)
 
 
 def resolve_thresholds(

@@ -10,8 +10,9 @@ import shlex
 from typing import Any
 
 from flamia_verify.results import CheckResult, Report, run_notes
+from flamia_verify.settings import SUITES
 
-__all__ = ["CHECK_SUITES", "STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line",
+__all__ = ["STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line",
            "run_notes", "verdict"]
 
 #: Emoji-free markers of a check's status, for every renderer.
@@ -76,10 +77,6 @@ def case_seed(report: Report, check: CheckResult) -> Any:
     return worst.get("seed", report.seed)
 
 
-#: The suites of `flamia-verify check`; a report of another suite (e.g. a fuzz run) gets no rerun command.
-CHECK_SUITES = ("quick", "standard", "full")
-
-
 def rerun_command(report: Report, check: CheckResult) -> str | None:
     """The command that re-runs the check's family with the run's kernel, recipe, suite and seed, or None
     when the report does not come from a `flamia-verify check` suite.
@@ -87,7 +84,7 @@ def rerun_command(report: Report, check: CheckResult) -> str | None:
     Arguments are quoted for a POSIX shell. The check engine derives each case from the run seed, so the
     same command reproduces the same cases; ``worst_case`` pins the single worst one.
     """
-    if report.suite not in CHECK_SUITES:
+    if report.suite not in SUITES:  # a report of another suite (a fuzz run) gets no rerun command
         return None
     args = ["flamia-verify", "check", "--kernel", report.kernel, "--recipe", report.recipe,
             "--suite", report.suite, "--seed", str(report.seed), "--only", check.family]

@@ -1,7 +1,7 @@
 """``flamia-verify train-parity``: train a small model with each kernel and gate on BF16's noise floor.
 
     flamia-verify train-parity --kernel SPEC [SPEC ...] [--preset tiny|small] [--steps N] [--tokens N]
-                               [--bf16-seeds N] [--seed N] [--max-gap SIGMAS] [--device auto|cpu|cuda]
+                               [--bf16-seeds N] [--seed N] [--max-gap SIGMAS] [--device auto|cpu|cuda|cuda:N]
                                [--out DIR] [--config FILE]
 
 Writes DIR/train-parity.json, .md and .html. Exit 0 when every kernel's gap is within --max-gap
@@ -31,6 +31,8 @@ the GPU run; docs/training.md)."""
 def add_parser(sub) -> None:
     import argparse
 
+    from flamia_verify.cli import DEVICE_METAVAR, device_arg
+
     t = sub.add_parser("train-parity", help="does a model trained with the kernel end within BF16's noise?",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--kernel", nargs="+", action="extend", metavar="SPEC",
@@ -42,24 +44,24 @@ def add_parser(sub) -> None:
     t.add_argument("--bf16-seeds", type=int, help="BF16 runs for the noise floor, >= 2 (default 3)")
     t.add_argument("--seed", type=int, help="seed of the weights and batches every kernel shares (default 0)")
     t.add_argument("--max-gap", type=float, help="fail a kernel whose |gap| exceeds this many sigmas (default 3)")
-    t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the model trains (default auto: cuda when a GPU is present)")
+    t.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR, default="auto",
+                   help="where the model trains: cuda:N is GPU N (default auto: cuda when a GPU is present)")
     t.add_argument("--out", default="flamia-report", help="directory for train-parity.json/.md/.html")
     t.add_argument("--config", help="TOML file whose [tool.flamia-verify.train_parity] table sets the defaults")
 
 
 def run(args) -> int:
-    from flamia_verify.api import resolve_device
     from flamia_verify.config import load_config
     from flamia_verify.errors import KernelCrashError, UsageError
     from flamia_verify.kernels import load_kernel
     from flamia_verify.reference import reference_attention
+    from flamia_verify.settings import resolve_device
     from flamia_verify.training.parity import PRESETS, run_parity, with_overrides
     from flamia_verify.training.report import PARITY_FILES, write_parity_reports
 
     conf = load_config(args.config).train_parity
     device = resolve_device(args.device)
-    preset = args.preset or conf.get("preset") or ("small" if device == "cuda" else "tiny")
+    preset = args.preset or conf.get("preset") or ("small" if device.startswith("cuda") else "tiny")
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     specs = args.kernel or conf.get("kernels")

@@ -164,7 +164,7 @@ def train_one(kernel: Callable, name: str, cfg: ParityConfig, corpus: Corpus, *,
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             evaluate(step + 1)
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     res.seconds = time.perf_counter() - t0
     return res
 

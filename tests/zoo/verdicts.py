@@ -30,7 +30,7 @@ def quiet_for_recipe(report, check) -> bool:
     if check.status == "pass":
         return True
     from flamia_verify.properties.checks.rounding import mx_sites
-    from flamia_verify.properties.cases import DTYPES
+    from flamia_verify.settings import DTYPES
 
     dtype = DTYPES.get(report.environment.get("dtype", "bf16"), DTYPES["bf16"])
     return check.name == "bound.rounding" and check.status == "skip" and not mx_sites(report.recipe, dtype)

@@ -23,7 +23,7 @@ from flamia_verify.properties.cases import cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.settings import OFF_DEFAULT_SCALE
+from flamia_verify.settings import OFF_DEFAULT_SCALE
 
 __all__ = ["bounds_for", "bound_ratio", "bound_report", "one_hot_keys_case", "uniform_keys_case", "uniform_queries_case", "exact_weight_model"]
 

@@ -47,6 +47,7 @@ from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, conservation_tolerance
+from flamia_verify.settings import DTYPES
 
 __all__ = ["constant_value_inputs", "one_hot_inputs"]
 
@@ -77,7 +78,7 @@ def constant_value_inputs(case: Case, *, sink: bool, device) -> Inputs:
     k[:, :, KEY_CHANNEL] = KAPPA
     q[:, :, QUERY_CHANNEL] = KAPPA
     k[:, :, QUERY_CHANNEL] = 0.0
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    dt = DTYPES[case.dtype]
     return Inputs(case, *(t.to(dt).to(device) for t in (q, k, v, do)), cu_from_lens(case.lens_q, device),
                   cu_from_lens(case.lens_k, device))
 
@@ -288,7 +289,7 @@ def one_hot_inputs(case: Case, device, window: int | None = None) -> Inputs:
 
     place(v, case.lens_k)
     place(do, case.lens_q)
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    dt = DTYPES[case.dtype]
     return Inputs(case, *((t.to(dt).to(device)) for t in (q * 4.0, k, v, do)), cu_from_lens(case.lens_q, device),
                   cu_from_lens(case.lens_k, device))
 

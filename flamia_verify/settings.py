@@ -1,0 +1,322 @@
+"""Settings every layer reads: the suites (names, cases, seeds and sizes), the device and dtype a run
+may ask for, and the rules a threshold override must follow.
+
+Suites: how many cases, seeds and sizes each check runs.
+
+    quick     small sizes (at most 256 tokens per call but one document of long_len = 512 keys), two
+              seeds per packing, every block-boundary residue of the causal documents; an emulated
+              kernel runs the whole suite in 10-18 s on the 2-core CPU (the CI machine), under 90 s
+    standard  more packings (many tiny documents, one long one, lengths around 32/64/128, GQA 4:1,
+              headdim 128), two seeds per packing, longer causal documents, a bounded fuzz pass; the
+              fused flamia-mxfp8 kernel ran it in 57 s on an H200 with an empty Triton cache, 20 s
+              with its kernels compiled (benchmarks/RESULTS.md)
+    full      everything, larger: four seeds, documents up to 2048 tokens, four heads
+
+Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distribution, softmax_scale,
+do_log2)``; in every suite one base packing passes a softmax_scale other than the default headdim^-0.5
+and one scales the upstream gradient dO by 2^-20.
+
+Devices (``--device``, ``device =``, ``device=``): ``auto`` (CUDA when a GPU is present, else the CPU),
+``cpu``, ``cuda`` or ``cuda:N`` (GPU number N); :func:`resolve_device` turns one into the device a
+run uses. Dtypes of q, k, v and dO: ``bf16`` and ``fp16`` on the command line and in the config
+(:data:`CLI_DTYPES`); the Python API also takes ``fp32`` (the checks handle float32 inputs), the
+long names ``bfloat16``, ``float16``, ``float32`` and the torch dtypes; :func:`resolve_dtype`.
+
+Threshold overrides have the shape ``{check_name: {key: value}}`` plus an optional ``"suite"`` entry
+of suite settings (:data:`SETTING_KEYS`); :func:`validate_thresholds` holds their rules, given the
+keys and options the registered checks know (``flamia_verify.properties.thresholds.validate_overrides``
+supplies those).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+import torch
+
+from flamia_verify.errors import ConfigError
+
+__all__ = [
+    "SUITES",
+    "SuiteSettings",
+    "suite_settings",
+    "Packing",
+    "SETTING_KEYS",
+    "DEVICES",
+    "DTYPES",
+    "CLI_DTYPES",
+    "check_device",
+    "resolve_device",
+    "resolve_dtype",
+    "dtype_name",
+    "validate_suite_overrides",
+    "validate_thresholds",
+    "threshold_value",
+]
+
+#: the suites of `flamia-verify check`, in increasing size
+SUITES = ("quick", "standard", "full")
+
+#: the device names a run accepts (``cuda:N`` stands for ``cuda:0``, ``cuda:1``, ...)
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+#: the input dtypes a run accepts, by name (the names a case and a fuzz reproducer record)
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+#: the dtypes the command line (``--dtype``) and the config (``dtype =``) offer
+CLI_DTYPES = ("bf16", "fp16")
+
+
+def check_device(text: Any) -> str:
+    """``text`` names a device of :data:`DEVICES` (``auto``, ``cpu``, ``cuda``, ``cuda:N``); returned as a
+    string, without looking at which devices are present. Anything else is a :class:`ConfigError`."""
+    if isinstance(text, torch.device):
+        text = str(text)
+    if not isinstance(text, str) or not _DEVICE.fullmatch(text):
+        raise ConfigError(f"unknown device {text!r}; use one of: {', '.join(DEVICES)}")
+    return text
+
+
+def resolve_device(text: Any) -> str:
+    """The device a run uses for ``text`` (see :func:`check_device`): ``auto`` picks ``cuda`` when a GPU
+    is present, else ``cpu``; asking for CUDA, or for a GPU number, that is not there is a ConfigError."""
+    text = check_device(text)
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cpu":
+        return text
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {text!r} was asked for but no CUDA device is available; use cpu or auto")
+    index = text.partition(":")[2]
+    if index and int(index) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(f"device {text!r} was asked for but this machine has {count} CUDA device"
+                          f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})")
+    return text
+
+
+def resolve_dtype(value: Any) -> torch.dtype:
+    """The torch dtype of q, k, v and dO for ``value``: a name of :data:`DTYPES` (``bf16``, ``fp16``,
+    ``fp32``), a long name (``bfloat16``, ``float16``, ``float32``) or one of those torch dtypes."""
+    if isinstance(value, torch.dtype):
+        if value in DTYPES.values():
+            return value
+    elif isinstance(value, str):
+        name = _DTYPE_ALIASES.get(value, value)
+        if name in DTYPES:
+            return DTYPES[name]
+    raise ConfigError(f"unknown dtype {value!r}; use one of: {', '.join(DTYPES)} "
+                      f"(or {', '.join(_DTYPE_ALIASES)})")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name (``bf16``, ``fp16``, ``fp32``) of a dtype :func:`resolve_dtype` accepts."""
+    resolved = resolve_dtype(dtype)
+    return next(name for name, d in DTYPES.items() if d == resolved)
+
+
+@dataclass(frozen=True)
+class Packing:
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...] | None = None
+    heads: int = 2
+    heads_k: int | None = None
+    headdim: int = 64
+    causal: bool = True
+    distribution: str = "gaussian"
+    softmax_scale: float | None = None  # None: headdim^-0.5, the default of the convention
+    do_log2: int = 0  # the upstream gradient dO x 2^do_log2 (kept inside the dtype's range)
+
+
+#: the upstream gradient of a base packing, as small as in training (loss / tokens, loss scaling): a
+#: power of two, so the reference gradients scale exactly; a gradient operand cast to FP8 without a
+#: scale flushes to 0 there
+SMALL_DO_LOG2 = -20
+
+#: a non-default softmax_scale for a base packing (1/sqrt(128) at headdim 64, 0.71x the default, not a
+#: power of two): a kernel that ignores the argument, or scales by the default, fails error and bound
+OFF_DEFAULT_SCALE = 0.0883
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    name: str
+    seeds: int  # seeds per base packing
+    base: tuple[Packing, ...]  # error, bound, bias, determinism and consistency.grad_forward_ratio
+    causal_len: int  # length of the documents the causal checks perturb
+    causal_positions: tuple[int, ...]  # positions t probed in every causal document (huge and tiny values)
+    causal_neighbours: bool  # also Lq < Lk, Lq > Lk and a document packed off the block grid
+    causal_headdims: tuple[int, ...]  # head_dims of the single causal document (a code path per head_dim)
+    causal_block: int  # the sequence-block grid whose boundaries are probed
+    causal_residues: tuple[int, ...]  # offsets from every block boundary probed: block ends and starts
+    isolation_len: int
+    isolation_layouts: tuple[tuple[int, int], ...]  # (tokens before, tokens after) the target document
+    special_len: int
+    repeats: int  # runs compared by determinism.repeat
+    heads: int = 2
+    headdim: int = 64
+    special_cases: int = 99  # at most this many cases per special check (the first ones)
+    #: keys of the long document that determinism, bound and bias add to their cases (longer than the
+    #: 256 keys where a kernel's tile loop, split-K or atomics typically start to matter)
+    long_len: int = 512
+    #: draws of every MX rounding probe (bound.rounding; each draw is one 64-token call per probe)
+    rounding_seeds: int = 1
+
+
+_QUICK = SuiteSettings(
+    name="quick",
+    seeds=2,
+    base=(
+        Packing((64, 130, 62), heads=2, heads_k=1, do_log2=SMALL_DO_LOG2),
+        # GQA with 1 < heads_k < heads: only here do repeat and repeat_interleave of the kv heads differ
+        Packing((50, 1, 77), (64, 3, 40), heads=4, heads_k=2, distribution="shifted"),
+        Packing((33, 96), causal=False, distribution="heavy_tail", softmax_scale=OFF_DEFAULT_SCALE),
+    ),
+    causal_len=96,
+    causal_positions=(0, 5, 31, 40, 63),
+    causal_neighbours=True,
+    causal_headdims=(64, 128),
+    causal_block=32,
+    causal_residues=(-2, -1, 0, 1),
+    isolation_len=45,
+    isolation_layouts=((13, 30), (32, 7), (1, 0)),
+    special_len=96,
+    repeats=2,
+    long_len=512,
+)
+
+_STANDARD = SuiteSettings(
+    name="standard",
+    seeds=2,
+    base=(
+        Packing((64, 130, 62), heads=2, heads_k=1, do_log2=SMALL_DO_LOG2),
+        Packing((50, 1, 77), (64, 3, 40), distribution="shifted"),
+        Packing((33, 96), causal=False, distribution="heavy_tail", softmax_scale=OFF_DEFAULT_SCALE),
+        Packing((1, 2, 3, 5, 8, 13, 1, 1, 21, 0, 34), heads=4, heads_k=1),
+        Packing((31, 32, 33, 63, 64, 65, 127, 128, 129), distribution="outliers"),
+        Packing((512,), heads=2, headdim=128, distribution="peaked"),
+        Packing((100, 20), (60, 150), heads=4, heads_k=2, causal=True, distribution="low_rank"),
+    ),
+    causal_len=160,
+    causal_positions=(0, 1, 5, 31, 32, 40, 63, 64, 100, 127, 128),
+    causal_neighbours=True,
+    causal_headdims=(64, 128),
+    causal_block=32,
+    causal_residues=(-2, -1, 0, 1),
+    isolation_len=77,
+    isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100)),
+    special_len=160,
+    repeats=3,
+    long_len=1024,
+    rounding_seeds=2,
+)
+
+_FULL = SuiteSettings(
+    name="full",
+    seeds=4,
+    base=_STANDARD.base
+    + (
+        Packing((1024, 1000), heads=4, heads_k=2, headdim=128),
+        Packing((2048,), heads=2, headdim=64, distribution="sink"),
+        Packing(tuple([17] * 40), heads=4, heads_k=4, causal=False),
+    ),
+    causal_len=320,
+    causal_positions=(0, 1, 5, 31, 32, 33, 40, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 300),
+    causal_neighbours=True,
+    causal_headdims=(64, 128, 256),
+    causal_block=32,
+    causal_residues=(-2, -1, 0, 1),
+    isolation_len=129,
+    isolation_layouts=((13, 30), (32, 7), (1, 0), (0, 64), (100, 100), (255, 3), (7, 300)),
+    special_len=320,
+    repeats=4,
+    heads=4,
+    long_len=2048,
+    rounding_seeds=4,
+)
+
+_BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
+
+#: suite settings a user may override (thresholds={"suite": {...}})
+SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int,
+                "special_cases": int, "long_len": int, "rounding_seeds": int}
+
+
+def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:
+    if name not in _BY_NAME:
+        raise ConfigError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}")
+    s = _BY_NAME[name]
+    if overrides:
+        s = replace(s, **validate_suite_overrides(overrides))
+    return s
+
+
+def _prefix(where: str | None) -> Callable[[str], str]:
+    return (lambda part: f"{where}: {part}") if where else (lambda part: part)
+
+
+def validate_suite_overrides(entries: Any, where: str | None = None) -> dict[str, int]:
+    """Suite settings a user overrides (``thresholds={"suite": {...}}``): keys of :data:`SETTING_KEYS`,
+    each a positive integer. ``where`` (a file and table) starts every message."""
+    at = _prefix(where)
+    if not isinstance(entries, Mapping):
+        raise ConfigError(at("thresholds['suite'] must be a mapping of suite settings"))
+    for key, value in entries.items():
+        if key not in SETTING_KEYS:
+            raise ConfigError(at(f"unknown suite setting {key!r}; known: {', '.join(sorted(SETTING_KEYS))}"))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(at(f"suite setting {key!r} must be a positive integer, got {value!r}"))
+    return dict(entries)
+
+
+def threshold_value(where: str, key: str, value: Any, default: Any) -> float | bool:
+    """One override of a check: an option (its default is a bool) takes true or false; a threshold
+    takes a non-negative number (inf switches it off), returned as a float."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key!r} must be true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: {key!r} must be a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ConfigError(f"{where}: {key!r} must be a non-negative number (inf allowed), got {value!r}")
+    return value
+
+
+def validate_thresholds(overrides: Any, thresholds: Mapping[str, Mapping[str, Any]],
+                        options: Mapping[str, Mapping[str, Any]], where: str | None = None) -> dict:
+    """Check ``overrides`` (``{check_name: {key: value}}`` and ``"suite"``) against the known checks:
+    ``thresholds`` and ``options`` map every check name to its threshold keys and its options, each
+    with a default of the kind its value must have. Returns the overrides with numbers as floats.
+    ``where`` (a file and table) starts every message; without it the messages name the mapping."""
+    at = _prefix(where)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(at(f"thresholds must be a mapping {{check_name: {{key: value}}}}, "
+                             f"got {type(overrides).__name__}"))
+    out: dict = {}
+    for name, entries in overrides.items():
+        if name == "suite":
+            out[name] = validate_suite_overrides(entries, where)
+            continue
+        if name not in thresholds:
+            raise ConfigError(at(f"unknown check {name!r} in thresholds; known checks: {', '.join(thresholds)}"))
+        if not isinstance(entries, Mapping):
+            raise ConfigError(at(f"thresholds[{name!r}] must be a mapping of threshold keys to values"))
+        checked = {}
+        here = at(f"thresholds[{name!r}]")
+        for key, value in entries.items():
+            if key in thresholds[name]:
+                checked[key] = threshold_value(here, key, value, thresholds[name][key])
+            elif key in options[name]:
+                checked[key] = threshold_value(here, key, value, options[name][key])
+            else:
+                known = sorted(list(thresholds[name]) + list(options[name]))
+                raise ConfigError(at(f"unknown key {key!r} for check {name!r}; known keys: "
+                                     f"{', '.join(known) if known else '(none)'}"))
+        out[name] = checked
+    return out
