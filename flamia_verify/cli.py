@@ -453,8 +453,8 @@ def _cmd_bench(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flamia_verify.kernels.triton.bench import bench_table, format_table, resolve_kernel
-    from flamia_verify.reports.terminal import print_table
     from flamia_verify.reports.model import jsonable
+    from flamia_verify.reports.terminal import print_table
 
     # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
     kernels = [resolve_kernel(spec) for spec in (args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"])]

@@ -3,7 +3,6 @@ reference, and the FLAMIA fixes held bitwise (and shown absent in the known-bad 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

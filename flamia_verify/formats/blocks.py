@@ -126,7 +126,7 @@ class ScaleRule(enum.Enum):
     - FLOOR: X = 2^(floor(log2 amax) - emax_elem); the largest elements saturate.
     """
 
-    def __new__(cls, value: str, doc: str) -> "ScaleRule":
+    def __new__(cls, value: str, doc: str) -> ScaleRule:
         member = object.__new__(cls)
         member._value_ = value
         member.__doc__ = doc

@@ -232,7 +232,7 @@ def encode(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = True) -> tor
     return code.to(torch.uint8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decode_table(fmt: ElementFormat) -> tuple[float, ...]:
     """Value of every code 0 .. 2^code_bits - 1, computed from the fields with exact math.ldexp."""
     values = []
@@ -267,7 +267,7 @@ def decode(codes: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
     return table[index]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _e8m0_table() -> tuple[float, ...]:
     # byte b -> 2^(b - 127) for b in 0..254 (byte 0 is 2^-127, an fp32 subnormal); 0xFF -> NaN
     return tuple(math.ldexp(1.0, b - C.E8M0_BIAS) for b in range(C.E8M0_MAX_BYTE + 1)) + (math.nan,)

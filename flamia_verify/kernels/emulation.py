@@ -320,7 +320,7 @@ def _lse2(l: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), l.new_full((), -math.inf))
 
 
-def _fallback_mask(design: "EmulatedDesign", quant: "Quant", vis: torch.Tensor, causal: bool):
+def _fallback_mask(design: EmulatedDesign, quant: Quant, vis: torch.Tensor, causal: bool):
     """Where the causal-safe split applies: entries whose sequence block the row sees whole."""
     if design.diagonal_fallback and causal and quant.kind in ("mx", "nvfp4"):
         return full_block_mask(vis, quant.block)

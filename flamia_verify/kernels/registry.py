@@ -13,10 +13,10 @@ import contextlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Callable
 
 from flamia_verify.errors import KernelLoadError
 

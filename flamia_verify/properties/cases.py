@@ -129,7 +129,7 @@ class Case:
     def total_k(self) -> int:
         return sum(self.lens_k)
 
-    def with_(self, **changes) -> "Case":
+    def with_(self, **changes) -> Case:
         if "headdim" in changes and "softmax_scale" not in changes:
             changes["softmax_scale"] = None  # the default follows the new headdim
         return replace(self, **changes)
@@ -141,7 +141,7 @@ class Case:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Case":
+    def from_dict(cls, data: dict[str, Any]) -> Case:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
@@ -195,10 +195,10 @@ class Inputs:
     def max_k(self) -> int:
         return max(self.case.lens_k, default=0)
 
-    def replace(self, **tensors) -> "Inputs":
+    def replace(self, **tensors) -> Inputs:
         return replace(self, **tensors)
 
-    def clone(self) -> "Inputs":
+    def clone(self) -> Inputs:
         return replace(self, q=self.q.clone(), k=self.k.clone(), v=self.v.clone(), do=self.do.clone())
 
 

@@ -8,8 +8,9 @@ ratio all read the same base runs). ``ctx.progress(f)`` reports how far the curr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -28,8 +28,8 @@ import importlib.metadata
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

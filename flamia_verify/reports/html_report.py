@@ -36,8 +36,15 @@ from flamia_verify.reports.plots import (
     prefix_svg_ids,
     render_plot_svg,
 )
-from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_notes,
-                                           verdict)
+from flamia_verify.reports.wording import (
+    STATUS_MARK,
+    case_seed,
+    counts_line,
+    printable,
+    rerun_command,
+    run_notes,
+    verdict,
+)
 
 __all__ = ["render_html"]
 

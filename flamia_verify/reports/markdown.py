@@ -19,8 +19,16 @@ from typing import Any
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.model import CheckResult, Report
-from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_line,
-                                           run_notes, verdict)
+from flamia_verify.reports.wording import (
+    STATUS_MARK,
+    case_seed,
+    counts_line,
+    printable,
+    rerun_command,
+    run_line,
+    run_notes,
+    verdict,
+)
 
 __all__ = ["md_escape", "render_markdown"]
 

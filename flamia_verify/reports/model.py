@@ -90,7 +90,7 @@ class CheckResult:
         return jsonable(asdict(self))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CheckResult":
+    def from_dict(cls, data: dict[str, Any]) -> CheckResult:
         missing = [k for k in ("name", "family", "status", "metrics", "thresholds", "worst_case") if k not in data]
         if missing:
             raise ReportSchemaError(f"check {data.get('name', '?')!r} lacks field(s) {', '.join(missing)}")
@@ -176,7 +176,7 @@ class Report:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Report":
+    def from_dict(cls, data: Any) -> Report:
         if not isinstance(data, dict):
             raise ReportSchemaError(f"a report must be a JSON object, got {type(data).__name__}")
         if data.get("schema") != SCHEMA:

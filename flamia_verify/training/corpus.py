@@ -97,7 +97,7 @@ class Batch:
     cu_seqlens: torch.Tensor  # int32 (B + 1,)
     max_seqlen: int
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(self.tokens.to(device), self.targets.to(device), self.cu_seqlens.to(device), self.max_seqlen)
 
 

@@ -48,17 +48,27 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from unittest import mock
 from dataclasses import replace
+from unittest import mock
 
 import torch
 
-from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels import emulation as E
+from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, _backward, _forward, make_kernel
-from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one, _mx_truncate,
-                         _split_kernel, _v_quant_kernel)
-
+from zoo.kernels import (
+    _STE,
+    E4M3_MAX,
+    MX_BLOCK,
+    _blockwise,
+    _e4m3_rne,
+    _flamia,
+    _GradQuant,
+    _mx_off_by_one,
+    _mx_truncate,
+    _split_kernel,
+    _v_quant_kernel,
+)
 
 
 def _tag(fn, recipe: str, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):

@@ -29,8 +29,8 @@ def quiet_for_recipe(report, check) -> bool:
     no operand as MXFP8 (bf16, fp8), so there is nothing for it to probe."""
     if check.status == "pass":
         return True
-    from flamia_verify.properties.checks.rounding import mx_sites
     from flamia_verify.properties.cases import DTYPES
+    from flamia_verify.properties.checks.rounding import mx_sites
 
     dtype = DTYPES.get(report.environment.get("dtype", "bf16"), DTYPES["bf16"])
     return check.name == "bound.rounding" and check.status == "skip" and not mx_sites(report.recipe, dtype)

@@ -19,7 +19,7 @@ import importlib.util
 __all__ = ["triton_available", "fused_supported", "fused_applies", "with_fused_dispatch"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """True when the ``triton`` package can be imported (it is never imported here)."""
     return importlib.util.find_spec("triton") is not None

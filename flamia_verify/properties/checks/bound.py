@@ -12,10 +12,9 @@ MX-exact E4M3 grid: with exact scores the bound is tight on the rounding of V, P
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
-
-from dataclasses import replace
 
 from flamia_verify.properties.bounds import attention_bounds, recipe_bound_model
 from flamia_verify.properties.cases import cu_from_lens

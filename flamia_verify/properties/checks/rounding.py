@@ -19,7 +19,6 @@ their rounding is not fixed by the recipe.
 
 from __future__ import annotations
 
-
 from flamia_verify.properties.bounds import attention_bounds, exact_operands_model, recipe_bound_model
 from flamia_verify.properties.checks.bound import bound_ratio
 from flamia_verify.properties.checks.common import case_record
