@@ -87,7 +87,7 @@ def _failure_block(report: Report, check: CheckResult) -> str:
             value, threshold = metrics.get(name), thresholds.get(name)
             limit = format_threshold(name, threshold) if name in thresholds else ""
             ok = threshold_verdict(name, value, threshold)
-            mark = {True: "within", False: "**outside**"}.get(ok, "")
+            mark = {True: "within", False: "**outside**", None: ""}.get(ok, "")
             cells = [md_escape(name), md_escape(format_value(value)), md_escape(limit) or "—", mark]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

@@ -112,7 +112,8 @@ def threshold_verdict(metric: str, value: Any, threshold: Any) -> bool | None:
     if value is None or threshold is None:
         return None
     if isinstance(threshold, (bool, str)) and as_number(threshold) is None:
-        return value == threshold
+        same: bool = value == threshold
+        return same
     v, t = as_number(value), as_number(threshold)
     if v is None or t is None:
         return None

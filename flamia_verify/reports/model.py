@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from flamia_verify.errors import ReportSchemaError
 
@@ -43,14 +43,14 @@ FAMILIES = (
 )
 
 
-def json_number(value) -> float | str:
+def json_number(value: Any) -> float | str:
     """A number as report.json holds it: a float, or "nan", "inf", "-inf" for the non-finite ones."""
-    value = float(value)
-    if math.isnan(value):
+    number = float(value)
+    if math.isnan(number):
         return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    return number
 
 
 def jsonable(value: Any) -> Any:
@@ -87,7 +87,7 @@ class CheckResult:
             raise ValueError(f"check name {self.name!r} must start with its family {self.family + '.'!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(asdict(self))
+        return cast(dict[str, Any], jsonable(asdict(self)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckResult:
@@ -186,7 +186,7 @@ class Report:
             raise ReportSchemaError(f"report lacks field(s) {', '.join(missing)}")
         if not isinstance(data["checks"], list):
             raise ReportSchemaError("report field 'checks' must be a list")
-        summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+        summary: dict[str, Any] = data["summary"] if isinstance(data.get("summary"), dict) else {}
         complete = summary.get("complete", True)
         if not isinstance(complete, bool):
             raise ReportSchemaError(f"report field 'summary.complete' must be a boolean, got {complete!r}")
