@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -225,12 +226,10 @@ def encode(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = True) -> tor
     if fmt.signed:
         code = code | (torch.signbit(r).to(torch.int32) << (fmt.exp_bits + fmt.man_bits))
     if fmt.has_inf:
-        assert fmt.inf_code is not None  # every format with Inf has its code
-        inf_code = fmt.inf_code | (torch.signbit(r).to(torch.int32) << 7)
+        inf_code = cast(int, fmt.inf_code) | (torch.signbit(r).to(torch.int32) << 7)
         code = torch.where(torch.isinf(r), inf_code, code)
     if fmt.has_nan:
-        assert fmt.nan_code is not None  # every format with NaN has its code
-        code = torch.where(nan, torch.full_like(code, fmt.nan_code), code)
+        code = torch.where(nan, torch.full_like(code, cast(int, fmt.nan_code)), code)
     return code.to(torch.uint8)
 
 
