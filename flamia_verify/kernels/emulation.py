@@ -490,18 +490,18 @@ def make_kernel(design: EmulatedDesign):
     """A plain function in the calling convention, carrying its design and recipe as attributes."""
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        kernel.paths["PyTorch emulation"] += 1
+        kernel.paths["PyTorch emulation"] += 1  # type: ignore[attr-defined]  # function attributes
         return emulated_attention(
             design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal,
         )
 
-    kernel.paths = collections.Counter()  # calls (the report's environment lists the implementation that ran)
+    kernel.paths = collections.Counter()  # type: ignore[attr-defined]  # calls (the report's environment lists the implementation that ran)
     kernel.__name__ = design.name.replace("-", "_")
     kernel.__qualname__ = kernel.__name__
     kernel.__doc__ = f"{design.name} (emulation): {design.description}"
-    kernel.design = design
-    kernel.recipe = design.recipe
+    kernel.design = design  # type: ignore[attr-defined]
+    kernel.recipe = design.recipe  # type: ignore[attr-defined]
     return kernel
 
 

@@ -42,7 +42,7 @@ def with_fused_dispatch(emulated):
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         use_fused = fused_applies(q, design)
-        kernel.paths["fused Triton" if use_fused else "PyTorch emulation"] += 1
+        kernel.paths["fused Triton" if use_fused else "PyTorch emulation"] += 1  # type: ignore[attr-defined]  # function attributes
         if use_fused:
             from flamia_verify.kernels.triton.attention import fused_attention
 
@@ -54,10 +54,10 @@ def with_fused_dispatch(emulated):
     kernel.__name__ = emulated.__name__
     kernel.__qualname__ = emulated.__qualname__
     kernel.__doc__ = f"{design.name} (fused Triton on CUDA, emulation elsewhere): {design.description}"
-    kernel.design = design
-    kernel.recipe = emulated.recipe
-    kernel.emulated = emulated
-    kernel.paths = collections.Counter()  # calls per implementation (the report's environment lists them)
+    kernel.design = design  # type: ignore[attr-defined]
+    kernel.recipe = emulated.recipe  # type: ignore[attr-defined]
+    kernel.emulated = emulated  # type: ignore[attr-defined]
+    kernel.paths = collections.Counter()  # type: ignore[attr-defined]  # calls per implementation (the report's environment lists them)
     return kernel
 
 
