@@ -84,9 +84,10 @@ class Case:
     """
 
     lens_q: tuple[int, ...]
-    lens_k: tuple[int, ...] | None = None
+    # None (the default) is filled in by __post_init__: the attributes always hold the type declared
+    lens_k: tuple[int, ...] = None  # type: ignore[assignment]
     heads: int = 2
-    heads_k: int | None = None
+    heads_k: int = None  # type: ignore[assignment]
     headdim: int = 64
     causal: bool = True
     distribution: str = "gaussian"

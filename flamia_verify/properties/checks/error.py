@@ -18,6 +18,7 @@ number people quote.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from flamia_verify.properties.bounds import recipe_bound_model
 from flamia_verify.properties.checks.common import case_record, worst_element
@@ -58,7 +59,7 @@ def normalized_error(ctx, case, tensor: str, rel: float) -> float:
 def _error_check(ctx, tensor: str):
     cases = ctx.base_cases()
     rows = []
-    worst = None
+    worst: Any = None  # the row of the largest normalized error
     for n, case in enumerate(cases):
         res = ctx.run(case)
         ref = ctx.reference(case)
