@@ -1,7 +1,7 @@
 # Two entry points (see README "Quick start"):
 #   make check   set up .venv and run `flamia-verify check` with its defaults
-#   make test    set up .venv, lint (ruff: pyflakes rules; lint-imports: the import layers in
-#                pyproject.toml) and run the whole test suite
+#   make test    set up .venv, lint (ruff; lint-imports: the import layers in pyproject.toml),
+#                type-check (mypy) and run the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -26,7 +26,8 @@ check: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 clean:
-	rm -rf $(VENV) flamia-report .pytest_cache .hypothesis
+	rm -rf $(VENV) flamia-report .pytest_cache .hypothesis .mypy_cache

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from flamia_verify.bench import bench_table, format_table  # noqa: E402
-from flamia_verify.results import jsonable  # noqa: E402
+from flamia_verify.bench import bench_table, format_table
+from flamia_verify.results import jsonable
 
 DEFAULT_KERNELS = ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
-from flamia_verify.kernels.triton.attention import fused_attention, kernel_resources  # noqa: E402
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.triton.attention import fused_attention, kernel_resources
 
 
 def main(argv=None) -> int:

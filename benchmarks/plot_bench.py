@@ -17,7 +17,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 STYLE = {"sdpa-cudnn": ("black", "--"), "sdpa-flash": ("grey", "--"), "bf16": ("tab:blue", "-"),
          "fp8": ("tab:red", "-"), "flamia-mxfp8": ("tab:green", "-"), "flamia-nvfp4": ("tab:purple", "-")}

@@ -16,12 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
-from flamia_verify.kernels.triton.attention import fused_backward, fused_forward  # noqa: E402
-from flamia_verify.kernels.triton.config import TileConfig, config_for, tile_multiples, tiles  # noqa: E402
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.triton.attention import fused_backward, fused_forward
+from flamia_verify.kernels.triton.config import TileConfig, config_for, tile_multiples, tiles
 
 # candidates for every design, (BM, BN, warps, stages[, split]); each kernel keeps those that are
 # multiples of its blocks (the fp8 design's 128-row blocks leave only 128-key / 128-query tiles along
@@ -68,7 +68,7 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
                 if phase == "fwd":
                     o2, _ = fused_forward(cfg, q, k, v, cu, cu, seqlen, seqlen, sc, causal, tile=t)
                     row["maxdiff"] = float((o2.float() - out.float()).abs().max())
-                    row["ms"] = _ms(lambda: fused_forward(cfg, q, k, v, cu, cu, seqlen, seqlen, sc, causal, tile=t),
+                    row["ms"] = _ms(lambda: fused_forward(cfg, q, k, v, cu, cu, seqlen, seqlen, sc, causal, tile=t),  # noqa: B023 (_ms calls it at once)
                                     rep)
                 else:
                     kw = {"tile_dkdv": t} if phase == "dkdv" else {"tile_dq": t}
@@ -76,7 +76,7 @@ def sweep(name: str, seqlen: int, tokens: int, heads: int, dim: int, causal: boo
                     idx = (1, 2) if phase == "dkdv" else (0,)
                     row["maxdiff"] = max(float((got[i].float() - ref_bwd[i].float()).abs().max()) for i in idx)
                     row["ms"] = _ms(lambda: fused_backward(cfg, q, k, v, out, lse, do, cu, cu, seqlen, seqlen, sc,
-                                                           causal, **kw), rep)
+                                                           causal, **kw), rep)  # noqa: B023 (_ms calls it at once)
             except Exception as exc:  # out of resources etc.
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
             print(row, flush=True)

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from flamia_verify.kernels.emulation import EmulatedDesign
 
 __all__ = ["bench_table", "format_table", "add_ratios", "resolve_kernel", "kernel_runner", "BenchKernel",
            "BASELINES", "attention_flops", "COLUMNS"]
@@ -51,8 +55,8 @@ class BenchKernel:
     kernel called in the convention (``loaded``); ``label`` names its rows."""
 
     label: str
-    design: object = None
-    loaded: object = None
+    design: EmulatedDesign | None = None
+    loaded: Any = None  # a LoadedKernel
 
 
 def resolve_kernel(spec) -> BenchKernel:
@@ -83,16 +87,17 @@ def kernel_runner(spec, causal: bool, cu, seqlen: int):
     from flamia_verify.convention import first_output
 
     kernel = resolve_kernel(spec)
-    if kernel.design is not None:
+    design = kernel.design
+    if design is not None:
         from flamia_verify.kernels.triton.attention import fused_attention
 
         def forward(q, k, v):
-            return fused_attention(kernel.design, q, k, v, cu, cu, seqlen, seqlen,
+            return fused_attention(design, q, k, v, cu, cu, seqlen, seqlen,
                                    softmax_scale=q.shape[-1] ** -0.5, causal=causal, validate=False)
 
         return forward
 
-    def forward(q, k, v):
+    def forward(q, k, v):  # type: ignore[no-redef]  # the other one is returned above
         out = kernel.loaded(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
         return first_output(out)  # (out, lse) tuples and lists, as check takes them
 
@@ -184,7 +189,7 @@ def _bench_rows(kernels: list[BenchKernel], device, *, seqlens, tokens, heads, h
                 row = {"kernel": label, "seqlen": seqlen, "batch": batch, "causal": c}
                 try:
                     if isinstance(kernel, str):  # an SDPA baseline
-                        res = measure(_sdpa_runner(kernel, *dense[:3], c), *dense, rep_ms)
+                        res = measure(_sdpa_runner(kernel, dense[0], dense[1], dense[2], c), *dense, rep_ms)
                     else:
                         res = measure(kernel_runner(kernel, c, cu, seqlen), q, k, v, do, rep_ms)
                     row.update(res)

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from flamia_verify._version import __version__
 from flamia_verify.errors import (
@@ -210,16 +211,16 @@ def _prepare_out(out: str) -> Path:
     before the checks spend their time, not after)."""
     if not out.strip():
         raise UsageError("--out must name a directory, got an empty string")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file, not a directory")
+    directory = Path(out)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"--out {str(directory)!r} is a file, not a directory")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create --out directory {str(out)!r}: {exc.strerror or exc}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise UsageError(f"--out directory {str(out)!r} is not writable")
-    return out
+        raise UsageError(f"cannot create --out directory {str(directory)!r}: {exc.strerror or exc}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--out directory {str(directory)!r} is not writable")
+    return directory
 
 
 def _remove_stale(out: Path, names) -> None:
@@ -271,7 +272,7 @@ def _cmd_check(args) -> int:
             line = check_line(result, len(finished), selected["total"], time.monotonic() - started)
             console.print(line, soft_wrap=True, crop=False)
 
-    writes = {"last": None, "cost": 0.0}
+    writes: dict[str, Any] = {"last": None, "cost": 0.0}
 
     def on_report(report_so_far):
         # marked incomplete: a run killed now leaves no verdict behind. Rendering grows with the checks
@@ -436,14 +437,14 @@ def _cmd_fuzz(args) -> int:
         # the recipe: --recipe, else the one the reproducer ran with, else the config's, else the kernel's
         recipe = args.recipe or (None if case.get("recipe") else cfg.recipe)
         try:
-            result = replay_case(kernel, case, recipe=recipe, device=device)
+            replayed = replay_case(kernel, case, recipe=recipe, device=device)
         except FlamiaVerifyError:
             raise
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             # kernel failures are caught inside; what escapes comes from the reproducer's fields
             raise UsageError(f"replay file {args.replay!r} is not a valid fuzz reproducer: {type(exc).__name__}: {exc}") from None
-        report = Report(kernel=kernel.name, recipe=result.worst_case["recipe"], suite="fuzz-replay",
-                        seed=int(case.get("seed", 0)), checks=[result])
+        report = Report(kernel=kernel.name, recipe=replayed.worst_case["recipe"], suite="fuzz-replay",
+                        seed=int(case.get("seed", 0)), checks=[replayed])
         paths = write_reports(report, out)
         render_terminal(report, console, plain=_plain(console))
         console.print(f"replayed {args.replay} with recipe {report.recipe}; reports:", markup=False, soft_wrap=True)

@@ -18,7 +18,7 @@ j <= i + (Lk - Lq). A query row with no visible key outputs 0 and gets 0 gradien
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -40,7 +40,7 @@ class AttentionKernel(Protocol):
         *,
         softmax_scale: float,
         causal: bool,
-    ) -> torch.Tensor | tuple: ...
+    ) -> torch.Tensor | tuple[Any, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def seqlens(cu: torch.Tensor) -> list[int]:
     return [b - a for a, b in zip(vals[:-1], vals[1:])]
 
 
-def first_output(result) -> torch.Tensor:
+def first_output(result: object) -> torch.Tensor:
     """A kernel may return out or a tuple whose first item is out."""
     if isinstance(result, (tuple, list)):
         if not result:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from flamia_verify.errors import ReportSchemaError
 
@@ -60,14 +60,14 @@ FAMILIES = (
 )
 
 
-def json_number(value) -> float | str:
+def json_number(value: Any) -> float | str:
     """A number as report.json holds it: a float, or "nan", "inf", "-inf" for the non-finite ones."""
-    value = float(value)
-    if math.isnan(value):
+    number = float(value)
+    if math.isnan(number):
         return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    return number
 
 
 def jsonable(value: Any) -> Any:
@@ -114,7 +114,8 @@ def threshold_verdict(metric: str, value: Any, threshold: Any) -> bool | None:
     if value is None or threshold is None:
         return None
     if isinstance(threshold, (bool, str)) and as_number(threshold) is None:
-        return value == threshold
+        same: bool = value == threshold
+        return same
     v, t = as_number(value), as_number(threshold)
     if v is None or t is None:
         return None
@@ -146,10 +147,10 @@ class CheckResult:
             raise ValueError(f"check name {self.name!r} must start with its family {self.family + '.'!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(asdict(self))
+        return cast(dict[str, Any], jsonable(asdict(self)))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CheckResult":
+    def from_dict(cls, data: dict[str, Any]) -> CheckResult:
         missing = [k for k in ("name", "family", "status", "metrics", "thresholds", "worst_case") if k not in data]
         if missing:
             raise ReportSchemaError(f"check {data.get('name', '?')!r} lacks field(s) {', '.join(missing)}")
@@ -233,7 +234,7 @@ class Report:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Report":
+    def from_dict(cls, data: Any) -> Report:
         if not isinstance(data, dict):
             raise ReportSchemaError(f"a report must be a JSON object, got {type(data).__name__}")
         if data.get("schema") != SCHEMA:
@@ -243,7 +244,7 @@ class Report:
             raise ReportSchemaError(f"report lacks field(s) {', '.join(missing)}")
         if not isinstance(data["checks"], list):
             raise ReportSchemaError("report field 'checks' must be a list")
-        summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+        summary: dict[str, Any] = data["summary"] if isinstance(data.get("summary"), dict) else {}
         complete = summary.get("complete", True)
         if not isinstance(complete, bool):
             raise ReportSchemaError(f"report field 'summary.complete' must be a boolean, got {complete!r}")

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -251,7 +252,7 @@ def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:
         raise ConfigError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}")
     s = _BY_NAME[name]
     if overrides:
-        s = replace(s, **validate_suite_overrides(overrides))
+        s = replace(s, **validate_suite_overrides(overrides))  # type: ignore[arg-type]  # keys: the int fields
     return s
 
 

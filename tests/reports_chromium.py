@@ -261,7 +261,7 @@ class Chromium:
             os.close(fd)
         self._profile.cleanup()
 
-    def __enter__(self) -> "Chromium":
+    def __enter__(self) -> Chromium:
         return self
 
     def __exit__(self, *exc: object) -> None:

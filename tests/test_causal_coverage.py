@@ -16,8 +16,8 @@ import pytest
 from zoo.causal_bugs import CAUSAL_BUGS
 from zoo.correct import sdpa_bf16
 
-from flamia_verify.properties import run_checks
 from flamia_verify import settings as S
+from flamia_verify.properties import run_checks
 from flamia_verify.properties.checks.causal import _causal_cases, _diagonal_rows, _doc_bounds, _positions
 
 CAUSAL = ["causal.forward", "causal.dq", "causal.dk_dv", "causal.nan", "causal.diagonal"]

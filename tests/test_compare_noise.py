@@ -14,9 +14,9 @@ from flamia_verify.reports import CheckResult, Report, compare_reports
 from flamia_verify.reports.compare import HEADROOM_SHARE, NOISE_Z, standard_error
 
 sys.path.insert(0, str(Path(__file__).parent))
-from zoo import kernels as Z  # noqa: E402
-from zoo import targeted as T  # noqa: E402
-from zoo.quick_reports import GROUP, quick_report  # noqa: E402
+from zoo import kernels as Z
+from zoo import targeted as T
+from zoo.quick_reports import GROUP, quick_report
 
 BUILT_INS = ("bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-mxfp8-floor", "flamia-nvfp4", "mxfp8-naive")
 

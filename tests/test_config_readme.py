@@ -17,8 +17,8 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.properties import run_checks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from zoo import correct as C  # noqa: E402
-from zoo import kernels as Z  # noqa: E402
+from zoo import correct as C
+from zoo import kernels as Z
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -26,7 +26,6 @@ from flamia_verify.formats import (
     NVFP4Tensor,
     ScaleRule,
     block_layout,
-    constants as C,
     e8m0_decode,
     fp8_block_quantize,
     fp8_row_quantize,
@@ -37,6 +36,9 @@ from flamia_verify.formats import (
     nvfp4_fake_quantize,
     nvfp4_quantize,
     round_to_format,
+)
+from flamia_verify.formats import (
+    constants as C,
 )
 
 try:

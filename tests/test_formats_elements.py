@@ -31,13 +31,15 @@ from flamia_verify.formats import (
     E5M2,
     UE4M3,
     ElementFormat,
-    constants as C,
     decode,
     e8m0_decode,
     e8m0_exponent,
     e8m0_from_exponent,
     encode,
     round_to_format,
+)
+from flamia_verify.formats import (
+    constants as C,
 )
 
 FORMATS = [E4M3, E5M2, E2M1, UE4M3]

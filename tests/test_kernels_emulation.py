@@ -3,7 +3,6 @@ reference, and the FLAMIA fixes held bitwise (and shown absent in the known-bad 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -341,8 +340,8 @@ def test_emulation_on_cuda_matches_cpu_and_keeps_the_fixes(name):
 
 
 def test_convention_errors_name_the_problem():
-    from flamia_verify.errors import InputError
     from flamia_verify.convention import validate_varlen_inputs
+    from flamia_verify.errors import InputError
 
     q, k, v, _, cu_q, cu_k = make_case([5, 7])
     cases = [

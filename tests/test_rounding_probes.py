@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, ScaleRule, mx_fake_quantize
 from flamia_verify.kernels.emulation import Quant
 from flamia_verify.mutation import operators as OPS
@@ -18,7 +19,6 @@ from flamia_verify.properties import run_checks
 from flamia_verify.properties.cases import Case, make_tensors
 from flamia_verify.properties.checks.rounding import mx_sites
 from flamia_verify.properties.mx_probes import PROBES, parse_probe, probe_tensors
-from flamia_verify.errors import ConfigError
 
 # the axis each site's probes are rounded along: (tensor, axis) of every operand the site names
 SITE_AXES = {

@@ -18,8 +18,8 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.properties import SUITES, fuzz, run_checks
 from flamia_verify.properties.registry import all_specs
 from flamia_verify.properties.thresholds import validate_overrides
-from flamia_verify.results import CheckResult, Report
 from flamia_verify.reports.wording import rerun_command
+from flamia_verify.results import CheckResult, Report
 
 
 def _subparsers():
@@ -198,7 +198,7 @@ def test_validate_overrides_is_validate_thresholds_over_the_registered_checks():
     for bad, message in [({"error.out": {"normalized_error": float("nan")}}, "must be a non-negative number"),
                          ({"determinism.repeat": {"warn_only": 1}}, "must be true or false"),
                          ({"nope.check": {}}, "unknown check 'nope.check'")]:
-        for validate in (lambda: validate_overrides(bad), lambda: settings.validate_thresholds(bad, thresholds, options)):
+        for validate in (lambda: validate_overrides(bad), lambda: settings.validate_thresholds(bad, thresholds, options)):  # noqa: B023 (called at once, inside the loop)
             with pytest.raises(ConfigError, match=message):
                 validate()
 

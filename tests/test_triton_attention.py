@@ -41,7 +41,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from test_kernels_emulation import (  # noqa: E402
+from test_kernels_emulation import (
     _perturb_after,
     make_case,
     packed_among_neighbours,
@@ -50,12 +50,12 @@ from test_kernels_emulation import (  # noqa: E402
     run,
 )
 
-from flamia_verify.kernels import builtin_kernels  # noqa: E402
-from flamia_verify.kernels import emulation as E  # noqa: E402
-from flamia_verify.kernels.designs import DESIGNS  # noqa: E402
-from flamia_verify.kernels.metadata import emulated_twin  # noqa: E402
-from flamia_verify.kernels.triton.compat import interpreting  # noqa: E402
-from flamia_verify.kernels.triton.config import config_for, unsupported_reason  # noqa: E402
+from flamia_verify.kernels import builtin_kernels
+from flamia_verify.kernels import emulation as E
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.metadata import emulated_twin
+from flamia_verify.kernels.triton.compat import interpreting
+from flamia_verify.kernels.triton.config import config_for, unsupported_reason
 
 # masked lanes compute inf * 0 or 0 / 0 before tl.where discards them (as on a GPU); numpy warns
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

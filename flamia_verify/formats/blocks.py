@@ -86,6 +86,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -126,7 +127,7 @@ class ScaleRule(enum.Enum):
     - FLOOR: X = 2^(floor(log2 amax) - emax_elem); the largest elements saturate.
     """
 
-    def __new__(cls, value: str, doc: str) -> "ScaleRule":
+    def __new__(cls, value: str, doc: str) -> ScaleRule:
         member = object.__new__(cls)
         member._value_ = value
         member.__doc__ = doc
@@ -328,7 +329,7 @@ def mx_quantize(
                     block_index=block_index)
 
 
-def mx_fake_quantize(x: torch.Tensor, **kwargs) -> torch.Tensor:
+def mx_fake_quantize(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """``mx_quantize(x, **kwargs).dequantize()``: float32, shape of x."""
     return mx_quantize(x, **kwargs).dequantize()
 
@@ -407,7 +408,7 @@ def nvfp4_quantize(
                        block_size=block_size, block_index=block_index)
 
 
-def nvfp4_fake_quantize(x: torch.Tensor, **kwargs) -> torch.Tensor:
+def nvfp4_fake_quantize(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """``nvfp4_quantize(x, **kwargs).dequantize()``: float32, shape of x."""
     return nvfp4_quantize(x, **kwargs).dequantize()
 

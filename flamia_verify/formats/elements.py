@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -225,14 +226,14 @@ def encode(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = True) -> tor
     if fmt.signed:
         code = code | (torch.signbit(r).to(torch.int32) << (fmt.exp_bits + fmt.man_bits))
     if fmt.has_inf:
-        inf_code = fmt.inf_code | (torch.signbit(r).to(torch.int32) << 7)
+        inf_code = cast(int, fmt.inf_code) | (torch.signbit(r).to(torch.int32) << 7)
         code = torch.where(torch.isinf(r), inf_code, code)
     if fmt.has_nan:
-        code = torch.where(nan, torch.full_like(code, fmt.nan_code), code)
+        code = torch.where(nan, torch.full_like(code, cast(int, fmt.nan_code)), code)
     return code.to(torch.uint8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decode_table(fmt: ElementFormat) -> tuple[float, ...]:
     """Value of every code 0 .. 2^code_bits - 1, computed from the fields with exact math.ldexp."""
     values = []
@@ -267,7 +268,7 @@ def decode(codes: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
     return table[index]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _e8m0_table() -> tuple[float, ...]:
     # byte b -> 2^(b - 127) for b in 0..254 (byte 0 is 2^-127, an fp32 subnormal); 0xFF -> NaN
     return tuple(math.ldexp(1.0, b - C.E8M0_BIAS) for b in range(C.E8M0_MAX_BYTE + 1)) + (math.nan,)

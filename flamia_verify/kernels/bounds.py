@@ -180,7 +180,7 @@ class RecipeBoundModel:
     def __getitem__(self, op: Operand) -> OperandModel:
         return self.operands[op]
 
-    def with_operands(self, changes: Mapping[Operand, OperandModel], **fields) -> "RecipeBoundModel":
+    def with_operands(self, changes: Mapping[Operand, OperandModel], **fields) -> RecipeBoundModel:
         """The model with the operand models in ``changes`` (and the other ``fields``) replaced."""
         return replace(self, operands={**self.operands, **changes}, **fields)
 
@@ -269,14 +269,14 @@ def attention_bounds(
     colmax_q = q64.abs().amax(dim=0) if q64.shape[0] else torch.zeros(H, Dh, dtype=f64, device=dev)
     want_grads = do is not None and ref_grads is not None
     if want_grads:
-        do64 = do.detach().to(dev, f64)
+        do64 = do.detach().to(dev, f64)  # type: ignore[union-attr]  # want_grads: do is set
         tmax["do"] = float(do64.abs().max()) if do64.numel() else 0.0
         colmax_do = do64.abs().amax(dim=0) if do64.shape[0] else torch.zeros(H, Dh, dtype=f64, device=dev)
     m = model
     B_out = torch.zeros_like(ref_out, dtype=f64)
-    B_dq = torch.zeros_like(q64) if want_grads else None
-    B_dk = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None
-    B_dv = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None
+    B_dq: torch.Tensor = torch.zeros_like(q64) if want_grads else None  # type: ignore[assignment]
+    B_dk: torch.Tensor = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None  # type: ignore[assignment]
+    B_dv: torch.Tensor = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None  # type: ignore[assignment]
     docs = []
     # pass 1: forward bound per document (and the pieces the backward needs)
     for b in range(len(cu_q) - 1):
@@ -336,7 +336,7 @@ def attention_bounds(
     if not want_grads:
         return BoundResult(B_out)
 
-    dq_ref, dk_ref, dv_ref = (t.to(dev, f64) for t in ref_grads)
+    dq_ref, dk_ref, dv_ref = (t.to(dev, f64) for t in ref_grads)  # type: ignore[union-attr]
     # pass 2: dS pieces per document, then the global dS maximum (for per-tensor dS scales)
     pieces = []
     ms_max = 0.0
@@ -395,7 +395,7 @@ def attention_bounds(
     B_dk = B_dk.view(total_k, Hk, group, Dh).sum(2)
     B_dv = B_dv.view(total_k, Hk, group, Dh).sum(2)
     u = m.u_out
-    a = m.alpha_out
+    a = m.alpha_out  # type: ignore[assignment]  # a float here, a tensor above
     B_dq = B_dq + u * (dq_ref.abs() + B_dq) + a
     B_dk = B_dk + u * (dk_ref.abs() + B_dk) + a
     B_dv = B_dv + u * (dv_ref.abs() + B_dv) + a

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -376,7 +376,7 @@ def _lse2(l: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), l.new_full((), -math.inf))
 
 
-def fallback_mask(design: "EmulatedDesign", quant: "Quant", vis: torch.Tensor, causal: bool):
+def fallback_mask(design: EmulatedDesign, quant: Quant, vis: torch.Tensor, causal: bool):
     """Where the causal-safe split applies: entries whose sequence block the row sees whole."""
     if design.diagonal_fallback and causal and quant.kind in ("mx", "nvfp4"):
         return full_block_mask(vis, quant.block)
@@ -581,7 +581,7 @@ def make_kernel(design: EmulatedDesign):
     (:mod:`flamia_verify.kernels.metadata`)."""
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        kernel.paths["PyTorch emulation"] += 1
+        kernel.paths["PyTorch emulation"] += 1  # type: ignore[attr-defined]  # function attributes
         return emulated_attention(
             design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal,

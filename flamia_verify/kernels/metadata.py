@@ -28,7 +28,8 @@ declare its recipe. The others describe the built-in kernels and are written wit
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from flamia_verify.kernels.emulation import EmulatedDesign
@@ -71,9 +72,10 @@ def kernel_paths(fn: Callable) -> collections.Counter | None:
 def mark_builtin(fn: Callable, design: EmulatedDesign, *, emulated: Callable | None = None) -> BuiltinKernel:
     """Give ``fn`` the attributes of a built-in kernel running ``design``: its design, its recipe, a
     fresh call counter and, for a fused kernel, the emulation it falls back to. Returns ``fn``."""
-    fn.design = design
-    fn.recipe = design.recipe
-    fn.paths = collections.Counter()
+    marked = cast(BuiltinKernel, fn)
+    marked.design = design
+    marked.recipe = design.recipe
+    marked.paths = collections.Counter()
     if emulated is not None:
-        fn.emulated = emulated
-    return fn
+        setattr(marked, "emulated", emulated)  # noqa: B010 (not an attribute of every built-in)
+    return marked

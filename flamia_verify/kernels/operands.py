@@ -27,7 +27,7 @@ class Gemm(Enum):
     """The six GEMMs of attention, by the tensor they compute (value: the equation)."""
 
     S = "S = QK^T"
-    O = "O = PV"  # noqa: E741
+    O = "O = PV"
     DP = "dP = dO V^T"
     DV = "dV = P^T dO"
     DQ = "dQ = dS K"

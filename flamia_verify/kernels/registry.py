@@ -13,10 +13,10 @@ import contextlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Callable
 
 from flamia_verify.errors import KernelLoadError
 from flamia_verify.kernels.metadata import kernel_recipe
@@ -70,10 +70,11 @@ def _from_file(spec: str) -> LoadedKernel:
     mod_name = f"flamia_verify_user_{abs(hash(str(path.resolve())))}"
     try:
         loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
+        # a path without a loader (None) fails here, and the except below reports it
+        module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
         sys.modules[mod_name] = module
         with _siblings_importable(path.resolve().parent):
-            loader_spec.loader.exec_module(module)
+            loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
     except (Exception, SystemExit) as exc:  # sys.exit() at import must not end the command with its code
         sys.modules.pop(mod_name, None)
         raise KernelLoadError(f"cannot load {path_s!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc

@@ -14,8 +14,8 @@ from __future__ import annotations
 from flamia_verify.properties.engine import ProgressEvent, list_checks, run_checks
 from flamia_verify.properties.fuzz import FuzzResult, fuzz, replay_case
 from flamia_verify.properties.registry import CheckSpec
-from flamia_verify.settings import SUITES
 from flamia_verify.properties.thresholds import default_thresholds
+from flamia_verify.settings import SUITES
 
 __all__ = [
     "CheckSpec",

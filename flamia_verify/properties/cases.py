@@ -63,9 +63,10 @@ class Case:
     """
 
     lens_q: tuple[int, ...]
-    lens_k: tuple[int, ...] | None = None
+    # None (the default) is filled in by __post_init__: the attributes always hold the type declared
+    lens_k: tuple[int, ...] = None  # type: ignore[assignment]
     heads: int = 2
-    heads_k: int | None = None
+    heads_k: int = None  # type: ignore[assignment]
     headdim: int = 64
     causal: bool = True
     distribution: str = "gaussian"
@@ -108,7 +109,7 @@ class Case:
     def total_k(self) -> int:
         return sum(self.lens_k)
 
-    def with_(self, **changes) -> "Case":
+    def with_(self, **changes) -> Case:
         if "headdim" in changes and "softmax_scale" not in changes:
             changes["softmax_scale"] = None  # the default follows the new headdim
         return replace(self, **changes)
@@ -120,7 +121,7 @@ class Case:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Case":
+    def from_dict(cls, data: dict[str, Any]) -> Case:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
@@ -174,10 +175,10 @@ class Inputs:
     def max_k(self) -> int:
         return max(self.case.lens_k, default=0)
 
-    def replace(self, **tensors) -> "Inputs":
+    def replace(self, **tensors) -> Inputs:
         return replace(self, **tensors)
 
-    def clone(self) -> "Inputs":
+    def clone(self) -> Inputs:
         return replace(self, q=self.q.clone(), k=self.k.clone(), v=self.v.clone(), do=self.do.clone())
 
 

@@ -8,8 +8,9 @@ ratio all read the same base runs). ``ctx.progress(f)`` reports how far the curr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -101,11 +102,11 @@ class CheckContext:
     def case(self, lens_q, lens_k=None, *, seed_offset: int = 0, **kw) -> Case:
         kw.setdefault("heads", self.settings.heads)
         kw.setdefault("headdim", self.settings.headdim)
-        return Case(tuple(lens_q), None if lens_k is None else tuple(lens_k), seed=self.seed + seed_offset, dtype=self.dtype_str, **kw)
+        return Case(tuple(lens_q), None if lens_k is None else tuple(lens_k), seed=self.seed + seed_offset, dtype=self.dtype_str, **kw)  # type: ignore[arg-type]
 
     def from_packing(self, p: Packing, seed_offset: int) -> Case:
         return Case(
-            p.lens_q, p.lens_k, heads=p.heads, heads_k=p.heads_k, headdim=p.headdim, causal=p.causal,
+            p.lens_q, p.lens_k, heads=p.heads, heads_k=p.heads_k, headdim=p.headdim, causal=p.causal,  # type: ignore[arg-type]
             distribution=p.distribution, seed=self.seed + seed_offset, dtype=self.dtype_str,
             softmax_scale=p.softmax_scale, overrides=self._do_scale(p.do_log2),
         )
@@ -201,8 +202,8 @@ class CheckContext:
     ) -> CheckResult:
         th = self.th if thresholds is None else thresholds
         return CheckResult(
-            name=self.spec.name,
-            family=self.spec.family,
+            name=self.spec.name,  # type: ignore[union-attr]  # run_one sets the spec
+            family=self.spec.family,  # type: ignore[union-attr]
             status=status,
             metrics={k: _clean(v) for k, v in (metrics or {}).items()},
             thresholds={k: v for k, v in th.items()},

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hypothesis import HealthCheck, Phase, find, settings
@@ -222,7 +223,7 @@ def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only
             rows = slice(q0, q0 + td)
             new = run(inp.replace(q=perturb_rows(inp.q, rows, perturbation, g),
                                   do=perturb_rows(inp.do, rows, perturbation, g)))
-            region = torch.zeros(res.dk.shape[0], 1, 1, dtype=torch.bool, device=res.dk.device)
+            region = torch.zeros(res.dk.shape[0], 1, 1, dtype=torch.bool, device=res.dk.device)  # type: ignore[union-attr]
             region[lo:k1] = True
             for n in ("dk", "dv"):
                 a, b_ = getattr(new, n), getattr(res, n)
@@ -295,7 +296,7 @@ def search(
     kernel and shrink the first failure. ``shrink_limit`` bounds the kernel evaluations spent on
     shrinking (None: hypothesis's own limit); past it, the smallest failing example so far stands."""
     counts = {p: 0 for p in PROPERTIES}
-    state = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False}
+    state: dict[str, Any] = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False}
     cases: list[Case] = []  # the distinct examples' cases, in evaluation order
     seen: dict = {}  # example -> failed: a repeated example is not rerun, and hypothesis sees one answer
 
@@ -402,7 +403,7 @@ def fuzz(
         family = name.partition(".")[0]
         shrunk = found is not None and found.prop == prop
         if shrunk:
-            message = found.message
+            message = found.message  # type: ignore[union-attr]  # shrunk: found is set
         elif counts[prop]:
             # the search shrinks only its first failure; this property failed on other examples too
             first = f", a {found.prop} one" if found is not None else ""
@@ -414,7 +415,7 @@ def fuzz(
             name=name, family=family, status="fail" if shrunk or counts[prop] else "pass",
             metrics={"examples": n, "distinct_examples": res.distinct, "failing_examples": counts[prop]},
             thresholds={"failing_examples": 0},
-            worst_case=dict(reproducer) if shrunk else {},
+            worst_case=dict(reproducer) if shrunk else {},  # type: ignore[arg-type]  # set with found
             message=message,
             duration_s=0.0,
         ))
@@ -430,7 +431,7 @@ def fuzz(
                      "--forward-only)"),
         ))
     seconds = time.perf_counter() - start
-    msg = (f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"
+    msg = (f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"  # type: ignore[index]
            if found else f"no failure in {n} examples")
     if not support.available and not support.declared:
         msg = f"the backward cannot run ({support.reason}); " + msg
@@ -458,7 +459,7 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
     name = PROPERTIES[prop]
     t0 = time.perf_counter()
     document = int(case.get("document", 0))
-    kw = dict(document=document, t=int(case.get("t", 0)), perturbation=str(case.get("perturbation", "huge")))
+    kw: dict[str, Any] = dict(document=document, t=int(case.get("t", 0)), perturbation=str(case.get("perturbation", "huge")))
     try:
         f = evaluate_example(ctx, c, only=None if prop == "crash" else prop, **kw)
     except KernelCallError as err:

@@ -184,7 +184,7 @@ class KernelHarness:
                     raise TypeError(
                         f"kernel returned {type(result).__name__}; expected a tensor or a tuple starting with one"
                     )
-                grads = (None, None, None)
+                grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
                 if backward:
                     stage = "backward"
                     if out.grad_fn is None and not out.requires_grad:

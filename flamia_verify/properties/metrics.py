@@ -74,7 +74,7 @@ def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     return stats
 
 
-def per_position_error(x: torch.Tensor, ref: torch.Tensor) -> list[float]:
+def per_position_error(x: torch.Tensor, ref: torch.Tensor) -> list[float | str]:
     """RMS error of every token (over heads and channels), relative to the tensor's RMS."""
     x = x.detach().double().to(ref.device)
     ref = ref.detach().double()

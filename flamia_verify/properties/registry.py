@@ -8,8 +8,8 @@ input dtype, derived in docs/checks.md) and its options (switches that are not t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from flamia_verify.results import FAMILIES
 from flamia_verify.settings import SUITES

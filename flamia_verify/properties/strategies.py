@@ -18,7 +18,8 @@ one head, the smallest headdim, Gaussian values, seed 0.
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument

@@ -32,7 +32,9 @@ per chunk, so no row ever meets a key it cannot see (see :func:`_exact_causality
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -71,7 +73,7 @@ def visible_mask(lq: int, lk: int, causal: bool, *, device: torch.device | str |
     return _causal_block(0, lq, 0, lk, lk - lq, device)
 
 
-def _causal_block(r0: int, r1: int, c0: int, c1: int, offset: int, device) -> torch.Tensor:
+def _causal_block(r0: int, r1: int, c0: int, c1: int, offset: int, device: torch.device | str | None) -> torch.Tensor:
     """Visible mask of rows [r0, r1) x columns [c0, c1) for a causal document with the given offset."""
     rows = torch.arange(r0, r1, device=device).unsqueeze(1)
     cols = torch.arange(c0, c1, device=device).unsqueeze(0)
@@ -94,7 +96,7 @@ def query_chunk_size(nheads: int, seqlen_k: int, budget_bytes: int | None = None
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_scale(softmax_scale) -> float:
+def _check_scale(softmax_scale: object) -> float:
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise InputError(
             f"softmax_scale must be a real number (e.g. 1 / sqrt(headdim)), got {type(softmax_scale).__name__}"
@@ -104,13 +106,13 @@ def _check_scale(softmax_scale) -> float:
     return float(softmax_scale)
 
 
-def _check_causal(causal) -> bool:
+def _check_causal(causal: object) -> bool:
     if not isinstance(causal, bool):
         raise InputError(f"causal must be True or False, got {causal!r}")
     return causal
 
 
-def _check_chunk(chunk_size) -> int | None:
+def _check_chunk(chunk_size: object) -> int | None:
     if chunk_size is None:
         return None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -118,7 +120,7 @@ def _check_chunk(chunk_size) -> int | None:
     return chunk_size
 
 
-def _check_like(name: str, t, shape: tuple[int, ...]) -> None:
+def _check_like(name: str, t: object, shape: tuple[int, ...]) -> None:
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -152,7 +154,7 @@ class _Doc:
     def offset(self) -> int:
         return self.lk - self.lq
 
-    def chunks(self):
+    def chunks(self) -> Iterator[tuple[int, int, int]]:
         """Yield (a, b, kend): query rows [a, b) and the keys [0, kend) any of them can see."""
         for a in range(0, self.lq, self.chunk):
             b = min(a + self.chunk, self.lq)
@@ -212,7 +214,7 @@ def _scores_(buf: torch.Tensor, qc: torch.Tensor, kh: torch.Tensor, kend: int, s
     return s
 
 
-def _doc_forward(q, k, v, doc: _Doc, scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+def _doc_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: _Doc, scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
     """One document: q (Lq, H, D), k, v (Lk, Hk, D) in the caller's dtype.
 
     Writes into out (Lq, H, D) and lse (Lq, H), float64, which arrive as 0 and -inf.
@@ -236,7 +238,10 @@ def _doc_forward(q, k, v, doc: _Doc, scale: float, out: torch.Tensor, lse: torch
         _store_rows(lse[a:b], (m + torch.log(l)).squeeze(-1))
 
 
-def _doc_backward(dout, q, k, v, out, lse, doc: _Doc, scale: float, dq, dk, dv) -> None:
+def _doc_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    doc: _Doc, scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+) -> None:
     """Analytic gradients of one document (inputs in the caller's dtypes).
 
     Writes dq (Lq, H, D), dk, dv (Lk, Hk, D), float64, which arrive as 0.
@@ -275,7 +280,10 @@ def _doc_backward(dout, q, k, v, out, lse, doc: _Doc, scale: float, dq, dk, dv) 
 # ---------------------------------------------------------------------------------------------
 
 
-def _documents(q, k, cu_seqlens_q, cu_seqlens_k, causal: bool, chunk_size: int | None):
+def _documents(
+    q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool,
+    chunk_size: int | None,
+) -> Iterator[tuple[int, int, int, int, _Doc]]:
     """Yield (qs, qe, ks, ke, _Doc) for every document."""
     H, Hk, D = q.shape[1], k.shape[1], q.shape[2]
     cq = cu_seqlens_q.detach().cpu().tolist()
@@ -398,7 +406,10 @@ class ReferenceAttention(torch.autograd.Function):
     """Forward :func:`attention_forward`, backward :func:`attention_backward`; out is float64."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal):
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor, softmax_scale: float, causal: bool,
+    ) -> torch.Tensor:
         out, lse = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=softmax_scale, causal=causal)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.softmax_scale, ctx.causal = softmax_scale, causal
@@ -406,7 +417,7 @@ class ReferenceAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = attention_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, softmax_scale=ctx.softmax_scale, causal=ctx.causal
@@ -435,4 +446,7 @@ def reference_attention(
     validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_scale(softmax_scale)
     _check_causal(causal)
-    return ReferenceAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+    out: torch.Tensor = ReferenceAttention.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
+        q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal
+    )
+    return out

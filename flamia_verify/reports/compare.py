@@ -280,16 +280,16 @@ def compare_reports(
             worse_if_higher = direction(after, metric)
             if worse_if_higher is None:
                 continue
-            change = _metric_change(name, metric, before, after, bool(worse_if_higher), cmp.factor)
-            if change is None:
+            moved = _metric_change(name, metric, before, after, bool(worse_if_higher), cmp.factor)
+            if moved is None:
                 continue
-            if all(_past_limit(metric, v, change.limit, bool(worse_if_higher))
+            if all(_past_limit(metric, v, moved.limit, bool(worse_if_higher))
                    for v in (before.metrics[metric], after.metrics[metric])):
-                cmp.past_limit.append(change)
-            elif change.worse:
-                cmp.regressions.append(change)
+                cmp.past_limit.append(moved)
+            elif moved.worse:
+                cmp.regressions.append(moved)
             else:
-                cmp.improvements.append(change)
+                cmp.improvements.append(moved)
     return cmp
 
 
@@ -373,7 +373,7 @@ def render_comparison(cmp: Comparison, console: Console | None = None, *, plain:
     if plain is None:
         plain = is_plain(console)
 
-    def say(text) -> None:  # off a terminal: one unwrapped line, whatever the console's width
+    def say(text: Text | str) -> None:  # off a terminal: one unwrapped line, whatever the console's width
         console.print(text, soft_wrap=plain)
 
     say(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))

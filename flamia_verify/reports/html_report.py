@@ -19,6 +19,7 @@ import html
 import re
 from typing import Any
 
+from flamia_verify._version import __version__
 from flamia_verify.reports.metrics import (
     format_threshold,
     format_value,
@@ -27,18 +28,25 @@ from flamia_verify.reports.metrics import (
     safe_json,
     threshold_verdict,
 )
-from flamia_verify._version import __version__
-from flamia_verify.results import CheckResult, Report
 from flamia_verify.reports.plots import (
     PLOT_KINDS,
+    Plot,
     PlotSpecError,
     blank_heatmap,
     plots_of,
     prefix_svg_ids,
     render_plot_svg,
 )
-from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_notes,
-                                           verdict)
+from flamia_verify.reports.wording import (
+    STATUS_MARK,
+    case_seed,
+    counts_line,
+    printable,
+    rerun_command,
+    run_notes,
+    verdict,
+)
+from flamia_verify.results import CheckResult, Report
 
 __all__ = ["render_html"]
 
@@ -159,7 +167,7 @@ def _metrics_table(check: CheckResult) -> str:
     )
 
 
-def _blank_line(plot, shape: tuple[int, int]) -> str:
+def _blank_line(plot: Plot, shape: tuple[int, int]) -> str:
     """One line in place of a heatmap that is 0 everywhere: what it maps and over how many rows."""
     spec = plot.spec
     what = spec.get("z_label") if isinstance(spec.get("z_label"), str) and spec.get("z_label") else "value"
@@ -257,7 +265,7 @@ def _checks_table(report: Report, anchors: dict[str, str]) -> str:
         else:
             label, value = key.label, format_value(key.value)
             threshold = format_threshold(key.name, key.threshold)
-            value_class = {True: "num within", False: "num over"}.get(key.within, "num")
+            value_class = {True: "num within", False: "num over", None: "num"}.get(key.within, "num")
         rows.append(
             f'<tr><td class="mono"><a href="#{_e(anchors[check.name])}">{_e(check.name)}</a></td>'
             f"<td>{_badge(check.status)}</td>"

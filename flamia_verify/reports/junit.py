@@ -52,7 +52,7 @@ def _failure_text(report: Report, check: CheckResult) -> str:
             if name in thresholds:
                 limit = "at least" if higher_is_better(name) else "at most"
                 ok = threshold_verdict(name, metrics.get(name), thresholds[name])
-                verdict = {True: "within", False: "OUTSIDE"}.get(ok, "not comparable")
+                verdict = {True: "within", False: "OUTSIDE", None: "not comparable"}.get(ok, "not comparable")
                 line += f"  (threshold: {limit} {format_value(thresholds[name])}: {verdict})"
             lines.append(line)
     lines.append(f"reproduce: run seed {report.seed}, case seed {case_seed(report, check)}")

@@ -18,9 +18,17 @@ import re
 from typing import Any
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
+from flamia_verify.reports.wording import (
+    STATUS_MARK,
+    case_seed,
+    counts_line,
+    printable,
+    rerun_command,
+    run_line,
+    run_notes,
+    verdict,
+)
 from flamia_verify.results import CheckResult, Report
-from flamia_verify.reports.wording import (STATUS_MARK, case_seed, counts_line, printable, rerun_command, run_line,
-                                           run_notes, verdict)
 
 __all__ = ["md_escape", "render_markdown"]
 
@@ -79,7 +87,7 @@ def _failure_block(report: Report, check: CheckResult) -> str:
             value, threshold = metrics.get(name), thresholds.get(name)
             limit = format_threshold(name, threshold) if name in thresholds else ""
             ok = threshold_verdict(name, value, threshold)
-            mark = {True: "within", False: "**outside**"}.get(ok, "")
+            mark = {True: "within", False: "**outside**", None: ""}.get(ok, "")
             cells = [md_escape(name), md_escape(format_value(value)), md_escape(limit) or "—", mark]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

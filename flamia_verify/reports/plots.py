@@ -107,7 +107,7 @@ class Plot:
     @property
     def title(self) -> str:
         if isinstance(self.spec, dict) and isinstance(self.spec.get("title"), str):
-            return self.spec["title"]
+            return str(self.spec["title"])
         return ""
 
 
@@ -453,7 +453,7 @@ def _render_svg(plot: Plot, *, salt: str) -> str:
         "font.size": 9,
         "font.family": ["DejaVu Sans", "sans-serif"],
     }
-    with matplotlib.rc_context(style), warnings.catch_warnings():
+    with matplotlib.rc_context(style), warnings.catch_warnings():  # type: ignore[arg-type]  # rc keys typed as literals
         warnings.simplefilter("ignore")
         fig = Figure(figsize=size, layout="constrained")
         notes = draw(fig, spec, where)

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric
 from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, run_notes, verdict
-from flamia_verify.results import Report
+from flamia_verify.results import CheckResult, Report
 
 __all__ = ["STATUS_STYLE", "WIDE_CONSOLE", "check_line", "is_plain", "print_table", "render_terminal"]
 
@@ -43,12 +43,12 @@ def is_plain(console: Console) -> bool:
     return not console.is_terminal and not console.is_jupyter
 
 
-def _key_text(check) -> Text:
+def _key_text(check: CheckResult) -> Text:
     """``label value (threshold)`` of the check's key metric, ``—`` when it has none."""
     key = key_metric(check)
     if key is None:
         return Text("—", "dim")
-    value = Text(format_value(key.value), {True: "green", False: "red"}.get(key.within, ""))
+    value = Text(format_value(key.value), {True: "green", False: "red", None: ""}.get(key.within, ""))
     if key.threshold is None:
         return Text.assemble(printable(key.label), " ", value)
     return Text.assemble(printable(key.label), " ", value, " (", format_threshold(key.name, key.threshold), ")")
@@ -58,12 +58,12 @@ def _status_text(status: str) -> Text:
     return Text(f"{STATUS_MARK.get(status, status.upper()):<5}", STATUS_STYLE.get(status, ""))
 
 
-def check_line(check, index: int | None = None, total: int | None = None, elapsed: float | None = None) -> Text:
+def check_line(check: CheckResult, index: int | None = None, total: int | None = None, elapsed: float | None = None) -> Text:
     """One line for a finished check, e.g.
     ``[ 4/31] PASS  error.out  normalized_error 0.645 (≤ 2)  0.28 s  (run 4.1 s)``: its position among the
     selected checks, status, name, key metric, its own duration (work shared with earlier checks is not
     counted again) and, given `elapsed`, the seconds since the run started."""
-    parts: list = []
+    parts: list[str | Text] = []
     if index is not None:
         width = len(str(total)) if total else 1
         parts.append(f"[{index:>{width}}/{total}] " if total else f"[{index}] ")
@@ -163,7 +163,7 @@ def render_terminal(report: Report, console: Console | None = None, *, plain: bo
             label, value, threshold = Text("—", "dim"), Text("—", "dim"), Text("—", "dim")
         else:
             label = Text(printable(key.label))
-            value_style = {True: "green", False: "red"}.get(key.within, "")
+            value_style = {True: "green", False: "red", None: ""}.get(key.within, "")
             value = Text(format_value(key.value), value_style)
             threshold = Text(format_threshold(key.name, key.threshold), "" if key.threshold is not None else "dim")
         name = Text(printable(check.name))

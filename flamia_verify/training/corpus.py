@@ -65,14 +65,15 @@ def build_corpus(root: str | os.PathLike | None = None, *, val_every: int = 20, 
     paths = sorted(p for p in base.rglob("*.py")
                    if "site-packages" not in p.parts and "__pycache__" not in p.parts and p.is_file())
     digest = hashlib.sha256()
-    train, val = [], []
+    train: list[torch.Tensor] = []
+    val: list[torch.Tensor] = []
     size = {"train": 0, "val": 0}
     budget = {"train": max_bytes, "val": None if max_bytes is None else max(1, max_bytes // val_every)}
     for p in paths:
         rel = p.relative_to(base).as_posix()
         split = "val" if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % val_every == 0 else "train"
-        if budget[split] is not None and size[split] >= budget[split]:
-            if all(size[k] >= budget[k] for k in size):
+        if budget[split] is not None and size[split] >= budget[split]:  # type: ignore[operator]
+            if all(size[k] >= budget[k] for k in size):  # type: ignore[operator]  # both set: max_bytes given
                 break
             continue
         try:
@@ -97,7 +98,7 @@ class Batch:
     cu_seqlens: torch.Tensor  # int32 (B + 1,)
     max_seqlen: int
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(self.tokens.to(device), self.targets.to(device), self.cu_seqlens.to(device), self.max_seqlen)
 
 

@@ -35,7 +35,7 @@ def future_leak(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  softmax_scale=softmax_scale, causal=causal)
 
 
-future_leak.recipe = "mxfp8"
+future_leak.recipe = "mxfp8"  # type: ignore[attr-defined]
 
 
 def _shift_left(x, cu):
@@ -65,4 +65,4 @@ def next_token_leak(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
               max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
 
 
-next_token_leak.recipe = "mxfp8"
+next_token_leak.recipe = "mxfp8"  # type: ignore[attr-defined]

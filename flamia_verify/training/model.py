@@ -10,8 +10,8 @@ weights. Swapping the kernel swaps nothing else: the same seed gives the same in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -34,9 +34,8 @@ import torch
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, make_kernel
-from zoo.kernels import _flamia, _split_kernel
-
 from flamia_verify.mutation import by_name, mutant_kernel
+from zoo.kernels import _flamia, _split_kernel
 
 __all__ = ["CAUSAL_BUGS"]
 

@@ -14,7 +14,7 @@ __all__ = ["quick_report", "GROUP"]
 GROUP = "quick-reports"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def quick_report(kernel, seed: int = 0, recipe: str | None = None):
     recipe = recipe or getattr(kernel, "recipe", None)
     return run_checks(kernel, recipe=recipe, suite="quick", seed=seed, device="cpu")

@@ -52,12 +52,22 @@ from dataclasses import replace
 
 import torch
 
-from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels import emulation as E
+from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
-from zoo.kernels import (_STE, E4M3_MAX, MX_BLOCK, _blockwise, _e4m3_rne, _flamia, _GradQuant, _mx_off_by_one, _mx_truncate,
-                         _split_kernel, _v_quant_kernel)
-
+from zoo.kernels import (
+    _STE,
+    E4M3_MAX,
+    MX_BLOCK,
+    _blockwise,
+    _e4m3_rne,
+    _flamia,
+    _GradQuant,
+    _mx_off_by_one,
+    _mx_truncate,
+    _split_kernel,
+    _v_quant_kernel,
+)
 
 
 def _tag(fn, recipe: str, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):

@@ -20,7 +20,7 @@ from flamia_verify.kernels.metadata import kernel_design, mark_builtin
 __all__ = ["triton_available", "fused_supported", "fused_applies", "with_fused_dispatch"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """True when the ``triton`` package can be imported (it is never imported here)."""
     return importlib.util.find_spec("triton") is not None
@@ -38,12 +38,12 @@ def with_fused_dispatch(emulated):
     head_dim (``fused_applies``) run the fused Triton kernels of its design, everything else the
     emulation. Returns ``emulated`` unchanged when the design has no fused implementation."""
     design = kernel_design(emulated)
-    if not fused_supported(design):
+    if design is None or not fused_supported(design):
         return emulated
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         use_fused = fused_applies(q, design)
-        kernel.paths["fused Triton" if use_fused else "PyTorch emulation"] += 1
+        kernel.paths["fused Triton" if use_fused else "PyTorch emulation"] += 1  # type: ignore[attr-defined]  # function attributes
         if use_fused:
             from flamia_verify.kernels.triton.attention import fused_attention
 

@@ -45,11 +45,18 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from flamia_verify.convention import validate_varlen_inputs
+from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
 from flamia_verify.kernels.triton.compat import patch_interpreter
-from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
-from flamia_verify.kernels.triton.config import (FusedConfig, TileConfig, config_for, head_dim_limit,
-                                                 head_dim_supported, tiles, unsupported_reason)
+from flamia_verify.kernels.triton.config import (
+    FusedConfig,
+    TileConfig,
+    config_for,
+    head_dim_limit,
+    head_dim_supported,
+    tiles,
+    unsupported_reason,
+)
 from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
     KIND_NVFP4,

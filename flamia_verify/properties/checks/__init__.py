@@ -1,6 +1,6 @@
 """The checks, one module per family; importing this package registers them all."""
 
-from flamia_verify.properties.checks import (  # noqa: F401
+from flamia_verify.properties.checks import (
     bias,
     bound,
     causal,
@@ -12,6 +12,9 @@ from flamia_verify.properties.checks import (  # noqa: F401
     rounding,
     special,
 )
-from flamia_verify.properties.checks import fuzzpass  # noqa: F401,E402  (last: it runs after its family's fixed checks)
+
+# isort: split
+# fuzzpass last: its check runs after its family's fixed checks
+from flamia_verify.properties.checks import fuzzpass
 
 __all__ = ["bias", "bound", "causal", "consistency", "determinism", "error", "fuzzpass", "interface", "isolation", "rounding", "special"]

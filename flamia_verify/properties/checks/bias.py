@@ -70,8 +70,8 @@ def _tensors(ctx):
 def _pooled(ctx):
     def compute():
         cases = bias_cases(ctx)
-        pooled = {t: ([], []) for t in ("out", "dq", "dk", "dv")}
-        per_case = {t: [] for t in ("out", "dq", "dk", "dv")}  # (<e, r>, <r, r>) of every case
+        pooled: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {t: ([], []) for t in ("out", "dq", "dk", "dv")}
+        per_case: dict[str, list[tuple[float, float]]] = {t: [] for t in ("out", "dq", "dk", "dv")}  # (<e, r>, <r, r>) of every case
         for n, case in enumerate(cases):
             res, ref = ctx.run(case), ctx.reference(case)
             for t in _tensors(ctx):

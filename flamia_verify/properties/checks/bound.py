@@ -12,10 +12,9 @@ MX-exact E4M3 grid: with exact scores the bound is tight on the rounding of V, P
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
-
-from dataclasses import replace
 
 from flamia_verify.kernels.bounds import attention_bounds
 from flamia_verify.kernels.operands import Operand

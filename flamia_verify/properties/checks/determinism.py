@@ -60,7 +60,7 @@ def repeat(ctx):
         ctx.progress((n + 1) / len(cases))
     metrics = {"mismatched_elements": mismatched, "repeats": repeats, "cases": len(cases)}
     if mismatched and ctx.opt.get("warn_only"):
-        return ctx.result("pass", metrics, message=f"warning: not bitwise reproducible ({first['summary']}); "
+        return ctx.result("pass", metrics, message=f"warning: not bitwise reproducible ({first['summary']}); "  # type: ignore[index]
                           "accepted by warn_only", worst_case=first)
     return ctx.judged(metrics, ok_message=f"bitwise identical over {repeats} runs of {len(cases)} cases",
                       worst_case=first or {}, extra_failures=[first["summary"]] if first else [])

@@ -18,11 +18,12 @@ number people quote.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from flamia_verify.kernels.noise_model import predicted_errors
 from flamia_verify.properties.checks.common import case_record, worst_element
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
-from flamia_verify.kernels.noise_model import predicted_errors
 from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
 
 __all__ = []
@@ -57,7 +58,7 @@ def normalized_error(ctx, case, tensor: str, rel: float) -> float:
 def _error_check(ctx, tensor: str):
     cases = ctx.base_cases()
     rows = []
-    worst = None
+    worst: Any = None  # the row of the largest normalized error
     for n, case in enumerate(cases):
         res = ctx.run(case)
         ref = ctx.reference(case)

@@ -69,7 +69,8 @@ def fuzz_pass(ctx):
                                               f"{metrics['long_document_examples']} with a long document, "
                                               f"{metrics['headdim_128_examples']} at head_dim 128)",
                           details={"search": search_info})
-    f, rep = res.finding, res.reproducer
+    f = res.finding
+    rep: dict = res.reproducer  # type: ignore[assignment]  # a finding has its reproducer
     worst = dict(rep)
     worst.update(
         check=PROPERTIES[f.prop],

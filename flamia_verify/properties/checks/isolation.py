@@ -126,7 +126,7 @@ def neighbours(ctx):
         tgt = ctx.inputs(target_case)
         base_inp = _pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)
         new_inp = _pack(target_case, tgt, before, after, kind, seed=target_case.seed * 37 + after)
-        base = ctx.memo(("iso-base", target_case, before, after), lambda: ctx.run(base_inp))
+        base = ctx.memo(("iso-base", target_case, before, after), lambda: ctx.run(base_inp))  # noqa: B023 (ctx.memo calls it at once)
         new = ctx.run(new_inp)
         runs += 1
         for name, m in _compare_target(ctx, target_case, base, new, before, f"neighbours {kind}"):
@@ -157,7 +157,7 @@ def nan(ctx):
     for n, (target_case, (before, after)) in enumerate(jobs):
         tgt = ctx.inputs(target_case)
         base = ctx.memo(("iso-base", target_case, before, after),
-                        lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))
+                        lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))  # noqa: B023 (ctx.memo calls it at once)
         new = ctx.run(_pack(target_case, tgt, before, after, "nan", seed=0))
         runs += 1
         before_k = _k_layout(target_case, before, after)[0]
@@ -198,7 +198,7 @@ def offset(ctx):
         alone = ctx.run(target_case)
         tgt = ctx.inputs(target_case)
         packed = ctx.memo(("iso-base", target_case, before, after),
-                          lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))
+                          lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))  # noqa: B023 (ctx.memo calls it at once)
         runs += 1
         before_k = _k_layout(target_case, before, after)[0]
         all_equal = True

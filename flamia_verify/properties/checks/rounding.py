@@ -19,7 +19,6 @@ their rounding is not fixed by the recipe.
 
 from __future__ import annotations
 
-
 from flamia_verify.kernels.bounds import attention_bounds, exact_operands_model
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.checks.bound import bound_ratio
