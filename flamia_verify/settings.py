@@ -4,12 +4,11 @@ may ask for, and the rules a threshold override must follow.
 Suites: how many cases, seeds and sizes each check runs.
 
     quick     small sizes (at most 256 tokens per call but one document of long_len = 512 keys), two
-              seeds per packing, every block-boundary residue of the causal documents; an emulated
-              kernel runs the whole suite in 10-18 s on the 2-core CPU (the CI machine), under 90 s
+              seeds per packing, every block-boundary residue of the causal documents: sized for
+              an emulated kernel on a CPU (its run times: benchmarks/RESULTS.md)
     standard  more packings (many tiny documents, one long one, lengths around 32/64/128, GQA 4:1,
-              headdim 128), two seeds per packing, longer causal documents, a bounded fuzz pass; the
-              fused flamia-mxfp8 kernel ran it in 57 s on an H200 with an empty Triton cache, 20 s
-              with its kernels compiled (benchmarks/RESULTS.md)
+              headdim 128), two seeds per packing, longer causal documents, a bounded fuzz pass:
+              sized for a fused kernel on a GPU
     full      everything, larger: four seeds, documents up to 2048 tokens, four heads
 
 Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distribution, softmax_scale,

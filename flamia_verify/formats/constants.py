@@ -10,7 +10,8 @@ and where it comes from. Sources:
            the RCEIL scale rule and saturating E4M3 conversion used by Blackwell hardware.
 - [NVFP4]  NVIDIA NVFP4 (cuBLAS / TransformerEngine docs): E2M1 elements, 16-element blocks,
            UE4M3 block scale, fp32 per-tensor scale; s_global = amax / (448 * 6).
-- [FORMATS] /work/shared/FORMATS.md, the project's collected facts (table "Element formats").
+- [FORMATS] the project's collected facts on the formats and their known bug classes (table
+           "Element formats"), summarized with their derivations in docs/formats.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 the forward and the backward (query i also sees key i + 1, the byte it must predict). Built from the
 mutation table's edits (``mask.forward+1`` and ``mask.backward+1``), so the emulation itself stays
 unpatched. Use it as ``--kernel flamia_verify.training.demo_kernels:future_leak``. It runs the
-emulation on every device (about 1 s a training step of the ``small`` preset on an H200).
+emulation on every device, which makes it far slower than a fused kernel on a GPU.
 
 ``next_token_leak``: the built-in ``flamia-mxfp8`` kernel (fused Triton on CUDA, the emulation on the
 CPU) called on keys and values shifted one position left inside every document, so that the causal

@@ -68,9 +68,8 @@ def _native_e4m3_default() -> bool:
 #: ``cvt.rn.satfinite.e4m3x2.f32`` on Hopper: RNE, +-448 saturation, NaN kept); under the interpreter
 #: (whose float8 cast mis-rounds), on GPUs before compute capability 8.9 and with
 #: ``FLAMIA_VERIFY_NATIVE_E4M3=0`` set before importing this module, with the fp32/int32 arithmetic of
-#: ``round_grid``. Both are held against the formats bit for bit on the H200 (tests/test_triton_quant.py);
-#: the hardware conversion took the fp8 backward from 73 to 33 ms and flamia-mxfp8's from 22.5 to
-#: 17.5 ms at S = 8K (benchmarks/RESULTS.md).
+#: ``round_grid``. Both are held against the formats bit for bit on a GPU (tests/test_triton_quant.py);
+#: the hardware conversion is the faster one (benchmarks/RESULTS.md).
 NATIVE_E4M3 = tl.constexpr(_native_e4m3_default())
 
 
