@@ -14,7 +14,12 @@ __all__ = ["quick_report", "GROUP"]
 GROUP = "quick-reports"
 
 
-@functools.cache
 def quick_report(kernel, seed: int = 0, recipe: str | None = None):
-    recipe = recipe or getattr(kernel, "recipe", None)
+    """The quick suite's report of ``kernel`` at ``seed``, computed once per process whichever way
+    the arguments are spelled (``quick_report(k, 0)`` and ``quick_report(k, 0, None)`` share it)."""
+    return _quick_report(kernel, int(seed), recipe or getattr(kernel, "recipe", None))
+
+
+@functools.cache
+def _quick_report(kernel, seed: int, recipe: str | None):
     return run_checks(kernel, recipe=recipe, suite="quick", seed=seed, device="cpu")
