@@ -1,7 +1,8 @@
 # Two entry points (see README "Quick start"):
 #   make check   set up .venv and run `flamia-verify check` with its defaults
-#   make test    set up .venv, lint (ruff; lint-imports: the import layers in pyproject.toml),
-#                type-check (mypy) and run the whole test suite
+#   make test    set up .venv, check the formatting and lint (ruff), the import layers
+#                (lint-imports, pyproject.toml), the types (mypy), then run the whole test suite
+#   make format  apply ruff's formatting and its safe lint fixes
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 # here keeps pip from pulling a multi-GB CUDA build. The GPU machine ships torch 2.11.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup check test clean
+.PHONY: setup check test format clean
 
 $(BIN)/flamia-verify: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +25,15 @@ check: setup
 	$(BIN)/flamia-verify check
 
 test: setup
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf $(VENV) flamia-report .pytest_cache .hypothesis .mypy_cache

@@ -39,12 +39,21 @@ def main(argv=None) -> int:
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     causal = {"both": (True, False), "true": (True,), "false": (False,)}[args.causal]
-    rows = bench_table(args.kernels, seqlens=args.seqlens, tokens=args.tokens, heads=args.heads,
-                       head_dim=args.head_dim, causal=causal, rep_ms=args.rep_ms)
+    rows = bench_table(
+        args.kernels,
+        seqlens=args.seqlens,
+        tokens=args.tokens,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        causal=causal,
+        rep_ms=args.rep_ms,
+    )
     import triton
 
-    header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-              f"triton {triton.__version__}, B*S = {args.tokens}, H = {args.heads}, D = {args.head_dim}, bf16")
+    header = (
+        f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"triton {triton.__version__}, B*S = {args.tokens}, H = {args.heads}, D = {args.head_dim}, bf16"
+    )
     table = format_table(rows)
     print(header)
     print(table)
@@ -52,8 +61,9 @@ def main(argv=None) -> int:
         args.md.write_text(header + "\n\n" + table + "\n")
     if args.json:
         # strict JSON, non-finite numbers as "nan"/"inf" strings (as report.json and `flamia-verify bench`)
-        args.json.write_text(json.dumps(jsonable({"header": header, "rows": rows}), indent=1, allow_nan=False,
-                                        default=str))
+        args.json.write_text(
+            json.dumps(jsonable({"header": header, "rows": rows}), indent=1, allow_nan=False, default=str)
+        )
     return 0
 
 

@@ -31,8 +31,16 @@ class Watch:
     def __call__(self, q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
         out = self.kernel(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=softmax_scale, causal=causal)
         out = out[0] if isinstance(out, tuple) else out
-        rec = {"q": q.detach().clone(), "k": k.detach().clone(), "v": v.detach().clone(), "cu": cu_q.detach().clone(),
-               "max_len": int(mq), "scale": float(softmax_scale), "step": self.step, "layer": self.layer}
+        rec = {
+            "q": q.detach().clone(),
+            "k": k.detach().clone(),
+            "v": v.detach().clone(),
+            "cu": cu_q.detach().clone(),
+            "max_len": int(mq),
+            "scale": float(softmax_scale),
+            "step": self.step,
+            "layer": self.layer,
+        }
         self.layer += 1
         if self.found is None and not bool(torch.isfinite(out).all()):
             self.found = dict(rec, which="out")
@@ -80,22 +88,37 @@ def main() -> None:
     if args.steps:
         cfg = replace(cfg, steps=args.steps)
     corpus = build_corpus(max_bytes=cfg.corpus_max_bytes)
-    val = [b.to(args.device) for b in make_batches(corpus.val, n=cfg.val_batches, tokens=cfg.tokens,
-                                                   max_len=cfg.max_len, seed=10_000 + cfg.seed)]
+    val = [
+        b.to(args.device)
+        for b in make_batches(
+            corpus.val, n=cfg.val_batches, tokens=cfg.tokens, max_len=cfg.max_len, seed=10_000 + cfg.seed
+        )
+    ]
     watch = Watch(load_kernel(args.kernel).fn)
 
     def on_step(name, step, loss):
         watch.step, watch.layer = step + 1, 0
 
-    r = train_one(watch, args.kernel, cfg, corpus, seed=cfg.seed, device=args.device, exact=reference_attention,
-                  val=val, on_step=on_step)
+    r = train_one(
+        watch,
+        args.kernel,
+        cfg,
+        corpus,
+        seed=cfg.seed,
+        device=args.device,
+        exact=reference_attention,
+        val=val,
+        on_step=on_step,
+    )
     print(f"{args.kernel}: diverged at step {r.diverged_at}; last losses {[round(x, 3) for x in r.train_loss[-5:]]}")
     if watch.found is not None:
         f = watch.found
-        print(f"first non-finite: {f['which']} at step {f['step']}, layer {f['layer']}; "
-              f"|q| max {float(f['q'].abs().max()):.3g}, |k| max {float(f['k'].abs().max()):.3g}, "
-              f"|v| max {float(f['v'].abs().max()):.3g}, |dO| max "
-              f"{float(f['do'].abs().max()) if 'do' in f else float('nan'):.3g}, documents {f['cu'].numel() - 1}")
+        print(
+            f"first non-finite: {f['which']} at step {f['step']}, layer {f['layer']}; "
+            f"|q| max {float(f['q'].abs().max()):.3g}, |k| max {float(f['k'].abs().max()):.3g}, "
+            f"|v| max {float(f['v'].abs().max()):.3g}, |dO| max "
+            f"{float(f['do'].abs().max()) if 'do' in f else float('nan'):.3g}, documents {f['cu'].numel() - 1}"
+        )
         path = Path(args.out) / "divergence-case.pt"
         torch.save({k: (v.cpu() if torch.is_tensor(v) else v) for k, v in f.items()}, path)
         print(f"saved {path}")
@@ -105,10 +128,20 @@ def main() -> None:
         print("float64 reference: ", _replay(reference_attention, f, args.device))
     if args.emulated_steps and args.kernel in DESIGNS:
         emu = make_kernel(DESIGNS[args.kernel])
-        r2 = train_one(emu, args.kernel + " (emulation)", replace(cfg, steps=args.emulated_steps), corpus,
-                       seed=cfg.seed, device=args.device, exact=reference_attention, val=val[:1])
-        print(f"{args.kernel} emulation, {args.emulated_steps} steps: diverged at {r2.diverged_at}, last losses "
-              f"{[round(x, 3) for x in r2.train_loss[-3:]]}")
+        r2 = train_one(
+            emu,
+            args.kernel + " (emulation)",
+            replace(cfg, steps=args.emulated_steps),
+            corpus,
+            seed=cfg.seed,
+            device=args.device,
+            exact=reference_attention,
+            val=val[:1],
+        )
+        print(
+            f"{args.kernel} emulation, {args.emulated_steps} steps: diverged at {r2.diverged_at}, last losses "
+            f"{[round(x, 3) for x in r2.train_loss[-3:]]}"
+        )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     seen = 0
     for name in args.designs:
-        q, k, v = (torch.randn(1024, 4, args.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(1024, 4, args.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)
+        )
         cu = torch.tensor([0, 512, 1024], dtype=torch.int32, device="cuda")
         out = fused_attention(DESIGNS[name], q, k, v, cu, cu, 512, 512, causal=True)
         out.backward(torch.randn_like(out))
@@ -41,8 +43,10 @@ def main(argv=None) -> int:
         rows = kernel_resources()
         for r in rows[seen:]:
             t = r["tile"]
-            print(f"| {name} | {r['kernel']} | ({t.block_m}, {t.block_n}, {t.num_warps}) | {r['stages']} | "
-                  f"{r['n_regs']} | {r['n_spills']} | {r['shared']} |")
+            print(
+                f"| {name} | {r['kernel']} | ({t.block_m}, {t.block_n}, {t.num_warps}) | {r['stages']} | "
+                f"{r['n_regs']} | {r['n_spills']} | {r['shared']} |"
+            )
         seen = len(rows)
     return 0
 

@@ -35,21 +35,29 @@ def main() -> None:
 
     def show(r):
         n[0] += 1
-        print(f"[{n[0]:>3}/{len(MUTANTS)}] {r.name:44s} {r.outcome:11s} {r.seconds:6.1f}s {', '.join(r.failing)[:160]}",
-              flush=True)
+        print(
+            f"[{n[0]:>3}/{len(MUTANTS)}] {r.name:44s} {r.outcome:11s} {r.seconds:6.1f}s {', '.join(r.failing)[:160]}",
+            flush=True,
+        )
 
     results = run_mutants(MUTANTS, suite=args.suite, jobs=args.jobs, device=args.device, on_result=show)
     summary = summarize(results)
-    summary.update(suite=args.suite, device=args.device, seconds=round(time.perf_counter() - start, 1),
-                   package=flamia_verify.__file__)
+    summary.update(
+        suite=args.suite,
+        device=args.device,
+        seconds=round(time.perf_counter() - start, 1),
+        package=flamia_verify.__file__,
+    )
     rows = [r.to_dict() for r in results]
     with open(args.json, "w") as fh:
         json.dump({"schema": "flamia-verify/mutation/v1", "summary": summary, "results": rows}, fh, indent=1)
     if args.md:
         with open(args.md, "w") as fh:
             fh.write(render_markdown(summary, rows, suite=args.suite))
-    print(f"{args.suite}: killed {summary['killed']}/{summary['mutants']} ({100 * summary['kill_rate']:.1f} %), "
-          f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}, {summary['seconds']:.0f} s")
+    print(
+        f"{args.suite}: killed {summary['killed']}/{summary['mutants']} ({100 * summary['kill_rate']:.1f} %), "
+        f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}, {summary['seconds']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -19,20 +19,34 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-STYLE = {"sdpa-cudnn": ("black", "--"), "sdpa-flash": ("grey", "--"), "bf16": ("tab:blue", "-"),
-         "fp8": ("tab:red", "-"), "flamia-mxfp8": ("tab:green", "-"), "flamia-nvfp4": ("tab:purple", "-")}
+STYLE = {
+    "sdpa-cudnn": ("black", "--"),
+    "sdpa-flash": ("grey", "--"),
+    "bf16": ("tab:blue", "-"),
+    "fp8": ("tab:red", "-"),
+    "flamia-mxfp8": ("tab:green", "-"),
+    "flamia-nvfp4": ("tab:purple", "-"),
+}
 
 
 def plot(table: dict, path: Path) -> None:
-    rows = [r for r in table["rows"] if not r.get("error") and isinstance(r.get("fwdbwd_tflops"), (int, float))
-            and not math.isnan(r["fwdbwd_tflops"])]
+    rows = [
+        r
+        for r in table["rows"]
+        if not r.get("error")
+        and isinstance(r.get("fwdbwd_tflops"), (int, float))
+        and not math.isnan(r["fwdbwd_tflops"])
+    ]
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     for col, causal in enumerate((True, False)):
         top, bottom = axes[0][col], axes[1][col]
         for name in kernels:
-            pts = sorted((r["seqlen"], r["fwdbwd_tflops"], float(r["ratio"])) for r in rows  # "nan" in JSON
-                         if r["kernel"] == name and bool(r["causal"]) == causal)
+            pts = sorted(
+                (r["seqlen"], r["fwdbwd_tflops"], float(r["ratio"]))
+                for r in rows  # "nan" in JSON
+                if r["kernel"] == name and bool(r["causal"]) == causal
+            )
             if not pts:
                 continue
             color, ls = STYLE.get(name, (None, "-"))
@@ -44,8 +58,10 @@ def plot(table: dict, path: Path) -> None:
         top.set_ylabel("fwd+bwd TFLOP/s")
         top.set_ylim(bottom=0)
         bottom.set_ylabel("/ best BF16 SDPA")
-        top_ratio = max([r["ratio"] for r in rows if isinstance(r.get("ratio"), (int, float))
-                         and not math.isnan(r["ratio"])] + [1.0])
+        top_ratio = max(
+            [r["ratio"] for r in rows if isinstance(r.get("ratio"), (int, float)) and not math.isnan(r["ratio"])]
+            + [1.0]
+        )
         bottom.set_ylim(0, 1.2 * top_ratio)
         bottom.axhline(1.0, color="black", lw=0.8)
         bottom.set_xscale("log", base=2)
@@ -56,8 +72,9 @@ def plot(table: dict, path: Path) -> None:
     for ax in axes[0]:  # every kernel once, whichever panel it appears in
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=max(1, len(legend)), fontsize=8,
-               frameon=False)
+    fig.legend(
+        list(legend.values()), list(legend), loc="lower center", ncol=max(1, len(legend)), fontsize=8, frameon=False
+    )
     fig.suptitle(table.get("header", ""), fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)

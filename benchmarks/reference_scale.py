@@ -52,7 +52,9 @@ def _case(spec: dict) -> dict:
 
     def run(q, k, v, dout, cu, S):
         if spec["mode"] == "fwd":
-            out, _ = attention_forward(q, k, v, cu, cu, softmax_scale=scale, causal=causal, chunk_size=spec["chunk_size"])
+            out, _ = attention_forward(
+                q, k, v, cu, cu, softmax_scale=scale, causal=causal, chunk_size=spec["chunk_size"]
+            )
             return out
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         out = reference_attention(q, k, v, cu, cu, S, S, softmax_scale=scale, causal=causal)
@@ -74,6 +76,7 @@ def _case(spec: dict) -> dict:
         before = torch.cuda.memory_allocated()
     else:
         before = rss_bytes()
+
     def cpu_seconds() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
@@ -90,7 +93,14 @@ def _case(spec: dict) -> dict:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     finite = bool(torch.isfinite(out).all())
-    return {"seconds": seconds, "cpu_seconds": cpu, "peak_bytes": peak, "before_bytes": before, "finite": finite, "load": os.getloadavg()[0]}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "peak_bytes": peak,
+        "before_bytes": before,
+        "finite": finite,
+        "load": os.getloadavg()[0],
+    }
 
 
 def _flops(S: int, H: int, D: int, causal: bool, mode: str) -> float:
@@ -125,12 +135,18 @@ def main(argv: list[str] | None = None) -> int:
         for causal in masks:
             for mode in args.modes:
                 spec = dict(
-                    seqlen=S, heads=args.heads, headdim=args.headdim, causal=causal, mode=mode,
-                    device=args.device, chunk_size=args.chunk_size,
+                    seqlen=S,
+                    heads=args.heads,
+                    headdim=args.headdim,
+                    causal=causal,
+                    mode=mode,
+                    device=args.device,
+                    chunk_size=args.chunk_size,
                 )
                 proc = subprocess.run(
                     [sys.executable, os.path.abspath(__file__), "--case", json.dumps(spec)],
-                    capture_output=True, text=True,
+                    capture_output=True,
+                    text=True,
                 )
                 if proc.returncode != 0:
                     print(f"case {spec} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
@@ -153,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}"
         mem_cols = ("peak RSS (GiB)", "RSS before (GiB)", "added (GiB)")
     print(f"`{' '.join(['python', 'benchmarks/reference_scale.py', *(argv if argv is not None else sys.argv[1:])])}`")
-    print(f"{datetime.date.today().isoformat()}, {where}, torch {torch.__version__}, H={args.heads}, D={args.headdim}, bf16 inputs\n")
-    print(f"| S | mask | mode | time (s) | CPU time (s) | GEMM GFLOP/s | {' | '.join(mem_cols)} | load avg (1 min, at end) |")
+    print(
+        f"{datetime.date.today().isoformat()}, {where}, torch {torch.__version__}, H={args.heads}, D={args.headdim}, bf16 inputs\n"
+    )
+    print(
+        f"| S | mask | mode | time (s) | CPU time (s) | GEMM GFLOP/s | {' | '.join(mem_cols)} | load avg (1 min, at end) |"
+    )
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for m in rows:
         print(

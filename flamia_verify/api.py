@@ -1,12 +1,12 @@
 """The Python API mirror of the command line, for notebooks and pytest.
 
-    >>> import flamia_verify
-    >>> report = flamia_verify.check("flamia-mxfp8", suite="quick")
-    >>> report.passed, [c.name for c in report.checks if c.status == "fail"]
+>>> import flamia_verify
+>>> report = flamia_verify.check("flamia-mxfp8", suite="quick")
+>>> report.passed, [c.name for c in report.checks if c.status == "fail"]
 
-    # in a test suite, for your own kernel:
-    >>> report = flamia_verify.check(my_varlen_attention, recipe="mxfp8", only=["causal", "isolation"])
-    >>> assert report.passed, report.summary()["failed_checks"]
+# in a test suite, for your own kernel:
+>>> report = flamia_verify.check(my_varlen_attention, recipe="mxfp8", only=["causal", "isolation"])
+>>> assert report.passed, report.summary()["failed_checks"]
 """
 
 from __future__ import annotations
@@ -68,12 +68,27 @@ def check(
     return report
 
 
-def fuzz(kernel, *, recipe: str | None = None, examples: int = 100, seed: int = 0, device: str = "auto", dtype="bf16",
-         forward_only: bool = False):
+def fuzz(
+    kernel,
+    *,
+    recipe: str | None = None,
+    examples: int = 100,
+    seed: int = 0,
+    device: str = "auto",
+    dtype="bf16",
+    forward_only: bool = False,
+):
     """Fuzz ``kernel`` over odd variable-length packings; returns a FuzzResult with a reproducer on failure.
 
     A missing or raising backward fails the result unless ``forward_only`` declares it."""
     from flamia_verify.properties import fuzz as _fuzz
 
-    return _fuzz(kernel, recipe=recipe, examples=examples, seed=seed, device=resolve_device(device),
-                 dtype=resolve_dtype(dtype), forward_only=forward_only)
+    return _fuzz(
+        kernel,
+        recipe=recipe,
+        examples=examples,
+        seed=seed,
+        device=resolve_device(device),
+        dtype=resolve_dtype(dtype),
+        forward_only=forward_only,
+    )

@@ -22,13 +22,36 @@ import torch
 if TYPE_CHECKING:
     from flamia_verify.kernels.emulation import EmulatedDesign
 
-__all__ = ["bench_table", "format_table", "add_ratios", "resolve_kernel", "kernel_runner", "BenchKernel",
-           "BASELINES", "attention_flops", "COLUMNS"]
+__all__ = [
+    "bench_table",
+    "format_table",
+    "add_ratios",
+    "resolve_kernel",
+    "kernel_runner",
+    "BenchKernel",
+    "BASELINES",
+    "attention_flops",
+    "COLUMNS",
+]
 
 BASELINES = ("sdpa-cudnn", "sdpa-flash")
 #: the keys of every row, in order (the CLI prints them as columns)
-COLUMNS = ("kernel", "seqlen", "batch", "causal", "fwd_tflops", "bwd_tflops", "fwdbwd_tflops", "ratio",
-           "ratio_bf16", "fwd_ms", "bwd_ms", "fwdbwd_ms", "peak_extra_gib", "error")
+COLUMNS = (
+    "kernel",
+    "seqlen",
+    "batch",
+    "causal",
+    "fwd_tflops",
+    "bwd_tflops",
+    "fwdbwd_tflops",
+    "ratio",
+    "ratio_bf16",
+    "fwd_ms",
+    "bwd_ms",
+    "fwdbwd_ms",
+    "peak_extra_gib",
+    "error",
+)
 
 
 def attention_flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> dict[str, float]:
@@ -41,6 +64,7 @@ def _sdpa_runner(backend_name: str, q, k, v, causal: bool):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}[backend_name]
+
     # (T, H, D) packed documents of equal length -> dense (B, H, S, D)
     def forward(q, k, v):
         with sdpa_kernel([backend]):
@@ -92,8 +116,19 @@ def kernel_runner(spec, causal: bool, cu, seqlen: int):
         from flamia_verify.kernels.triton.attention import fused_attention
 
         def forward(q, k, v):
-            return fused_attention(design, q, k, v, cu, cu, seqlen, seqlen,
-                                   softmax_scale=q.shape[-1] ** -0.5, causal=causal, validate=False)
+            return fused_attention(
+                design,
+                q,
+                k,
+                v,
+                cu,
+                cu,
+                seqlen,
+                seqlen,
+                softmax_scale=q.shape[-1] ** -0.5,
+                causal=causal,
+                validate=False,
+            )
 
         return forward
 
@@ -143,9 +178,19 @@ def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
     return res
 
 
-def bench_table(kernels: list, device: str = "cuda", *, seqlens=(2048, 8192, 16384), tokens: int = 32768,
-                heads: int = 16, head_dim: int = 128, causal=(True, False), baselines=BASELINES,
-                rep_ms: int = 100, progress=None) -> list[dict]:
+def bench_table(
+    kernels: list,
+    device: str = "cuda",
+    *,
+    seqlens=(2048, 8192, 16384),
+    tokens: int = 32768,
+    heads: int = 16,
+    head_dim: int = 128,
+    causal=(True, False),
+    baselines=BASELINES,
+    rep_ms: int = 100,
+    progress=None,
+) -> list[dict]:
     """Forward, backward and forward+backward speed of ``kernels`` (specs or ``resolve_kernel``
     results: built-in names time their fused kernels, any spec ``check`` takes is called as it is)
     and of the SDPA baselines; one dict per (kernel, S, causal), B = tokens // S documents of S tokens.
@@ -157,15 +202,39 @@ def bench_table(kernels: list, device: str = "cuda", *, seqlens=(2048, 8192, 163
     ``progress(done, total, label)`` is called before each measurement and once at the end.
     """
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
-        raise RuntimeError(f"bench_table needs a CUDA device, got device={device!r} "
-                           f"(torch.cuda.is_available() = {torch.cuda.is_available()})")
-    return _bench_rows([resolve_kernel(k) for k in kernels], device, seqlens=seqlens, tokens=tokens, heads=heads,
-                       head_dim=head_dim, causal=causal, baselines=baselines, rep_ms=rep_ms, progress=progress,
-                       measure=_measure)
+        raise RuntimeError(
+            f"bench_table needs a CUDA device, got device={device!r} "
+            f"(torch.cuda.is_available() = {torch.cuda.is_available()})"
+        )
+    return _bench_rows(
+        [resolve_kernel(k) for k in kernels],
+        device,
+        seqlens=seqlens,
+        tokens=tokens,
+        heads=heads,
+        head_dim=head_dim,
+        causal=causal,
+        baselines=baselines,
+        rep_ms=rep_ms,
+        progress=progress,
+        measure=_measure,
+    )
 
 
-def _bench_rows(kernels: list[BenchKernel], device, *, seqlens, tokens, heads, head_dim, causal, baselines, rep_ms,
-                progress, measure) -> list[dict]:
+def _bench_rows(
+    kernels: list[BenchKernel],
+    device,
+    *,
+    seqlens,
+    tokens,
+    heads,
+    head_dim,
+    causal,
+    baselines,
+    rep_ms,
+    progress,
+    measure,
+) -> list[dict]:
     """The table's loop; ``measure(forward, q, k, v, do, rep_ms)`` returns the times (``_measure``)."""
     rows: list[dict] = []
     n_measurements = len(seqlens) * len(causal) * (len(baselines) + len(kernels))
@@ -174,8 +243,9 @@ def _bench_rows(kernels: list[BenchKernel], device, *, seqlens, tokens, heads, h
     for seqlen in seqlens:
         batch = max(1, tokens // seqlen)
         n_tokens = batch * seqlen
-        q, k, v, do = (torch.randn(n_tokens, heads, head_dim, device=device, dtype=torch.bfloat16, generator=gen)
-                       for _ in range(4))
+        q, k, v, do = (
+            torch.randn(n_tokens, heads, head_dim, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(4)
+        )
         cu = torch.arange(0, n_tokens + 1, seqlen, dtype=torch.int32, device=device)
         dense = [t.view(batch, seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v, do)]
         for c in causal:
@@ -210,6 +280,7 @@ def add_ratios(group: list[dict]) -> list[dict]:
     """Set ``ratio`` (forward+backward TFLOP/s over the fastest SDPA baseline's) and ``ratio_bf16``
     (over the fused ``bf16`` kernel's) on the rows of one shape; NaN where a row or its reference
     has no measurement."""
+
     def speed(r):
         x = r.get("fwdbwd_tflops", 0.0) if not r.get("error") else 0.0
         return 0.0 if math.isnan(x) else x
@@ -229,15 +300,28 @@ def _cell(x, fmt: str) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of ``bench_table``'s rows (empty cells where nothing was measured)."""
-    head = ("| kernel | S | causal | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd / best BF16 SDPA "
-            "| fwd+bwd / bf16 kernel | fwd ms | bwd ms | fwd+bwd ms | peak extra GiB |")
+    head = (
+        "| kernel | S | causal | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | fwd+bwd / best BF16 SDPA "
+        "| fwd+bwd / bf16 kernel | fwd ms | bwd ms | fwd+bwd ms | peak extra GiB |"
+    )
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         if r.get("error"):
             lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | error: {r['error']} |||||||||")
             continue
-        cells = [_cell(r[key], fmt) for key, fmt in (
-            ("fwd_tflops", ".0f"), ("bwd_tflops", ".0f"), ("fwdbwd_tflops", ".0f"), ("ratio", ".2f"),
-            ("ratio_bf16", ".2f"), ("fwd_ms", ".2f"), ("bwd_ms", ".2f"), ("fwdbwd_ms", ".2f"), ("peak_extra_gib", ".2f"))]
+        cells = [
+            _cell(r[key], fmt)
+            for key, fmt in (
+                ("fwd_tflops", ".0f"),
+                ("bwd_tflops", ".0f"),
+                ("fwdbwd_tflops", ".0f"),
+                ("ratio", ".2f"),
+                ("ratio_bf16", ".2f"),
+                ("fwd_ms", ".2f"),
+                ("bwd_ms", ".2f"),
+                ("fwdbwd_ms", ".2f"),
+                ("peak_extra_gib", ".2f"),
+            )
+        ]
         lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

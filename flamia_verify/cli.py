@@ -103,55 +103,101 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"flamia-verify {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    c = sub.add_parser("check", help="run the checks on a kernel and write reports",
-                       description=CHECK_DESCRIPTION, epilog=CHECK_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = sub.add_parser(
+        "check",
+        help="run the checks on a kernel and write reports",
+        description=CHECK_DESCRIPTION,
+        epilog=CHECK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("--kernel", help=f"built-in name, module:function or file.py:function (default {DEFAULT_KERNEL})")
-    c.add_argument("--recipe", help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4); "
-                                    "built-in kernels carry their own")
-    c.add_argument("--suite", choices=SUITES,
-                   help="how many and how large the cases are (see above; default quick)")
-    c.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR,
-                   help="where the kernel and its inputs live: cuda:N is GPU N (default auto: cuda when a GPU "
-                        "is present)")
+    c.add_argument(
+        "--recipe",
+        help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4); "
+        "built-in kernels carry their own",
+    )
+    c.add_argument("--suite", choices=SUITES, help="how many and how large the cases are (see above; default quick)")
+    c.add_argument(
+        "--device",
+        type=device_arg,
+        metavar=DEVICE_METAVAR,
+        help="where the kernel and its inputs live: cuda:N is GPU N (default auto: cuda when a GPU is present)",
+    )
     c.add_argument("--dtype", choices=CLI_DTYPES, help="dtype of q, k, v and dO (default bf16)")
-    c.add_argument("--seed", type=int, help="seed every case is drawn from; the same seed gives the same cases (default 0)")
-    c.add_argument("--out", help="directory for report.json, report.md, report.html, junit.xml (default ./flamia-report)")
-    c.add_argument("--config", help="TOML file with [tool.flamia-verify] settings and thresholds "
-                                    "(default: pyproject.toml here, if it has that table)")
+    c.add_argument(
+        "--seed", type=int, help="seed every case is drawn from; the same seed gives the same cases (default 0)"
+    )
+    c.add_argument(
+        "--out", help="directory for report.json, report.md, report.html, junit.xml (default ./flamia-report)"
+    )
+    c.add_argument(
+        "--config",
+        help="TOML file with [tool.flamia-verify] settings and thresholds "
+        "(default: pyproject.toml here, if it has that table)",
+    )
     c.add_argument("--only", nargs="+", metavar="FAMILY", help="only these families or checks (e.g. causal isolation)")
-    c.add_argument("--forward-only", action="store_true", default=None,
-                   help="declare a kernel without a backward: its backward is never called, the gradient checks "
-                        "skip and the reports say gradients were not checked (config: forward_only = true). "
-                        "Without it, a kernel whose backward is missing or raises fails")
+    c.add_argument(
+        "--forward-only",
+        action="store_true",
+        default=None,
+        help="declare a kernel without a backward: its backward is never called, the gradient checks "
+        "skip and the reports say gradients were not checked (config: forward_only = true). "
+        "Without it, a kernel whose backward is missing or raises fails",
+    )
 
     f = sub.add_parser("fuzz", help="fuzz a kernel over odd variable-length packings")
-    f.add_argument("--kernel", help="built-in name, module:function or file.py:function (required here or as "
-                                    "kernel in the config)")
+    f.add_argument(
+        "--kernel", help="built-in name, module:function or file.py:function (required here or as kernel in the config)"
+    )
     f.add_argument("--recipe", help="the precision recipe the kernel claims (built-in kernels carry their own)")
     f.add_argument("--examples", type=int, default=100, help="how many packings to draw (default 100)")
     f.add_argument("--seed", type=int, help="seed of the search; the same seed draws the same packings (default 0)")
-    f.add_argument("--out",
-                   help="directory for the reports and fuzz-case.json, the minimal failing case (default ./flamia-report)")
-    f.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR,
-                   help="where the kernel runs: cuda:N is GPU N (default auto: cuda when a GPU is present)")
+    f.add_argument(
+        "--out", help="directory for the reports and fuzz-case.json, the minimal failing case (default ./flamia-report)"
+    )
+    f.add_argument(
+        "--device",
+        type=device_arg,
+        metavar=DEVICE_METAVAR,
+        help="where the kernel runs: cuda:N is GPU N (default auto: cuda when a GPU is present)",
+    )
     f.add_argument("--dtype", choices=CLI_DTYPES, help="dtype of q, k, v and dO (default bf16)")
-    f.add_argument("--config", help="TOML file with [tool.flamia-verify] settings; fuzz reads kernel, recipe, device, "
-                                    "dtype, seed, out and forward_only from it, the flags win (default: "
-                                    "pyproject.toml here, if it has that table)")
+    f.add_argument(
+        "--config",
+        help="TOML file with [tool.flamia-verify] settings; fuzz reads kernel, recipe, device, "
+        "dtype, seed, out and forward_only from it, the flags win (default: "
+        "pyproject.toml here, if it has that table)",
+    )
     f.add_argument("--replay", metavar="CASE.json", help="rerun one reproducer written by an earlier fuzz run")
-    f.add_argument("--forward-only", action="store_true", default=None,
-                   help="the kernel has no backward: fuzz the forward and say that gradients were not checked "
-                        "(config: forward_only = true; without it, a missing or raising backward fails the run)")
+    f.add_argument(
+        "--forward-only",
+        action="store_true",
+        default=None,
+        help="the kernel has no backward: fuzz the forward and say that gradients were not checked "
+        "(config: forward_only = true; without it, a missing or raising backward fails the run)",
+    )
 
     b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
-    b.add_argument("--kernel", nargs="+", default=None,
-                   help="built-in names (their fused kernels) or module:function / file.py:function specs")
+    b.add_argument(
+        "--kernel",
+        nargs="+",
+        default=None,
+        help="built-in names (their fused kernels) or module:function / file.py:function specs",
+    )
     b.add_argument("--device", choices=("cuda",), default="cuda", help="the GPU to time on (only cuda)")
-    b.add_argument("--seqlens", nargs="+", type=int, default=[2048, 8192, 16384],
-                   help="tokens per document S; each row packs B = 32768 // S documents")
-    b.add_argument("--causal", choices=("both", "true", "false"), default="both",
-                   help="time causal attention, non-causal, or both (default both)")
+    b.add_argument(
+        "--seqlens",
+        nargs="+",
+        type=int,
+        default=[2048, 8192, 16384],
+        help="tokens per document S; each row packs B = 32768 // S documents",
+    )
+    b.add_argument(
+        "--causal",
+        choices=("both", "true", "false"),
+        default="both",
+        help="time causal attention, non-causal, or both (default both)",
+    )
     b.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (triton do_bench)")
     b.add_argument("--md", help="also write the table as Markdown to this file")
     b.add_argument("--json", help="also write the rows as JSON to this file")
@@ -159,11 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="regression gate between two report.json files")
     cmp_.add_argument("base", help="report.json of the accepted run (the baseline)")
     cmp_.add_argument("new", help="report.json of the run to judge against it")
-    cmp_.add_argument("--factor", type=float, default=None, help="a metric regresses when worse by more than this factor (default 1.5) "
-                           "and by at least half the headroom to its threshold")
+    cmp_.add_argument(
+        "--factor",
+        type=float,
+        default=None,
+        help="a metric regresses when worse by more than this factor (default 1.5) "
+        "and by at least half the headroom to its threshold",
+    )
     cmp_.add_argument("--config", help="TOML file with [tool.flamia-verify] settings (compare_factor)")
-    cmp_.add_argument("--allow-missing", action="store_true",
-                      help="do not fail when a check of BASE is missing from NEW (a deliberately narrower run)")
+    cmp_.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="do not fail when a check of BASE is missing from NEW (a deliberately narrower run)",
+    )
 
     r = sub.add_parser("report", help="render a report.json again")
     r.add_argument("report", help="the report.json to read (validated against the report schema)")
@@ -309,9 +363,13 @@ def _cmd_check(args) -> int:
         index = getattr(event, "index", 0) or 0
         total = getattr(event, "total", None) or total_checks or 1
         if plain and selected["total"] is None:  # the log says what runs before the first check finishes
-            console.print(f"checking {printable(kernel.name)}  recipe {printable(shown_recipe)}  suite {suite}  seed {seed}  "
-                          f"device {device}: {getattr(event, 'total', None) or total_checks} checks",
-                          markup=False, soft_wrap=True, crop=False)
+            console.print(
+                f"checking {printable(kernel.name)}  recipe {printable(shown_recipe)}  suite {suite}  seed {seed}  "
+                f"device {device}: {getattr(event, 'total', None) or total_checks} checks",
+                markup=False,
+                soft_wrap=True,
+                crop=False,
+            )
         selected["total"] = getattr(event, "total", None) or selected["total"]
         done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
         progress.update(task, description=f"{kernel.name}: {name}", completed=min(done, total), total=total)
@@ -356,16 +414,24 @@ def _cmd_check(args) -> int:
         if problem:
             return _fail(f"{what}; {problem}", EXIT_FAIL)
         if partial is None:
-            return _fail(f"{what} before any check finished; the run is incomplete and no reports were written",
-                         EXIT_FAIL)
+            return _fail(
+                f"{what} before any check finished; the run is incomplete and no reports were written", EXIT_FAIL
+            )
         render_terminal(partial, console, plain=plain)
-        return _fail(f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say "
-                     "INCOMPLETE", EXIT_FAIL)
+        return _fail(
+            f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say INCOMPLETE",
+            EXIT_FAIL,
+        )
     except KernelCrashError as exc:
         partial = getattr(exc, "partial_report", None)
         problem = write_partial(partial)
-        where = (f" ({problem})" if problem else " (no check finished; no reports written)" if partial is None
-                 else f" (the {len(partial.checks)} finished checks written to {out}, marked INCOMPLETE)")
+        where = (
+            f" ({problem})"
+            if problem
+            else " (no check finished; no reports written)"
+            if partial is None
+            else f" (the {len(partial.checks)} finished checks written to {out}, marked INCOMPLETE)"
+        )
         return _fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
     except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
         return _fail(_write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
@@ -412,7 +478,7 @@ def _cmd_fuzz(args) -> int:
     cfg = load_config(args.config)
     spec = args.kernel or cfg.kernel
     if not spec:
-        raise UsageError("fuzz needs a kernel: --kernel SPEC (or kernel = \"SPEC\" in [tool.flamia-verify])")
+        raise UsageError('fuzz needs a kernel: --kernel SPEC (or kernel = "SPEC" in [tool.flamia-verify])')
     device = resolve_device(args.device or cfg.device)
     dtype = resolve_dtype(args.dtype or cfg.dtype)
     seed = args.seed if args.seed is not None else cfg.seed
@@ -442,9 +508,16 @@ def _cmd_fuzz(args) -> int:
             raise
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             # kernel failures are caught inside; what escapes comes from the reproducer's fields
-            raise UsageError(f"replay file {args.replay!r} is not a valid fuzz reproducer: {type(exc).__name__}: {exc}") from None
-        report = Report(kernel=kernel.name, recipe=replayed.worst_case["recipe"], suite="fuzz-replay",
-                        seed=int(case.get("seed", 0)), checks=[replayed])
+            raise UsageError(
+                f"replay file {args.replay!r} is not a valid fuzz reproducer: {type(exc).__name__}: {exc}"
+            ) from None
+        report = Report(
+            kernel=kernel.name,
+            recipe=replayed.worst_case["recipe"],
+            suite="fuzz-replay",
+            seed=int(case.get("seed", 0)),
+            checks=[replayed],
+        )
         paths = write_reports(report, out)
         render_terminal(report, console, plain=_plain(console))
         console.print(f"replayed {args.replay} with recipe {report.recipe}; reports:", markup=False, soft_wrap=True)
@@ -455,8 +528,15 @@ def _cmd_fuzz(args) -> int:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     out = _prepare_out(out_dir)
     try:
-        result = fuzz(kernel, recipe=args.recipe or cfg.recipe, examples=args.examples, seed=seed, device=device,
-                      dtype=dtype, forward_only=forward_only)
+        result = fuzz(
+            kernel,
+            recipe=args.recipe or cfg.recipe,
+            examples=args.examples,
+            seed=seed,
+            device=device,
+            dtype=dtype,
+            forward_only=forward_only,
+        )
     except KernelCrashError:
         _remove_stale(out, _report_names() + ("fuzz-case.json",))
         raise
@@ -470,8 +550,9 @@ def _cmd_fuzz(args) -> int:
         tmp.write_text(json.dumps(result.reproducer, indent=2, sort_keys=True))
         tmp.replace(case_path)
         console.print(f"minimal failing case: {case_path}", markup=False, soft_wrap=True)
-        console.print(f"rerun it with: flamia-verify fuzz --kernel {spec} --replay {case_path}",
-                      markup=False, soft_wrap=True)
+        console.print(
+            f"rerun it with: flamia-verify fuzz --kernel {spec} --replay {case_path}", markup=False, soft_wrap=True
+        )
     for kind, path in paths.items():
         console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
     return EXIT_PASS if result.report.passed else EXIT_FAIL
@@ -496,29 +577,44 @@ def _cmd_bench(args) -> int:
     # each spec is loaded once, here: one that does not load ends the command before any timing (exit 3)
     kernels = [resolve_kernel(spec) for spec in (args.kernel or ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"])]
     console = _console()
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("{task.completed:.0f}/{task.total:.0f} measurements"), TimeElapsedColumn(),
-                        console=console, transient=True, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} measurements"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
     task = progress.add_task("bench", total=1)
     causal = {"both": (True, False), "true": (True,), "false": (False,)}[args.causal]
     with progress:
-        rows = bench_table(kernels, device=args.device, seqlens=tuple(args.seqlens), causal=causal,
-                           rep_ms=args.rep_ms,
-                           progress=lambda done, total, label: progress.update(task, description=label,
-                                                                               completed=done, total=total))
-    print_table(console, "attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, "
-                         "ratio_bf16: to the fused bf16 kernel)",
-                [str(col) for col in (rows[0] if rows else [])],
-                [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()] for row in rows])
+        rows = bench_table(
+            kernels,
+            device=args.device,
+            seqlens=tuple(args.seqlens),
+            causal=causal,
+            rep_ms=args.rep_ms,
+            progress=lambda done, total, label: progress.update(task, description=label, completed=done, total=total),
+        )
+    print_table(
+        console,
+        "attention speed (TFLOP/s; ratio: to the fastest BF16 SDPA baseline, ratio_bf16: to the fused bf16 kernel)",
+        [str(col) for col in (rows[0] if rows else [])],
+        [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()] for row in rows],
+    )
     tokens = sorted({r["batch"] * r["seqlen"] for r in rows})
-    header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B*S = "
-              f"{' or '.join(map(str, tokens))} tokens, H = 16, D = 128, bf16")
+    header = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B*S = "
+        f"{' or '.join(map(str, tokens))} tokens, H = 16, D = 128, bf16"
+    )
     if args.md:
         Path(args.md).write_text(header + "\n\n" + format_table(rows) + "\n")
     if args.json:
         # strict JSON, non-finite numbers as "nan"/"inf" strings, as in report.json
-        Path(args.json).write_text(json.dumps(jsonable({"header": header, "rows": rows}), indent=1, allow_nan=False,
-                                              default=str))
+        Path(args.json).write_text(
+            json.dumps(jsonable({"header": header, "rows": rows}), indent=1, allow_nan=False, default=str)
+        )
     return EXIT_PASS
 
 
@@ -578,11 +674,15 @@ def _cmd_list(args) -> int:
     from flamia_verify.reports.terminal import print_table
 
     console = _console()  # a rich table on a terminal; plain, full lines in a log or a pipe
-    kernels = [[name, k.recipe or "", "built-in", _cuda_path(k), k.description] for name, k in builtin_kernels().items()]
+    kernels = [
+        [name, k.recipe or "", "built-in", _cuda_path(k), k.description] for name, k in builtin_kernels().items()
+    ]
     kernels += [[name, "", "entry point", "", ""] for name in sorted(_entry_point_kernels())]
     print_table(console, "kernels", ["name", "recipe", "source", "on CUDA", "description"], kernels)
     print_table(console, "recipes", ["name", "description"], [[name, rec.description] for name, rec in RECIPES.items()])
-    checks = [[spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description] for spec in list_checks("full")]
+    checks = [
+        [spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description] for spec in list_checks("full")
+    ]
     print_table(console, "checks (suite: full)", ["check", "suites", "question"], checks)
     return EXIT_PASS
 

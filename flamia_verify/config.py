@@ -65,8 +65,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 #: keys of the [tool.flamia-verify.train_parity] table (train-parity's defaults; flags override them)
 TRAIN_PARITY_TYPES: dict[str, tuple[type, ...]] = {
-    "preset": (str,), "steps": (int,), "tokens": (int,), "bf16_seeds": (int,), "seed": (int,),
-    "max_gap": (int, float), "kernels": (list,),
+    "preset": (str,),
+    "steps": (int,),
+    "tokens": (int,),
+    "bf16_seeds": (int,),
+    "seed": (int,),
+    "max_gap": (int, float),
+    "kernels": (list,),
 }
 _CHOICES = {"suite": SUITES, "dtype": CLI_DTYPES}
 

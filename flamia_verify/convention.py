@@ -67,7 +67,9 @@ def _check_cu(name: str, cu: torch.Tensor, total: int) -> None:
         raise InputError(f"{name}[0] must be 0, got {vals[0]}")
     for i in range(1, len(vals)):
         if vals[i] < vals[i - 1]:
-            raise InputError(f"{name} must be non-decreasing: {name}[{i}] = {vals[i]} < {name}[{i-1}] = {vals[i-1]}")
+            raise InputError(
+                f"{name} must be non-decreasing: {name}[{i}] = {vals[i]} < {name}[{i - 1}] = {vals[i - 1]}"
+            )
     if vals[-1] != total:
         raise InputError(f"{name}[-1] = {vals[-1]} must equal the number of tokens ({total})")
 

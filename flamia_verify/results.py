@@ -42,8 +42,19 @@ from typing import Any, cast
 
 from flamia_verify.errors import ReportSchemaError
 
-__all__ = ["SCHEMA", "STATUSES", "FAMILIES", "CheckResult", "Report", "as_number", "higher_is_better",
-           "json_number", "jsonable", "run_notes", "threshold_verdict"]
+__all__ = [
+    "SCHEMA",
+    "STATUSES",
+    "FAMILIES",
+    "CheckResult",
+    "Report",
+    "as_number",
+    "higher_is_better",
+    "json_number",
+    "jsonable",
+    "run_notes",
+    "threshold_verdict",
+]
 
 SCHEMA = "flamia-verify/report/v1"
 STATUSES = ("pass", "fail", "error", "skip")
@@ -266,13 +277,17 @@ def run_notes(report: Report) -> list[str]:
     incomplete run, gradients not checked."""
     notes = []
     if not getattr(report, "complete", True):
-        notes.append(f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
-                     "listed ran; this is no verdict on the kernel.")
+        notes.append(
+            f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
+            "listed ran; this is no verdict on the kernel."
+        )
     env = report.environment or {}
     if env.get("backward") is False:
         if env.get("forward_only"):
-            notes.append("Gradients were not checked: the kernel was declared forward-only, so dQ, dK and dV were "
-                         "never compared with the reference.")
+            notes.append(
+                "Gradients were not checked: the kernel was declared forward-only, so dQ, dK and dV were "
+                "never compared with the reference."
+            )
         else:
             why = env.get("backward_reason") or "the backward did not run"
             notes.append(f"Gradients were not checked: {why}.")

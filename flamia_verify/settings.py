@@ -94,8 +94,10 @@ def resolve_device(text: Any) -> str:
     index = text.partition(":")[2]
     if index and int(index) >= torch.cuda.device_count():
         count = torch.cuda.device_count()
-        raise ConfigError(f"device {text!r} was asked for but this machine has {count} CUDA device"
-                          f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})")
+        raise ConfigError(
+            f"device {text!r} was asked for but this machine has {count} CUDA device"
+            f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})"
+        )
     return text
 
 
@@ -109,8 +111,7 @@ def resolve_dtype(value: Any) -> torch.dtype:
         name = _DTYPE_ALIASES.get(value, value)
         if name in DTYPES:
             return DTYPES[name]
-    raise ConfigError(f"unknown dtype {value!r}; use one of: {', '.join(DTYPES)} "
-                      f"(or {', '.join(_DTYPE_ALIASES)})")
+    raise ConfigError(f"unknown dtype {value!r}; use one of: {', '.join(DTYPES)} (or {', '.join(_DTYPE_ALIASES)})")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -242,8 +243,16 @@ _FULL = SuiteSettings(
 _BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
 
 #: suite settings a user may override (thresholds={"suite": {...}})
-SETTING_KEYS = {"seeds": int, "repeats": int, "causal_len": int, "isolation_len": int, "special_len": int,
-                "special_cases": int, "long_len": int, "rounding_seeds": int}
+SETTING_KEYS = {
+    "seeds": int,
+    "repeats": int,
+    "causal_len": int,
+    "isolation_len": int,
+    "special_len": int,
+    "special_cases": int,
+    "long_len": int,
+    "rounding_seeds": int,
+}
 
 
 def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:
@@ -288,16 +297,21 @@ def threshold_value(where: str, key: str, value: Any, default: Any) -> float | b
     return value
 
 
-def validate_thresholds(overrides: Any, thresholds: Mapping[str, Mapping[str, Any]],
-                        options: Mapping[str, Mapping[str, Any]], where: str | None = None) -> dict:
+def validate_thresholds(
+    overrides: Any,
+    thresholds: Mapping[str, Mapping[str, Any]],
+    options: Mapping[str, Mapping[str, Any]],
+    where: str | None = None,
+) -> dict:
     """Check ``overrides`` (``{check_name: {key: value}}`` and ``"suite"``) against the known checks:
     ``thresholds`` and ``options`` map every check name to its threshold keys and its options, each
     with a default of the kind its value must have. Returns the overrides with numbers as floats.
     ``where`` (a file and table) starts every message; without it the messages name the mapping."""
     at = _prefix(where)
     if not isinstance(overrides, Mapping):
-        raise ConfigError(at(f"thresholds must be a mapping {{check_name: {{key: value}}}}, "
-                             f"got {type(overrides).__name__}"))
+        raise ConfigError(
+            at(f"thresholds must be a mapping {{check_name: {{key: value}}}}, got {type(overrides).__name__}")
+        )
     out: dict = {}
     for name, entries in overrides.items():
         if name == "suite":
@@ -316,7 +330,8 @@ def validate_thresholds(overrides: Any, thresholds: Mapping[str, Mapping[str, An
                 checked[key] = threshold_value(here, key, value, options[name][key])
             else:
                 known = sorted(list(thresholds[name]) + list(options[name]))
-                raise ConfigError(at(f"unknown key {key!r} for check {name!r}; known keys: "
-                                     f"{', '.join(known) if known else '(none)'}"))
+                raise ConfigError(
+                    at(f"unknown key {key!r} for check {name!r}; known keys: {', '.join(known) if known else '(none)'}")
+                )
         out[name] = checked
     return out

@@ -181,8 +181,11 @@ class Chromium:
         self._targets[session] = target
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=session)
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=session)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=session,
+        )
         self.drain(session, settle=0.0)  # forget about:blank's own events
         navigated = self.call("Page.navigate", {"url": url}, session=session)
         if navigated.get("errorText"):

@@ -11,14 +11,28 @@ from flamia_verify.bench import COLUMNS, add_ratios, format_table
 def _row(kernel, tflops=None, error=""):
     r = {"kernel": kernel, "seqlen": 8192, "batch": 4, "causal": True, "error": error}
     if tflops is not None:
-        r.update(fwd_tflops=tflops * 1.2, bwd_tflops=tflops * 0.9, fwdbwd_tflops=tflops, fwd_ms=1.0, bwd_ms=2.0,
-                 fwdbwd_ms=3.0, peak_extra_gib=0.5)
+        r.update(
+            fwd_tflops=tflops * 1.2,
+            bwd_tflops=tflops * 0.9,
+            fwdbwd_tflops=tflops,
+            fwd_ms=1.0,
+            bwd_ms=2.0,
+            fwdbwd_ms=3.0,
+            peak_extra_gib=0.5,
+        )
     return r
 
 
 def test_ratios_against_the_fastest_sdpa_baseline_and_the_bf16_kernel():
-    group = add_ratios([_row("sdpa-cudnn", 500.0), _row("sdpa-flash", 300.0), _row("bf16", 320.0),
-                        _row("flamia-mxfp8", 160.0), _row("fp8", error="RuntimeError: no fit")])
+    group = add_ratios(
+        [
+            _row("sdpa-cudnn", 500.0),
+            _row("sdpa-flash", 300.0),
+            _row("bf16", 320.0),
+            _row("flamia-mxfp8", 160.0),
+            _row("fp8", error="RuntimeError: no fit"),
+        ]
+    )
     got = {r["kernel"]: (r["ratio"], r["ratio_bf16"]) for r in group}
     assert got["sdpa-cudnn"] == (1.0, 500.0 / 320.0)
     assert got["bf16"] == (320.0 / 500.0, 1.0)
@@ -56,14 +70,15 @@ def test_kernel_runner_takes_any_spec_check_takes(tmp_path):
         "def bench_recorder(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):\n"
         "    bench_recorder.calls.append((int(max_q), float(softmax_scale), bool(causal)))\n"
         "    return v * 1.0, None\n"
-        "bench_recorder.calls = []\n")
+        "bench_recorder.calls = []\n"
+    )
     q = k = v = torch.randn(64, 2, 16, dtype=torch.bfloat16)
     cu = torch.tensor([0, 32, 64], dtype=torch.int32)
     fwd = kernel_runner(f"{tmp_path / 'user_attn.py'}:bench_recorder", True, cu, 32)
     out = fwd(q, k, v)  # an (out, lse) kernel: the output is taken
     assert out.shape == v.shape
     users = [m for n, m in sys.modules.items() if n.startswith("flamia_verify_user_") and hasattr(m, "bench_recorder")]
-    assert [u.bench_recorder.calls for u in users] == [[(32, 16 ** -0.5, True)]]
+    assert [u.bench_recorder.calls for u in users] == [[(32, 16**-0.5, True)]]
     # a built-in without fused kernels runs through the registry (its emulation on CPU tensors)
     out = kernel_runner("fp8-tensor", False, cu, 32)(q, k, v)
     assert out.shape == q.shape and bool(torch.isfinite(out).all())
@@ -110,9 +125,19 @@ def test_the_table_loop_counts_measurements_and_keeps_forward_only_kernels(monke
     calls = []
     kernels = [bench.resolve_kernel(s) for s in ("bf16", "fp8-tensor")]
     assert [k.label for k in kernels] == ["bf16", "fp8-tensor (emulation)"]
-    rows = bench._bench_rows(kernels, "cpu", seqlens=(64, 128), tokens=256, heads=2, head_dim=16,
-                             causal=(True, False), baselines=("sdpa-cudnn",), rep_ms=1,
-                             progress=lambda d, t, label: calls.append((d, t)), measure=fake_measure)
+    rows = bench._bench_rows(
+        kernels,
+        "cpu",
+        seqlens=(64, 128),
+        tokens=256,
+        heads=2,
+        head_dim=16,
+        causal=(True, False),
+        baselines=("sdpa-cudnn",),
+        rep_ms=1,
+        progress=lambda d, t, label: calls.append((d, t)),
+        measure=fake_measure,
+    )
     assert len(rows) == 2 * 2 * 3 and [c[1] for c in calls] == [12] * 13
     assert [c[0] for c in calls] == list(range(13))
     assert {r["batch"] * r["seqlen"] for r in rows} == {256}
@@ -124,7 +149,16 @@ def test_the_table_loop_counts_measurements_and_keeps_forward_only_kernels(monke
     cu = torch.tensor([0, 64], dtype=torch.int32)
     res = bench._measure(bench.kernel_runner(fwd_only, True, cu, 64), q, k, v, do, 1)
     assert res["fwd_ms"] == 1.5 and all(math.isnan(res[key]) for key in ("bwd_ms", "fwdbwd_ms", "peak_extra_gib"))
-    row = {"kernel": "fwd_only", "seqlen": 64, "batch": 1, "causal": True, "error": "", **res,
-           "fwd_tflops": 1.0, "bwd_tflops": math.nan, "fwdbwd_tflops": math.nan}
+    row = {
+        "kernel": "fwd_only",
+        "seqlen": 64,
+        "batch": 1,
+        "causal": True,
+        "error": "",
+        **res,
+        "fwd_tflops": 1.0,
+        "bwd_tflops": math.nan,
+        "fwdbwd_tflops": math.nan,
+    }
     bench.add_ratios([row])
     assert "| fwd_only | 64 | True | 1 |  |  |  |  | 1.50 |  |  |  |" in bench.format_table([row])

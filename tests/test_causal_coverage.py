@@ -40,8 +40,13 @@ def test_position_class_bug_fails_the_quick_causal_checks(name):
 def test_the_former_quick_settings_miss_it(name, monkeypatch):
     """One square document at head_dim 64, t in 0, 5, 31, 40, 63, and the four checks the family had:
     none of these bugs shows."""
-    narrow = replace(S._BY_NAME["quick"], causal_neighbours=False, causal_headdims=(64,), causal_residues=(),
-                     causal_positions=(0, 5, 31, 40, 63))
+    narrow = replace(
+        S._BY_NAME["quick"],
+        causal_neighbours=False,
+        causal_headdims=(64,),
+        causal_residues=(),
+        causal_positions=(0, 5, 31, 40, 63),
+    )
     monkeypatch.setitem(S._BY_NAME, "quick", narrow)
     report = run_checks(CAUSAL_BUGS[name], suite="quick", only=[c for c in CAUSAL if c != "causal.diagonal"])
     loud = [f"{c.name}: {c.message}" for c in report.checks if c.status != "pass"]

@@ -105,7 +105,9 @@ def test_check_passes_and_writes_all_reports(capsys, tmp_path):
 def test_check_fails_a_leaky_kernel_with_exit_1(capsys, tmp_path):
     f = _write(tmp_path, "leaky.py", LEAKY_KERNEL)
     out = tmp_path / "rep"
-    code, stdout, _ = run_cli(["check", "--kernel", f"{f}:attn", "--recipe", "fp8", "--only", "causal", "--out", out], capsys)
+    code, stdout, _ = run_cli(
+        ["check", "--kernel", f"{f}:attn", "--recipe", "fp8", "--only", "causal", "--out", out], capsys
+    )
     assert code == 1
     data = json.loads((out / "report.json").read_text())
     assert any(c["status"] == "fail" and c["family"] == "causal" for c in data["checks"])
@@ -115,8 +117,14 @@ def test_compare_gates_regressions(capsys, tmp_path):
     good = _write(tmp_path, "good.py", GOOD_KERNEL)
     leaky = _write(tmp_path, "leaky.py", LEAKY_KERNEL)
     base, new = tmp_path / "base", tmp_path / "new"
-    assert run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "fp8", "--only", "causal", "--out", base], capsys)[0] == 0
-    assert run_cli(["check", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--only", "causal", "--out", new], capsys)[0] == 1
+    assert (
+        run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "fp8", "--only", "causal", "--out", base], capsys)[0]
+        == 0
+    )
+    assert (
+        run_cli(["check", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--only", "causal", "--out", new], capsys)[0]
+        == 1
+    )
     code, out, _ = run_cli(["compare", base / "report.json", new / "report.json"], capsys)
     assert code == 1 and "causal" in out
     code, _, _ = run_cli(["compare", base / "report.json", base / "report.json"], capsys)
@@ -178,26 +186,59 @@ def test_bench_passes_its_options_loads_specs_first_and_writes_the_table(capsys,
         seen.update(kernels=[k.label for k in kernels], seqlens=seqlens, causal=causal, rep_ms=rep_ms)
         progress(0, 2, "x")
         progress(2, 2, "done")
-        rows = bench.add_ratios([{"kernel": k, "seqlen": seqlens[0], "batch": 4, "causal": causal[0],
-                                  "fwd_tflops": t, "bwd_tflops": t, "fwdbwd_tflops": t, "fwd_ms": 1.0,
-                                  "bwd_ms": 1.0, "fwdbwd_ms": 2.0, "peak_extra_gib": 0.5, "error": ""}
-                                 for k, t in (("sdpa-cudnn", 500.0), ("bf16", 300.0), ("fp8", 150.0),
-                                              ("fwd-only", math.nan))])
+        rows = bench.add_ratios(
+            [
+                {
+                    "kernel": k,
+                    "seqlen": seqlens[0],
+                    "batch": 4,
+                    "causal": causal[0],
+                    "fwd_tflops": t,
+                    "bwd_tflops": t,
+                    "fwdbwd_tflops": t,
+                    "fwd_ms": 1.0,
+                    "bwd_ms": 1.0,
+                    "fwdbwd_ms": 2.0,
+                    "peak_extra_gib": 0.5,
+                    "error": "",
+                }
+                for k, t in (("sdpa-cudnn", 500.0), ("bf16", 300.0), ("fp8", 150.0), ("fwd-only", math.nan))
+            ]
+        )
         return [{key: r.get(key) for key in bench.COLUMNS} for r in rows]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub GPU")
     monkeypatch.setattr(bench, "bench_table", fake_table)
     md, js = tmp_path / "t.md", tmp_path / "t.json"
-    code, out, err = run_cli(["bench", "--kernel", "bf16", "fp8", "--seqlens", "8192", "--causal", "true",
-                              "--rep-ms", "20", "--md", md, "--json", js], capsys)
+    code, out, err = run_cli(
+        [
+            "bench",
+            "--kernel",
+            "bf16",
+            "fp8",
+            "--seqlens",
+            "8192",
+            "--causal",
+            "true",
+            "--rep-ms",
+            "20",
+            "--md",
+            md,
+            "--json",
+            js,
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert seen == {"kernels": ["bf16", "fp8"], "seqlens": (8192,), "causal": (True,), "rep_ms": 20}
     assert "fp8" in out and "0.5" in out  # ratio_bf16 of fp8: 150 / 300
     # off a terminal (captured stdout): one whole line per row, never a table that wraps mid-word
-    assert any(line.split()[:9] == ["fp8", "8192", "4", "True", "150", "150", "150", "0.3", "0.5"]
-               for line in out.splitlines()), out
+    assert any(
+        line.split()[:9] == ["fp8", "8192", "4", "True", "150", "150", "150", "0.3", "0.5"] for line in out.splitlines()
+    ), out
     assert "| fp8 | 8192 | True | 150 | 150 | 150 | 0.30 | 0.50 |" in md.read_text()
+
     def no_constants(name):
         raise AssertionError(f"bench --json wrote the non-JSON constant {name}")
 
@@ -235,11 +276,11 @@ def test_config_from_pyproject_and_file(tmp_path):
     [
         ('suit = "quick"\n', "suit"),
         ('suite = "huge"\n', "huge"),
-        ("seed = \"seven\"\n", "seed"),
+        ('seed = "seven"\n', "seed"),
         ("case_timeout_s = -1\n", "case_timeout_s"),
-        ("[thresholds]\n\"error.out\" = 3\n", "thresholds['error.out'] must be a mapping"),
-        ("[thresholds.\"error.output\"]\nrel_rmse_max = 0.1\n", "unknown check 'error.output'"),
-        ("[thresholds.\"error.out\"]\nnormalized_error = \"big\"\n", "normalized_error"),
+        ('[thresholds]\n"error.out" = 3\n', "thresholds['error.out'] must be a mapping"),
+        ('[thresholds."error.output"]\nrel_rmse_max = 0.1\n', "unknown check 'error.output'"),
+        ('[thresholds."error.out"]\nnormalized_error = "big"\n', "normalized_error"),
         ("this is not toml", "TOML"),
     ],
 )
@@ -273,17 +314,23 @@ def test_console_script_is_installed():
 def test_fuzz_finds_a_leak_writes_a_reproducer_and_replays_it(capsys, tmp_path):
     leaky = _write(tmp_path, "leaky.py", LEAKY_KERNEL)
     out = tmp_path / "fz"
-    code, stdout, _ = run_cli(["fuzz", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--examples", "20", "--out", out], capsys)
+    code, stdout, _ = run_cli(
+        ["fuzz", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--examples", "20", "--out", out], capsys
+    )
     assert code == 1, stdout
     case = out / "fuzz-case.json"
     assert case.is_file() and "--replay" in stdout
     repro = json.loads(case.read_text())
     assert repro["property"] and repro["seed"] is not None
-    code, _, _ = run_cli(["fuzz", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--replay", case, "--out", tmp_path / "rp"], capsys)
+    code, _, _ = run_cli(
+        ["fuzz", "--kernel", f"{leaky}:attn", "--recipe", "fp8", "--replay", case, "--out", tmp_path / "rp"], capsys
+    )
     assert code == 1
     # the same case passes on the correct kernel
     good = _write(tmp_path, "good.py", GOOD_KERNEL)
-    code, _, _ = run_cli(["fuzz", "--kernel", f"{good}:attn", "--recipe", "fp8", "--replay", case, "--out", tmp_path / "ok"], capsys)
+    code, _, _ = run_cli(
+        ["fuzz", "--kernel", f"{good}:attn", "--recipe", "fp8", "--replay", case, "--out", tmp_path / "ok"], capsys
+    )
     assert code == 0
 
 
@@ -297,7 +344,9 @@ def test_replay_of_a_bad_file_is_exit_2(capsys, tmp_path):
     bad = _write(tmp_path, "case.json", "[1, 2]")
     code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", bad, "--out", tmp_path / "r"], capsys)
     assert code == 2 and "JSON object" in err
-    code, _, err = run_cli(["fuzz", "--kernel", "bf16", "--replay", tmp_path / "none.json", "--out", tmp_path / "r"], capsys)
+    code, _, err = run_cli(
+        ["fuzz", "--kernel", "bf16", "--replay", tmp_path / "none.json", "--out", tmp_path / "r"], capsys
+    )
     assert code == 2 and "does not exist" in err
 
 
@@ -317,7 +366,9 @@ def test_only_with_an_unknown_name_is_exit_2_naming_it(capsys, tmp_path, only):
     assert not (tmp_path / "r" / "report.json").exists()
 
 
-@pytest.mark.parametrize("command", [["check", "--kernel", "bf16", "--only", "interface"], ["fuzz", "--kernel", "bf16", "--examples", "2"]])
+@pytest.mark.parametrize(
+    "command", [["check", "--kernel", "bf16", "--only", "interface"], ["fuzz", "--kernel", "bf16", "--examples", "2"]]
+)
 @pytest.mark.parametrize("where", ["file", "under_file", "empty"])
 def test_bad_out_is_exit_2_before_any_check_runs(capsys, tmp_path, command, where):
     f = _write(tmp_path, "afile", "x")
@@ -340,8 +391,12 @@ def test_report_and_compare_on_a_directory_or_truncated_json_are_exit_2(capsys, 
     out = tmp_path / "rep"
     assert run_cli(["check", "--kernel", "bf16", "--only", "interface", "--out", out], capsys)[0] == 0
     truncated = _write(tmp_path, "trunc.json", (out / "report.json").read_text()[:150])
-    for args in (["report", tmp_path], ["report", truncated], ["compare", truncated, out / "report.json"],
-                 ["compare", out / "report.json", tmp_path]):
+    for args in (
+        ["report", tmp_path],
+        ["report", truncated],
+        ["compare", truncated, out / "report.json"],
+        ["compare", out / "report.json", tmp_path],
+    ):
         code, _, err = run_cli(args, capsys)
         assert code == 2 and _one_line(err), (args, err)
 
@@ -376,7 +431,9 @@ def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
 )
 def test_kernel_that_cannot_load_or_exits_is_exit_3(capsys, tmp_path, make_spec, needle):
     spec = make_spec(tmp_path)
-    code, _, err = run_cli(["check", "--kernel", spec, "--recipe", "bf16", "--only", "interface", "--out", tmp_path / "r"], capsys)
+    code, _, err = run_cli(
+        ["check", "--kernel", spec, "--recipe", "bf16", "--only", "interface", "--out", tmp_path / "r"], capsys
+    )
     assert code == 3 and needle in err and _one_line(err), err
 
 
@@ -410,7 +467,9 @@ def test_passing_fuzz_run_removes_an_earlier_reproducer(capsys, tmp_path):
 
 def test_infinite_case_timeout_is_a_config_error(capsys, tmp_path):
     f = _write(tmp_path, "inf.toml", "case_timeout_s = inf\n")
-    code, _, err = run_cli(["check", "--kernel", "bf16", "--config", f, "--only", "interface", "--out", tmp_path / "r"], capsys)
+    code, _, err = run_cli(
+        ["check", "--kernel", "bf16", "--config", f, "--only", "interface", "--out", tmp_path / "r"], capsys
+    )
     assert code == 2 and "case_timeout_s" in err and _one_line(err)
     import flamia_verify
 
@@ -421,8 +480,19 @@ def test_infinite_case_timeout_is_a_config_error(capsys, tmp_path):
 def test_compare_fails_when_checks_go_missing_unless_allowed(capsys, tmp_path):
     good = _write(tmp_path, "good.py", GOOD_KERNEL)
     base, narrow = tmp_path / "base", tmp_path / "narrow"
-    assert run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface", "--out", base], capsys)[0] == 0
-    assert run_cli(["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface.output", "--out", narrow], capsys)[0] == 0
+    assert (
+        run_cli(
+            ["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface", "--out", base], capsys
+        )[0]
+        == 0
+    )
+    assert (
+        run_cli(
+            ["check", "--kernel", f"{good}:attn", "--recipe", "bf16", "--only", "interface.output", "--out", narrow],
+            capsys,
+        )[0]
+        == 0
+    )
     code, out, _ = run_cli(["compare", base / "report.json", narrow / "report.json"], capsys)
     assert code == 1 and "missing" in out
     code, _, _ = run_cli(["compare", base / "report.json", narrow / "report.json", "--allow-missing"], capsys)
@@ -436,8 +506,9 @@ def test_a_closed_stdout_ends_the_command_quietly_with_141(argv):
     r, w = os.pipe()
     os.close(r)  # every write to stdout now fails with EPIPE
     try:
-        proc = subprocess.run([sys.executable, "-m", "flamia_verify.cli", *argv], stdout=w,
-                              stderr=subprocess.PIPE, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "flamia_verify.cli", *argv], stdout=w, stderr=subprocess.PIPE, text=True, timeout=120
+        )
     finally:
         os.close(w)
     assert proc.returncode == 141, proc.stderr

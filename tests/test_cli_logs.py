@@ -26,8 +26,15 @@ ENV.pop("TTY_COMPATIBLE", None)
 
 
 def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flamia_verify.cli", *args], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "flamia_verify.cli", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
 
 
 def _plain_console(width: int = 80) -> tuple[Console, io.StringIO]:
@@ -64,15 +71,21 @@ def test_plain_table_keeps_every_cell_whole():
     long = "a description much longer than the forty columns this console claims to have, kept whole"
     print_table(console, "kernels", ["name", "description"], [["a-rather-long-kernel-name", long], ["b", "short"]])
     lines = buffer.getvalue().splitlines()
-    assert lines[:4] == ["kernels", "name                       description",
-                         f"a-rather-long-kernel-name  {long}", "b                          short"]
+    assert lines[:4] == [
+        "kernels",
+        "name                       description",
+        f"a-rather-long-kernel-name  {long}",
+        "b                          short",
+    ]
 
 
 def test_check_line_names_status_metric_and_time():
     check = example_report().check("error.backward")
     check.duration_s = 1.234
     text = check_line(check, 4, 11, elapsed=12.34).plain
-    assert re.fullmatch(r"\[ 4/11\] FAIL  error\.backward +rel_err_vs_bf16_dK 9\.7 \(≤ 4\)  1\.23 s  \(run 12\.3 s\)", text), text
+    assert re.fullmatch(
+        r"\[ 4/11\] FAIL  error\.backward +rel_err_vs_bf16_dK 9\.7 \(≤ 4\)  1\.23 s  \(run 12\.3 s\)", text
+    ), text
 
 
 def test_list_in_a_pipe_prints_whole_names_and_descriptions():
@@ -114,8 +127,19 @@ attn.recipe = "bf16"
 def test_check_in_a_pipe_prints_each_check_as_it_finishes(tmp_path):
     kernel = tmp_path / "slow.py"
     kernel.write_text(SLOW_KERNEL)
-    args = [sys.executable, "-m", "flamia_verify.cli", "check", "--kernel", f"{kernel}:attn", "--only", "interface",
-            "determinism", "--out", str(tmp_path / "rep")]
+    args = [
+        sys.executable,
+        "-m",
+        "flamia_verify.cli",
+        "check",
+        "--kernel",
+        f"{kernel}:attn",
+        "--only",
+        "interface",
+        "determinism",
+        "--out",
+        str(tmp_path / "rep"),
+    ]
     proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stdout.readline()
@@ -136,7 +160,11 @@ def test_check_in_a_pipe_prints_each_check_as_it_finishes(tmp_path):
     assert running and finished - arrived > 0.2, "the first line came only at the end of the run"
     progress = [first] + [line for line in rest.splitlines() if line.startswith("[")]
     assert [line.split()[2] for line in progress] == [
-        "interface.output", "interface.inputs_unmodified", "interface.backward", "determinism.repeat"]
+        "interface.output",
+        "interface.inputs_unmodified",
+        "interface.backward",
+        "determinism.repeat",
+    ]
     assert all(re.search(r"\d+\.\d\d s  \(run \d+\.\d s\)$", line.rstrip()) for line in progress), progress
     summary = rest.splitlines()
     assert "PASS  4 checks: 4 passed" in summary
@@ -154,8 +182,13 @@ def test_list_on_a_pseudo_terminal_draws_the_rich_table():
     import select
 
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "flamia_verify.cli", "list"], cwd=REPO, env=ENV,
-                            stdout=follower, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flamia_verify.cli", "list"],
+        cwd=REPO,
+        env=ENV,
+        stdout=follower,
+        stderr=subprocess.DEVNULL,
+    )
     os.close(follower)
     chunks = []
     deadline = time.monotonic() + 300

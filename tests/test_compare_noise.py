@@ -65,8 +65,13 @@ def test_gain_changes_within_the_statistics_noise_do_not_gate():
 
 
 def test_a_metric_past_its_limit_in_both_reports_is_a_note():
-    base = Report(kernel="k", recipe="fp8", suite="quick", seed=0, checks=[
-        CheckResult("causal.dk_dv", "causal", "fail", {"leaked_elements": 30794}, {"leaked_elements": 0})])
+    base = Report(
+        kernel="k",
+        recipe="fp8",
+        suite="quick",
+        seed=0,
+        checks=[CheckResult("causal.dk_dv", "causal", "fail", {"leaked_elements": 30794}, {"leaked_elements": 0})],
+    )
     new = copy.deepcopy(base)
     new.checks[0].metrics["leaked_elements"] = 49632
     cmp = compare_reports(base, new)

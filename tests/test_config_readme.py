@@ -42,8 +42,23 @@ def test_readme_config_block_loads_and_every_key_takes_effect(block, tmp_path, c
     # a check with it: the documented kernel is a placeholder, so the command line names a built-in
     out = tmp_path / "rep"
     checks = sorted(table.get("thresholds", {}))
-    code = main(["check", "--config", str(tmp_path / "pyproject.toml"), "--kernel", "bf16", "--suite", "quick",
-                 "--device", "cpu", "--out", str(out), "--only", *checks])
+    code = main(
+        [
+            "check",
+            "--config",
+            str(tmp_path / "pyproject.toml"),
+            "--kernel",
+            "bf16",
+            "--suite",
+            "quick",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--only",
+            *checks,
+        ]
+    )
     capsys.readouterr()
     assert code == 0
     report = json.loads((out / "report.json").read_text())
@@ -65,8 +80,9 @@ def test_warn_only_from_toml_turns_a_nondeterminism_failure_into_a_warning(tmp_p
     strict = run_checks(Z.nondeterministic, recipe="mxfp8", suite="quick", device="cpu", only=["determinism"])
     assert strict.check("determinism.repeat").status == "fail"
     cfg = load_config(_toml(tmp_path, '[thresholds."determinism.repeat"]\nwarn_only = true\n'))
-    lenient = run_checks(Z.nondeterministic, recipe="mxfp8", suite="quick", device="cpu", only=["determinism"],
-                         thresholds=cfg.thresholds)
+    lenient = run_checks(
+        Z.nondeterministic, recipe="mxfp8", suite="quick", device="cpu", only=["determinism"], thresholds=cfg.thresholds
+    )
     result = lenient.check("determinism.repeat")
     assert result.status == "pass" and result.message.startswith("warning:")
     assert result.metrics["mismatched_elements"] > 0
@@ -78,30 +94,38 @@ def test_require_nan_keys_from_toml_fails_a_kernel_that_adds_the_mask(tmp_path):
     assert default.check("causal.nan").status == "pass"
     assert default.check("causal.nan").metrics["nan_keys_leaked_elements"] > 0
     cfg = load_config(_toml(tmp_path, '[tool.flamia-verify.thresholds."causal.nan"]\nrequire_nan_keys = true\n'))
-    strict = run_checks(C.sdpa_bf16, recipe="bf16", suite="quick", device="cpu", only=["causal.nan"],
-                        thresholds=cfg.thresholds)
+    strict = run_checks(
+        C.sdpa_bf16, recipe="bf16", suite="quick", device="cpu", only=["causal.nan"], thresholds=cfg.thresholds
+    )
     assert strict.check("causal.nan").status == "fail"
 
 
 def test_switches_load_from_pyproject(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         '[tool.flamia-verify.thresholds."causal.nan"]\nrequire_nan_keys = true\n'
-        '[tool.flamia-verify.thresholds."determinism.repeat"]\nwarn_only = false\n')
+        '[tool.flamia-verify.thresholds."determinism.repeat"]\nwarn_only = false\n'
+    )
     cfg = load_config(search_dir=tmp_path)
     assert cfg.thresholds == {"causal.nan": {"require_nan_keys": True}, "determinism.repeat": {"warn_only": False}}
 
 
-@pytest.mark.parametrize("table, message", [
-    ('[thresholds."error.out"]\nrel_rmse = 0.05', "unknown key 'rel_rmse' for check 'error.out'; known keys: normalized_error"),
-    ('[thresholds."error.outt"]\nnormalized_error = 1', "unknown check 'error.outt'"),
-    ('[thresholds."error.out"]\nnormalized_error = true', "'normalized_error' must be a number"),
-    ('[thresholds."error.out"]\nnormalized_error = -1', "'normalized_error' must be a non-negative number"),
-    ('[thresholds."determinism.repeat"]\nwarn_only = 1', "'warn_only' must be true or false"),
-    ('[thresholds.suite]\nseeds = 0', "suite setting 'seeds' must be a positive integer"),
-    ('[thresholds.suite]\nsedes = 2', "unknown suite setting 'sedes'"),
-    ('[thresholds]\n"error.out" = 2', "thresholds['error.out'] must be a mapping"),
-    ('compare_factor = 1.0', "compare_factor must be a finite number greater than 1"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        (
+            '[thresholds."error.out"]\nrel_rmse = 0.05',
+            "unknown key 'rel_rmse' for check 'error.out'; known keys: normalized_error",
+        ),
+        ('[thresholds."error.outt"]\nnormalized_error = 1', "unknown check 'error.outt'"),
+        ('[thresholds."error.out"]\nnormalized_error = true', "'normalized_error' must be a number"),
+        ('[thresholds."error.out"]\nnormalized_error = -1', "'normalized_error' must be a non-negative number"),
+        ('[thresholds."determinism.repeat"]\nwarn_only = 1', "'warn_only' must be true or false"),
+        ("[thresholds.suite]\nseeds = 0", "suite setting 'seeds' must be a positive integer"),
+        ("[thresholds.suite]\nsedes = 2", "unknown suite setting 'sedes'"),
+        ('[thresholds]\n"error.out" = 2', "thresholds['error.out'] must be a mapping"),
+        ("compare_factor = 1.0", "compare_factor must be a finite number greater than 1"),
+    ],
+)
 def test_threshold_errors_name_the_file(tmp_path, capsys, table, message):
     path = _toml(tmp_path, table + "\n")
     with pytest.raises(ConfigError) as exc:
@@ -110,8 +134,10 @@ def test_threshold_errors_name_the_file(tmp_path, capsys, table, message):
     code = main(["check", "--config", str(path), "--kernel", "bf16", "--out", str(tmp_path / "rep")])
     err = capsys.readouterr().err
     assert code == 2 and str(path) in err and message in err
-    (tmp_path / "pyproject.toml").write_text(re.sub(r"^\[thresholds", "[tool.flamia-verify.thresholds", table,
-                                                    flags=re.M) if table.startswith("[") else
-                                             "[tool.flamia-verify]\n" + table + "\n")
+    (tmp_path / "pyproject.toml").write_text(
+        re.sub(r"^\[thresholds", "[tool.flamia-verify.thresholds", table, flags=re.M)
+        if table.startswith("[")
+        else "[tool.flamia-verify]\n" + table + "\n"
+    )
     with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "pyproject.toml"))):
         load_config(search_dir=tmp_path)

@@ -98,7 +98,9 @@ def mx_reference(x: torch.Tensor, *, axis, block_size, elem, rule, cu_seqlens=No
             byte = 0 if amax == 0 else min(max(exact_scale_exponent(amax, elem, rule) + 127, 0), 254)
             scales[row][b] = byte
             scaled = vals / math.ldexp(1.0, byte - 127)  # float64: exact
-            data[row][s:e] = np.clip(scaled, -elem.max_finite, elem.max_finite).astype(ML_DTYPE[elem.name]).astype(np.float32)
+            data[row][s:e] = (
+                np.clip(scaled, -elem.max_finite, elem.max_finite).astype(ML_DTYPE[elem.name]).astype(np.float32)
+            )
     return torch.from_numpy(np.moveaxis(data, -1, axis).copy()), torch.from_numpy(np.moveaxis(scales, -1, axis).copy())
 
 
@@ -135,8 +137,10 @@ def nvfp4_reference(x: torch.Tensor, *, axis, block_size, cu_seqlens=None, globa
                 data[row][s:e] = np.copysign(np.float32(0.0), vals)
             else:
                 data[row][s:e] = np.clip(vals / d, -6.0, 6.0).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
-    return (torch.from_numpy(np.moveaxis(data, -1, axis).copy()),
-            torch.from_numpy(np.moveaxis(bscale, -1, axis).copy()))
+    return (
+        torch.from_numpy(np.moveaxis(data, -1, axis).copy()),
+        torch.from_numpy(np.moveaxis(bscale, -1, axis).copy()),
+    )
 
 
 def spread_tensor(shape, seed, *, lo=-30, hi=30) -> torch.Tensor:
@@ -162,12 +166,15 @@ def test_block_layout_picture_from_docstring():
     assert bi.tolist() == [0, 0, 0, 1, 1, 1, 1] and nb == 2
 
 
-@pytest.mark.parametrize(("cu", "match"), [
-    ([1, 5], "start at 0"),
-    ([0, 5, 3], "non-decreasing"),
-    ([0, 20], "exceeds the length"),
-    ([[0, 5]], "1-D"),
-])
+@pytest.mark.parametrize(
+    ("cu", "match"),
+    [
+        ([1, 5], "start at 0"),
+        ([0, 5, 3], "non-decreasing"),
+        ([0, 20], "exceeds the length"),
+        ([[0, 5]], "1-D"),
+    ],
+)
 def test_block_layout_rejects_bad_cu_seqlens(cu, match):
     with pytest.raises(InputError, match=match):
         mx_quantize(torch.ones(10, 4), axis=0, cu_seqlens=torch.tensor(cu, dtype=torch.int32))
@@ -239,7 +246,9 @@ def test_rceil_exponent_equals_fp32_division_then_round_up(elem):
     g = torch.Generator().manual_seed(3)
     rnd = torch.randint(0, 0x7F800000, (1 << 18,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
     powers = torch.tensor([math.ldexp(elem.max_finite, k) for k in range(-120, 124)], dtype=torch.float32)
-    near = torch.cat([powers, torch.nextafter(powers, torch.tensor(0.0)), torch.nextafter(powers, torch.tensor(math.inf))])
+    near = torch.cat(
+        [powers, torch.nextafter(powers, torch.tensor(0.0)), torch.nextafter(powers, torch.tensor(math.inf))]
+    )
     amax = torch.cat([bf16, rnd, near, torch.tensor([C.FP32_MAX])])
     amax = amax[torch.isfinite(amax) & (amax / elem.max_finite >= C.FP32_MIN_NORMAL)]  # normal quotients
     got = mx_scale_exponent(amax, elem, ScaleRule.RCEIL)
@@ -262,8 +271,14 @@ def test_scale_exponent_boundaries_vs_exact(elem, rule):
     base = [math.ldexp(elem.max_finite, k) for k in range(-130, 120)] + [math.ldexp(1.0, k) for k in range(-149, 128)]
     base = torch.tensor(base, dtype=torch.float32)
     base = base[(base > 0) & torch.isfinite(base)]
-    amax = torch.cat([base, torch.nextafter(base, torch.tensor(0.0)), torch.nextafter(base, torch.tensor(math.inf)),
-                      torch.tensor([C.FP32_MAX, 2.0**-149, 3 * 2.0**-149])])
+    amax = torch.cat(
+        [
+            base,
+            torch.nextafter(base, torch.tensor(0.0)),
+            torch.nextafter(base, torch.tensor(math.inf)),
+            torch.tensor([C.FP32_MAX, 2.0**-149, 3 * 2.0**-149]),
+        ]
+    )
     amax = amax[(amax > 0) & torch.isfinite(amax)]
     got = mx_scale_exponent(amax, elem, rule)
     want = torch.tensor([exact_scale_exponent(a, elem, rule) for a in amax.tolist()], dtype=torch.int32)
@@ -316,9 +331,15 @@ def test_mx_e8m0_byte0_subnormal_inputs_dequantize_exactly():
     for rule in RULES:
         q = mx_quantize(x, rule=rule)
         assert int(q.scales) == 0
-        assert_same(q.data, torch.tensor([0.125, -2.0**-6, 0.0, 0.0]), what=f"byte-0 block data ({rule.value})", inputs=x)
-        assert_same(q.dequantize(), torch.tensor([2.0**-130, -(2.0**-133), 0.0, 0.0]),
-                    what="byte-0 block dequantizes to the subnormal inputs, not to 0", inputs=x)
+        assert_same(
+            q.data, torch.tensor([0.125, -(2.0**-6), 0.0, 0.0]), what=f"byte-0 block data ({rule.value})", inputs=x
+        )
+        assert_same(
+            q.dequantize(),
+            torch.tensor([2.0**-130, -(2.0**-133), 0.0, 0.0]),
+            what="byte-0 block dequantizes to the subnormal inputs, not to 0",
+            inputs=x,
+        )
 
 
 def test_mx_e8m0_byte254_from_float64_input():
@@ -405,8 +426,7 @@ def test_mx_dequantize_is_exact(elem):
 
 
 @HYPOTHESIS
-@given(seed=st.integers(0, 2**16), elem=st.sampled_from(ELEMS), rule=st.sampled_from(RULES),
-       lo=st.integers(-140, 100))
+@given(seed=st.integers(0, 2**16), elem=st.sampled_from(ELEMS), rule=st.sampled_from(RULES), lo=st.integers(-140, 100))
 def test_property_mx_idempotent_bounded_monotone(seed, elem, rule, lo):
     x = spread_tensor((4, 64), seed, lo=lo, hi=lo + 24)
     q = mx_quantize(x, elem=elem, rule=rule)
@@ -458,14 +478,16 @@ def test_property_document_alone_equals_document_packed(lengths, which, seed, bl
         alone = mx_quantize(doc, axis=0, block_size=block_size, rule=rule, cu_seqlens=alone_cu)
         plain = mx_quantize(doc, axis=0, block_size=block_size, rule=rule)
         assert_same(packed.data[s:e], alone.data, what=f"mx doc {which} packed vs alone (cu={cu.tolist()})")
-        assert_same(packed.scales[first:first + nb], alone.scales, what=f"mx doc {which} scales packed vs alone")
+        assert_same(packed.scales[first : first + nb], alone.scales, what=f"mx doc {which} scales packed vs alone")
         assert_same(alone.data, plain.data, what="a single document equals no cu_seqlens")
     ga = torch.tensor(7.0)
     packed = nvfp4_quantize(x, axis=0, cu_seqlens=cu, global_amax=ga)
     alone = nvfp4_quantize(doc, axis=0, global_amax=ga)
     assert_same(packed.data[s:e], alone.data, what=f"nvfp4 doc {which} packed vs alone")
-    for fn in (lambda t, c: fp8_block_quantize(t, axis=0, block_size=block_size, cu_seqlens=c),
-               lambda t, c: fp8_row_quantize(t, axis=0, cu_seqlens=c)):
+    for fn in (
+        lambda t, c: fp8_block_quantize(t, axis=0, block_size=block_size, cu_seqlens=c),
+        lambda t, c: fp8_row_quantize(t, axis=0, cu_seqlens=c),
+    ):
         pd, ps = fn(x, cu)
         ad, as_ = fn(doc, alone_cu)
         assert_same(pd[s:e], ad, what="fp8 doc packed vs alone (data)")
@@ -482,8 +504,11 @@ def test_next_document_cannot_reach_into_a_short_last_block():
     assert_same(poisoned.scales[:2], clean.scales[:2], what="doc 0 scales unchanged when doc 1 is NaN")
     x[40:] = 1e30
     assert_same(mx_quantize(x, axis=0, cu_seqlens=cu).data[:40], clean.data[:40], what="doc 0 vs huge doc 1")
-    assert_same(mx_quantize(x, axis=0).data[32:40].isnan(), torch.zeros(8, 4, dtype=torch.bool),
-                what="(without cu_seqlens the block [32, 64) spans both documents)")
+    assert_same(
+        mx_quantize(x, axis=0).data[32:40].isnan(),
+        torch.zeros(8, 4, dtype=torch.bool),
+        what="(without cu_seqlens the block [32, 64) spans both documents)",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,13 +533,17 @@ def test_nvfp4_matches_reference(case):
     if case != "row":
         x[1, 1, 20] = 1.0  # a NaN anywhere makes the whole-tensor scale NaN (tested below)
     got = nvfp4_quantize(x, **kwargs)
-    data, bscale = nvfp4_reference(x, axis=2, block_size=kwargs.get("block_size", 16),
-                                   cu_seqlens=kwargs.get("cu_seqlens"), global_amax=ga)
+    data, bscale = nvfp4_reference(
+        x, axis=2, block_size=kwargs.get("block_size", 16), cu_seqlens=kwargs.get("cu_seqlens"), global_amax=ga
+    )
     assert_same(got.block_scales, bscale, what=f"nvfp4 {case} block scales")
     assert_same(got.data, data, what=f"nvfp4 {case} data", inputs=x)
     assert isinstance(got, NVFP4Tensor) and got.axis == 2
-    expected_dq = (got.data * got.block_scales.repeat_interleave(got.block_size, -1)[..., :70]) * got.global_scale \
-        if case in ("tensor", "row", "blocksize32") else None
+    expected_dq = (
+        (got.data * got.block_scales.repeat_interleave(got.block_size, -1)[..., :70]) * got.global_scale
+        if case in ("tensor", "row", "blocksize32")
+        else None
+    )
     if expected_dq is not None:
         assert_same(got.dequantize(), expected_dq, what=f"nvfp4 {case} dequantize order")
     assert_same(nvfp4_fake_quantize(x, **kwargs), got.dequantize(), what="nvfp4_fake_quantize == dequantize")
@@ -566,8 +595,11 @@ def test_property_nvfp4_elements_within_half_ulp_of_scaled_input(seed, lo):
     err = (q.data.double() - scaled.clamp(-6, 6)).abs()
     assert (err <= half_ulp).all(), f"E2M1 element off by more than half an ulp (seed {seed})"
     assert (q.block_scales <= 448).all() and (q.data.abs() <= 6).all()
-    assert_same(nvfp4_quantize(q.data, global_amax=torch.tensor(2688.0)).data, q.data,
-                what="E2M1 data requantized with unit scales is unchanged")
+    assert_same(
+        nvfp4_quantize(q.data, global_amax=torch.tensor(2688.0)).data,
+        q.data,
+        what="E2M1 data requantized with unit scales is unchanged",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -661,11 +693,18 @@ def test_cuda_results_equal_cpu_results_bitwise():
     cpu, gpu = nvfp4_quantize(y, axis=0, cu_seqlens=cu), nvfp4_quantize(y.cuda(), axis=0, cu_seqlens=cu)
     assert_same(gpu.block_scales, cpu.block_scales, what="nvfp4 block scales cuda vs cpu")
     assert_same(gpu.dequantize(), cpu.dequantize(), what="nvfp4 dequantized cuda vs cpu")
-    for fn in (fp8_tensor_quantize, lambda t: fp8_row_quantize(t, power_of_two=False),
-               lambda t: fp8_block_quantize(t, axis=0, block_size=128, cu_seqlens=cu)):
+    for fn in (
+        fp8_tensor_quantize,
+        lambda t: fp8_row_quantize(t, power_of_two=False),
+        lambda t: fp8_block_quantize(t, axis=0, block_size=128, cu_seqlens=cu),
+    ):
         (dc, sc), (dg, sg) = fn(y), fn(y.cuda())
         assert_same(sg, sc, what="fp8 scales cuda vs cpu")
         assert_same(dg, dc, what="fp8 data cuda vs cpu")
     bf16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).cuda()
-    assert_same(round_to_format(bf16, E4M3), bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn).float(),
-                what="E4M3 all bf16 vs the CUDA cast", inputs=bf16.float())
+    assert_same(
+        round_to_format(bf16, E4M3),
+        bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn).float(),
+        what="E4M3 all bf16 vs the CUDA cast",
+        inputs=bf16.float(),
+    )

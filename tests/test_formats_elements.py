@@ -43,8 +43,12 @@ from flamia_verify.formats import (
 )
 
 FORMATS = [E4M3, E5M2, E2M1, UE4M3]
-ML_DTYPE = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn,
-            "ue4m3": ml_dtypes.float8_e4m3fn}
+ML_DTYPE = {
+    "e4m3": ml_dtypes.float8_e4m3fn,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "e2m1": ml_dtypes.float4_e2m1fn,
+    "ue4m3": ml_dtypes.float8_e4m3fn,
+}
 TORCH_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 HYPOTHESIS = settings(max_examples=60, deadline=None)
 
@@ -114,8 +118,12 @@ def assert_same(actual, expected, *, what: str, inputs=None, max_show: int = 6) 
 
 def test_assert_same_reports_location_and_values():
     with pytest.raises(AssertionError) as info:
-        assert_same(torch.tensor([1.0, -0.0, float("nan")]), torch.tensor([1.0, 0.0, 2.0]),
-                    what="demo", inputs=torch.tensor([1.0, 2.0, 3.0]))
+        assert_same(
+            torch.tensor([1.0, -0.0, float("nan")]),
+            torch.tensor([1.0, 0.0, 2.0]),
+            what="demo",
+            inputs=torch.tensor([1.0, 2.0, 3.0]),
+        )
     message = str(info.value)
     assert "demo: 2 / 3" in message and "at (1,)" in message and "at (2,)" in message
     assert "NaN locations differ" in message and "input=" in message
@@ -255,15 +263,20 @@ def test_round_exhaustive_16bit_vs_ml_dtypes(fmt, saturate, source):
         nan = torch.isnan(x)
         assert torch.isnan(got[nan]).all()
         keep = ~nan
-        assert_same(got[keep], oracle_ml(x[keep], fmt, saturate), what=f"{fmt.name} all {source} vs ml_dtypes",
-                    inputs=x[keep].float())
+        assert_same(
+            got[keep],
+            oracle_ml(x[keep], fmt, saturate),
+            what=f"{fmt.name} all {source} vs ml_dtypes",
+            inputs=x[keep].float(),
+        )
     else:
         assert_same(got, oracle_ml(x, fmt, saturate), what=f"{fmt.name} all {source} vs ml_dtypes", inputs=x.float())
 
 
 # torch 2.13's E4M3 cast saturates, so it is no oracle for E4M3 without saturation (ml_dtypes is)
-@pytest.mark.parametrize(("fmt", "saturate"), [(E4M3, True), (E5M2, True), (E5M2, False)],
-                         ids=["e4m3-sat", "e5m2-sat", "e5m2-nosat"])
+@pytest.mark.parametrize(
+    ("fmt", "saturate"), [(E4M3, True), (E5M2, True), (E5M2, False)], ids=["e4m3-sat", "e5m2-sat", "e5m2-nosat"]
+)
 def test_round_exhaustive_bf16_vs_torch_cast(fmt, saturate):
     x = all_bf16()
     got = round_to_format(x, fmt, saturate=saturate)
@@ -278,8 +291,9 @@ def test_round_every_boundary(fmt, saturate):
     exact = torch.tensor([exact_round(float(v), fmt, saturate) for v in x.tolist()], dtype=torch.float32)
     assert_same(got, exact, what=f"{fmt.name} boundaries vs exact rational rounding", inputs=x)
     finite = ~torch.isnan(x) if fmt is E2M1 else torch.ones_like(x, dtype=torch.bool)
-    assert_same(got[finite], oracle_ml(x[finite], fmt, saturate), what=f"{fmt.name} boundaries vs ml_dtypes",
-                inputs=x[finite])
+    assert_same(
+        got[finite], oracle_ml(x[finite], fmt, saturate), what=f"{fmt.name} boundaries vs ml_dtypes", inputs=x[finite]
+    )
     if fmt.name in TORCH_DTYPE and (saturate or fmt is E5M2):
         assert_same(got, oracle_torch(x, fmt, saturate), what=f"{fmt.name} boundaries vs torch cast", inputs=x)
 
@@ -291,8 +305,12 @@ def test_round_random_fp32_bit_patterns(fmt):
     x = bits.view(torch.float32)
     x = x[~torch.isnan(x)]
     for saturate in (True, False):
-        assert_same(round_to_format(x, fmt, saturate=saturate), oracle_ml(x, fmt, saturate),
-                    what=f"{fmt.name} random fp32 bit patterns saturate={saturate} vs ml_dtypes", inputs=x)
+        assert_same(
+            round_to_format(x, fmt, saturate=saturate),
+            oracle_ml(x, fmt, saturate),
+            what=f"{fmt.name} random fp32 bit patterns saturate={saturate} vs ml_dtypes",
+            inputs=x,
+        )
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
@@ -365,15 +383,26 @@ def test_edge_values(fmt):
 
 def test_specials_per_format():
     x = torch.tensor([464.0, 465.0, -465.0, float("inf"), float("-inf")])
-    assert_same(round_to_format(x, E4M3, saturate=False), torch.tensor([448.0] + [float("nan")] * 4),
-                what="E4M3 overflow without saturation (464 ties to 448, the rest NaN)", inputs=x)
+    assert_same(
+        round_to_format(x, E4M3, saturate=False),
+        torch.tensor([448.0] + [float("nan")] * 4),
+        what="E4M3 overflow without saturation (464 ties to 448, the rest NaN)",
+        inputs=x,
+    )
     x = torch.tensor([61439.0, 61440.0, -61440.0])
-    assert_same(round_to_format(x, E5M2, saturate=False), torch.tensor([57344.0, float("inf"), float("-inf")]),
-                what="E5M2 overflow without saturation (61440 ties to the even 2^16 = Inf)", inputs=x)
+    assert_same(
+        round_to_format(x, E5M2, saturate=False),
+        torch.tensor([57344.0, float("inf"), float("-inf")]),
+        what="E5M2 overflow without saturation (61440 ties to the even 2^16 = Inf)",
+        inputs=x,
+    )
     x = torch.tensor([-1.0, -0.0, -1e-30, 3.0])
     assert_same(round_to_format(x, UE4M3), torch.tensor([0.0, 0.0, 0.0, 3.0]), what="UE4M3 negatives saturate to +0")
-    assert_same(round_to_format(x, UE4M3, saturate=False), torch.tensor([float("nan"), 0.0, float("nan"), 3.0]),
-                what="UE4M3 negatives without saturation")
+    assert_same(
+        round_to_format(x, UE4M3, saturate=False),
+        torch.tensor([float("nan"), 0.0, float("nan"), 3.0]),
+        what="UE4M3 negatives without saturation",
+    )
     x = torch.tensor([-0.0, -1e-30])
     assert_same(round_to_format(x, E4M3), torch.tensor([-0.0, -0.0]), what="signed zeros kept")
 
@@ -386,8 +415,9 @@ def test_specials_per_format():
 def test_decode_all_codes_vs_oracles(fmt):
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     got = decode(codes, fmt)
-    assert_same(got, codes.view(TORCH_DTYPE[fmt.name]).to(torch.float32), what=f"{fmt.name} decode vs torch view",
-                inputs=codes)
+    assert_same(
+        got, codes.view(TORCH_DTYPE[fmt.name]).to(torch.float32), what=f"{fmt.name} decode vs torch view", inputs=codes
+    )
     ml = torch.from_numpy(codes.numpy().view(ML_DTYPE[fmt.name]).astype(np.float32))
     assert_same(got, ml, what=f"{fmt.name} decode vs ml_dtypes view", inputs=codes)
 
@@ -421,14 +451,17 @@ def test_encode_vs_oracle_bytes(fmt):
     if fmt.name in TORCH_DTYPE:
         tw = x.clamp(-fmt.max_finite, fmt.max_finite).to(TORCH_DTYPE[fmt.name]).view(torch.uint8)
         assert_same(codes[~nan], tw[~nan], what=f"{fmt.name} encode vs torch bytes", inputs=x[~nan])
-    assert_same(decode(codes, fmt), round_to_format(x, fmt), what=f"{fmt.name} decode(encode(x)) == round(x)",
-                inputs=x)
+    assert_same(decode(codes, fmt), round_to_format(x, fmt), what=f"{fmt.name} decode(encode(x)) == round(x)", inputs=x)
 
 
 def test_encode_specials():
     x = torch.tensor([float("nan"), float("inf"), float("-inf"), 1e9])
-    assert encode(x, E5M2, saturate=False).tolist() == [C.E5M2_NAN_CODE, C.E5M2_INF_CODE, 0x80 | C.E5M2_INF_CODE,
-                                                        C.E5M2_INF_CODE]
+    assert encode(x, E5M2, saturate=False).tolist() == [
+        C.E5M2_NAN_CODE,
+        C.E5M2_INF_CODE,
+        0x80 | C.E5M2_INF_CODE,
+        C.E5M2_INF_CODE,
+    ]
     assert encode(x, E4M3, saturate=False).tolist() == [C.E4M3_NAN_CODE] * 4
     assert encode(x, E4M3).tolist() == [C.E4M3_NAN_CODE, C.E4M3_MAX_CODE, 0x80 | C.E4M3_MAX_CODE, C.E4M3_MAX_CODE]
     assert encode(torch.tensor([6.0, -6.0, -0.0, 0.5]), E2M1).tolist() == [0x7, 0xF, 0x8, 0x1]
@@ -445,8 +478,9 @@ def test_encode_specials():
 def test_e8m0_decode_all_bytes():
     b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     got = e8m0_decode(b)
-    assert_same(got, b.view(torch.float8_e8m0fnu).to(torch.float32), what="E8M0 decode vs torch float8_e8m0fnu",
-                inputs=b)
+    assert_same(
+        got, b.view(torch.float8_e8m0fnu).to(torch.float32), what="E8M0 decode vs torch float8_e8m0fnu", inputs=b
+    )
     ml = torch.from_numpy(b.numpy().view(ml_dtypes.float8_e8m0fnu).astype(np.float32))
     assert_same(got, ml, what="E8M0 decode vs ml_dtypes", inputs=b)
     exact = torch.tensor([math.ldexp(1.0, i - 127) for i in range(255)] + [math.nan], dtype=torch.float32)
@@ -496,8 +530,12 @@ def test_property_idempotent(fmt, xs, saturate):
     x = torch.tensor(xs, dtype=torch.float32)
     once = round_to_format(x, fmt, saturate=saturate)
     finite = torch.isfinite(once)
-    assert_same(round_to_format(once[finite], fmt, saturate=saturate), once[finite], what=f"{fmt.name} idempotent",
-                inputs=x[finite])
+    assert_same(
+        round_to_format(once[finite], fmt, saturate=saturate),
+        once[finite],
+        what=f"{fmt.name} idempotent",
+        inputs=x[finite],
+    )
 
 
 @HYPOTHESIS
@@ -521,7 +559,8 @@ def test_property_half_ulp_underflow_and_saturation(fmt, xs):
     viol = in_range & (err > bound)
     assert not viol.any(), (
         f"{fmt.name}: |q(x) - x| above half an ulp at {torch.nonzero(viol)[:3].tolist()}: "
-        f"x={x[viol][:3].tolist()} q={q[viol][:3].tolist()} bound={bound[viol][:3].tolist()}")
+        f"x={x[viol][:3].tolist()} q={q[viol][:3].tolist()} bound={bound[viol][:3].tolist()}"
+    )
     # relative form for normal values: the unit roundoff
     normal = in_range & (a >= fmt.min_normal)
     assert (err[normal] <= fmt.unit_roundoff * a[normal]).all()

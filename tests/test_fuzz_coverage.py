@@ -26,8 +26,9 @@ from flamia_verify.properties.strategies import LONG_MAX_HEADS, attention_cases
 
 def _draw(strategy, n: int, seed: int = 0) -> list:
     seen = []
-    cfg = settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck),
-                   phases=(Phase.generate,))
+    cfg = settings(
+        max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate,)
+    )
     try:
         find(strategy, lambda x: seen.append(x) and False, settings=cfg, random=random.Random(seed))
     except NoSuchExample:
@@ -55,8 +56,9 @@ def _ctx(kernel):
     import torch
 
     loaded, recipe = resolve_kernel(kernel, None)
-    return build_context(loaded, recipe, suite="quick", device="cpu", dtype=torch.bfloat16, seed=0, thresholds=None,
-                         case_timeout_s=None)
+    return build_context(
+        loaded, recipe, suite="quick", device="cpu", dtype=torch.bfloat16, seed=0, thresholds=None, case_timeout_s=None
+    )
 
 
 def test_fuzz_checks_dk_dv_causality():
@@ -93,8 +95,9 @@ def test_an_output_without_grad_fn_is_reported_not_raised():
 def test_fuzz_cli_with_an_ungradable_empty_batch_exits_cleanly(capsys, tmp_path):
     spec = "tests/zoo/fuzz_bugs.py:zeros_when_empty"
     case = tmp_path / "case.json"
-    case.write_text(json.dumps({"lens_q": [0, 0], "lens_k": [0, 0], "heads": 1, "headdim": 32, "causal": True,
-                                "property": "bound"}))
+    case.write_text(
+        json.dumps({"lens_q": [0, 0], "lens_k": [0, 0], "heads": 1, "headdim": 32, "causal": True, "property": "bound"})
+    )
     assert main(["fuzz", "--kernel", spec, "--replay", str(case), "--out", str(tmp_path / "r"), "--device", "cpu"]) == 0
     assert main(["fuzz", "--kernel", spec, "--examples", "60", "--out", str(tmp_path / "f"), "--device", "cpu"]) == 0
     assert "Traceback" not in capsys.readouterr().err
@@ -102,11 +105,25 @@ def test_fuzz_cli_with_an_ungradable_empty_batch_exits_cleanly(capsys, tmp_path)
 
 def test_replay_prints_its_recipe_and_report_paths(capsys, tmp_path):
     kernel = tmp_path / "k.py"  # a user's kernel that declares no recipe
-    kernel.write_text("from flamia_verify.kernels import load_kernel\n_f = load_kernel('flamia-mxfp8').fn\n"
-                      "def attn(*a, **kw):\n    return _f(*a, **kw)\n")
+    kernel.write_text(
+        "from flamia_verify.kernels import load_kernel\n_f = load_kernel('flamia-mxfp8').fn\n"
+        "def attn(*a, **kw):\n    return _f(*a, **kw)\n"
+    )
     case = tmp_path / "case.json"
-    case.write_text(json.dumps({"lens_q": [40], "heads": 2, "heads_k": 1, "headdim": 32, "causal": True,
-                                "property": "causal", "t": 5, "recipe": "mxfp8"}))
+    case.write_text(
+        json.dumps(
+            {
+                "lens_q": [40],
+                "heads": 2,
+                "heads_k": 1,
+                "headdim": 32,
+                "causal": True,
+                "property": "causal",
+                "t": 5,
+                "recipe": "mxfp8",
+            }
+        )
+    )
     out = tmp_path / "out"
     code = main(["fuzz", "--kernel", f"{kernel}:attn", "--replay", str(case), "--out", str(out), "--device", "cpu"])
     text = capsys.readouterr().out
@@ -116,8 +133,21 @@ def test_replay_prints_its_recipe_and_report_paths(capsys, tmp_path):
         assert str(out / name) in text, text
     assert json.loads((out / "report.json").read_text())["recipe"] == "mxfp8"
     capsys.readouterr()
-    code = main(["fuzz", "--kernel", f"{kernel}:attn", "--recipe", "bf16", "--replay", str(case), "--out", str(out),
-                 "--device", "cpu"])
+    code = main(
+        [
+            "fuzz",
+            "--kernel",
+            f"{kernel}:attn",
+            "--recipe",
+            "bf16",
+            "--replay",
+            str(case),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
     assert "recipe bf16" in capsys.readouterr().out  # --recipe overrides the reproducer's
 
 
@@ -134,8 +164,13 @@ def _pass(kernel, seed=0):
     return run_checks(kernel, suite="standard", only=["isolation.fuzz"], seed=seed).check("isolation.fuzz")
 
 
-_PLANTED = {"packed_tiles_skip_head": T.packed_tiles_skip_head, "v_scale_leak": Z.v_scale_leak,
-            "backward_leak": Z.backward_leak, "document_leak": Z.document_leak, "dkdv_leak": FB.dkdv_leak}
+_PLANTED = {
+    "packed_tiles_skip_head": T.packed_tiles_skip_head,
+    "v_scale_leak": Z.v_scale_leak,
+    "backward_leak": Z.backward_leak,
+    "document_leak": Z.document_leak,
+    "dkdv_leak": FB.dkdv_leak,
+}
 
 
 @pytest.mark.parametrize("name", sorted(_PLANTED))
@@ -153,8 +188,11 @@ def test_fuzz_pass_fails_planted_causal_and_isolation_bugs(name):
     assert replay_case("flamia-mxfp8" if kernel.recipe == "mxfp8" else "bf16", case).status == "pass"
 
 
-@pytest.mark.parametrize("kernel", ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4", sdpa_bf16],
-                         ids=lambda k: k if isinstance(k, str) else k.__name__)
+@pytest.mark.parametrize(
+    "kernel",
+    ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4", sdpa_bf16],
+    ids=lambda k: k if isinstance(k, str) else k.__name__,
+)
 def test_fuzz_pass_passes_correct_kernels(kernel):
     res = _pass(kernel)
     assert res.status == "pass", res.message
@@ -192,8 +230,23 @@ def test_fuzz_fails_a_kernel_whose_backward_raises_unless_declared_forward_only(
     assert "gradients were not checked" in declared.report.check("interface.backward").message
     spec = "tests/zoo/gate_bugs.py:backward_raises"
     assert main(["fuzz", "--kernel", spec, "--recipe", "mxfp8", "--examples", "3", "--out", str(tmp_path / "a")]) == 1
-    assert main(["fuzz", "--kernel", spec, "--recipe", "mxfp8", "--examples", "3", "--forward-only",
-                 "--out", str(tmp_path / "b")]) == 0
+    assert (
+        main(
+            [
+                "fuzz",
+                "--kernel",
+                spec,
+                "--recipe",
+                "mxfp8",
+                "--examples",
+                "3",
+                "--forward-only",
+                "--out",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 0
+    )
 
 
 def test_every_fuzz_property_that_failed_on_some_example_reads_fail():

@@ -48,8 +48,13 @@ def test_a_missing_grad_fn_fails_the_run_unless_declared():
 def _all_renderings(report) -> dict[str, str]:
     buf = StringIO()
     render_terminal(report, Console(file=buf, width=100))
-    return {"markdown": render_markdown(report), "html": render_html(report), "junit": render_junit(report),
-            "terminal": buf.getvalue(), "json": json.dumps(report.to_dict())}
+    return {
+        "markdown": render_markdown(report),
+        "html": render_html(report),
+        "junit": render_junit(report),
+        "terminal": buf.getvalue(),
+        "json": json.dumps(report.to_dict()),
+    }
 
 
 def test_declared_forward_only_skips_gradients_and_every_report_says_so():

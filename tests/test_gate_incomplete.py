@@ -67,8 +67,14 @@ def test_sigint_mid_run_leaves_incomplete_reports_and_exit_1(capsys, tmp_path):
 
 def _subprocess_check(tmp_path, spec: str, out: pathlib.Path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "flamia_verify.cli", "check", "--kernel", spec, "--recipe", "bf16",
-                           "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "flamia_verify.cli", "check", "--kernel", spec, "--recipe", "bf16", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def test_sigterm_mid_run_leaves_incomplete_reports_and_exit_1(tmp_path):
@@ -104,8 +110,9 @@ def test_disk_full_while_writing_reports_is_one_line_naming_the_path(capsys, tmp
 
 
 def _report(complete: bool) -> Report:
-    rep = Report(kernel="k", recipe="mxfp8", suite="quick", seed=0,
-                 checks=[CheckResult("interface.output", "interface", "pass")])
+    rep = Report(
+        kernel="k", recipe="mxfp8", suite="quick", seed=0, checks=[CheckResult("interface.output", "interface", "pass")]
+    )
     if not complete:
         rep.complete = False
         rep.incomplete_reason = "interrupted (SIGINT) after 1 of 31 checks"

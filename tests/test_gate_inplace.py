@@ -16,11 +16,14 @@ from flamia_verify.properties import run_checks
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name, tensor, stage", [
-    ("noncausal_q_inplace", "q", "forward"),
-    ("backward_q_inplace", "q", "backward"),
-    ("long_v_inplace", "v", "forward"),
-])
+@pytest.mark.parametrize(
+    "name, tensor, stage",
+    [
+        ("noncausal_q_inplace", "q", "forward"),
+        ("backward_q_inplace", "q", "backward"),
+        ("long_v_inplace", "v", "forward"),
+    ],
+)
 def test_every_in_place_write_fails_inputs_unmodified_in_the_quick_suite(name, tensor, stage):
     report = run_checks(G.GATE_BUGS[name], suite="quick")
     res = report.check("interface.inputs_unmodified")
@@ -55,8 +58,9 @@ def test_a_rejected_in_place_write_on_leaf_inputs_is_reported_not_a_crash():
 
 def test_cli_in_place_kernel_is_exit_1_with_reports(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    code = main(["check", "--kernel", "tests/zoo/gate_bugs.py:smooth_k_inplace", "--only", "interface",
-                 "--out", str(tmp_path)])
+    code = main(
+        ["check", "--kernel", "tests/zoo/gate_bugs.py:smooth_k_inplace", "--only", "interface", "--out", str(tmp_path)]
+    )
     err = capsys.readouterr().err
     assert code == 1, err
     data = json.loads((tmp_path / "report.json").read_text())

@@ -15,14 +15,21 @@ from flamia_verify.results import CheckResult, Report
 
 def _section(page: str, name: str) -> str:
     sections = [part.split("</section>")[0] for part in page.split('<section class="check ')[1:]]
-    found = [s for s in sections if re.search(rf'<h3>.*?<span class="mono">{re.escape(name)}</span>', s.split("</h3>")[0])]
+    found = [
+        s for s in sections if re.search(rf'<h3>.*?<span class="mono">{re.escape(name)}</span>', s.split("</h3>")[0])
+    ]
     assert len(found) == 1, name
     return '<section class="check ' + found[0]
 
 
 def _map(z, title="out leakage map"):
-    return {"title": title, "x_label": "position in document", "y_label": "perturbation position t",
-            "z_label": "changed elements (protected positions)", "z": z}
+    return {
+        "title": title,
+        "x_label": "position in document",
+        "y_label": "perturbation position t",
+        "z_label": "changed elements (protected positions)",
+        "z": z,
+    }
 
 
 def test_blank_heatmap_is_only_a_map_of_exact_zeros():
@@ -35,16 +42,26 @@ def test_blank_heatmap_is_only_a_map_of_exact_zeros():
 
 def test_a_leaking_map_is_drawn_and_a_blank_one_is_a_line():
     check = CheckResult(
-        name="causal.forward", family="causal", status="fail", metrics={"leaked_elements": 2},
+        name="causal.forward",
+        family="causal",
+        status="fail",
+        metrics={"leaked_elements": 2},
         thresholds={"leaked_elements": 0},
-        details={"heatmaps": [_map([[0] * 8 for _ in range(3)], "out leakage map, tiny perturbation"),
-                              _map([[0] * 8, [0, 0, 0, 2, 0, 0, 0, 0], [0] * 8], "out leakage map, huge perturbation")]})
+        details={
+            "heatmaps": [
+                _map([[0] * 8 for _ in range(3)], "out leakage map, tiny perturbation"),
+                _map([[0] * 8, [0, 0, 0, 2, 0, 0, 0, 0], [0] * 8], "out leakage map, huge perturbation"),
+            ]
+        },
+    )
     page = render_html(Report(kernel="k", recipe="mxfp8", suite="quick", seed=0, checks=[check]))
     section = _section(page, "causal.forward")
     assert section.count("<svg") == 1
     assert "out leakage map, huge perturbation" in section.split('<ul class="blank-maps')[0]
-    assert ("out leakage map, tiny perturbation</span>: changed elements (protected positions) is 0 in every cell, "
-            "3 rows (perturbation position t) × 8 columns (position in document); not drawn") in section
+    assert (
+        "out leakage map, tiny perturbation</span>: changed elements (protected positions) is 0 in every cell, "
+        "3 rows (perturbation position t) × 8 columns (position in document); not drawn"
+    ) in section
 
 
 def test_example_report_states_its_zero_map_in_words():
@@ -56,8 +73,10 @@ def test_example_report_states_its_zero_map_in_words():
 @pytest.fixture(scope="module")
 def causal_pages():
     only = ["causal.forward", "causal.dk_dv"]
-    return {name: render_html(flamia_verify.check(name, suite="quick", only=only, device="cpu"))
-            for name in ("flamia-mxfp8", "mxfp8-naive")}
+    return {
+        name: render_html(flamia_verify.check(name, suite="quick", only=only, device="cpu"))
+        for name in ("flamia-mxfp8", "mxfp8-naive")
+    }
 
 
 def test_a_passing_kernel_draws_no_empty_leakage_map(causal_pages):

@@ -104,7 +104,8 @@ def test_a_sibling_package_and_its_submodules_leave_sys_modules(tmp_path):
     (root / "attn_sibling_pkg" / "__init__.py").write_text("")
     (root / "attn_sibling_pkg" / "core.py").write_text("TAG = 'pkg'\n")
     (root / "kernel.py").write_text(
-        "from attn_sibling_pkg import core\nTAG = core.TAG\ndef attn(*a, **k):\n    return None\n")
+        "from attn_sibling_pkg import core\nTAG = core.TAG\ndef attn(*a, **k):\n    return None\n"
+    )
     kernel = load_kernel(f"{root / 'kernel.py'}:attn")
     assert sys.modules[kernel.fn.__module__].TAG == "pkg"
     assert not [n for n in sys.modules if n.startswith("attn_sibling_pkg")]

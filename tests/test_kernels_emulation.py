@@ -248,7 +248,13 @@ def test_document_isolation_bitwise(name, causal):
     another offset in the pack (the fixed kernels); the known-bad ones depend on their neighbours."""
     g = torch.Generator().manual_seed(11)
     doc = [torch.randn(45, 2, 64, generator=g).to(torch.bfloat16) for _ in range(4)]  # q, k, v, do
-    alone = run(KERNELS[name], *doc, torch.tensor([0, 45], dtype=torch.int32), torch.tensor([0, 45], dtype=torch.int32), causal=causal)
+    alone = run(
+        KERNELS[name],
+        *doc,
+        torch.tensor([0, 45], dtype=torch.int32),
+        torch.tensor([0, 45], dtype=torch.int32),
+        causal=causal,
+    )
     leaked = False
     for before, after in ((13, 30), (32, 7), (1, 0)):
         parts, cu = packed_among_neighbours(doc, before, after, g)
@@ -371,7 +377,9 @@ def test_entry_point_kernels_are_found_by_name(monkeypatch):
     from flamia_verify.kernels import registry
 
     eps = {
-        "vendor-attn": EntryPoint("vendor-attn", "flamia_verify.reference:reference_attention", registry.ENTRY_POINT_GROUP),
+        "vendor-attn": EntryPoint(
+            "vendor-attn", "flamia_verify.reference:reference_attention", registry.ENTRY_POINT_GROUP
+        ),
         "broken-attn": EntryPoint("broken-attn", "no_such_vendor_module:attn", registry.ENTRY_POINT_GROUP),
     }
     monkeypatch.setattr(registry, "_entry_point_kernels", lambda: eps)

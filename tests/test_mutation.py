@@ -33,8 +33,18 @@ def _out(kernel, inp):
 
 def test_table_is_large_and_spans_every_family():
     fams = {m.family for m in BUGS}
-    assert {"mask", "fallback", "blocks", "cu", "heads", "format", "rounding", "normalisation", "reduction",
-            "inplace"} <= fams
+    assert {
+        "mask",
+        "fallback",
+        "blocks",
+        "cu",
+        "heads",
+        "format",
+        "rounding",
+        "normalisation",
+        "reduction",
+        "inplace",
+    } <= fams
     assert len(BUGS) >= 100 and len(CORRECT) >= 5
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
@@ -73,11 +83,13 @@ def test_building_mutants_leaves_the_emulation_untouched():
 
 
 def test_summary_and_verdict():
-    rs = [MutantResult("a.x", "a", False, "killed", ["causal.forward"]),
-          MutantResult("a.y", "a", False, "survived"),
-          MutantResult("b.x", "b", False, "crashed", ["(kernel crashed)"]),
-          MutantResult("c.ok", "c", True, "passed"),
-          MutantResult("c.bad", "c", True, "false-alarm", ["error.out"])]
+    rs = [
+        MutantResult("a.x", "a", False, "killed", ["causal.forward"]),
+        MutantResult("a.y", "a", False, "survived"),
+        MutantResult("b.x", "b", False, "crashed", ["(kernel crashed)"]),
+        MutantResult("c.ok", "c", True, "passed"),
+        MutantResult("c.bad", "c", True, "false-alarm", ["error.out"]),
+    ]
     s = summarize(rs)
     assert s["mutants"] == 3 and s["killed"] == 2 and s["survivors"] == ["a.y"]
     assert s["families"]["a"]["kill_rate"] == 0.5 and s["families"]["b"]["crashed"] == 1

@@ -27,8 +27,15 @@ from flamia_verify.results import FAMILIES, Report
 
 def test_public_api_names():
     assert set(P.__all__) == {
-        "run_checks", "list_checks", "fuzz", "replay_case", "default_thresholds", "SUITES", "CheckSpec",
-        "ProgressEvent", "FuzzResult",
+        "run_checks",
+        "list_checks",
+        "fuzz",
+        "replay_case",
+        "default_thresholds",
+        "SUITES",
+        "CheckSpec",
+        "ProgressEvent",
+        "FuzzResult",
     }
     assert SUITES == ("quick", "standard", "full")
 
@@ -72,7 +79,9 @@ def test_thresholds_derived_from_unit_roundoffs():
     assert default_thresholds("nvfp4")["bias.gain"]["gain_error_dv"] == pytest.approx(2**-4)
     assert default_thresholds("bf16")["bias.gain"]["gain_error_out"] == pytest.approx(2**-10)
     # conservation: 2 u + u^2 with u = 2^-8 for bf16 inputs and 2^-11 for fp16
-    assert default_thresholds("mxfp8")["consistency.conservation_forward"]["max_rel_dev"] == pytest.approx(2**-7 + 2**-16)
+    assert default_thresholds("mxfp8")["consistency.conservation_forward"]["max_rel_dev"] == pytest.approx(
+        2**-7 + 2**-16
+    )
     fp16 = default_thresholds("mxfp8", torch.float16)
     assert fp16["consistency.conservation_forward"]["max_rel_dev"] == pytest.approx(2**-10 + 2**-22)
 
@@ -118,16 +127,21 @@ def test_recipe_is_required_for_a_kernel_without_one_and_validated():
 
 def test_only_selects_families_and_checks():
     report = run_checks("bf16", only=["interface", "causal.forward"])
-    assert [c.name for c in report.checks] == ["interface.output", "interface.inputs_unmodified",
-                                               "interface.backward", "causal.forward"]
+    assert [c.name for c in report.checks] == [
+        "interface.output",
+        "interface.inputs_unmodified",
+        "interface.backward",
+        "causal.forward",
+    ]
     with pytest.raises(ConfigError, match="unknown check or family 'causality'"):
         run_checks("bf16", only=["causality"])
 
 
 def test_progress_and_result_callbacks():
     events, results = [], []
-    report = run_checks("bf16", only=["interface", "error.out", "causal.forward"], on_progress=events.append,
-                        on_result=results.append)
+    report = run_checks(
+        "bf16", only=["interface", "error.out", "causal.forward"], on_progress=events.append, on_result=results.append
+    )
     assert [r.name for r in results] == [c.name for c in report.checks]
     assert all(isinstance(e, ProgressEvent) for e in events)
     assert {e.check for e in events} == {c.name for c in report.checks}
@@ -181,12 +195,31 @@ def test_forward_only_kernel_skips_gradient_checks_with_the_reason():
     report = run_checks(Z.forward_only, suite="quick", forward_only=True)
     assert report.environment["backward"] is False and report.environment["forward_only"] is True
     by = {c.name: c for c in report.checks}
-    for name in ("interface.backward", "error.dq", "error.dk", "error.dv", "bound.grad", "causal.dq", "causal.dk_dv",
-                 "consistency.weights", "consistency.shift_invariance"):
+    for name in (
+        "interface.backward",
+        "error.dq",
+        "error.dk",
+        "error.dv",
+        "bound.grad",
+        "causal.dq",
+        "causal.dk_dv",
+        "consistency.weights",
+        "consistency.shift_invariance",
+    ):
         assert by[name].status == "skip", (name, by[name].status, by[name].message)
         assert "forward-only" in by[name].message
-    for name in ("interface.output", "error.out", "bound.out", "causal.forward", "causal.nan", "isolation.neighbours",
-                 "consistency.conservation_forward", "special.short_documents", "bias.gain", "determinism.repeat"):
+    for name in (
+        "interface.output",
+        "error.out",
+        "bound.out",
+        "causal.forward",
+        "causal.nan",
+        "isolation.neighbours",
+        "consistency.conservation_forward",
+        "special.short_documents",
+        "bias.gain",
+        "determinism.repeat",
+    ):
         assert by[name].status == "pass", (name, by[name].status, by[name].message)
     assert report.passed  # skips do not fail a run
 
@@ -217,7 +250,9 @@ def test_runs_are_deterministic_in_the_seed():
 
 
 def test_fp16_inputs():
-    report = run_checks("flamia-mxfp8", dtype=torch.float16, only=["interface", "error", "consistency", "causal.forward"])
+    report = run_checks(
+        "flamia-mxfp8", dtype=torch.float16, only=["interface", "error", "consistency", "causal.forward"]
+    )
     assert report.environment["dtype"] == "fp16"
     assert report.passed, [(c.name, c.message) for c in report.checks if c.status != "pass"]
 

@@ -77,8 +77,14 @@ def test_a_missing_gradient_fails_interface_backward_and_skips_the_identities_th
     for name in ("error.dk", "consistency.shift_invariance"):
         res = report.check(name)
         assert res.status == "skip" and "no dk" in res.message, (name, res.status, res.message)
-    for name in ("error.out", "error.dq", "error.dv", "consistency.conservation_backward",
-                 "consistency.weights", "consistency.grad_forward_ratio"):
+    for name in (
+        "error.out",
+        "error.dq",
+        "error.dv",
+        "consistency.conservation_backward",
+        "consistency.weights",
+        "consistency.grad_forward_ratio",
+    ):
         assert report.check(name).status == "pass", (name, report.check(name).message)
 
 
@@ -117,8 +123,9 @@ def test_autograd_gives_every_gradient_the_shape_and_dtype_of_its_input():
     res = KernelHarness(_ungrouped).call(make_inputs(case))
     assert res.dq.dtype == torch.bfloat16 and res.dk.shape == (16, 1, 64)
     check = _run(_ungrouped, ["interface.backward"]).check("interface.backward")
-    assert check.status == "fail" and "wrong shape" in check.message and "invalid gradient" in check.message, \
+    assert check.status == "fail" and "wrong shape" in check.message and "invalid gradient" in check.message, (
         check.message
+    )
     assert check.metrics["bad_gradients"] == 1 and check.worst_case["case"]["heads"] == 4
 
 
@@ -182,8 +189,14 @@ def test_a_13_bit_accumulator_is_inside_the_random_input_bound_but_not_the_exact
     bound is fp32 accumulation and the output rounding alone, and the 13-bit accumulator leaves it.
     bf16 running sums (8 bits) fail all three. Not a threshold: the bounds derive from the formats;
     this pins down what each resolves."""
-    got = {name: _run(kernel, ["bound"]) for name, kernel in (
-        ("e4m3_mma", T.e4m3_mma_accumulation), ("bf16", T.bf16_accumulation), ("correct", "flamia-mxfp8"))}
+    got = {
+        name: _run(kernel, ["bound"])
+        for name, kernel in (
+            ("e4m3_mma", T.e4m3_mma_accumulation),
+            ("bf16", T.bf16_accumulation),
+            ("correct", "flamia-mxfp8"),
+        )
+    }
     tight = {name: {c.name: c.metrics["tightness"] for c in rep.checks} for name, rep in got.items()}
     status = {name: {c.name: c.status for c in rep.checks} for name, rep in got.items()}
     assert status["e4m3_mma"] == {"bound.out": "pass", "bound.grad": "pass", "bound.rounding": "fail"}, tight

@@ -47,7 +47,9 @@ def test_fp16_operand_model_covers_rounding_through_the_subnormal_range():
 def test_correct_kernel_passes_the_quick_suite_with_fp16_inputs(name):
     report = run_checks(name, suite="quick", dtype=torch.float16, seed=0)
     assert [c.name for c in report.checks] == [s.name for s in list_checks("quick")]
-    assert all(quiet_for_recipe(report, c) for c in report.checks), f"{name} (fp16) raised false alarms:\n{_explain(report)}"
+    assert all(quiet_for_recipe(report, c) for c in report.checks), (
+        f"{name} (fp16) raised false alarms:\n{_explain(report)}"
+    )
 
 
 # planted bugs that must still fail their checks with FP16 inputs; the BF16-recipe ones
@@ -65,8 +67,9 @@ CAUGHT_WITH_FP16 = {
 @pytest.mark.parametrize("name", sorted(CAUGHT_WITH_FP16))
 def test_planted_bug_is_still_caught_with_fp16_inputs(name):
     kernel, checks = CAUGHT_WITH_FP16[name]
-    report = run_checks(kernel, recipe=getattr(kernel, "recipe", None), suite="quick", only=list(checks),
-                        dtype=torch.float16)
+    report = run_checks(
+        kernel, recipe=getattr(kernel, "recipe", None), suite="quick", only=list(checks), dtype=torch.float16
+    )
     for check in checks:
         res = report.check(check)
         assert res.status == "fail", f"{name} (fp16): {check} says {res.status}: {res.message}"

@@ -88,8 +88,19 @@ def test_fuzz_finds_a_leak_shrinks_it_and_replays_it():
     assert isinstance(res, FuzzResult) and not res.passed
     rep = res.reproducer
     assert rep["property"] == "causal" and rep["causal"] is True
-    for key in ("seed", "lens_q", "lens_k", "heads", "heads_k", "headdim", "dtype", "distribution", "document", "t",
-                "perturbation"):
+    for key in (
+        "seed",
+        "lens_q",
+        "lens_k",
+        "heads",
+        "heads_k",
+        "headdim",
+        "dtype",
+        "distribution",
+        "document",
+        "t",
+        "perturbation",
+    ):
         assert key in rep, key
     assert sum(rep["lens_q"]) <= 129  # shrunk from up to 256 tokens
     assert isinstance(res.report, Report) and res.report.check("causal.fuzz").status == "fail"

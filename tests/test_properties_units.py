@@ -28,7 +28,9 @@ KERNELS = builtin_kernels()
 def _ref(inp):
     c = inp.case
     out, lse = attention_forward(inp.q, inp.k, inp.v, inp.cu_q, inp.cu_k, softmax_scale=c.scale, causal=c.causal)
-    grads = attention_backward(inp.do, inp.q, inp.k, inp.v, out, lse, inp.cu_q, inp.cu_k, softmax_scale=c.scale, causal=c.causal)
+    grads = attention_backward(
+        inp.do, inp.q, inp.k, inp.v, out, lse, inp.cu_q, inp.cu_k, softmax_scale=c.scale, causal=c.causal
+    )
     return out, grads
 
 
@@ -45,8 +47,15 @@ def _run(kernel, inp):
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 def test_cases_are_deterministic_and_round_trip_through_json(dist):
-    case = Case((5, 0, 33), (7, 2, 33), heads=4, heads_k=2, distribution=dist, seed=9,
-                overrides=(("scale_v", 2.0), ("zero_k", (0, 3))))
+    case = Case(
+        (5, 0, 33),
+        (7, 2, 33),
+        heads=4,
+        heads_k=2,
+        distribution=dist,
+        seed=9,
+        overrides=(("scale_v", 2.0), ("zero_k", (0, 3))),
+    )
     again = Case.from_dict(json.loads(json.dumps(case.to_dict())))
     assert again == case
     a, b = make_inputs(case), make_inputs(again)
@@ -78,8 +87,10 @@ def test_one_hot_key_case_has_integer_log2_scores_and_one_key_per_dq_channel():
 
     from flamia_verify.properties.checks.bound import LN2, one_hot_keys_case
 
-    ctx = SimpleNamespace(settings=SimpleNamespace(headdim=64),
-                          case=lambda lens, **kw: Case(tuple(lens), seed=kw.pop("seed_offset"), **kw))
+    ctx = SimpleNamespace(
+        settings=SimpleNamespace(headdim=64),
+        case=lambda lens, **kw: Case(tuple(lens), seed=kw.pop("seed_offset"), **kw),
+    )
     case = one_hot_keys_case(ctx)
     assert case.softmax_scale == LN2 and max(case.lens_k) <= 64
     inp = make_inputs(case)
@@ -90,7 +101,9 @@ def test_one_hot_key_case_has_integer_log2_scores_and_one_key_per_dq_channel():
         for h in range(k.shape[1]):
             assert len(set(k[a:b, h].argmax(-1).tolist())) == b - a
     assert torch.equal(q, torch.round(q)) and float(q.abs().max()) >= 2
-    assert torch.equal(e4m3_grid(inp.v.float()), inp.v.float()) and torch.equal(e4m3_grid(inp.do.float()), inp.do.float())
+    assert torch.equal(e4m3_grid(inp.v.float()), inp.v.float()) and torch.equal(
+        e4m3_grid(inp.do.float()), inp.do.float()
+    )
 
 
 @pytest.mark.parametrize("rule", ["rceil", "floor"])
@@ -106,8 +119,10 @@ def test_mx_operand_model_covers_blocks_at_e8m0s_smallest_scale(rule):
     err = (xq.double() - x.double()).abs()
     line = x.abs().double().amax(-1, keepdim=True)
     recipe = "mxfp8" if rule == "rceil" else "mxfp8-floor"
-    for model in (get_recipe(recipe).bound_model(torch.float32)[Operand.V_HD],
-                  get_recipe("fp8").bound_model(torch.float32)[Operand.V_HD]):
+    for model in (
+        get_recipe(recipe).bound_model(torch.float32)[Operand.V_HD],
+        get_recipe("fp8").bound_model(torch.float32)[Operand.V_HD],
+    ):
         rho = model.rho(x.abs().double(), line, float(line.max()))
         assert bool((err <= rho).all()), f"{recipe}: {int((err > rho).sum())} elements outside the model"
         bare = OperandModel(model.u, model.eta, model.eta_g, model.exact_sig)
@@ -174,17 +189,28 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.distribution + str(c.seed))
-@pytest.mark.parametrize("name", ["bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-mxfp8-floor", "flamia-nvfp4",
-                                  "mxfp8-naive"])
+@pytest.mark.parametrize(
+    "name", ["bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-mxfp8-floor", "flamia-nvfp4", "mxfp8-naive"]
+)
 def test_bound_is_never_violated_by_kernels_of_the_recipe(name, case):
     """Rigorous: every built-in kernel (leaky ones too: the bound is about formats, not leaks) stays
     inside the bound of the recipe it declares, element by element, forward and backward."""
     inp = make_inputs(case)
     out, grads = _ref(inp)
     kern = KERNELS[name]
-    B = attention_bounds(inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale,
-                         causal=case.causal, model=get_recipe(kern.recipe).bound_model(torch.bfloat16), ref_out=out,
-                         ref_grads=grads)
+    B = attention_bounds(
+        inp.q,
+        inp.k,
+        inp.v,
+        inp.do,
+        inp.cu_q.tolist(),
+        inp.cu_k.tolist(),
+        scale=case.scale,
+        causal=case.causal,
+        model=get_recipe(kern.recipe).bound_model(torch.bfloat16),
+        ref_out=out,
+        ref_grads=grads,
+    )
     got = _run(kern, inp)
     for t, x, r, b in zip(("out", "dq", "dk", "dv"), got, (out,) + grads, (B.out, B.dq, B.dk, B.dv)):
         m = compare_within(x, r, b, what=t)
@@ -194,11 +220,23 @@ def test_bound_is_never_violated_by_kernels_of_the_recipe(name, case):
 def test_bound_is_tight_where_rounding_is_the_only_error():
     """With q, k on the exact grid and one-hot attention the bound is a few unit roundoffs of V:
     the kernel uses a sizeable part of it (the bound is not vacuous)."""
-    case = Case((96,), distribution="shifted", overrides=(("scale_q", 16.0), ("grid_q", True), ("grid_k", True)), seed=7)
+    case = Case(
+        (96,), distribution="shifted", overrides=(("scale_q", 16.0), ("grid_q", True), ("grid_k", True)), seed=7
+    )
     inp = make_inputs(case)
     out, grads = _ref(inp)
-    B = attention_bounds(inp.q, inp.k, inp.v, None, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale, causal=True,
-                         model=get_recipe("mxfp8").bound_model(torch.bfloat16), ref_out=out)
+    B = attention_bounds(
+        inp.q,
+        inp.k,
+        inp.v,
+        None,
+        inp.cu_q.tolist(),
+        inp.cu_k.tolist(),
+        scale=case.scale,
+        causal=True,
+        model=get_recipe("mxfp8").bound_model(torch.bfloat16),
+        ref_out=out,
+    )
     rel = (B.out / out.abs().clamp_min(1e-12)).median()
     assert float(rel) < 0.25  # about 3 u = 0.19 of |O|
     x = _run(KERNELS["flamia-mxfp8"], inp)[0]

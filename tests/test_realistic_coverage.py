@@ -62,15 +62,24 @@ def test_e5m2_shows_in_the_share_of_ds_entries_above_the_unit_roundoff():
     unit roundoff 2^-4 separates the formats: E5M2 rounds about 1 - 1/(2 ln 2) = 28 % of log-uniform
     values by more than 2^-4 (its own bound is 2^-3); a correct E4M3 kernel has under 1 % there
     (rounding of D and the output)."""
-    for kernel, expect in ((R.ds_e5m2, ("high", "high")), (R.dst_e5m2, ("low", "high")), ("flamia-mxfp8", ("low", "low"))):
+    for kernel, expect in (
+        (R.ds_e5m2, ("high", "high")),
+        (R.dst_e5m2, ("low", "high")),
+        ("flamia-mxfp8", ("low", "low")),
+    ):
         res = run_checks(kernel, suite="quick", only=["bound.grad"]).check("bound.grad")
         for key, level in zip(("share_above_u_ds", "share_above_u_dst"), expect):
             share = res.metrics[key]
             assert (share > 0.2) if level == "high" else (share < 0.02), f"{kernel}: {key} = {share}"
 
 
-_CORRECT = {"bf16": "bf16", "fp8": "fp8", "flamia-mxfp8": "flamia-mxfp8", "flamia-nvfp4": "flamia-nvfp4",
-            "sdpa_bf16": sdpa_bf16}
+_CORRECT = {
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "flamia-mxfp8": "flamia-mxfp8",
+    "flamia-nvfp4": "flamia-nvfp4",
+    "sdpa_bf16": sdpa_bf16,
+}
 _WIDENED = sorted({c for k in R.REALISTIC.values() for c in k.catches} | {"isolation.nan"})
 
 

@@ -68,7 +68,11 @@ def _inputs(case: Case, seed: int):
     def rnd(*shape):
         return case.magnitude * torch.randn(*shape, generator=g, dtype=torch.float64)
 
-    q, k, v = rnd(tq, case.nheads, case.headdim), rnd(tk, case.nheads_k, case.headdim), rnd(tk, case.nheads_k, case.headdim)
+    q, k, v = (
+        rnd(tq, case.nheads, case.headdim),
+        rnd(tk, case.nheads_k, case.headdim),
+        rnd(tk, case.nheads_k, case.headdim),
+    )
     if case.score_offset:
         # q . k = sqrt(offset / scale)^2 * scale on channel 0, plus an O(1) part from the others.
         c = math.sqrt(case.score_offset * math.sqrt(case.headdim))
@@ -187,7 +191,12 @@ def test_autograd_wrapper_matches_mpmath() -> None:
     out.backward(dout)
     with mpmath.workdps(MP_DIGITS):
         ex_out, _, ex_dq, ex_dk, ex_dv = _mp_attention(q, k, v, dout, cq, ck, scale, True)
-        for name, got, ex in (("out", out.detach(), ex_out), ("dq", qq.grad, ex_dq), ("dk", kk.grad, ex_dk), ("dv", vv.grad, ex_dv)):
+        for name, got, ex in (
+            ("out", out.detach(), ex_out),
+            ("dq", qq.grad, ex_dq),
+            ("dk", kk.grad, ex_dk),
+            ("dv", vv.grad, ex_dv),
+        ):
             _assert_close_to_exact(name, got, ex, case)
 
 

@@ -54,7 +54,9 @@ def make_inputs(docs, nheads, nheads_k, headdim, *, seed=0, dtype=torch.float64)
 def forward_backward(q, k, v, dout, cq, ck, *, causal, chunk_size=None, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out, lse = attention_forward(q, k, v, cq, ck, softmax_scale=scale, causal=causal, chunk_size=chunk_size)
-    grads = attention_backward(dout, q, k, v, out, lse, cq, ck, softmax_scale=scale, causal=causal, chunk_size=chunk_size)
+    grads = attention_backward(
+        dout, q, k, v, out, lse, cq, ck, softmax_scale=scale, causal=causal, chunk_size=chunk_size
+    )
     return (out, lse, *grads)
 
 
@@ -334,7 +336,9 @@ def test_dense_matches_torch_sdpa(lq: int, lk: int, causal: bool) -> None:
     out = out.squeeze(0).transpose(0, 1)
     out.backward(dout)
     n = D + lk + (H // Hk) * lq
-    for name, got, want in zip(("out", "dq", "dk", "dv"), (ours[0], *ours[2:]), (out.detach(), qq.grad, kk.grad, vv.grad)):
+    for name, got, want in zip(
+        ("out", "dq", "dk", "dv"), (ours[0], *ours[2:]), (out.detach(), qq.grad, kk.grad, vv.grad)
+    ):
         assert_same_math(f"{name} vs SDPA", got, want, n)
 
 
@@ -417,7 +421,9 @@ def test_poisoned_future_positions_do_not_cross_the_causal_mask(where: str, pois
     bad = {"q": q.clone(), "k": k.clone(), "v": v.clone(), "dout": dout.clone()}
     bad[where][t + 1 : L, 1, ::3] = poison  # positions after t of document 0, one head
     out, lse = attention_forward(bad["q"], bad["k"], bad["v"], cq, ck, softmax_scale=scale, causal=True)
-    grads = attention_backward(bad["dout"], bad["q"], bad["k"], bad["v"], out, lse, cq, ck, softmax_scale=scale, causal=True)
+    grads = attention_backward(
+        bad["dout"], bad["q"], bad["k"], bad["v"], out, lse, cq, ck, softmax_scale=scale, causal=True
+    )
     context = f"{where} = {poison} after position {t}"
     for name, got, want in zip(("out", "lse", "dq"), (out, lse, grads[0]), (clean_out, clean_lse, clean_grads[0])):
         assert_bitwise(name, got[: t + 1], want[: t + 1], context)

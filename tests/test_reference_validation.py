@@ -21,7 +21,10 @@ def _good():
 
 
 def _call(**changes):
-    args = {**_good(), **{k: v for k, v in changes.items() if k not in ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal")}}
+    args = {
+        **_good(),
+        **{k: v for k, v in changes.items() if k not in ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal")},
+    }
     return reference_attention(
         args["q"],
         args["k"],
@@ -41,7 +44,11 @@ BAD = [
     ("cu_list", dict(cu_seqlens_q=[0, 2, 5]), r"cu_seqlens_q must be a torch.Tensor"),
     ("cu_not_zero", dict(cu_seqlens_q=torch.tensor([1, 2, 5], dtype=torch.int32)), r"cu_seqlens_q\[0\] must be 0"),
     ("cu_decreasing", dict(cu_seqlens_k=torch.tensor([0, 4, 3, 6], dtype=torch.int32)), r"non-decreasing"),
-    ("cu_total", dict(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32)), r"must equal the number of tokens \(5\)"),
+    (
+        "cu_total",
+        dict(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32)),
+        r"must equal the number of tokens \(5\)",
+    ),
     ("cu_2d", dict(cu_seqlens_q=torch.tensor([[0, 2, 5]], dtype=torch.int32)), r"must be 1-D"),
     (
         "batch_mismatch",
@@ -102,8 +109,16 @@ def test_backward_checks_its_extra_tensors(which, shape, message) -> None:
     extra[which] = torch.zeros(shape, dtype=torch.float64)
     with pytest.raises(InputError, match=message):
         attention_backward(
-            extra["dout"], args["q"], args["k"], args["v"], extra["out"], extra["lse"],
-            args["cu_seqlens_q"], args["cu_seqlens_k"], softmax_scale=0.3, causal=True,
+            extra["dout"],
+            args["q"],
+            args["k"],
+            args["v"],
+            extra["out"],
+            extra["lse"],
+            args["cu_seqlens_q"],
+            args["cu_seqlens_k"],
+            softmax_scale=0.3,
+            causal=True,
         )
 
 

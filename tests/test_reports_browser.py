@@ -27,8 +27,10 @@ def require_chromium() -> str:
     path = reports_chromium.CHROMIUM
     if os.path.isfile(path) and os.access(path, os.X_OK):
         return path
-    reason = (f"headless Chromium not found at {path}: install Debian's chromium (apt-get install -y chromium) "
-              "or point FLAMIA_VERIFY_CHROMIUM at one")
+    reason = (
+        f"headless Chromium not found at {path}: install Debian's chromium (apt-get install -y chromium) "
+        "or point FLAMIA_VERIFY_CHROMIUM at one"
+    )
     if _in_ci():
         pytest.fail(reason + " (CI is set, so the browser test may not be skipped)", pytrace=False)
     pytest.skip(reason)
@@ -76,8 +78,11 @@ def test_every_plot_is_drawn_with_a_real_size(browser, example_page):
     # Lines, histogram steps and heatmap images are actually in the drawn SVGs.
     assert browser.evaluate(session, "document.querySelectorAll('svg.plot path').length") > 50
     heatmaps = browser.evaluate(
-        session, "Array.from(document.querySelectorAll('svg.plot image')).map(i => i.getBBox().width)")
-    assert sum(w > 100 for w in heatmaps) == 1, f"one heatmap (the all-zero one is a line of text), got widths {heatmaps}"
+        session, "Array.from(document.querySelectorAll('svg.plot image')).map(i => i.getBBox().width)"
+    )
+    assert sum(w > 100 for w in heatmaps) == 1, (
+        f"one heatmap (the all-zero one is a line of text), got widths {heatmaps}"
+    )
     # Clip paths resolve: their ids were prefixed per figure, and the references followed.
     dangling = browser.evaluate(
         session,

@@ -38,10 +38,19 @@ def test_identical_reports_pass_the_gate():
     assert _text(cmp).splitlines()[-1] == "OK  no regressions (metric factor 1.5, headroom share 0.5, 0 improvements)"
 
 
-@pytest.mark.parametrize("before, after, regressed", [
-    ("pass", "fail", True), ("pass", "error", True), ("skip", "fail", True), ("skip", "error", True),
-    ("fail", "pass", False), ("pass", "skip", False), ("fail", "error", False), ("error", "fail", False),
-])
+@pytest.mark.parametrize(
+    "before, after, regressed",
+    [
+        ("pass", "fail", True),
+        ("pass", "error", True),
+        ("skip", "fail", True),
+        ("skip", "error", True),
+        ("fail", "pass", False),
+        ("pass", "skip", False),
+        ("fail", "error", False),
+        ("error", "fail", False),
+    ],
+)
 def test_status_changes(before, after, regressed):
     base = _changed(passing_report(), "causal.forward", status=before)
     new = _changed(passing_report(), "causal.forward", status=after)
@@ -66,11 +75,13 @@ def test_metric_regression_beyond_factor_and_headroom_fails_and_explains_itself(
     assert change.times == pytest.approx(2.5)
     assert change.headroom == pytest.approx((4.0 - 1.6) / 4.0)
     assert change.describe() == (
-        "error.backward: rel_err_vs_bf16_dK 1.6 -> 4, 2.5x worse (lower is better), 60% of the headroom to 4")
+        "error.backward: rel_err_vs_bf16_dK 1.6 -> 4, 2.5x worse (lower is better), 60% of the headroom to 4"
+    )
     text = _text(cmp, width=200)
     assert "Regressions (1)" in text
     assert " ".join(next(line for line in text.splitlines() if "rel_err_vs_bf16_dK" in line).split()) == (
-        "│ error.backward │ rel_err_vs_bf16_dK │ 1.6 │ 4 │ 2.5x worse (lower is better), 60% of the headroom to 4 │")
+        "│ error.backward │ rel_err_vs_bf16_dK │ 1.6 │ 4 │ 2.5x worse (lower is better), 60% of the headroom to 4 │"
+    )
     assert text.splitlines()[-1] == "REGRESSED  1 regression (metric factor 1.5, headroom share 0.5)"
 
 
@@ -100,7 +111,8 @@ def test_improvement_is_listed_and_does_not_gate():
     cmp = compare_reports(base, _changed(base, "error.backward", rel_err_vs_bf16_dK=0.4))
     assert cmp.exit_code == 0
     assert [c.describe() for c in cmp.improvements] == [
-        "error.backward: rel_err_vs_bf16_dK 3 -> 0.4, 7.5x better (lower is better), 65% of the headroom to 4"]
+        "error.backward: rel_err_vs_bf16_dK 3 -> 0.4, 7.5x better (lower is better), 65% of the headroom to 4"
+    ]
     assert "Improvements (1)" in _text(cmp)
 
 
@@ -111,9 +123,9 @@ def test_sqnr_drop_is_measured_in_noise_power():
     base = _changed(passing_report(), "error.forward", sqnr_O_db=35.0)
     big = compare_reports(base, _changed(base, "error.forward", sqnr_O_db=35.0 - 9.0))
     assert big.exit_code == 1
-    assert big.regressions[0].times == pytest.approx(10 ** 0.9)
+    assert big.regressions[0].times == pytest.approx(10**0.9)
     # noise power 10^-2.6 - 10^-3.5 against the limit's 10^-2.5
-    assert big.regressions[0].headroom == pytest.approx((10 ** -2.6 - 10 ** -3.5) / 10 ** -2.5)
+    assert big.regressions[0].headroom == pytest.approx((10**-2.6 - 10**-3.5) / 10**-2.5)
     assert "higher is better" in big.regressions[0].describe()
     far = compare_reports(passing_report(), _changed(passing_report(), "error.forward", sqnr_O_db=36.0 - 3.0))
     assert far.exit_code == 0, "36 -> 33 dB spends 8% of the noise power the 25 dB limit allows"
@@ -142,7 +154,8 @@ def test_nan_is_worst_and_strings_round_trip():
     cmp = compare_reports(base, _changed(base, "error.forward", rel_err_vs_bf16_O="nan"))
     assert [c.metric for c in cmp.regressions] == ["rel_err_vs_bf16_O"]
     assert cmp.regressions[0].describe() == (
-        "error.forward: rel_err_vs_bf16_O 1.3 -> nan, worse, no finite ratio (lower is better)")
+        "error.forward: rel_err_vs_bf16_O 1.3 -> nan, worse, no finite ratio (lower is better)"
+    )
     # nan is past the limit: nan -> 1.3 is an improvement, nan -> nan no change, nan -> inf a note
     back = compare_reports(_changed(base, "error.forward", rel_err_vs_bf16_O="nan"), base)
     assert back.exit_code == 0 and [c.metric for c in back.improvements] == ["rel_err_vs_bf16_O"]
@@ -199,8 +212,11 @@ def test_example_against_passing_baseline():
     cmp = compare_reports(passing_report(), example_report())
     assert cmp.exit_code == 1
     assert [c.describe() for c in cmp.regressions if c.kind == "status"] == [
-        "determinism.forward: SKIP -> missing", "causal.backward: absent -> ERROR",
-        "error.backward: PASS -> FAIL", "causal.forward: PASS -> FAIL"]
+        "determinism.forward: SKIP -> missing",
+        "causal.backward: absent -> ERROR",
+        "error.backward: PASS -> FAIL",
+        "causal.forward: PASS -> FAIL",
+    ]
 
 
 @pytest.mark.parametrize("factor", [0.5, float("nan"), float("inf"), True, "2"])
@@ -211,9 +227,16 @@ def test_bad_factor_is_a_config_error(factor):
 
 @pytest.mark.parametrize(
     "metric, value, worse_if_higher, badness",
-    [("err", -2.0, True, 2.0), ("cos", 0.99, False, 0.01), ("sqnr", 20.0, False, 0.01), ("x_db", 10.0, False, 0.1),
-     ("tokens_min", 4.0, False, 0.25), ("tokens_min", 0.0, False, math.inf), ("err", "nan", True, math.inf),
-     ("err", "text", True, None)],
+    [
+        ("err", -2.0, True, 2.0),
+        ("cos", 0.99, False, 0.01),
+        ("sqnr", 20.0, False, 0.01),
+        ("x_db", 10.0, False, 0.1),
+        ("tokens_min", 4.0, False, 0.25),
+        ("tokens_min", 0.0, False, math.inf),
+        ("err", "nan", True, math.inf),
+        ("err", "text", True, None),
+    ],
 )
 def test_metric_badness(metric, value, worse_if_higher, badness):
     result = metric_badness(metric, value, worse_if_higher)
@@ -243,6 +266,8 @@ def test_off_a_terminal_each_change_is_one_unwrapped_line():
     buffer = io.StringIO()
     render_comparison(cmp, Console(file=buffer, width=40, color_system=None))  # not a terminal: plain
     lines = buffer.getvalue().splitlines()
-    assert any(line.startswith("regression: error.backward: rel_err_vs_bf16_dK ") and line.endswith("headroom to 4")
-               for line in lines), lines
+    assert any(
+        line.startswith("regression: error.backward: rel_err_vs_bf16_dK ") and line.endswith("headroom to 4")
+        for line in lines
+    ), lines
     assert not any("│" in line or "┃" in line for line in lines)

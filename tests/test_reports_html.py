@@ -24,8 +24,22 @@ from flamia_verify.reports.plots import (
 )
 
 # Elements that load or run something: none may appear in a report.
-ACTIVE_TAGS = {"script", "iframe", "object", "embed", "link", "base", "form", "img", "video", "audio", "frame",
-               "foreignobject", "animate", "set"}
+ACTIVE_TAGS = {
+    "script",
+    "iframe",
+    "object",
+    "embed",
+    "link",
+    "base",
+    "form",
+    "img",
+    "video",
+    "audio",
+    "frame",
+    "foreignobject",
+    "animate",
+    "set",
+}
 
 
 class _Page(HTMLParser):
@@ -85,8 +99,14 @@ def test_page_is_self_contained_and_inert(page_text, page):
 def test_summary_and_verdict(page):
     text = page.plain
     assert "FAIL11 checks: 7 passed, 2 failed, 1 error, 1 skipped" in text
-    for label, value in (("Kernel", "mxfp8-naive"), ("Recipe", "mxfp8"), ("Suite", "quick"), ("Seed", "1234"),
-                         ("torch", "2.13.0"), ("device", "cpu")):
+    for label, value in (
+        ("Kernel", "mxfp8-naive"),
+        ("Recipe", "mxfp8"),
+        ("Suite", "quick"),
+        ("Seed", "1234"),
+        ("torch", "2.13.0"),
+        ("device", "cpu"),
+    ):
         assert f"{label}{value}" in text, label
 
 
@@ -174,10 +194,16 @@ def _svg(kind, spec):
         ("series", {"ys": {"a": [1, 2]}, "log_y": "yes"}, "details.series[0].log_y: expected true or false"),
         ("series", {"ys": {"a": [1, True]}}, "details.series[0].ys['a'][1]: expected a number, got a boolean"),
         ("series", {"ys": {"a": [1]}, "title": 3}, "details.series[0].title: expected a string, got int"),
-        ("histograms", {"bin_edges": [0, 1, 1], "counts": {"a": [1, 2]}},
-         "details.histograms[0].bin_edges: expected finite, strictly increasing edges"),
-        ("histograms", {"bin_edges": [0, 1, 2], "counts": {"a": [1]}},
-         "details.histograms[0].counts['a']: has 1 values, expected 2"),
+        (
+            "histograms",
+            {"bin_edges": [0, 1, 1], "counts": {"a": [1, 2]}},
+            "details.histograms[0].bin_edges: expected finite, strictly increasing edges",
+        ),
+        (
+            "histograms",
+            {"bin_edges": [0, 1, 2], "counts": {"a": [1]}},
+            "details.histograms[0].counts['a']: has 1 values, expected 2",
+        ),
         ("heatmaps", {"z": [[1, 2], [3]]}, "details.heatmaps[0].z: rows have different lengths"),
         ("heatmaps", {"z": [[1, 2]], "x": [0]}, "details.heatmaps[0].x: expected a list of 2 coordinates"),
         ("heatmaps", {}, "details.heatmaps[0].z is missing"),

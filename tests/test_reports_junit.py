@@ -27,7 +27,11 @@ def test_one_suite_with_totals(root):
     assert len(suites) == 1
     for element in (root, suites[0]):
         assert {k: element.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
-            "tests": "11", "failures": "2", "errors": "1", "skipped": "1"}
+            "tests": "11",
+            "failures": "2",
+            "errors": "1",
+            "skipped": "1",
+        }
         assert element.get("time") == "12.220"
     assert suites[0].get("name") == "flamia-verify mxfp8-naive (mxfp8, quick)"
 

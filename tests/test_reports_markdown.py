@@ -18,8 +18,11 @@ def md():
 
 
 def _table_rows(text):
-    return [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| Check")
-            and not line.startswith("| Metric")]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith("| Check") and not line.startswith("| Metric")
+    ]
 
 
 def _unescaped_pipes(line):
@@ -41,7 +44,7 @@ def test_table_has_one_row_per_check_with_marker_and_key_metric(md):
     report = example_report()
     header = "| Check | Status | Key metric | Value | Threshold |"
     start = md.splitlines().index(header)
-    rows = md.splitlines()[start + 2: start + 2 + len(report.checks)]
+    rows = md.splitlines()[start + 2 : start + 2 + len(report.checks)]
     assert [r.split(" | ")[0][2:].replace("\\_", "_") for r in rows] == [c.name for c in report.checks]
     assert "| error.backward | **FAIL** | rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 |" in rows
     assert "| causal.backward | **ERROR** | max\\_leak | — | ≤ 0 |" in rows
@@ -56,10 +59,14 @@ def test_markers_are_emoji_free(md):
 def test_each_failure_gets_a_collapsed_reproducer(md):
     blocks = re.findall(r"<details>\n<summary>(.*?)</summary>(.*?)</details>", md, flags=re.S)
     assert [b[0].split("</b>")[0].removeprefix("<b>") for b in blocks] == [
-        "error.backward", "causal.forward", "causal.backward"]
+        "error.backward",
+        "causal.forward",
+        "causal.backward",
+    ]
     summary, body = blocks[0]
-    assert summary == ("<b>error.backward</b> FAIL: dK error 9.7x BF16 (limit 4x): "
-                       "K quantized across the causal diagonal")
+    assert summary == (
+        "<b>error.backward</b> FAIL: dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal"
+    )
     assert "**Message:** dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal" in body
     assert "| rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 | **outside** |" in body
     assert "**Reproduce:** run seed 1234, case seed 1301." in body
@@ -103,8 +110,15 @@ def test_backticks_in_a_case_get_a_longer_fence():
 
 @pytest.mark.parametrize(
     "text, escaped",
-    [("a|b", "a\\|b"), ("*x*", "\\*x\\*"), ("<b>", "&lt;b&gt;"), ("line\nbreak", "line break"),
-     ("[l](u)", "\\[l\\](u)"), ("rel_err", "rel\\_err"), ("plain text 1.5", "plain text 1.5")],
+    [
+        ("a|b", "a\\|b"),
+        ("*x*", "\\*x\\*"),
+        ("<b>", "&lt;b&gt;"),
+        ("line\nbreak", "line break"),
+        ("[l](u)", "\\[l\\](u)"),
+        ("rel_err", "rel\\_err"),
+        ("plain text 1.5", "plain text 1.5"),
+    ],
 )
 def test_md_escape(text, escaped):
     assert md_escape(text) == escaped
@@ -114,9 +128,12 @@ def test_run_notes_read_as_sentences():
     """A run note is ``> **Head:** text`` with a space after the bold head (it rendered ``**...:**text``)."""
     from flamia_verify.results import CheckResult, Report
 
-    rep = Report(kernel="k", recipe="mxfp8", suite="quick", seed=0,
-                 checks=[CheckResult("interface.output", "interface", "pass")])
+    rep = Report(
+        kernel="k", recipe="mxfp8", suite="quick", seed=0, checks=[CheckResult("interface.output", "interface", "pass")]
+    )
     rep.complete, rep.incomplete_reason = False, "interrupted (SIGINT) after 1 of 32 checks"
     lines = [x for x in render_markdown(rep).splitlines() if "INCOMPLETE run" in x]
-    assert lines == ["> **INCOMPLETE run:** interrupted (SIGINT) after 1 of 32 checks. Only the checks listed ran; "
-                     "this is no verdict on the kernel."]
+    assert lines == [
+        "> **INCOMPLETE run:** interrupted (SIGINT) after 1 of 32 checks. Only the checks listed ran; "
+        "this is no verdict on the kernel."
+    ]

@@ -50,8 +50,17 @@ def test_key_metric_without_thresholds_or_metrics():
 
 @pytest.mark.parametrize(
     "name, higher",
-    [("rel_err_vs_bf16_dK", False), ("max_leak", False), ("bound_violations", False), ("sqnr_O_db", True),
-     ("SQNR", True), ("cos_dQ", True), ("cosine", True), ("tokens_min", True), ("min_ratio", False)],
+    [
+        ("rel_err_vs_bf16_dK", False),
+        ("max_leak", False),
+        ("bound_violations", False),
+        ("sqnr_O_db", True),
+        ("SQNR", True),
+        ("cos_dQ", True),
+        ("cosine", True),
+        ("tokens_min", True),
+        ("min_ratio", False),
+    ],
 )
 def test_direction_rule(name, higher):
     assert higher_is_better(name) is higher
@@ -60,11 +69,20 @@ def test_direction_rule(name, higher):
 @pytest.mark.parametrize(
     "metric, value, threshold, expected",
     [
-        ("err", 1.0, 4.0, True), ("err", 4.0, 4.0, True), ("err", 4.1, 4.0, False),
-        ("sqnr_db", 30.0, 25.0, True), ("sqnr_db", 20.0, 25.0, False),
-        ("err", "nan", 4.0, False), ("err", float("nan"), 4.0, False), ("err", "inf", 4.0, False),
-        ("cos", "-inf", 0.9, False), ("ok", True, True, True), ("ok", False, True, False),
-        ("dtype", "bf16", "bf16", True), ("err", None, 4.0, None), ("err", "big", 4.0, None),
+        ("err", 1.0, 4.0, True),
+        ("err", 4.0, 4.0, True),
+        ("err", 4.1, 4.0, False),
+        ("sqnr_db", 30.0, 25.0, True),
+        ("sqnr_db", 20.0, 25.0, False),
+        ("err", "nan", 4.0, False),
+        ("err", float("nan"), 4.0, False),
+        ("err", "inf", 4.0, False),
+        ("cos", "-inf", 0.9, False),
+        ("ok", True, True, True),
+        ("ok", False, True, False),
+        ("dtype", "bf16", "bf16", True),
+        ("err", None, 4.0, None),
+        ("err", "big", 4.0, None),
         ("err", 1.0, None, None),
     ],
 )
@@ -74,8 +92,19 @@ def test_threshold_verdict(metric, value, threshold, expected):
 
 @pytest.mark.parametrize(
     "value, text",
-    [(None, "—"), (True, "true"), (3, "3"), (0.0, "0"), (2.7, "2.7"), (3.2e-7, "3.2e-07"), (123456.0, "1.235e+05"),
-     (float("nan"), "nan"), (float("-inf"), "-inf"), ("nan", "nan"), ("bf16", "bf16")],
+    [
+        (None, "—"),
+        (True, "true"),
+        (3, "3"),
+        (0.0, "0"),
+        (2.7, "2.7"),
+        (3.2e-7, "3.2e-07"),
+        (123456.0, "1.235e+05"),
+        (float("nan"), "nan"),
+        (float("-inf"), "-inf"),
+        ("nan", "nan"),
+        ("bf16", "bf16"),
+    ],
 )
 def test_format_value(value, text):
     assert format_value(value) == text
@@ -83,8 +112,14 @@ def test_format_value(value, text):
 
 @pytest.mark.parametrize(
     "metric, threshold, text",
-    [("err", 4.0, "≤ 4"), ("sqnr_db", 25, "≥ 25"), ("cos", "nan", "≥ nan"), ("ok", True, "= true"),
-     ("dtype", "bf16", "= bf16"), ("err", None, "—")],
+    [
+        ("err", 4.0, "≤ 4"),
+        ("sqnr_db", 25, "≥ 25"),
+        ("cos", "nan", "≥ nan"),
+        ("ok", True, "= true"),
+        ("dtype", "bf16", "= bf16"),
+        ("err", None, "—"),
+    ],
 )
 def test_format_threshold(metric, threshold, text):
     assert format_threshold(metric, threshold) == text

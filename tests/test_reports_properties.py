@@ -29,8 +29,11 @@ markup_text = st.text(st.sampled_from("<>&\"'`|*_[]()#\\\n\r\x1b\x00 az/"), max_
 text = st.one_of(any_text, markup_text)
 number = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=True, allow_infinity=True))
 scalar = st.one_of(number, text, st.booleans(), st.none())
-case_value = st.recursive(scalar, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                          st.dictionaries(text, inner, max_size=4)), max_leaves=12)
+case_value = st.recursive(
+    scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -58,8 +61,9 @@ reports = st.builds(
     checks=st.lists(check_results(), max_size=6, unique_by=lambda c: c.name),
 )
 
-PROPERTY_SETTINGS = settings(max_examples=40, deadline=None,
-                             suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 # Tags the Markdown renderer writes itself; anything else in its output would be injected markup.
 MARKDOWN_TAGS = {"details", "summary", "b"}

@@ -42,9 +42,19 @@ def test_round_trip_keeps_key_order_and_summary(tmp_path):
     assert data["schema"] == SCHEMA
     check = data["checks"][1]
     assert list(check["thresholds"]) == ["rel_err_vs_bf16_dQ", "rel_err_vs_bf16_dK", "rel_err_vs_bf16_dV"]
-    assert data["summary"] == {"total": 11, "pass": 7, "fail": 2, "error": 1, "skip": 1, "passed": False,
-                               "failed_checks": ["error.backward", "causal.forward", "causal.backward"],
-                               "complete": True, "status": "fail", "gradients_checked": True, "forward_only": False}
+    assert data["summary"] == {
+        "total": 11,
+        "pass": 7,
+        "fail": 2,
+        "error": 1,
+        "skip": 1,
+        "passed": False,
+        "failed_checks": ["error.backward", "causal.forward", "causal.backward"],
+        "complete": True,
+        "status": "fail",
+        "gradients_checked": True,
+        "forward_only": False,
+    }
 
 
 def test_nonfinite_values_are_strict_json_strings(tmp_path):
@@ -90,28 +100,55 @@ SCHEMA_PROBLEMS = [
     ("missing kernel", lambda d: d.pop("kernel"), "field 'kernel' is missing"),
     ("missing summary", lambda d: d.pop("summary"), "field 'summary' is missing"),
     ("missing schema", lambda d: d.pop("schema"), "field 'schema' is missing"),
-    ("other schema", lambda d: d.update(schema="flamia-verify/report/v2"),
-     "field 'schema': unsupported report schema 'flamia-verify/report/v2'"),
-    ("bad status", lambda d: d["checks"][1].update(status="passed"),
-     "field 'checks[1].status' (check 'error.backward'): expected one of pass, fail, error, skip, got 'passed'"),
+    (
+        "other schema",
+        lambda d: d.update(schema="flamia-verify/report/v2"),
+        "field 'schema': unsupported report schema 'flamia-verify/report/v2'",
+    ),
+    (
+        "bad status",
+        lambda d: d["checks"][1].update(status="passed"),
+        "field 'checks[1].status' (check 'error.backward'): expected one of pass, fail, error, skip, got 'passed'",
+    ),
     ("seed as text", lambda d: d.update(seed="1234"), "field 'seed': expected an integer, got a string"),
     ("seed as bool", lambda d: d.update(seed=True), "field 'seed': expected an integer, got a boolean"),
     ("checks not a list", lambda d: d.update(checks={}), "field 'checks': expected a list, got an object"),
     ("check not an object", lambda d: d["checks"].append(3), "field 'checks[4]': expected an object, got a number"),
-    ("missing worst_case", lambda d: d["checks"][0].pop("worst_case"),
-     "field 'checks[0].worst_case' (check 'error.forward') is missing"),
-    ("metrics as list", lambda d: d["checks"][2].update(metrics=[1]),
-     "field 'checks[2].metrics' (check 'causal.forward'): expected an object, got a list"),
-    ("nested metric", lambda d: d["checks"][0]["metrics"].update(per_head=[1, 2]),
-     "field 'checks[0].metrics.per_head' (check 'error.forward'): expected a number, string, boolean or null"),
-    ("unknown family", lambda d: d["checks"][0].update(family="speed"),
-     "field 'checks[0].family' (check 'error.forward'): unknown family 'speed'"),
-    ("name outside family", lambda d: d["checks"][0].update(name="bias.forward"),
-     "field 'checks[0].name' (check 'bias.forward'): a check name must start with its family 'error.'"),
-    ("duplicate name", lambda d: d["checks"][1].update(name="error.forward"),
-     "field 'checks[1].name' (check 'error.forward'): duplicate of checks[0]"),
-    ("duration as text", lambda d: d["checks"][0].update(duration_s="1s"),
-     "field 'checks[0].duration_s' (check 'error.forward'): expected a number, got a string"),
+    (
+        "missing worst_case",
+        lambda d: d["checks"][0].pop("worst_case"),
+        "field 'checks[0].worst_case' (check 'error.forward') is missing",
+    ),
+    (
+        "metrics as list",
+        lambda d: d["checks"][2].update(metrics=[1]),
+        "field 'checks[2].metrics' (check 'causal.forward'): expected an object, got a list",
+    ),
+    (
+        "nested metric",
+        lambda d: d["checks"][0]["metrics"].update(per_head=[1, 2]),
+        "field 'checks[0].metrics.per_head' (check 'error.forward'): expected a number, string, boolean or null",
+    ),
+    (
+        "unknown family",
+        lambda d: d["checks"][0].update(family="speed"),
+        "field 'checks[0].family' (check 'error.forward'): unknown family 'speed'",
+    ),
+    (
+        "name outside family",
+        lambda d: d["checks"][0].update(name="bias.forward"),
+        "field 'checks[0].name' (check 'bias.forward'): a check name must start with its family 'error.'",
+    ),
+    (
+        "duplicate name",
+        lambda d: d["checks"][1].update(name="error.forward"),
+        "field 'checks[1].name' (check 'error.forward'): duplicate of checks[0]",
+    ),
+    (
+        "duration as text",
+        lambda d: d["checks"][0].update(duration_s="1s"),
+        "field 'checks[0].duration_s' (check 'error.forward'): expected a number, got a string",
+    ),
 ]
 
 

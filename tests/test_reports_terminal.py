@@ -27,7 +27,8 @@ def test_table_has_every_check_with_status_key_metric_and_message():
         assert f" {check.name} " in text, check.name
     assert " ".join(_row(text, "error.backward").split()) == (
         "│ error.backward │ FAIL │ rel_err_vs_bf16_dK │ 9.7 │ ≤ 4 │ dK error 9.7x BF16 (limit 4x): K quantized "
-        "across the causal diagonal │")
+        "across the causal diagonal │"
+    )
     row = " ".join(_row(text, "causal.backward").split())
     assert row.startswith("│ causal.backward │ ERROR │ max_leak │ — │ ≤ 0 │")
     row = " ".join(_row(text, "determinism.backward").split())

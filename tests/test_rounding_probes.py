@@ -22,8 +22,12 @@ from flamia_verify.properties.mx_probes import PROBES, parse_probe, probe_tensor
 
 # the axis each site's probes are rounded along: (tensor, axis) of every operand the site names
 SITE_AXES = {
-    "qk": (("q", -1), ("k", -1)), "v_seq": (("v", 0),), "dp": (("do", -1), ("v", -1)), "do_seq": (("do", 0),),
-    "k_seq": (("k", 0),), "q_seq": (("q", 0),),
+    "qk": (("q", -1), ("k", -1)),
+    "v_seq": (("v", 0),),
+    "dp": (("do", -1), ("v", -1)),
+    "do_seq": (("do", 0),),
+    "k_seq": (("k", 0),),
+    "q_seq": (("q", 0),),
 }
 
 
@@ -82,7 +86,9 @@ def test_the_wrong_rounding_moves_the_probes(probe):
 
 
 def test_probe_cases_replay_and_refuse_other_shapes():
-    case = Case((64,), heads=1, headdim=64, causal=False, softmax_scale=0.125, overrides=(("probe", "k_seq:step"),), seed=4)
+    case = Case(
+        (64,), heads=1, headdim=64, causal=False, softmax_scale=0.125, overrides=(("probe", "k_seq:step"),), seed=4
+    )
     q, k, v, do = make_tensors(Case.from_dict(case.to_dict()))
     inputs, _ = probe_tensors("k_seq:step", 4)
     assert torch.equal(k.double(), inputs["k"])
@@ -106,8 +112,10 @@ def _rounding(kernel, recipe=None, dtype="bf16"):
     return report.check("bound.rounding")
 
 
-@pytest.mark.parametrize("kernel,dtype", [("flamia-mxfp8", "bf16"), ("flamia-mxfp8-floor", "bf16"),
-                                          ("flamia-nvfp4", "bf16"), ("flamia-mxfp8", "fp16")])
+@pytest.mark.parametrize(
+    "kernel,dtype",
+    [("flamia-mxfp8", "bf16"), ("flamia-mxfp8-floor", "bf16"), ("flamia-nvfp4", "bf16"), ("flamia-mxfp8", "fp16")],
+)
 def test_correct_builtins_pass(kernel, dtype):
     res = _rounding(kernel, dtype=dtype)
     assert res.status == "pass", res.message
@@ -131,11 +139,19 @@ def test_recipes_that_leave_the_rounding_open_skip():
 #: format.q_seq-e5m2, which bias.gain failed in quick and nothing in standard), and the probe site
 #: that must say so
 _ONLY_HERE = {
-    "rounding.qk-scale+1": "qk", "rounding.v_seq-scale+1": "v_seq", "rounding.dp_quant-scale+1": "dp",
-    "rounding.do_seq-scale+1": "do_seq", "rounding.ds_quant-scale+1": "ds", "rounding.k_seq-scale+1": "k_seq",
-    "rounding.dst_quant-scale+1": "dst", "rounding.q_seq-scale+1": "q_seq",
-    "rounding.qk-truncate": "qk", "rounding.k_seq-truncate": "k_seq", "rounding.q_seq-truncate": "q_seq",
-    "format.k_seq-e5m2": "k_seq", "format.q_seq-e5m2": "q_seq",
+    "rounding.qk-scale+1": "qk",
+    "rounding.v_seq-scale+1": "v_seq",
+    "rounding.dp_quant-scale+1": "dp",
+    "rounding.do_seq-scale+1": "do_seq",
+    "rounding.ds_quant-scale+1": "ds",
+    "rounding.k_seq-scale+1": "k_seq",
+    "rounding.dst_quant-scale+1": "dst",
+    "rounding.q_seq-scale+1": "q_seq",
+    "rounding.qk-truncate": "qk",
+    "rounding.k_seq-truncate": "k_seq",
+    "rounding.q_seq-truncate": "q_seq",
+    "format.k_seq-e5m2": "k_seq",
+    "format.q_seq-e5m2": "q_seq",
 }
 
 
@@ -149,22 +165,32 @@ def test_rounding_bugs_fail_at_their_site(mutant):
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _ON_CPU = pytest.mark.skipif(not _INTERPRET, reason="the fused kernels run on the CPU under TRITON_INTERPRET=1")
-_ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(_INTERPRET or not torch.cuda.is_available(),
-                                                reason="needs CUDA with TRITON_INTERPRET unset")]
+_ON_GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_INTERPRET or not torch.cuda.is_available(), reason="needs CUDA with TRITON_INTERPRET unset"),
+]
 
 
 # the interpreter takes ~30 s per design here: the CPU runs the MXFP8 one, the GPU both
-@pytest.mark.parametrize("name,device", [
-    pytest.param("flamia-mxfp8", "cpu", marks=_ON_CPU),
-    pytest.param("flamia-mxfp8", "cuda", marks=_ON_GPU),
-    pytest.param("flamia-nvfp4", "cuda", marks=_ON_GPU),
-])
+@pytest.mark.parametrize(
+    "name,device",
+    [
+        pytest.param("flamia-mxfp8", "cpu", marks=_ON_CPU),
+        pytest.param("flamia-mxfp8", "cuda", marks=_ON_GPU),
+        pytest.param("flamia-nvfp4", "cuda", marks=_ON_GPU),
+    ],
+)
 def test_fused_kernels_pass(name, device):
     pytest.importorskip("triton")
     from flamia_verify.kernels.designs import DESIGNS
     from flamia_verify.kernels.triton.attention import fused_attention
 
-    report = run_checks(functools.partial(fused_attention, DESIGNS[name]), recipe=DESIGNS[name].recipe,
-                        suite="quick", only=["bound.rounding"], device=device)
+    report = run_checks(
+        functools.partial(fused_attention, DESIGNS[name]),
+        recipe=DESIGNS[name].recipe,
+        suite="quick",
+        only=["bound.rounding"],
+        device=device,
+    )
     res = report.check("bound.rounding")
     assert res.status == "pass", res.message

@@ -76,7 +76,9 @@ def load_config_text(tmp_path):
 def test_device_names_accepted_everywhere(text, load_config_text):
     assert settings.check_device(text) == text
     for command in ("check", "fuzz", "train-parity", "mutate"):
-        args = build_parser().parse_args([command, "--device", text] + (["--kernel", "bf16"] if command != "mutate" else []))
+        args = build_parser().parse_args(
+            [command, "--device", text] + (["--kernel", "bf16"] if command != "mutate" else [])
+        )
         assert args.device == text, command
     assert load_config_text(f'device = "{text}"\n').device == text
 
@@ -125,11 +127,20 @@ def test_api_and_engine_agree_on_cuda_n(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, want", [
-    ("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32),
-    ("bfloat16", torch.bfloat16), ("float16", torch.float16), ("float32", torch.float32),
-    (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.float32, torch.float32),
-])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ("bf16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("fp32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("float16", torch.float16),
+        ("float32", torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float16),
+        (torch.float32, torch.float32),
+    ],
+)
 def test_one_dtype_vocabulary(value, want):
     assert settings.resolve_dtype(value) is want
     assert settings.DTYPES[settings.dtype_name(value)] is want
@@ -137,7 +148,9 @@ def test_one_dtype_vocabulary(value, want):
 
 @pytest.mark.parametrize("value", ["fp8", "float64", "BF16", torch.float64, torch.int32, None, 16])
 def test_bad_dtypes_name_the_accepted_ones(value):
-    with pytest.raises(ConfigError, match=r"unknown dtype .*; use one of: bf16, fp16, fp32 \(or bfloat16, float16, float32\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown dtype .*; use one of: bf16, fp16, fp32 \(or bfloat16, float16, float32\)"
+    ):
         settings.resolve_dtype(value)
     with pytest.raises(ConfigError, match="unknown dtype"):
         run_checks("bf16", dtype=value, only=["interface.output"])
@@ -173,19 +186,26 @@ def test_command_line_and_config_offer_the_documented_dtypes(capsys, load_config
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite_overrides, message", [
-    ({"seeds": 0}, "suite setting 'seeds' must be a positive integer, got 0"),
-    ({"seeds": True}, "suite setting 'seeds' must be a positive integer, got True"),
-    ({"sedes": 2}, "unknown suite setting 'sedes'"),
-])
+@pytest.mark.parametrize(
+    "suite_overrides, message",
+    [
+        ({"seeds": 0}, "suite setting 'seeds' must be a positive integer, got 0"),
+        ({"seeds": True}, "suite setting 'seeds' must be a positive integer, got True"),
+        ({"sedes": 2}, "unknown suite setting 'sedes'"),
+    ],
+)
 def test_suite_settings_and_threshold_overrides_follow_one_rule(suite_overrides, message, load_config_text):
-    for validate in (lambda: settings.suite_settings("quick", suite_overrides),
-                     lambda: validate_overrides({"suite": suite_overrides}),
-                     lambda: run_checks("bf16", only=["interface.output"], thresholds={"suite": suite_overrides})):
+    for validate in (
+        lambda: settings.suite_settings("quick", suite_overrides),
+        lambda: validate_overrides({"suite": suite_overrides}),
+        lambda: run_checks("bf16", only=["interface.output"], thresholds={"suite": suite_overrides}),
+    ):
         with pytest.raises(ConfigError, match=message):
             validate()
     with pytest.raises(ConfigError, match=rf"flamia.toml: {message}"):
-        load_config_text("[thresholds.suite]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in suite_overrides.items()))
+        load_config_text(
+            "[thresholds.suite]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in suite_overrides.items())
+        )
 
 
 def test_validate_overrides_is_validate_thresholds_over_the_registered_checks():
@@ -195,10 +215,15 @@ def test_validate_overrides_is_validate_thresholds_over_the_registered_checks():
     good = {"error.out": {"normalized_error": 3}, "determinism.repeat": {"warn_only": True}, "suite": {"seeds": 1}}
     assert validate_overrides(good) == settings.validate_thresholds(good, thresholds, options)
     assert validate_overrides(good)["error.out"]["normalized_error"] == 3.0
-    for bad, message in [({"error.out": {"normalized_error": float("nan")}}, "must be a non-negative number"),
-                         ({"determinism.repeat": {"warn_only": 1}}, "must be true or false"),
-                         ({"nope.check": {}}, "unknown check 'nope.check'")]:
-        for validate in (lambda: validate_overrides(bad), lambda: settings.validate_thresholds(bad, thresholds, options)):  # noqa: B023 (called at once, inside the loop)
+    for bad, message in [
+        ({"error.out": {"normalized_error": float("nan")}}, "must be a non-negative number"),
+        ({"determinism.repeat": {"warn_only": 1}}, "must be true or false"),
+        ({"nope.check": {}}, "unknown check 'nope.check'"),
+    ]:
+        for validate in (
+            lambda: validate_overrides(bad),  # noqa: B023 (called at once, inside the loop)
+            lambda: settings.validate_thresholds(bad, thresholds, options),  # noqa: B023 (called at once, inside the loop)
+        ):
             with pytest.raises(ConfigError, match=message):
                 validate()
 
@@ -211,16 +236,26 @@ def test_validate_overrides_is_validate_thresholds_over_the_registered_checks():
 def test_fuzz_reads_the_config_and_its_flags_win(tmp_path, capsys):
     out = tmp_path / "from-config"
     config = tmp_path / "flamia.toml"
-    config.write_text(f'[tool.flamia-verify]\nkernel = "bf16"\ndevice = "cpu"\ndtype = "fp16"\nseed = 3\n'
-                      f'out = "{out}"\nsuite = "standard"\n[tool.flamia-verify.thresholds."error.out"]\n'
-                      'normalized_error = 1.5\n')
+    config.write_text(
+        f'[tool.flamia-verify]\nkernel = "bf16"\ndevice = "cpu"\ndtype = "fp16"\nseed = 3\n'
+        f'out = "{out}"\nsuite = "standard"\n[tool.flamia-verify.thresholds."error.out"]\n'
+        "normalized_error = 1.5\n"
+    )
     assert main(["fuzz", "--config", str(config), "--examples", "1"]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert (report["kernel"], report["seed"], report["environment"]["dtype"], report["environment"]["device"]) == \
-        ("bf16", 3, "fp16", "cpu")
+    assert (report["kernel"], report["seed"], report["environment"]["dtype"], report["environment"]["device"]) == (
+        "bf16",
+        3,
+        "fp16",
+        "cpu",
+    )
     flags = tmp_path / "from-flags"
-    assert main(["fuzz", "--config", str(config), "--examples", "1", "--seed", "5", "--dtype", "bf16",
-                 "--out", str(flags)]) == 0
+    assert (
+        main(
+            ["fuzz", "--config", str(config), "--examples", "1", "--seed", "5", "--dtype", "bf16", "--out", str(flags)]
+        )
+        == 0
+    )
     report = json.loads((flags / "report.json").read_text())
     assert (report["seed"], report["environment"]["dtype"]) == (5, "bf16")
     capsys.readouterr()

@@ -33,8 +33,9 @@ def test_corpus_is_the_standard_library_split_by_path_hash(corpus):
 
 def test_batches_pack_windows_of_the_documents(corpus):
     batches = make_batches(corpus.train, n=5, tokens=1000, max_len=128, min_len=8, seed=3)
-    assert [b.tokens.tolist() for b in batches] == [b.tokens.tolist() for b in
-                                                     make_batches(corpus.train, n=5, tokens=1000, max_len=128, min_len=8, seed=3)]
+    assert [b.tokens.tolist() for b in batches] == [
+        b.tokens.tolist() for b in make_batches(corpus.train, n=5, tokens=1000, max_len=128, min_len=8, seed=3)
+    ]
     docs = [bytes(d.tolist()) for d in corpus.train]
     for b in batches:
         cu = b.cu_seqlens.tolist()
@@ -42,8 +43,8 @@ def test_batches_pack_windows_of_the_documents(corpus):
         assert cu[0] == 0 and cu[-1] == 1000 == b.tokens.numel() == b.targets.numel()
         assert all(8 <= n <= 128 for n in lens) and b.max_seqlen == max(lens)
         for i in range(len(lens)):
-            w = bytes(b.tokens[cu[i]:cu[i + 1]].tolist()) + bytes([int(b.targets[cu[i + 1] - 1])])
-            assert bytes(b.targets[cu[i]:cu[i + 1] - 1].tolist()) == w[1:-1]  # targets are the next bytes
+            w = bytes(b.tokens[cu[i] : cu[i + 1]].tolist()) + bytes([int(b.targets[cu[i + 1] - 1])])
+            assert bytes(b.targets[cu[i] : cu[i + 1] - 1].tolist()) == w[1:-1]  # targets are the next bytes
             assert any(w in d for d in docs)  # each window is a piece of one document
 
 
@@ -69,9 +70,26 @@ def test_a_document_gives_the_same_logits_alone_and_packed_after_another():
 
 def test_a_correct_kernel_is_within_the_noise_and_a_leaking_one_is_not(tmp_path, capsys):
     out = tmp_path / "tp"
-    code = main(["train-parity", "--kernel", "flamia-mxfp8", "flamia_verify.training.demo_kernels:future_leak",
-                 "--preset", "tiny", "--steps", "6", "--tokens", "512", "--bf16-seeds", "2", "--device", "cpu",
-                 "--out", str(out)])
+    code = main(
+        [
+            "train-parity",
+            "--kernel",
+            "flamia-mxfp8",
+            "flamia_verify.training.demo_kernels:future_leak",
+            "--preset",
+            "tiny",
+            "--steps",
+            "6",
+            "--tokens",
+            "512",
+            "--bf16-seeds",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 1, text
     doc = json.loads((out / "train-parity.json").read_text())
@@ -90,13 +108,16 @@ def test_a_correct_kernel_is_within_the_noise_and_a_leaking_one_is_not(tmp_path,
     assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--kernel", "bf16", "--bf16-seeds", "1"], "--bf16-seeds must be >= 2"),
-    (["--kernel", "bf16", "--preset", "huge"], "unknown preset"),
-    (["--kernel", "no_such_kernel"], "unknown kernel"),
-    ([], "needs at least one --kernel"),
-    (["--kernel", "bf16", "--max-gap", "inf"], "--max-gap must be a positive finite number"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--kernel", "bf16", "--bf16-seeds", "1"], "--bf16-seeds must be >= 2"),
+        (["--kernel", "bf16", "--preset", "huge"], "unknown preset"),
+        (["--kernel", "no_such_kernel"], "unknown kernel"),
+        ([], "needs at least one --kernel"),
+        (["--kernel", "bf16", "--max-gap", "inf"], "--max-gap must be a positive finite number"),
+    ],
+)
 def test_bad_usage_is_one_line_and_an_exit_code(argv, message, tmp_path, capsys):
     code = main(["train-parity", "--device", "cpu", "--out", str(tmp_path / "o"), *argv])
     err = capsys.readouterr().err
@@ -107,10 +128,10 @@ def test_config_table_is_validated(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[tool.flamia-verify.train_parity]\npreset = "tiny"\nmax_gap = 4.0\nkernels = ["fp8"]\n')
     assert load_config(cfg).train_parity == {"preset": "tiny", "max_gap": 4.0, "kernels": ["fp8"]}
-    cfg.write_text('[tool.flamia-verify.train_parity]\nmax_gaps = 4.0\n')
+    cfg.write_text("[tool.flamia-verify.train_parity]\nmax_gaps = 4.0\n")
     with pytest.raises(ConfigError, match="unknown key 'max_gaps'"):
         load_config(cfg)
-    cfg.write_text('[tool.flamia-verify.train_parity]\nbf16_seeds = 1\n')
+    cfg.write_text("[tool.flamia-verify.train_parity]\nbf16_seeds = 1\n")
     with pytest.raises(ConfigError, match="bf16_seeds must be >= 2"):
         load_config(cfg)
 
@@ -133,8 +154,13 @@ def test_a_kernel_whose_training_diverges_fails_its_row_and_the_others_still_run
 
     nan_after_step_one.calls = 0
     cfg = replace(PRESETS["tiny"], steps=4, tokens=256, max_len=64, eval_every=2, val_batches=1, bf16_seeds=2)
-    doc = run_parity({"bf16": bf16, "nan": counting, "mxfp8": load_kernel("flamia-mxfp8").fn}, cfg,
-                     baseline=bf16, exact=reference_attention, corpus=corpus)
+    doc = run_parity(
+        {"bf16": bf16, "nan": counting, "mxfp8": load_kernel("flamia-mxfp8").fn},
+        cfg,
+        baseline=bf16,
+        exact=reference_attention,
+        corpus=corpus,
+    )
     rows = {r["kernel"]: r for r in doc["kernels"]}
     assert rows["nan"]["status"] == "fail" and rows["nan"]["diverged_at"] == 1 and rows["nan"]["gap_sigmas"] == "inf"
     assert rows["mxfp8"]["diverged_at"] is None and isinstance(rows["mxfp8"]["gap_sigmas"], float)
@@ -151,6 +177,9 @@ def test_next_token_leak_shows_each_query_its_next_position_and_nothing_across_d
     for pos, sees in ((1, {0, 1, 2, 3, 4}), (5, set()), (6, {5, 6, 7, 8})):
         v2 = v.clone()
         v2[pos] += 8
-        moved = {i for i in range(9) if not torch.equal(next_token_leak(q, k, v2, cu, cu, 5, 5, softmax_scale=0.2,
-                                                                           causal=True)[i], base[i])}
+        moved = {
+            i
+            for i in range(9)
+            if not torch.equal(next_token_leak(q, k, v2, cu, cu, 5, 5, softmax_scale=0.2, causal=True)[i], base[i])
+        }
         assert moved == {i for i in sees if i >= pos - 1}, (pos, moved)

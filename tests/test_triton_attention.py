@@ -65,8 +65,15 @@ LN2 = math.log(2.0)  # softmax_scale whose log2(e) multiple rounds to exactly 1.
 U_ACC = 2.0**-23  # fp32 accumulation: one ulp per addition covers round-to-nearest and tensor-core truncation
 
 CPU = pytest.param("cpu", marks=pytest.mark.skipif(not interpreting(), reason="CPU runs need TRITON_INTERPRET=1"))
-CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    interpreting() or not torch.cuda.is_available(), reason="needs CUDA with TRITON_INTERPRET unset")])
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(
+            interpreting() or not torch.cuda.is_available(), reason="needs CUDA with TRITON_INTERPRET unset"
+        ),
+    ],
+)
 
 
 @pytest.fixture(params=[CPU, CUDA])
@@ -108,10 +115,12 @@ def assert_within(got, want, tol, what: str):
     if not bool(bad.any()):
         return
     idx = torch.nonzero(bad)
-    lines = [f"{what}: {idx.shape[0]} / {got.numel()} elements ({100 * idx.shape[0] / got.numel():.2g}%) "
-             f"outside the tolerance; max |diff| {diff[bad].max().item():.3g}, max |diff| / tol "
-             f"{(diff[bad] / tol[bad].clamp_min(1e-300)).max().item():.3g}; first (token, head, dim): kernel, "
-             f"emulation, tol"]
+    lines = [
+        f"{what}: {idx.shape[0]} / {got.numel()} elements ({100 * idx.shape[0] / got.numel():.2g}%) "
+        f"outside the tolerance; max |diff| {diff[bad].max().item():.3g}, max |diff| / tol "
+        f"{(diff[bad] / tol[bad].clamp_min(1e-300)).max().item():.3g}; first (token, head, dim): kernel, "
+        f"emulation, tol"
+    ]
     for i in idx[:6].tolist():
         i = tuple(i)
         lines.append(f"  {i}: {got[i].item()!r}, {want[i].item()!r}, {tol[i].item():.3g}")
@@ -214,13 +223,17 @@ def check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, he
 
 
 @pytest.mark.parametrize("name", FUSED)
-@pytest.mark.parametrize("lens_q,lens_k,heads,heads_k,causal", [
-    pytest.param([0, 1, 31, 32, 33, 70], None, 2, 2, True, id="varlen-causal"),
-    pytest.param([17, 50, 9], [30, 20, 9], 4, 2, True, id="lq!=lk-gqa-causal"),
-    pytest.param([17, 50, 9], [30, 20, 9], 4, 2, False, id="lq!=lk-gqa"),
-])
-def test_backward_within_the_accumulation_order_bound_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k,
-                                                                      heads, heads_k, causal):
+@pytest.mark.parametrize(
+    "lens_q,lens_k,heads,heads_k,causal",
+    [
+        pytest.param([0, 1, 31, 32, 33, 70], None, 2, 2, True, id="varlen-causal"),
+        pytest.param([17, 50, 9], [30, 20, 9], 4, 2, True, id="lq!=lk-gqa-causal"),
+        pytest.param([17, 50, 9], [30, 20, 9], 4, 2, False, id="lq!=lk-gqa"),
+    ],
+)
+def test_backward_within_the_accumulation_order_bound_on_exact_inputs(
+    device, monkeypatch, name, lens_q, lens_k, heads, heads_k, causal
+):
     check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, heads, heads_k, causal)
 
 
@@ -244,8 +257,12 @@ def _gpu_unless_interpreting(fn):
 
 
 @_gpu_unless_interpreting
-@settings(max_examples=int(os.environ.get("FLAMIA_VERIFY_FUZZ_EXAMPLES", 6 if interpreting() else 40)),
-          deadline=None, derandomize=True, database=None)
+@settings(
+    max_examples=int(os.environ.get("FLAMIA_VERIFY_FUZZ_EXAMPLES", 6 if interpreting() else 40)),
+    deadline=None,
+    derandomize=True,
+    database=None,
+)
 @given(_packings())
 def test_fuzzed_packings_forward_bitwise_and_backward_within_bound(packing):
     """Hypothesis over odd packings (the device is the interpreter on the CPU, CUDA on a GPU run):
@@ -353,8 +370,10 @@ def test_registry_dispatches_cuda_inputs_to_the_fused_kernels_and_keeps_the_emul
 
 
 def test_import_and_registry_do_not_import_triton():
-    code = ("import sys, flamia_verify; from flamia_verify.kernels import builtin_kernels; builtin_kernels(); "
-            "sys.exit(1 if 'triton' in sys.modules else 0)")
+    code = (
+        "import sys, flamia_verify; from flamia_verify.kernels import builtin_kernels; builtin_kernels(); "
+        "sys.exit(1 if 'triton' in sys.modules else 0)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, f"import flamia_verify or the registry imported triton: {res.stderr[-500:]}"
 
@@ -397,6 +416,7 @@ def test_a_kernel_that_does_not_fit_shared_memory_is_relaunched_with_fewer_stage
                 self.tried.append(num_stages)
                 if num_stages > self.fits_at:
                     raise OutOfResources(num_stages * 100_000, 232_448, "shared memory")
+
             return launch
 
     tile = A.TileConfig(128, 64, num_warps=8, num_stages=3)
@@ -427,9 +447,14 @@ def test_tiles_are_multiples_of_every_block_along_their_axes():
         assert unsupported_reason(design) is None, design.name
         cfg = config_for(design)
         p = cfg.p_block if cfg.p_pow2 else 1
-        blocks = {axis: [b for kind, b in (getattr(cfg, o) for o in ops) if kind != 0]
-                  for axis, ops in (("fwd_n", ("v_seq",)), ("dkdv_m", ("pt", "do_seq", "dst", "q_seq")),
-                                    ("dq_n", ("ds", "k_seq")))}
+        blocks = {
+            axis: [b for kind, b in (getattr(cfg, o) for o in ops) if kind != 0]
+            for axis, ops in (
+                ("fwd_n", ("v_seq",)),
+                ("dkdv_m", ("pt", "do_seq", "dst", "q_seq")),
+                ("dq_n", ("ds", "k_seq")),
+            )
+        }
         for interpret in (False, True):
             t = tiles(cfg, 64, interpret=interpret)
             for size, axis in ((t["fwd"].block_n, "fwd_n"), (t["dkdv"].block_m, "dkdv_m"), (t["dq"].block_n, "dq_n")):
@@ -448,8 +473,22 @@ def test_a_tile_that_cuts_sequence_blocks_is_refused_at_compile_time():
     # flamia-nvfp4: P^T and dS^T come in 16-blocks, so only the dO and Q blocks (32) refuse the tile
     q, k, v, do, o, lse2, cu_q, cu_k = _exact_backward_inputs("cpu", "flamia-nvfp4", [40], None, 2, 2, True)
     with pytest.raises(Exception, match="query tiles must hold whole blocks of dO"):
-        fused_backward(config_for(DESIGNS["flamia-nvfp4"]), q, k, v, o, lse2.T.contiguous(), do, cu_q, cu_k, 40, 40,
-                       LN2, True, tile_dkdv=TileConfig(16, 64))
+        fused_backward(
+            config_for(DESIGNS["flamia-nvfp4"]),
+            q,
+            k,
+            v,
+            o,
+            lse2.T.contiguous(),
+            do,
+            cu_q,
+            cu_k,
+            40,
+            40,
+            LN2,
+            True,
+            tile_dkdv=TileConfig(16, 64),
+        )
 
 
 def test_inputs_the_fused_kernels_do_not_take_run_the_emulation():
@@ -501,8 +540,12 @@ def test_split_dkdv_launches_give_the_same_bits(device, name):
     q, k, v, do, cu_q, cu_k = (t.to(device) for t in make_case([150, 70], heads=4, heads_k=2, seed=3))
     out, lse2 = fused_forward(cfg, q, k, v, cu_q, cu_k, 150, 150, 0.125, True)
     t = tiles(cfg, q.shape[-1], interpret=interpreting())["dkdv"]
-    one = fused_backward(cfg, q, k, v, out, lse2, do, cu_q, cu_k, 150, 150, 0.125, True, tile_dkdv=replace(t, split=False))
-    two = fused_backward(cfg, q, k, v, out, lse2, do, cu_q, cu_k, 150, 150, 0.125, True, tile_dkdv=replace(t, split=True))
+    one = fused_backward(
+        cfg, q, k, v, out, lse2, do, cu_q, cu_k, 150, 150, 0.125, True, tile_dkdv=replace(t, split=False)
+    )
+    two = fused_backward(
+        cfg, q, k, v, out, lse2, do, cu_q, cu_k, 150, 150, 0.125, True, tile_dkdv=replace(t, split=True)
+    )
     for what, a, b in zip(("dq", "dk", "dv"), one, two):
         assert torch.equal(a, b), (name, what)
     assert all(bool(torch.isfinite(g).all()) and g.abs().sum() > 0 for g in two)

@@ -36,7 +36,8 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
 pytestmark = ([pytest.mark.gpu] if DEVICE == "cuda" else []) + [  # selected by `-m gpu` on a GPU machine
     # the special tile's Inf times a block scale overflows in NumPy (the interpreter), as intended
-    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+]
 
 from flamia_verify.kernels.triton.quant import quantize_tile, round_tile  # noqa: E402
 
@@ -59,18 +60,42 @@ def assert_bitwise(got: torch.Tensor, want: torch.Tensor, what: str, inputs: tor
 
 
 # edge values of each element format (ml_dtypes-style sweep), both signs
-E4M3_EDGES = [0.0, H("0x1p-9"), H("0x1p-10"), H("0x1.8p-10"), H("0x1.8p-9"), H("0x1p-6"), H("0x1.fp-7"), 1.0,
-              1.0 + 2**-4, 1.0 + 2**-3, 1.0 + 3 * 2**-4, 7.93, 125.65, 240.0, 248.0, 256.0, 272.0, 440.0, 448.0,
-              456.0, 464.0, 480.0, 1e4, float("inf"), float("nan")]
-E2M1_EDGES = [0.0, 0.25, 0.2500001, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.9, 6.0, 7.0, 100.0, float("inf"),
-              float("nan")]
+E4M3_EDGES = [
+    0.0,
+    H("0x1p-9"),
+    H("0x1p-10"),
+    H("0x1.8p-10"),
+    H("0x1.8p-9"),
+    H("0x1p-6"),
+    H("0x1.fp-7"),
+    1.0,
+    1.0 + 2**-4,
+    1.0 + 2**-3,
+    1.0 + 3 * 2**-4,
+    7.93,
+    125.65,
+    240.0,
+    248.0,
+    256.0,
+    272.0,
+    440.0,
+    448.0,
+    456.0,
+    464.0,
+    480.0,
+    1e4,
+    float("inf"),
+    float("nan"),
+]
+E2M1_EDGES = [0.0, 0.25, 0.2500001, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.9, 6.0, 7.0, 100.0, float("inf"), float("nan")]
 
 
 def _sweep(edges: list[float], n: int = 1024, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     vals = torch.tensor(edges + [-e for e in edges], dtype=torch.float32)
-    rand = torch.randn(n - vals.numel(), generator=g) * torch.exp2(torch.randint(-14, 10, (n - vals.numel(),),
-                                                                                generator=g).float())
+    rand = torch.randn(n - vals.numel(), generator=g) * torch.exp2(
+        torch.randint(-14, 10, (n - vals.numel(),), generator=g).float()
+    )
     return torch.cat([vals, rand]).to(DEVICE)
 
 
@@ -85,8 +110,22 @@ def test_element_rounding_matches_formats(fmt, elem, saturate):
 @pytest.mark.parametrize("fmt,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_input_dtype_rounding_matches_torch_casts(fmt, dtype):
     """fp32 -> bf16/fp16 round-to-nearest-even in fp32 arithmetic (the interpreter's cast truncates)."""
-    x = _sweep([0.0, 1.0 + 2**-9, 1.0 + 3 * 2**-9, 65504.0, 65520.0, 70000.0, H("0x1p-24"), H("0x1p-25"),
-                H("0x1.8p-25"), H("0x1p-133"), 3.3e38, 3.4e38])
+    x = _sweep(
+        [
+            0.0,
+            1.0 + 2**-9,
+            1.0 + 3 * 2**-9,
+            65504.0,
+            65520.0,
+            70000.0,
+            H("0x1p-24"),
+            H("0x1p-25"),
+            H("0x1.8p-25"),
+            H("0x1p-133"),
+            3.3e38,
+            3.4e38,
+        ]
+    )
     assert_bitwise(round_tile(x, fmt), x.to(dtype).to(torch.float32), f"round to {fmt}", x)
 
 
@@ -174,8 +213,23 @@ def test_software_e4m3_rounding_matches_formats_bit_for_bit_on_gpu():
 
     env = dict(os.environ, FLAMIA_VERIFY_NATIVE_E4M3="0")
     here = os.path.dirname(__file__)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider", "-m", "gpu", "-k", "not software_e4m3",
-           os.path.join(here, "test_triton_quant.py"), os.path.join(here, "test_triton_attention.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-n",
+        "8",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "gpu",
+        "-k",
+        "not software_e4m3",
+        os.path.join(here, "test_triton_quant.py"),
+        os.path.join(here, "test_triton_attention.py"),
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
 

@@ -198,9 +198,7 @@ def block_layout(
                 f"cu_seqlens[{where + 1}] = {int(cu[where + 1])}"
             )
         if int(cu[-1]) > length:
-            raise InputError(
-                f"cu_seqlens[-1] = {int(cu[-1])} exceeds the length {length} of the quantized axis"
-            )
+            raise InputError(f"cu_seqlens[-1] = {int(cu[-1])} exceeds the length {length} of the quantized axis")
         bounds = cu if int(cu[-1]) == length else torch.cat([cu, torch.tensor([length])])
     lengths = bounds.diff()
     if block_size is None:
@@ -325,8 +323,9 @@ def mx_quantize(
     scales = torch.where(torch.isfinite(amax), scales, torch.full_like(scales, C.E8M0_NAN_BYTE))
     scale_at = _to_positions(e8m0_decode(scales), ax, block_index).to(xw.dtype)
     data = round_to_format(xw / scale_at, elem, saturate=True)  # power-of-two division: exact
-    return MXTensor(data=data, scales=scales, axis=ax, block_size=block_size, elem=elem, rule=rule,
-                    block_index=block_index)
+    return MXTensor(
+        data=data, scales=scales, axis=ax, block_size=block_size, elem=elem, rule=rule, block_index=block_index
+    )
 
 
 def mx_fake_quantize(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -394,8 +393,9 @@ def nvfp4_quantize(
     xf = x.detach().to(torch.float32)
     a = xf.abs()
     amax = a.amax() if global_amax is None else _global_amax_shape(x, ax, global_amax)
-    s_global = torch.where(amax == 0, torch.ones_like(amax),
-                           _divide(amax, C.NVFP4_GLOBAL_DIVISOR).clamp(min=C.FP32_MIN_NORMAL))
+    s_global = torch.where(
+        amax == 0, torch.ones_like(amax), _divide(amax, C.NVFP4_GLOBAL_DIVISOR).clamp(min=C.FP32_MIN_NORMAL)
+    )
     s_global = torch.where(torch.isfinite(amax), s_global, torch.full_like(s_global, math.nan))
     block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
     block_amax = _block_amax(a, ax, block_index, nblocks)
@@ -404,8 +404,9 @@ def nvfp4_quantize(
     denom = _to_positions(s_block, ax, block_index) * s_global
     data = round_to_format(xf / denom, E2M1)
     data = torch.where(denom == 0, torch.copysign(torch.zeros_like(xf), xf), data)
-    return NVFP4Tensor(data=data, block_scales=s_block, global_scale=s_global, axis=ax,
-                       block_size=block_size, block_index=block_index)
+    return NVFP4Tensor(
+        data=data, block_scales=s_block, global_scale=s_global, axis=ax, block_size=block_size, block_index=block_index
+    )
 
 
 def nvfp4_fake_quantize(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:

@@ -113,24 +113,56 @@ class ElementFormat:
 
 
 E4M3 = ElementFormat(
-    name="e4m3", exp_bits=C.E4M3_EXP_BITS, man_bits=C.E4M3_MAN_BITS, bias=C.E4M3_BIAS,
-    max_finite=C.E4M3_MAX, min_normal=C.E4M3_MIN_NORMAL, min_subnormal=C.E4M3_MIN_SUBNORMAL,
-    has_inf=False, has_nan=True, signed=True, nan_code=C.E4M3_NAN_CODE,
+    name="e4m3",
+    exp_bits=C.E4M3_EXP_BITS,
+    man_bits=C.E4M3_MAN_BITS,
+    bias=C.E4M3_BIAS,
+    max_finite=C.E4M3_MAX,
+    min_normal=C.E4M3_MIN_NORMAL,
+    min_subnormal=C.E4M3_MIN_SUBNORMAL,
+    has_inf=False,
+    has_nan=True,
+    signed=True,
+    nan_code=C.E4M3_NAN_CODE,
 )
 E5M2 = ElementFormat(
-    name="e5m2", exp_bits=C.E5M2_EXP_BITS, man_bits=C.E5M2_MAN_BITS, bias=C.E5M2_BIAS,
-    max_finite=C.E5M2_MAX, min_normal=C.E5M2_MIN_NORMAL, min_subnormal=C.E5M2_MIN_SUBNORMAL,
-    has_inf=True, has_nan=True, signed=True, nan_code=C.E5M2_NAN_CODE, inf_code=C.E5M2_INF_CODE,
+    name="e5m2",
+    exp_bits=C.E5M2_EXP_BITS,
+    man_bits=C.E5M2_MAN_BITS,
+    bias=C.E5M2_BIAS,
+    max_finite=C.E5M2_MAX,
+    min_normal=C.E5M2_MIN_NORMAL,
+    min_subnormal=C.E5M2_MIN_SUBNORMAL,
+    has_inf=True,
+    has_nan=True,
+    signed=True,
+    nan_code=C.E5M2_NAN_CODE,
+    inf_code=C.E5M2_INF_CODE,
 )
 E2M1 = ElementFormat(
-    name="e2m1", exp_bits=C.E2M1_EXP_BITS, man_bits=C.E2M1_MAN_BITS, bias=C.E2M1_BIAS,
-    max_finite=C.E2M1_MAX, min_normal=C.E2M1_MIN_NORMAL, min_subnormal=C.E2M1_MIN_SUBNORMAL,
-    has_inf=False, has_nan=False, signed=True,
+    name="e2m1",
+    exp_bits=C.E2M1_EXP_BITS,
+    man_bits=C.E2M1_MAN_BITS,
+    bias=C.E2M1_BIAS,
+    max_finite=C.E2M1_MAX,
+    min_normal=C.E2M1_MIN_NORMAL,
+    min_subnormal=C.E2M1_MIN_SUBNORMAL,
+    has_inf=False,
+    has_nan=False,
+    signed=True,
 )
 UE4M3 = ElementFormat(
-    name="ue4m3", exp_bits=C.E4M3_EXP_BITS, man_bits=C.E4M3_MAN_BITS, bias=C.E4M3_BIAS,
-    max_finite=C.UE4M3_MAX, min_normal=C.E4M3_MIN_NORMAL, min_subnormal=C.UE4M3_MIN_SUBNORMAL,
-    has_inf=False, has_nan=True, signed=False, nan_code=C.E4M3_NAN_CODE,
+    name="ue4m3",
+    exp_bits=C.E4M3_EXP_BITS,
+    man_bits=C.E4M3_MAN_BITS,
+    bias=C.E4M3_BIAS,
+    max_finite=C.UE4M3_MAX,
+    min_normal=C.E4M3_MIN_NORMAL,
+    min_subnormal=C.UE4M3_MIN_SUBNORMAL,
+    has_inf=False,
+    has_nan=True,
+    signed=False,
+    nan_code=C.E4M3_NAN_CODE,
 )
 
 #: every element format by name

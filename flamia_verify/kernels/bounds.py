@@ -134,7 +134,9 @@ class OperandModel:
     #: it is known in closed form (:mod:`flamia_verify.properties.mx_probes`)
     mx_block: bool = False
 
-    def rho(self, x_abs: torch.Tensor, line_max: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
+    def rho(
+        self, x_abs: torch.Tensor, line_max: torch.Tensor | float, tensor_max: torch.Tensor | float
+    ) -> torch.Tensor:
         r = self.u * x_abs
         if self.eta:
             r = r + self.eta * line_max
@@ -305,7 +307,11 @@ def attention_bounds(
         L = a.sum(-1, keepdim=True)
         A = a / torch.where(L > 0, L, torch.ones_like(L))
         Sabs = torch.where(vis, S.abs(), torch.zeros_like(S))
-        delta = scale * (torch.matmul(rQ, aK.transpose(1, 2)) + torch.matmul(aQ, rK.transpose(1, 2)) + torch.matmul(rQ, rK.transpose(1, 2)))
+        delta = scale * (
+            torch.matmul(rQ, aK.transpose(1, 2))
+            + torch.matmul(aQ, rK.transpose(1, 2))
+            + torch.matmul(rQ, rK.transpose(1, 2))
+        )
         delta = delta + scale * _gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
         delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs())
         delta = torch.where(vis, delta, torch.zeros_like(delta))
@@ -340,7 +346,7 @@ def attention_bounds(
     # pass 2: dS pieces per document, then the global dS maximum (for per-tensor dS scales)
     pieces = []
     ms_max = 0.0
-    for (b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref) in docs:
+    for b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref in docs:
         dO = _heads_first(do64[q0:q1])
         adO = dO.abs()
         rdO = m[Operand.DO_HD].rho(adO, adO.amax(-1, keepdim=True), tmax["do"])
@@ -348,7 +354,11 @@ def attention_bounds(
         dP = torch.matmul(dO, V.transpose(1, 2))
         Dref = (dO * Oref).sum(-1, keepdim=True)
         g = dP - Dref
-        dPerr = torch.matmul(rdO, aV.transpose(1, 2)) + torch.matmul(adO, rVh.transpose(1, 2)) + torch.matmul(rdO, rVh.transpose(1, 2))
+        dPerr = (
+            torch.matmul(rdO, aV.transpose(1, 2))
+            + torch.matmul(adO, rVh.transpose(1, 2))
+            + torch.matmul(rdO, rVh.transpose(1, 2))
+        )
         dPerr = dPerr + _gamma(Q.shape[-1]) * torch.matmul(adO + rdO, (aV + rVh).transpose(1, 2))
         aO = Oref.abs()
         Derr = (adO * Bo).sum(-1, keepdim=True) + (rdO * (aO + Bo)).sum(-1, keepdim=True)
@@ -369,7 +379,11 @@ def attention_bounds(
         rdOs = m[Operand.DO_SEQ].rho(adO, cdo, tmax["do"])
         rPT = m[Operand.PT].rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
         rPT = torch.where(vis, rPT, torch.zeros_like(rPT))
-        Bdv = torch.matmul(E.transpose(1, 2), adO) + torch.matmul(rPT.transpose(1, 2), adO + rdOs) + torch.matmul(AE.transpose(1, 2), rdOs)
+        Bdv = (
+            torch.matmul(E.transpose(1, 2), adO)
+            + torch.matmul(rPT.transpose(1, 2), adO + rdOs)
+            + torch.matmul(AE.transpose(1, 2), rdOs)
+        )
         Bdv = (Bdv + _gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32)
         # dQ = s dS K: dS blocked along keys (line = row of dS), K along keys
         ck = colmax_k.repeat_interleave(K.shape[0] // colmax_k.shape[0], dim=0)[:, None, :]

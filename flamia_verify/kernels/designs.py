@@ -42,6 +42,7 @@ def _described(design: EmulatedDesign, text: str) -> EmulatedDesign:
         raise ValueError(f"{design.name}: the description names a scale rule but no operand has one")
     return replace(design, description=text.format(rule=rules))
 
+
 _IN = Quant("input")
 _MX = Quant("mx", 32)
 _ROW = Quant("mx", 0)  # one power-of-two scale per row (the whole head_dim)
@@ -51,8 +52,18 @@ _NV = Quant("nvfp4", 16)
 BF16 = EmulatedDesign(
     name="bf16",
     recipe="bf16",
-    qk=_IN, v_seq=_IN, p_mode="fa", p_quant=_IN, normalize="fp32",
-    dp_quant=_IN, pt_quant=_IN, do_seq=_IN, ds_quant=_IN, k_seq=_IN, dst_quant=_IN, q_seq=_IN,
+    qk=_IN,
+    v_seq=_IN,
+    p_mode="fa",
+    p_quant=_IN,
+    normalize="fp32",
+    dp_quant=_IN,
+    pt_quant=_IN,
+    do_seq=_IN,
+    ds_quant=_IN,
+    k_seq=_IN,
+    dst_quant=_IN,
+    q_seq=_IN,
     diagonal_fallback=False,
     description="FlashAttention-2 numerics: BF16/FP16 operands, P and dS rounded to the input dtype, fp32 accumulation",
 )
@@ -60,57 +71,123 @@ BF16 = EmulatedDesign(
 FP8 = EmulatedDesign(
     name="fp8",
     recipe="fp8",
-    qk=_ROW, v_seq=_T128, p_mode="pow2-blocks", p_quant=Quant("mx", 128), normalize="quantized",
-    dp_quant=_ROW, pt_quant=_T128, do_seq=_T128, ds_quant=_T128, k_seq=_T128, dst_quant=_T128, q_seq=_T128,
+    qk=_ROW,
+    v_seq=_T128,
+    p_mode="pow2-blocks",
+    p_quant=Quant("mx", 128),
+    normalize="quantized",
+    dp_quant=_ROW,
+    pt_quant=_T128,
+    do_seq=_T128,
+    ds_quant=_T128,
+    k_seq=_T128,
+    dst_quant=_T128,
+    q_seq=_T128,
 )
-FP8 = _described(FP8, "Hopper-native E4M3 with power-of-two scales ({rule}) per row (head_dim GEMMs) and per "
-                 "128-position tile (sequence GEMMs), restarted at document starts, diagonal tiles in the input "
-                 "precision")
+FP8 = _described(
+    FP8,
+    "Hopper-native E4M3 with power-of-two scales ({rule}) per row (head_dim GEMMs) and per "
+    "128-position tile (sequence GEMMs), restarted at document starts, diagonal tiles in the input "
+    "precision",
+)
 
 FP8_TENSOR = EmulatedDesign(
     name="fp8-tensor",
     recipe="fp8",
-    qk=Quant("tensor"), v_seq=Quant("tensor"), p_mode="fa", p_quant=Quant("e4m3"), normalize="fp32",
-    dp_quant=Quant("tensor"), pt_quant=Quant("e4m3"), do_seq=Quant("tensor"), ds_quant=_ROW,
-    k_seq=Quant("tensor"), dst_quant=_ROW, q_seq=Quant("tensor"),
+    qk=Quant("tensor"),
+    v_seq=Quant("tensor"),
+    p_mode="fa",
+    p_quant=Quant("e4m3"),
+    normalize="fp32",
+    dp_quant=Quant("tensor"),
+    pt_quant=Quant("e4m3"),
+    do_seq=Quant("tensor"),
+    ds_quant=_ROW,
+    k_seq=Quant("tensor"),
+    dst_quant=_ROW,
+    q_seq=Quant("tensor"),
     diagonal_fallback=False,
 )
-FP8_TENSOR = _described(FP8_TENSOR, "FlashAttention-3-style per-tensor current scaling (amax/448 over the whole packed "
-                        "tensor); P cast to E4M3 unscaled, normalized by the fp32 row sum; dS with a power-of-two "
-                        "({rule}) scale per row")
+FP8_TENSOR = _described(
+    FP8_TENSOR,
+    "FlashAttention-3-style per-tensor current scaling (amax/448 over the whole packed "
+    "tensor); P cast to E4M3 unscaled, normalized by the fp32 row sum; dS with a power-of-two "
+    "({rule}) scale per row",
+)
 
 FLAMIA_MXFP8 = EmulatedDesign(
     name="flamia-mxfp8",
     recipe="mxfp8",
-    qk=_MX, v_seq=_MX, p_mode="pow2-blocks", p_quant=_MX, normalize="quantized",
-    dp_quant=_MX, pt_quant=_MX, do_seq=_MX, ds_quant=_MX, k_seq=_MX, dst_quant=_MX, q_seq=_MX,
+    qk=_MX,
+    v_seq=_MX,
+    p_mode="pow2-blocks",
+    p_quant=_MX,
+    normalize="quantized",
+    dp_quant=_MX,
+    pt_quant=_MX,
+    do_seq=_MX,
+    ds_quant=_MX,
+    k_seq=_MX,
+    dst_quant=_MX,
+    q_seq=_MX,
 )
-_FLAMIA_MXFP8_TEXT = ("MXFP8 (E4M3, 32-blocks, E8M0 {rule}) on all six GEMMs with FLAMIA's causal-safe, "
-                      "document-safe scaling and a forward-consistent backward")
+_FLAMIA_MXFP8_TEXT = (
+    "MXFP8 (E4M3, 32-blocks, E8M0 {rule}) on all six GEMMs with FLAMIA's causal-safe, "
+    "document-safe scaling and a forward-consistent backward"
+)
 FLAMIA_MXFP8 = _described(FLAMIA_MXFP8, _FLAMIA_MXFP8_TEXT)
 
-FLAMIA_MXFP8_FLOOR = _described(with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", "mxfp8-floor"),
-                                _FLAMIA_MXFP8_TEXT)
+FLAMIA_MXFP8_FLOOR = _described(
+    with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", "mxfp8-floor"), _FLAMIA_MXFP8_TEXT
+)
 
 FLAMIA_NVFP4 = EmulatedDesign(
     name="flamia-nvfp4",
     recipe="nvfp4",
-    qk=_MX, v_seq=_MX, p_mode="pow2-blocks", p_quant=_MX, normalize="quantized",
-    dp_quant=_MX, pt_quant=_NV, do_seq=_MX, ds_quant=_NV, k_seq=_MX, dst_quant=_NV, q_seq=_MX,
+    qk=_MX,
+    v_seq=_MX,
+    p_mode="pow2-blocks",
+    p_quant=_MX,
+    normalize="quantized",
+    dp_quant=_MX,
+    pt_quant=_NV,
+    do_seq=_MX,
+    ds_quant=_NV,
+    k_seq=_MX,
+    dst_quant=_NV,
+    q_seq=_MX,
 )
-FLAMIA_NVFP4 = _described(FLAMIA_NVFP4, "mixed NVFP4/FP8: the MXFP8 (E8M0 {rule}) forward, S recompute and dP; NVFP4 "
-                          "(row-local fp32 scale) for P^T, dS and dS^T in the dV, dQ, dK GEMMs")
+FLAMIA_NVFP4 = _described(
+    FLAMIA_NVFP4,
+    "mixed NVFP4/FP8: the MXFP8 (E8M0 {rule}) forward, S recompute and dP; NVFP4 "
+    "(row-local fp32 scale) for P^T, dS and dS^T in the dV, dQ, dK GEMMs",
+)
 
 MXFP8_NAIVE = EmulatedDesign(
     name="mxfp8-naive",
     recipe="mxfp8",
-    qk=_MX, v_seq=_MX, p_mode="fa", p_quant=_MX, normalize="fp32",
-    dp_quant=_MX, pt_quant=_MX, do_seq=_MX, ds_quant=_MX, k_seq=_MX, dst_quant=_MX, q_seq=_MX,
-    seq_blocks="packed", diagonal_fallback=False, recompute_from_seq=True,
+    qk=_MX,
+    v_seq=_MX,
+    p_mode="fa",
+    p_quant=_MX,
+    normalize="fp32",
+    dp_quant=_MX,
+    pt_quant=_MX,
+    do_seq=_MX,
+    ds_quant=_MX,
+    k_seq=_MX,
+    dst_quant=_MX,
+    q_seq=_MX,
+    seq_blocks="packed",
+    diagonal_fallback=False,
+    recompute_from_seq=True,
 )
-MXFP8_NAIVE = _described(MXFP8_NAIVE, "MXFP8 (E8M0 {rule}) without the fixes: sequence blocks at packed positions "
-                         "straddle the diagonal and documents, the fp32 row sum normalizes quantized P, the backward "
-                         "rebuilds S from other quantizations")
+MXFP8_NAIVE = _described(
+    MXFP8_NAIVE,
+    "MXFP8 (E8M0 {rule}) without the fixes: sequence blocks at packed positions "
+    "straddle the diagonal and documents, the fp32 row sum normalizes quantized P, the backward "
+    "rebuilds S from other quantizations",
+)
 
 DESIGNS: dict[str, EmulatedDesign] = {
     d.name: d for d in (BF16, FP8, FP8_TENSOR, FLAMIA_MXFP8, FLAMIA_MXFP8_FLOOR, FLAMIA_NVFP4, MXFP8_NAIVE)

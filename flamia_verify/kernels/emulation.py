@@ -259,9 +259,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
-def _gemm_seq(
-    a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None
-) -> torch.Tensor:
+def _gemm_seq(a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None) -> torch.Tensor:
     """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision."""
     if full is None:
         return gemm(a, b_q)
@@ -449,7 +447,9 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
         ds = a * (dp - delta[q0:q1].T[..., None])
         # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
         at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
-        dv_d = _gemm_seq(at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), fallback_mask(design, design.do_seq, vis.T, causal))
+        dv_d = _gemm_seq(
+            at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), fallback_mask(design, design.do_seq, vis.T, causal)
+        )
         dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
         dk_d = _gemm_seq(
             dst,
@@ -562,7 +562,9 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     p_used, l, m = probabilities(s2, vis, design, 0, dtype)
     if not backward:
         ok = (l > 0)[..., None]
-        return torch.where(ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(()))
+        return torch.where(
+            ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(())
+        )
     if design.recompute_from_seq:
         q_s = seq_quantize(q.float(), design.q_seq, design, cu_q, dtype)
         k_s = seq_quantize(k.float(), design.k_seq, design, cu_k, dtype)
@@ -583,8 +585,16 @@ def make_kernel(design: EmulatedDesign):
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         kernel.paths["PyTorch emulation"] += 1  # type: ignore[attr-defined]  # function attributes
         return emulated_attention(
-            design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            softmax_scale=softmax_scale, causal=causal,
+            design,
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale=softmax_scale,
+            causal=causal,
         )
 
     kernel.__name__ = design.name.replace("-", "_")

@@ -69,9 +69,13 @@ def _one_draw(q, k, v, do, cu_q, cu_k, scale, causal, m: RecipeBoundModel, g):
         Dl = (dO * O).sum(-1, keepdim=True)  # D from that output, as FlashAttention computes it
         dS = A * (dP - Dl)
         out[q0:q1] = O.permute(1, 0, 2)
-        dv[k0:k1] = (_noisy(A, m[Operand.PT].u, g).transpose(1, 2) @ _noisy(dO, m[Operand.DO_SEQ].u, g)).permute(1, 0, 2)
+        dv[k0:k1] = (_noisy(A, m[Operand.PT].u, g).transpose(1, 2) @ _noisy(dO, m[Operand.DO_SEQ].u, g)).permute(
+            1, 0, 2
+        )
         dq[q0:q1] = (scale * _noisy(dS, m[Operand.DS].u, g) @ _noisy(K, m[Operand.K_SEQ].u, g)).permute(1, 0, 2)
-        dk[k0:k1] = (scale * _noisy(dS, m[Operand.DST].u, g).transpose(1, 2) @ _noisy(Q, m[Operand.Q_SEQ].u, g)).permute(1, 0, 2)
+        dk[k0:k1] = (
+            scale * _noisy(dS, m[Operand.DST].u, g).transpose(1, 2) @ _noisy(Q, m[Operand.Q_SEQ].u, g)
+        ).permute(1, 0, 2)
     dk = dk.view(k.shape[0], Hk, grp, D).sum(2)
     dv = dv.view(k.shape[0], Hk, grp, D).sum(2)
     # the kernel returns its gradients in the input dtype (O is already rounded)

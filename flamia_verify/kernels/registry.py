@@ -58,7 +58,9 @@ def _from_module(spec: str) -> LoadedKernel:
     try:
         module = importlib.import_module(mod_name)
     except (Exception, SystemExit) as exc:  # an import error (or sys.exit) inside the user's module is a load failure
-        raise KernelLoadError(f"cannot import module {mod_name!r} for kernel {spec!r}: {type(exc).__name__}: {exc}") from exc
+        raise KernelLoadError(
+            f"cannot import module {mod_name!r} for kernel {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     return _attr(module, attr, spec, "module")
 
 
@@ -128,7 +130,9 @@ def _attr(module, attr: str, spec: str, source: str) -> LoadedKernel:
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise KernelLoadError(f"{module.__name__ if source == 'module' else spec.rpartition(':')[0]!r} has no attribute {attr!r}")
+            raise KernelLoadError(
+                f"{module.__name__ if source == 'module' else spec.rpartition(':')[0]!r} has no attribute {attr!r}"
+            )
         obj = getattr(obj, part)
     if isinstance(obj, LoadedKernel):
         return obj
@@ -167,4 +171,6 @@ def load_kernel(spec) -> LoadedKernel:
         loaded = load_kernel(obj)
         return LoadedKernel(spec, loaded.fn, loaded.recipe, "entry-point", loaded.description)
     known = ", ".join(sorted(builtins) + sorted(eps))
-    raise KernelLoadError(f"unknown kernel {spec!r}; built-in and registered kernels: {known}; or use module:function or file.py:function")
+    raise KernelLoadError(
+        f"unknown kernel {spec!r}; built-in and registered kernels: {known}; or use module:function or file.py:function"
+    )

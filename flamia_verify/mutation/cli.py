@@ -34,18 +34,37 @@ def add_parser(sub) -> None:
     m.add_argument("--suite", choices=SUITES, default="quick", help="the suite to measure (default quick)")
     m.add_argument("--family", nargs="+", metavar="FAMILY", help="only mutants of these families (see --list)")
     m.add_argument("--mutant", nargs="+", metavar="NAME", help="only these mutants (see --list)")
-    m.add_argument("--sample", type=int, default=0,
-                   help="a fixed, spread sample of N bugs (every k-th of the table) plus every correct design; 0 = all")
+    m.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="a fixed, spread sample of N bugs (every k-th of the table) plus every correct design; 0 = all",
+    )
     m.add_argument("--no-correct", action="store_true", help="skip the correct designs (no false-alarm measurement)")
-    m.add_argument("--every-check", action="store_true",
-                   help="run every check on every bug (default: stop at the first family with a failing check)")
+    m.add_argument(
+        "--every-check",
+        action="store_true",
+        help="run every check on every bug (default: stop at the first family with a failing check)",
+    )
     m.add_argument("--jobs", type=int, default=1, help="processes to run mutants in (default 1)")
     m.add_argument("--seed", type=int, default=0, help="the suite's seed (default 0)")
-    m.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR, default="cpu",
-                   help="where the mutated emulation runs: cuda:N is GPU N (default cpu)")
-    m.add_argument("--min-kill-rate", type=float, default=None, metavar="R",
-                   help="exit 1 when the kill rate is below R (0..1); false alarms always exit 1")
-    m.add_argument("--out", default="flamia-report", help="directory for mutation.json and mutation.md (default ./flamia-report)")
+    m.add_argument(
+        "--device",
+        type=device_arg,
+        metavar=DEVICE_METAVAR,
+        default="cpu",
+        help="where the mutated emulation runs: cuda:N is GPU N (default cpu)",
+    )
+    m.add_argument(
+        "--min-kill-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="exit 1 when the kill rate is below R (0..1); false alarms always exit 1",
+    )
+    m.add_argument(
+        "--out", default="flamia-report", help="directory for mutation.json and mutation.md (default ./flamia-report)"
+    )
     m.add_argument("--list", action="store_true", help="print the mutant table and exit")
 
 
@@ -80,7 +99,9 @@ def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
     lines += ["", "| family | bugs | killed | crashed | kill rate | survivors |", "|---|---:|---:|---:|---:|---|"]
     for fam, f in summary["families"].items():
         surv = ", ".join(f"`{n}`" for n in f["survived"]) or "-"
-        lines.append(f"| {fam} | {f['mutants']} | {f['killed']} | {f['crashed']} | {100 * f['kill_rate']:.0f} % | {surv} |")
+        lines.append(
+            f"| {fam} | {f['mutants']} | {f['killed']} | {f['crashed']} | {100 * f['kill_rate']:.0f} % | {surv} |"
+        )
     if summary["false_alarms"]:
         lines += ["", "## False alarms", ""]
         lines += [f"- `{a['name']}`: {', '.join(a['failing'])}" for a in summary["false_alarms"]]
@@ -88,13 +109,21 @@ def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
     if survivors:
         lines += ["", "## Survivors (bugs no check of the suite caught)", ""]
         lines += [f"- `{r['name']}`: {r['why']}" for r in survivors]
-    lines += ["", "## Every mutant", "",
-              "A bug runs family by family and stops at the first family with a failing check (`--every-check`"
-              " runs them all); a correct design runs every check.", "",
-              "| mutant | outcome | checks that failed | s |", "|---|---|---|---:|"]
+    lines += [
+        "",
+        "## Every mutant",
+        "",
+        "A bug runs family by family and stops at the first family with a failing check (`--every-check`"
+        " runs them all); a correct design runs every check.",
+        "",
+        "| mutant | outcome | checks that failed | s |",
+        "|---|---|---|---:|",
+    ]
     for r in results:
         failing = ", ".join(r["failing"][:6]) + (" ..." if len(r["failing"]) > 6 else "")
-        lines.append(f"| `{r['name']}`{' (correct)' if r['correct'] else ''} | {r['outcome']} | {failing or '-'} | {r['seconds']:.1f} |")
+        lines.append(
+            f"| `{r['name']}`{' (correct)' if r['correct'] else ''} | {r['outcome']} | {failing or '-'} | {r['seconds']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -131,17 +160,28 @@ def run(args) -> int:
         print(f"[{done[0]:>3}/{total}] {r.name:44s} {r.outcome:11s} {r.seconds:6.1f}s  {failing}", flush=True)
 
     print(f"mutate: {total} mutants, suite {args.suite}, {args.jobs} process(es), device {device}", flush=True)
-    results = run_mutants(chosen, suite=args.suite, seed=args.seed, device=device, jobs=args.jobs, on_result=show,
-                          first_kill=not args.every_check)
+    results = run_mutants(
+        chosen,
+        suite=args.suite,
+        seed=args.seed,
+        device=device,
+        jobs=args.jobs,
+        on_result=show,
+        first_kill=not args.every_check,
+    )
     summary = summarize(results)
     summary.update(suite=args.suite, seed=args.seed, device=device, seconds=round(time.perf_counter() - start, 1))
     rows = [r.to_dict() for r in results]
-    atomic_write_text(out / "mutation.json", json.dumps({"schema": "flamia-verify/mutation/v1", "summary": summary,
-                                                         "results": rows}, indent=1) + "\n")
+    atomic_write_text(
+        out / "mutation.json",
+        json.dumps({"schema": "flamia-verify/mutation/v1", "summary": summary, "results": rows}, indent=1) + "\n",
+    )
     atomic_write_text(out / "mutation.md", render_markdown(summary, rows, suite=args.suite))
-    print(f"kill rate {summary['killed']}/{summary['mutants']} = {100 * summary['kill_rate']:.1f} %; "
-          f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}; "
-          f"{summary['seconds']:.0f} s; reports: {out / 'mutation.md'}, {out / 'mutation.json'}")
+    print(
+        f"kill rate {summary['killed']}/{summary['mutants']} = {100 * summary['kill_rate']:.1f} %; "
+        f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}; "
+        f"{summary['seconds']:.0f} s; reports: {out / 'mutation.md'}, {out / 'mutation.json'}"
+    )
     problems = verdict(summary, args.min_kill_rate)
     for p in problems:
         sys.stderr.write(f"flamia-verify: {p}\n")

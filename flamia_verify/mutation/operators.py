@@ -146,9 +146,7 @@ def running_max_without_rescale(mb: torch.Tensor, ids: torch.Tensor, m: torch.Te
     holds the row maximum), while the log-sum-exp is written with the final maximum.
     """
     early = mb[..., :first_blocks].amax(dim=-1)
-    per_block = torch.where(
-        torch.arange(mb.shape[-1], device=mb.device) < first_blocks, early[..., None], m[..., None]
-    )
+    per_block = torch.where(torch.arange(mb.shape[-1], device=mb.device) < first_blocks, early[..., None], m[..., None])
     per_block = torch.where(torch.isfinite(per_block), per_block, m[..., None])
     return per_block[..., ids]
 

@@ -72,8 +72,9 @@ class MutantResult:
 def _call(kernel, inp, *, backward: bool = True):
     q, k, v = (t.clone().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     before = [t.detach().clone() for t in (q, k, v)]
-    out = kernel(q, k, v, inp.cu_q, inp.cu_k, inp.max_q, inp.max_k, softmax_scale=inp.case.scale,
-                 causal=inp.case.causal)
+    out = kernel(
+        q, k, v, inp.cu_q, inp.cu_k, inp.max_q, inp.max_k, softmax_scale=inp.case.scale, causal=inp.case.causal
+    )
     out = out[0] if isinstance(out, (tuple, list)) else out
     grads = torch.autograd.grad(out, (q, k, v), inp.do) if backward else ()
     inputs_changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, (q, k, v)))
@@ -112,8 +113,9 @@ def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
 FAMILY_ORDER = ("interface", "error", "bound", "consistency", "bias", "special", "determinism", "isolation", "causal")
 
 
-def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu",
-               first_kill: bool = True) -> MutantResult:
+def run_mutant(
+    mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu", first_kill: bool = True
+) -> MutantResult:
     """Run ``suite`` on one mutant and classify the outcome.
 
     A bug runs family by family (:data:`FAMILY_ORDER`) and stops at the first family with a failing
@@ -141,8 +143,9 @@ def run_mutant(mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: s
         outcome = "false-alarm" if failing else "passed"
     else:
         outcome = "crashed" if crashed else ("killed" if failing else "survived")
-    return MutantResult(mutant.name, mutant.family, mutant.correct, outcome, failing,
-                        round(time.perf_counter() - start, 2), mutant.why)
+    return MutantResult(
+        mutant.name, mutant.family, mutant.correct, outcome, failing, round(time.perf_counter() - start, 2), mutant.why
+    )
 
 
 def _worker(mutant: Mutant, suite: str, seed: int, device: str, first_kill: bool) -> MutantResult:

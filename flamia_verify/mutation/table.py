@@ -43,14 +43,42 @@ _VIS = "visible(q1 - q0, k1 - k0, causal, q.device)"
 # (path name, scope, the call that quantizes the operand along the sequence, the cu it uses, the
 # fallback call that guards its diagonal block, suffix (rows see a suffix: transposed masks))
 _SEQ_PATHS = (
-    ("V", "forward_pass", "v_seq = seq_quantize(vf, design.v_seq, design, cu_k, dtype)", "cu_k", "cu_q",
-     "fallback_mask(design, design.v_seq, vis, causal)", False),
-    ("dO", "backward_pass", "do_seq = seq_quantize(dof, design.do_seq, design, cu_q, dtype)", "cu_q", "cu_k",
-     "fallback_mask(design, design.do_seq, vis.T, causal)", True),
-    ("K", "backward_pass", "k_seq = seq_quantize(kf, design.k_seq, design, cu_k, dtype)", "cu_k", "cu_q",
-     "fallback_mask(design, design.k_seq, vis, causal)", False),
-    ("Q", "backward_pass", "q_seq = seq_quantize(qf, design.q_seq, design, cu_q, dtype)", "cu_q", "cu_k",
-     "fallback_mask(design, design.q_seq, vis.T, causal)", True),
+    (
+        "V",
+        "forward_pass",
+        "v_seq = seq_quantize(vf, design.v_seq, design, cu_k, dtype)",
+        "cu_k",
+        "cu_q",
+        "fallback_mask(design, design.v_seq, vis, causal)",
+        False,
+    ),
+    (
+        "dO",
+        "backward_pass",
+        "do_seq = seq_quantize(dof, design.do_seq, design, cu_q, dtype)",
+        "cu_q",
+        "cu_k",
+        "fallback_mask(design, design.do_seq, vis.T, causal)",
+        True,
+    ),
+    (
+        "K",
+        "backward_pass",
+        "k_seq = seq_quantize(kf, design.k_seq, design, cu_k, dtype)",
+        "cu_k",
+        "cu_q",
+        "fallback_mask(design, design.k_seq, vis, causal)",
+        False,
+    ),
+    (
+        "Q",
+        "backward_pass",
+        "q_seq = seq_quantize(qf, design.q_seq, design, cu_q, dtype)",
+        "cu_q",
+        "cu_k",
+        "fallback_mask(design, design.q_seq, vis.T, causal)",
+        True,
+    ),
 )
 
 # the operand roundings of a design (p_quant only sets P's block size in FLAMIA's pow2-block mode)
@@ -60,9 +88,12 @@ _OPERAND_WHAT = {f: describe_operands(op for op in Operand if DESIGN_FIELD[op] =
 #: the edits that let a design name the operand kinds "mx-<variant>" (e5m2, truncate, scale_down,
 #: scale_up): they dispatch to operators.mx_variant, and the diagonal fallback keeps guarding them
 VARIANT_KIND_EDITS = (
-    Edit("quantize_operand", '    if kind == "nvfp4":',
-         '    if kind.startswith("mx-"):\n        return _mut.mx_variant(x, quant, axis, cu_seqlens, kind[3:])\n'
-         '    if kind == "nvfp4":'),
+    Edit(
+        "quantize_operand",
+        '    if kind == "nvfp4":',
+        '    if kind.startswith("mx-"):\n        return _mut.mx_variant(x, quant, axis, cu_seqlens, kind[3:])\n'
+        '    if kind == "nvfp4":',
+    ),
     Edit("fallback_mask", 'quant.kind in ("mx", "nvfp4")', '(quant.kind.startswith("mx") or quant.kind == "nvfp4")'),
 )
 
@@ -75,17 +106,23 @@ def _mask() -> list[Mutant]:
     out = []
     for scope, path in (("forward_pass", "forward"), ("backward_pass", "backward")):
         for k in (1, 2, -1, -2):
-            out.append(Mutant(
-                f"mask.{path}{_k(k)}", "mask",
-                f"the {path} causal mask's diagonal moved by {k} key(s) "
-                f"{'(a query sees the future)' if k > 0 else '(a query misses its own past)'}",
-                (Edit(scope, _VIS, f"_mut.visible_shift(q1 - q0, k1 - k0, causal, q.device, {k})"),),
-            ))
-        out.append(Mutant(
-            f"mask.{path}-top-left", "mask",
-            f"the {path} causal mask aligned top-left (j <= i) instead of bottom-right when Lq != Lk",
-            (Edit(scope, _VIS, "_mut.visible_top_left(q1 - q0, k1 - k0, causal, q.device)"),),
-        ))
+            out.append(
+                Mutant(
+                    f"mask.{path}{_k(k)}",
+                    "mask",
+                    f"the {path} causal mask's diagonal moved by {k} key(s) "
+                    f"{'(a query sees the future)' if k > 0 else '(a query misses its own past)'}",
+                    (Edit(scope, _VIS, f"_mut.visible_shift(q1 - q0, k1 - k0, causal, q.device, {k})"),),
+                )
+            )
+        out.append(
+            Mutant(
+                f"mask.{path}-top-left",
+                "mask",
+                f"the {path} causal mask aligned top-left (j <= i) instead of bottom-right when Lq != Lk",
+                (Edit(scope, _VIS, "_mut.visible_top_left(q1 - q0, k1 - k0, causal, q.device)"),),
+            )
+        )
     return out
 
 
@@ -97,21 +134,39 @@ def _fallback() -> list[Mutant]:
             shifted = f"_mut.shift_vis({vis}, {k}{', suffix=True' if suffix else ''})"
             edit = Edit(scope, call, call.replace(f", {vis}, causal)", f", {shifted}, causal)"))
             if k > 0:
-                out.append(Mutant(
-                    f"fallback.{name}{_k(k)}", "fallback",
-                    f"the {name} block on the causal diagonal is taken as seen whole when {k} of its "
-                    f"position(s) are still masked (shared scale over the future)", (edit,)))
+                out.append(
+                    Mutant(
+                        f"fallback.{name}{_k(k)}",
+                        "fallback",
+                        f"the {name} block on the causal diagonal is taken as seen whole when {k} of its "
+                        f"position(s) are still masked (shared scale over the future)",
+                        (edit,),
+                    )
+                )
             else:
-                out.append(Mutant(
-                    f"fallback.{name}{_k(k)}", "fallback",
-                    f"the {name} block that ends on the diagonal also runs in input precision (more of "
-                    "the diagonal exact: a correct, slower design)", (edit,), correct=True))
+                out.append(
+                    Mutant(
+                        f"fallback.{name}{_k(k)}",
+                        "fallback",
+                        f"the {name} block that ends on the diagonal also runs in input precision (more of "
+                        "the diagonal exact: a correct, slower design)",
+                        (edit,),
+                        correct=True,
+                    )
+                )
     for k in (1, 2):
-        out.append(Mutant(
-            f"fallback.shared-test{_k(k)}", "fallback",
-            f"the test 'row sees the block whole' off by {k} in the helper every path shares",
-            (Edit("full_block_mask", "return (counts == sizes)[:, blk]", f"return (counts + {k} >= sizes)[:, blk]"),),
-        ))
+        out.append(
+            Mutant(
+                f"fallback.shared-test{_k(k)}",
+                "fallback",
+                f"the test 'row sees the block whole' off by {k} in the helper every path shares",
+                (
+                    Edit(
+                        "full_block_mask", "return (counts == sizes)[:, blk]", f"return (counts + {k} >= sizes)[:, blk]"
+                    ),
+                ),
+            )
+        )
     return out
 
 
@@ -120,42 +175,57 @@ def _blocks() -> list[Mutant]:
     for name, scope, call, cu, _, _, _ in _SEQ_PATHS:
         shifts = (1, -1, 2, -2) if name == "V" else (1, -1)
         for k in shifts:
-            out.append(Mutant(
-                f"blocks.{name}-start{_k(k)}", "blocks",
-                f"{name}'s sequence blocks restart {abs(k)} position(s) {'after' if k > 0 else 'before'} "
-                "each document start (a block spans two documents)",
-                (Edit(scope, call, call.replace(f", {cu}, dtype)", f", _mut.shift_cu({cu}, {k}), dtype)")),),
-            ))
-        out.append(Mutant(
-            f"blocks.{name}-absolute-grid", "blocks",
-            f"{name}'s sequence blocks on the pack's absolute 32-grid, not restarted at document starts",
-            (Edit(scope, call, call.replace(f", {cu}, dtype)", ", None, dtype)")),),
-        ))
-        for k in ((1, -1) if name == "V" else (1,)):
+            out.append(
+                Mutant(
+                    f"blocks.{name}-start{_k(k)}",
+                    "blocks",
+                    f"{name}'s sequence blocks restart {abs(k)} position(s) {'after' if k > 0 else 'before'} "
+                    "each document start (a block spans two documents)",
+                    (Edit(scope, call, call.replace(f", {cu}, dtype)", f", _mut.shift_cu({cu}, {k}), dtype)")),),
+                )
+            )
+        out.append(
+            Mutant(
+                f"blocks.{name}-absolute-grid",
+                "blocks",
+                f"{name}'s sequence blocks on the pack's absolute 32-grid, not restarted at document starts",
+                (Edit(scope, call, call.replace(f", {cu}, dtype)", ", None, dtype)")),),
+            )
+        )
+        for k in (1, -1) if name == "V" else (1,):
             field = call.split(", ")[1]
-            out.append(Mutant(
-                f"blocks.{name}-size{_k(k)}", "blocks",
-                f"{name} quantized in {32 + k}-position blocks while the diagonal fallback assumes 32",
-                (Edit(scope, call, call.replace(field, f"_mut.resized({field}, {k})")),),
-            ))
+            out.append(
+                Mutant(
+                    f"blocks.{name}-size{_k(k)}",
+                    "blocks",
+                    f"{name} quantized in {32 + k}-position blocks while the diagonal fallback assumes 32",
+                    (Edit(scope, call, call.replace(field, f"_mut.resized({field}, {k})")),),
+                )
+            )
     return out
 
 
 def _cu() -> list[Mutant]:
     out = []
     for name, scope, call, cu, other, _, _ in _SEQ_PATHS:
-        out.append(Mutant(
-            f"cu.{name}-blocks-from-{other}", "cu",
-            f"{name}'s sequence blocks restart at {other.replace('cu_', 'cu_seqlens_')} instead of "
-            f"{cu.replace('cu_', 'cu_seqlens_')}",
-            (Edit(scope, call, call.replace(f", {cu}, dtype)", f", {other}, dtype)")),),
-        ))
+        out.append(
+            Mutant(
+                f"cu.{name}-blocks-from-{other}",
+                "cu",
+                f"{name}'s sequence blocks restart at {other.replace('cu_', 'cu_seqlens_')} instead of "
+                f"{cu.replace('cu_', 'cu_seqlens_')}",
+                (Edit(scope, call, call.replace(f", {cu}, dtype)", f", {other}, dtype)")),),
+            )
+        )
     for scope, path in (("forward_pass", "forward"), ("backward_pass", "backward")):
-        out.append(Mutant(
-            f"cu.{path}-keys-from-cu_q", "cu",
-            f"the {path} reads each document's keys at cu_seqlens_q (right only when Lq == Lk everywhere)",
-            (Edit(scope, "_documents(cu_q, cu_k)", "_documents(cu_q, cu_q)"),),
-        ))
+        out.append(
+            Mutant(
+                f"cu.{path}-keys-from-cu_q",
+                "cu",
+                f"the {path} reads each document's keys at cu_seqlens_q (right only when Lq == Lk everywhere)",
+                (Edit(scope, "_documents(cu_q, cu_k)", "_documents(cu_q, cu_q)"),),
+            )
+        )
     return out
 
 
@@ -163,26 +233,55 @@ def _heads() -> list[Mutant]:
     sites = (
         ("scores", "_scores", "_expand_kv(k_hd, groups)", "K in S = QK^T (forward and recompute)"),
         ("pv", "forward_pass", "_expand_kv(v_seq[k0:k1], groups)", "V in O = PV"),
-        ("pv-diagonal", "forward_pass", "_expand_kv(_round_input(vf[k0:k1], dtype), groups)",
-         "V of the diagonal block (the input-precision path only)"),
+        (
+            "pv-diagonal",
+            "forward_pass",
+            "_expand_kv(_round_input(vf[k0:k1], dtype), groups)",
+            "V of the diagonal block (the input-precision path only)",
+        ),
         ("dp", "backward_pass", "_expand_kv(v_hd[k0:k1], groups)", "V in dP = dO V^T"),
         ("dq", "backward_pass", "_expand_kv(k_seq[k0:k1], groups)", "K in dQ = dS K"),
-        ("dq-diagonal", "backward_pass", "_expand_kv(_round_input(kf[k0:k1], dtype), groups)",
-         "K of the diagonal block in dQ (the input-precision path only)"),
+        (
+            "dq-diagonal",
+            "backward_pass",
+            "_expand_kv(_round_input(kf[k0:k1], dtype), groups)",
+            "K of the diagonal block in dQ (the input-precision path only)",
+        ),
     )
-    out = [Mutant(f"heads.{n}-repeat", "heads", f"GQA heads of {what} expanded with repeat, not repeat_interleave",
-                  (Edit(scope, old, old.replace("_expand_kv(", "_mut.expand_repeat(")),))
-           for n, scope, old, what in sites]
+    out = [
+        Mutant(
+            f"heads.{n}-repeat",
+            "heads",
+            f"GQA heads of {what} expanded with repeat, not repeat_interleave",
+            (Edit(scope, old, old.replace("_expand_kv(", "_mut.expand_repeat(")),),
+        )
+        for n, scope, old, what in sites
+    ]
     for t, shape in (("dk", "k"), ("dv", "v")):
         old = f"{t} = {t}.view({shape}.shape[0], Hk, groups, {shape}.shape[2]).sum(dim=2)"
-        out.append(Mutant(f"heads.{t}-group-sum", "heads",
-                          f"{t.upper()} summed over the query heads of a group in the tiled (repeat) order",
-                          (Edit("backward_pass", old, f"{t} = _mut.reduce_groups_swapped({t}, Hk, groups)"),)))
-    out.append(Mutant("heads.dk-group-sum-reversed", "heads",
-                      "dK summed over a group's query heads in reverse order (another fixed fp32 order: correct)",
-                      (Edit("backward_pass", "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).sum(dim=2)",
-                            "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).flip(2).sum(dim=2)"),),
-                      correct=True))
+        out.append(
+            Mutant(
+                f"heads.{t}-group-sum",
+                "heads",
+                f"{t.upper()} summed over the query heads of a group in the tiled (repeat) order",
+                (Edit("backward_pass", old, f"{t} = _mut.reduce_groups_swapped({t}, Hk, groups)"),),
+            )
+        )
+    out.append(
+        Mutant(
+            "heads.dk-group-sum-reversed",
+            "heads",
+            "dK summed over a group's query heads in reverse order (another fixed fp32 order: correct)",
+            (
+                Edit(
+                    "backward_pass",
+                    "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).sum(dim=2)",
+                    "dk = dk.view(k.shape[0], Hk, groups, k.shape[2]).flip(2).sum(dim=2)",
+                ),
+            ),
+            correct=True,
+        )
+    )
     return out
 
 
@@ -190,64 +289,133 @@ def _operand_mutants(family: str, variants: dict[str, tuple[Quant, str]]) -> lis
     out = []
     for f in _OPERANDS:
         for tag, (quant, what) in variants.items():
-            out.append(Mutant(f"{family}.{f}-{tag}", family, f"{_OPERAND_WHAT[f]}: {what}",
-                              VARIANT_KIND_EDITS, ((f, quant),)))
+            out.append(
+                Mutant(f"{family}.{f}-{tag}", family, f"{_OPERAND_WHAT[f]}: {what}", VARIANT_KIND_EDITS, ((f, quant),))
+            )
     return out
 
 
 def _normalisation() -> list[Mutant]:
     return [
-        Mutant("normalisation.no-rescale-after-256", "normalisation",
-               "the online softmax stops rescaling after 256 keys: later row maxima do not rescale earlier keys",
-               (Edit("probabilities", "exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]",
-                     "exp = mb[..., ids] - P_POW2_OFFSET - _mut.running_max_without_rescale(mb, ids, m, 256 // block)"),)),
-        Mutant("normalisation.backward-tile-lse", "normalisation",
-               "the backward rebuilds P of each 128-key tile against the running normalizer of that tile",
-               (Edit("recomputed_probabilities", "- P_POW2_OFFSET - lse_safe[..., None])",
-                     "- P_POW2_OFFSET - _mut.tile_lse(s2, lse_safe, 128))"),)),
-        Mutant("normalisation.l-from-unrounded-p", "normalisation",
-               "the row sum l is taken over the unrounded probabilities, not the P that multiplies V",
-               (Edit("probabilities", "l = p_used.sum(dim=-1)\n        return p_used, l, m",
-                     "l = torch.exp2(torch.where(vis, s2 - m[..., None], s2.new_full((), -math.inf))).sum(dim=-1)\n"
-                     "        return p_used, l, m"),)),
-        Mutant("normalisation.p-offset+1", "normalisation",
-               "P's block maximum mapped one binade too high (2^9 > 448): the largest probabilities saturate",
-               (Edit("", "P_POW2_OFFSET = 8", "P_POW2_OFFSET = 9"),)),
-        Mutant("normalisation.delta-from-p-dp", "normalisation",
-               "D = rowsum(P * dP) instead of rowsum(dO * O) (equal in exact arithmetic: correct)",
-               (Edit("backward_pass", "ds = a * (dp - delta[q0:q1].T[..., None])",
-                     "ds = a * (dp - (a * dp).sum(dim=-1, keepdim=True))"),), correct=True),
-        Mutant("normalisation.scale-folded-into-q", "normalisation",
-               "softmax_scale multiplied into Q before Q is rounded (scores then need no scale: correct)",
-               (Edit("forward_pass", "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
-                     "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)"),
+        Mutant(
+            "normalisation.no-rescale-after-256",
+            "normalisation",
+            "the online softmax stops rescaling after 256 keys: later row maxima do not rescale earlier keys",
+            (
+                Edit(
+                    "probabilities",
+                    "exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]",
+                    "exp = mb[..., ids] - P_POW2_OFFSET - _mut.running_max_without_rescale(mb, ids, m, 256 // block)",
+                ),
+            ),
+        ),
+        Mutant(
+            "normalisation.backward-tile-lse",
+            "normalisation",
+            "the backward rebuilds P of each 128-key tile against the running normalizer of that tile",
+            (
+                Edit(
+                    "recomputed_probabilities",
+                    "- P_POW2_OFFSET - lse_safe[..., None])",
+                    "- P_POW2_OFFSET - _mut.tile_lse(s2, lse_safe, 128))",
+                ),
+            ),
+        ),
+        Mutant(
+            "normalisation.l-from-unrounded-p",
+            "normalisation",
+            "the row sum l is taken over the unrounded probabilities, not the P that multiplies V",
+            (
+                Edit(
+                    "probabilities",
+                    "l = p_used.sum(dim=-1)\n        return p_used, l, m",
+                    "l = torch.exp2(torch.where(vis, s2 - m[..., None], s2.new_full((), -math.inf))).sum(dim=-1)\n"
+                    "        return p_used, l, m",
+                ),
+            ),
+        ),
+        Mutant(
+            "normalisation.p-offset+1",
+            "normalisation",
+            "P's block maximum mapped one binade too high (2^9 > 448): the largest probabilities saturate",
+            (Edit("", "P_POW2_OFFSET = 8", "P_POW2_OFFSET = 9"),),
+        ),
+        Mutant(
+            "normalisation.delta-from-p-dp",
+            "normalisation",
+            "D = rowsum(P * dP) instead of rowsum(dO * O) (equal in exact arithmetic: correct)",
+            (
+                Edit(
+                    "backward_pass",
+                    "ds = a * (dp - delta[q0:q1].T[..., None])",
+                    "ds = a * (dp - (a * dp).sum(dim=-1, keepdim=True))",
+                ),
+            ),
+            correct=True,
+        ),
+        Mutant(
+            "normalisation.scale-folded-into-q",
+            "normalisation",
+            "softmax_scale multiplied into Q before Q is rounded (scores then need no scale: correct)",
+            (
+                Edit(
+                    "forward_pass",
+                    "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
+                    "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)",
+                ),
                 Edit("forward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)"),
-                Edit("backward_pass", "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
-                     "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)"),
-                Edit("backward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)")),
-               correct=True),
+                Edit(
+                    "backward_pass",
+                    "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
+                    "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)",
+                ),
+                Edit("backward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)"),
+            ),
+            correct=True,
+        ),
     ]
 
 
 def _reduction() -> list[Mutant]:
     both = "return gemm(a_full, b_q) + gemm(a_part, b_hp)"
     return [
-        Mutant("reduction.long-rows-random-order", "reduction",
-               "GEMMs over more than 256 positions sum their 16-wide slices in a random order (split-K atomics)",
-               (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
-                Edit("_gemm_seq", both,
-                     "return _mut.shuffled_matmul(a_full, b_q, min_len=256) + _mut.shuffled_matmul(a_part, b_hp, min_len=256)"))),
-        Mutant("reduction.non-causal-random-order", "reduction",
-               "only the non-causal path sums its GEMM slices in a random order",
-               (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),)),
-        Mutant("reduction.causal-random-order", "reduction",
-               "only the causal path (diagonal split) sums its GEMM slices in a random order",
-               (Edit("_gemm_seq", both, "return _mut.shuffled_matmul(a_full, b_q) + gemm(a_part, b_hp)"),)),
-        Mutant("reduction.reversed-order", "reduction",
-               "every sequence GEMM sums its slices in reverse (another fixed order: correct)",
-               (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
-                Edit("_gemm_seq", both, "return _mut.reversed_matmul(a_full, b_q) + _mut.reversed_matmul(a_part, b_hp)")),
-               correct=True),
+        Mutant(
+            "reduction.long-rows-random-order",
+            "reduction",
+            "GEMMs over more than 256 positions sum their 16-wide slices in a random order (split-K atomics)",
+            (
+                Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
+                Edit(
+                    "_gemm_seq",
+                    both,
+                    "return _mut.shuffled_matmul(a_full, b_q, min_len=256) + _mut.shuffled_matmul(a_part, b_hp, min_len=256)",
+                ),
+            ),
+        ),
+        Mutant(
+            "reduction.non-causal-random-order",
+            "reduction",
+            "only the non-causal path sums its GEMM slices in a random order",
+            (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),),
+        ),
+        Mutant(
+            "reduction.causal-random-order",
+            "reduction",
+            "only the causal path (diagonal split) sums its GEMM slices in a random order",
+            (Edit("_gemm_seq", both, "return _mut.shuffled_matmul(a_full, b_q) + gemm(a_part, b_hp)"),),
+        ),
+        Mutant(
+            "reduction.reversed-order",
+            "reduction",
+            "every sequence GEMM sums its slices in reverse (another fixed order: correct)",
+            (
+                Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
+                Edit(
+                    "_gemm_seq", both, "return _mut.reversed_matmul(a_full, b_q) + _mut.reversed_matmul(a_part, b_hp)"
+                ),
+            ),
+            correct=True,
+        ),
     ]
 
 
@@ -255,30 +423,58 @@ def _inplace() -> list[Mutant]:
     fwd = "qf, kf, vf = q.float(), k.float(), v.float()\n"
     bwd = "qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.to(dtype).float()\n"
     return [
-        Mutant("inplace.k-causal", "inplace", "the causal forward subtracts K's mean from the caller's K in place",
-               (Edit("forward_pass", fwd, fwd + "    if causal:\n        _mut.write_in_place(k)\n"),)),
-        Mutant("inplace.k-non-causal", "inplace", "the non-causal forward subtracts K's mean in place",
-               (Edit("forward_pass", fwd, fwd + "    if not causal:\n        _mut.write_in_place(k)\n"),)),
-        Mutant("inplace.v-gqa", "inplace", "the forward with GQA (groups > 1) centres V in place",
-               (Edit("forward_pass", fwd, fwd + "    if groups > 1:\n        _mut.write_in_place(v)\n"),)),
-        Mutant("inplace.q-backward", "inplace", "the backward centres the saved Q (the caller's tensor) in place",
-               (Edit("backward_pass", bwd, bwd + "    _mut.write_in_place(q)\n"),)),
+        Mutant(
+            "inplace.k-causal",
+            "inplace",
+            "the causal forward subtracts K's mean from the caller's K in place",
+            (Edit("forward_pass", fwd, fwd + "    if causal:\n        _mut.write_in_place(k)\n"),),
+        ),
+        Mutant(
+            "inplace.k-non-causal",
+            "inplace",
+            "the non-causal forward subtracts K's mean in place",
+            (Edit("forward_pass", fwd, fwd + "    if not causal:\n        _mut.write_in_place(k)\n"),),
+        ),
+        Mutant(
+            "inplace.v-gqa",
+            "inplace",
+            "the forward with GQA (groups > 1) centres V in place",
+            (Edit("forward_pass", fwd, fwd + "    if groups > 1:\n        _mut.write_in_place(v)\n"),),
+        ),
+        Mutant(
+            "inplace.q-backward",
+            "inplace",
+            "the backward centres the saved Q (the caller's tensor) in place",
+            (Edit("backward_pass", bwd, bwd + "    _mut.write_in_place(q)\n"),),
+        ),
     ]
 
 
 def _build() -> tuple[Mutant, ...]:
     mutants = (
-        _mask() + _fallback() + _blocks() + _cu() + _heads()
-        + _operand_mutants("format", {
-            "nvfp4": (Quant("nvfp4", 16), "NVFP4 (E2M1, 16-blocks) under an MXFP8 claim"),
-            "e5m2": (Quant("mx-e5m2"), "E5M2 elements under an E4M3 claim"),
-        })
-        + _operand_mutants("rounding", {
-            "truncate": (Quant("mx-truncate"), "elements rounded toward zero, not to nearest"),
-            "scale-1": (Quant("mx-scale_down"), "block scale one exponent too small (saturates)"),
-            "scale+1": (Quant("mx-scale_up"), "block scale one exponent too large (a bit lost)"),
-        })
-        + _normalisation() + _reduction() + _inplace()
+        _mask()
+        + _fallback()
+        + _blocks()
+        + _cu()
+        + _heads()
+        + _operand_mutants(
+            "format",
+            {
+                "nvfp4": (Quant("nvfp4", 16), "NVFP4 (E2M1, 16-blocks) under an MXFP8 claim"),
+                "e5m2": (Quant("mx-e5m2"), "E5M2 elements under an E4M3 claim"),
+            },
+        )
+        + _operand_mutants(
+            "rounding",
+            {
+                "truncate": (Quant("mx-truncate"), "elements rounded toward zero, not to nearest"),
+                "scale-1": (Quant("mx-scale_down"), "block scale one exponent too small (saturates)"),
+                "scale+1": (Quant("mx-scale_up"), "block scale one exponent too large (a bit lost)"),
+            },
+        )
+        + _normalisation()
+        + _reduction()
+        + _inplace()
     )
     names = [m.name for m in mutants]
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -270,9 +270,17 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     if key == "probe":
         from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
 
-        if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (PROBE_LEN, PROBE_LEN, 1, 1, PROBE_DIM):
-            raise ConfigError(f"a rounding probe needs {PROBE_LEN} queries and keys, one head and head_dim "
-                              f"{PROBE_DIM}; the case has {case.describe()}")
+        if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (
+            PROBE_LEN,
+            PROBE_LEN,
+            1,
+            1,
+            PROBE_DIM,
+        ):
+            raise ConfigError(
+                f"a rounding probe needs {PROBE_LEN} queries and keys, one head and head_dim "
+                f"{PROBE_DIM}; the case has {case.describe()}"
+            )
         inputs, _ = probe_tensors(str(value), case.seed)
         tensors.update({n: x.float() for n, x in inputs.items()})
         return
@@ -308,8 +316,10 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         a, b, x = value
         t[int(a) : int(b)] = float(x)
     else:
-        raise ConfigError(f"unknown override {key!r}; use scale_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
-                          "with q, k, v or do, or probe")
+        raise ConfigError(
+            f"unknown override {key!r}; use scale_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
+            "with q, k, v or do, or probe"
+        )
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:

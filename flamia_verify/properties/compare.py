@@ -174,7 +174,9 @@ def compare_bitwise(
     """Bit patterns must match wherever ``region`` (bool, broadcastable) is True (everywhere if None)."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         m = Mismatch(what, "bitwise equal", max(actual.numel(), expected.numel()), max(actual.numel(), 1))
-        m.first = [{"shape_or_dtype": f"{tuple(actual.shape)} {actual.dtype} vs {tuple(expected.shape)} {expected.dtype}"}]
+        m.first = [
+            {"shape_or_dtype": f"{tuple(actual.shape)} {actual.dtype} vs {tuple(expected.shape)} {expected.dtype}"}
+        ]
         return m
     bad = _bits(actual) != _bits(expected)
     if region is not None:

@@ -102,13 +102,27 @@ class CheckContext:
     def case(self, lens_q, lens_k=None, *, seed_offset: int = 0, **kw) -> Case:
         kw.setdefault("heads", self.settings.heads)
         kw.setdefault("headdim", self.settings.headdim)
-        return Case(tuple(lens_q), None if lens_k is None else tuple(lens_k), seed=self.seed + seed_offset, dtype=self.dtype_str, **kw)  # type: ignore[arg-type]
+        return Case(
+            tuple(lens_q),
+            None if lens_k is None else tuple(lens_k),  # type: ignore[arg-type]  # None: Case fills it in
+            seed=self.seed + seed_offset,
+            dtype=self.dtype_str,
+            **kw,
+        )
 
     def from_packing(self, p: Packing, seed_offset: int) -> Case:
         return Case(
-            p.lens_q, p.lens_k, heads=p.heads, heads_k=p.heads_k, headdim=p.headdim, causal=p.causal,  # type: ignore[arg-type]
-            distribution=p.distribution, seed=self.seed + seed_offset, dtype=self.dtype_str,
-            softmax_scale=p.softmax_scale, overrides=self._do_scale(p.do_log2),
+            p.lens_q,
+            p.lens_k,  # type: ignore[arg-type]  # None: Case fills it in
+            heads=p.heads,
+            heads_k=p.heads_k,  # type: ignore[arg-type]  # None: Case fills it in
+            headdim=p.headdim,
+            causal=p.causal,
+            distribution=p.distribution,
+            seed=self.seed + seed_offset,
+            dtype=self.dtype_str,
+            softmax_scale=p.softmax_scale,
+            overrides=self._do_scale(p.do_log2),
         )
 
     def _do_scale(self, log2: int) -> tuple:
@@ -212,8 +226,15 @@ class CheckContext:
             details=details or {},
         )
 
-    def judged(self, metrics: dict, *, ok_message: str, worst_case: dict | None = None, details: dict | None = None,
-               extra_failures: list[str] | None = None) -> CheckResult:
+    def judged(
+        self,
+        metrics: dict,
+        *,
+        ok_message: str,
+        worst_case: dict | None = None,
+        details: dict | None = None,
+        extra_failures: list[str] | None = None,
+    ) -> CheckResult:
         """pass/fail from the thresholds (plus ``extra_failures``, sentences that make it fail)."""
         bad = violations(metrics, self.th)
         reasons = [f"{k} = {_fmt(metrics[k])} breaks {_direction(k)} {_fmt(self.th[k])}" for k in bad]

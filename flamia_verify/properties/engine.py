@@ -89,8 +89,7 @@ def select_checks(specs: list[CheckSpec], only: list[str] | None) -> list[CheckS
                 raise ConfigError(f"check {item!r} is not part of this suite; see `flamia-verify list`")
         else:
             raise ConfigError(
-                f"unknown check or family {item!r}; families: {', '.join(FAMILIES)}; "
-                f"checks: {', '.join(sorted(every))}"
+                f"unknown check or family {item!r}; families: {', '.join(FAMILIES)}; checks: {', '.join(sorted(every))}"
             )
     seen, out = set(), []
     for s in chosen:
@@ -130,24 +129,36 @@ def resolve_kernel(kernel, recipe: str | None) -> tuple[LoadedKernel, str]:
     loaded = load_kernel(kernel)
     chosen = recipe or loaded.recipe
     if chosen is None:
-        raise ConfigError(
-            f"kernel {loaded.name!r} declares no recipe; name one of: {', '.join(RECIPES)} (--recipe)"
-        )
+        raise ConfigError(f"kernel {loaded.name!r} declares no recipe; name one of: {', '.join(RECIPES)} (--recipe)")
     if chosen not in RECIPES:
         raise ConfigError(f"unknown recipe {chosen!r}; choose one of: {', '.join(RECIPES)}")
     return loaded, chosen
 
 
-def build_context(loaded: LoadedKernel, recipe: str, *, suite: str, device: str, dtype, seed: int,
-                  thresholds: dict | None, case_timeout_s: float | None, forward_only: bool = False) -> CheckContext:
+def build_context(
+    loaded: LoadedKernel,
+    recipe: str,
+    *,
+    suite: str,
+    device: str,
+    dtype,
+    seed: int,
+    thresholds: dict | None,
+    case_timeout_s: float | None,
+    forward_only: bool = False,
+) -> CheckContext:
     dtype = resolve_dtype(dtype)
     # inf is not "no limit" (None is): the timed wait overflows the platform's time_t
     if case_timeout_s is not None and not 0 < case_timeout_s < float("inf"):
-        raise ConfigError(f"case_timeout_s must be a positive finite number of seconds (or None), got {case_timeout_s!r}")
+        raise ConfigError(
+            f"case_timeout_s must be a positive finite number of seconds (or None), got {case_timeout_s!r}"
+        )
     th, opts, suite_over = resolve_thresholds(recipe, dtype, thresholds)
     settings = suite_settings(suite, suite_over)
     harness = KernelHarness(loaded.fn, timeout_s=case_timeout_s)
-    smallest = Case((16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=seed, dtype=dtype_name(dtype))
+    smallest = Case(
+        (16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=seed, dtype=dtype_name(dtype)
+    )
     _, support = harness.probe(make_inputs(smallest, device), forward_only=forward_only)
     return CheckContext(loaded.name, recipe, harness, settings, seed, device, dtype, support, th, opts)
 
@@ -170,9 +181,7 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
     except FlamiaVerifyError:
         raise
     except Exception as exc:  # the check could not be evaluated (e.g. the kernel returned a wrong shape)
-        result = ctx.result(
-            "error", {}, message=f"check could not be evaluated: {type(exc).__name__}: {exc}"
-        )
+        result = ctx.result("error", {}, message=f"check could not be evaluated: {type(exc).__name__}: {exc}")
     result.duration_s = time.perf_counter() - t0
     return result
 
@@ -182,14 +191,17 @@ def _without_gradients(ctx: CheckContext) -> CheckResult:
     that fails the run is why), else error: an undeclared backward that cannot run fails the run."""
     b = ctx.backward
     if b.declared:
-        return ctx.skip("gradients not checked: the kernel is declared forward-only (--forward-only, "
-                        "forward_only = true); this check needs gradients")
+        return ctx.skip(
+            "gradients not checked: the kernel is declared forward-only (--forward-only, "
+            "forward_only = true); this check needs gradients"
+        )
     if b.cause == "inplace":
         return ctx.skip(f"gradients not checked: {b.reason}; interface.inputs_unmodified reports the write")
     return ctx.result(
-        "error", {},
+        "error",
+        {},
         message=f"gradients not checked: {b.reason} on the smallest case; a kernel without a working backward "
-                "fails unless declared forward-only (--forward-only, forward_only = true)",
+        "fails unless declared forward-only (--forward-only, forward_only = true)",
         worst_case={"case": b.case.to_dict(), "stage": "backward", "exception": b.reason} if b.case else {},
     )
 
@@ -255,8 +267,17 @@ def run_checks(
     specs = select_checks(list_checks(suite), only)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
-    ctx = build_context(loaded, recipe, suite=suite, device=device, dtype=dtype, seed=seed,
-                        thresholds=thresholds, case_timeout_s=case_timeout_s, forward_only=forward_only)
+    ctx = build_context(
+        loaded,
+        recipe,
+        suite=suite,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        thresholds=thresholds,
+        case_timeout_s=case_timeout_s,
+        forward_only=forward_only,
+    )
     report = Report(kernel=loaded.name, recipe=recipe, suite=suite, seed=seed, environment=environment(device))
     report.environment.update(
         dtype=dtype_name(dtype),
@@ -290,8 +311,9 @@ def run_checks(
             if spec.name == "interface.inputs_unmodified":
                 audited_at = ctx.harness.calls
             report.checks.append(result)
-            report.incomplete_reason = (f"the run had not finished when this report was written: {i + 1} of "
-                                        f"{len(specs)} checks done")
+            report.incomplete_reason = (
+                f"the run had not finished when this report was written: {i + 1} of {len(specs)} checks done"
+            )
             emit(i, 1.0)
             done_cost += costs[i]
             if on_result is not None:
@@ -304,8 +326,9 @@ def run_checks(
             _rejudge_inputs(ctx, report, audited_at)
         except Exception:  # the partial report is still worth having without it
             pass
-        report.incomplete_reason = (f"the run stopped after {len(report.checks)} of {len(specs)} checks: "
-                                    f"{_stop_reason(exc)}")
+        report.incomplete_reason = (
+            f"the run stopped after {len(report.checks)} of {len(specs)} checks: {_stop_reason(exc)}"
+        )
         try:
             exc.partial_report = report  # type: ignore[attr-defined]
         except AttributeError:
@@ -316,8 +339,8 @@ def run_checks(
     paths = kernel_paths(loaded.fn)
     if paths is not None:  # a built-in kernel: which implementation ran, call by call
         report.environment["kernel_paths"] = {
-            path: n - paths_before.get(path, 0) for path, n in sorted(paths.items())
-            if n > paths_before.get(path, 0)}
+            path: n - paths_before.get(path, 0) for path, n in sorted(paths.items()) if n > paths_before.get(path, 0)
+        }
     report.environment["kernel_calls"] = ctx.harness.calls
     report.environment["kernel_seconds"] = round(ctx.harness.seconds, 3)
     report.environment["total_seconds"] = round(time.perf_counter() - start, 3)

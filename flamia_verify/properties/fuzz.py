@@ -146,13 +146,17 @@ def _zero_grads(res: KernelOutputs, inp: Inputs) -> KernelOutputs:
     return res
 
 
-def evaluate_example(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None = None) -> _Finding | None:
+def evaluate_example(
+    ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None = None
+) -> _Finding | None:
     """Check one example; the first failing property (or ``only`` that one). A kernel that raises,
     on the case or on one of its perturbed copies, is a "crash" finding."""
     try:
         return _evaluate(ctx, case, document=document, t=t, perturbation=perturbation, only=only)
     except KernelCallError as err:
-        return _Finding("crash", f"the kernel raised on a valid case: {err.summary}", {"exception": err.summary, "stage": err.stage})
+        return _Finding(
+            "crash", f"the kernel raised on a valid case: {err.summary}", {"exception": err.summary, "stage": err.stage}
+        )
 
 
 def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None) -> _Finding | None:
@@ -186,12 +190,24 @@ def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only
                 continue
             bad = ~torch.isfinite(x) & torch.isfinite(r.to(x.device))
             if bool(bad.any()):
-                return _Finding("finite", f"{int(bad.sum())} non-finite {n} elements where the reference is finite",
-                                {"tensor": n, "nonfinite": int(bad.sum())})
+                return _Finding(
+                    "finite",
+                    f"{int(bad.sum())} non-finite {n} elements where the reference is finite",
+                    {"tensor": n, "nonfinite": int(bad.sum())},
+                )
     if want("bound"):
         B = attention_bounds(
-            inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(), scale=case.scale, causal=case.causal,
-            model=ctx.bound_model, ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
+            inp.q,
+            inp.k,
+            inp.v,
+            inp.do,
+            inp.cu_q.tolist(),
+            inp.cu_k.tolist(),
+            scale=case.scale,
+            causal=case.causal,
+            model=ctx.bound_model,
+            ref_out=ref.out,
+            ref_grads=(ref.dq, ref.dk, ref.dv),
         )
         for n in names:
             x = getattr(res, n)
@@ -221,16 +237,23 @@ def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only
         if ctx.has_backward and perturbation != "nan" and lo < k1:
             g = torch.Generator().manual_seed(case.seed + 3)
             rows = slice(q0, q0 + td)
-            new = run(inp.replace(q=perturb_rows(inp.q, rows, perturbation, g),
-                                  do=perturb_rows(inp.do, rows, perturbation, g)))
+            new = run(
+                inp.replace(
+                    q=perturb_rows(inp.q, rows, perturbation, g), do=perturb_rows(inp.do, rows, perturbation, g)
+                )
+            )
             region = torch.zeros(res.dk.shape[0], 1, 1, dtype=torch.bool, device=res.dk.device)  # type: ignore[union-attr]
             region[lo:k1] = True
             for n in ("dk", "dv"):
                 a, b_ = getattr(new, n), getattr(res, n)
                 if a is None or b_ is None:
                     continue
-                m = compare_bitwise(a, b_, what=f"{n} at/after key {lo - k0} of document {document} "
-                                    f"(q, dO before t={td} replaced)", region=region)
+                m = compare_bitwise(
+                    a,
+                    b_,
+                    what=f"{n} at/after key {lo - k0} of document {document} (q, dO before t={td} replaced)",
+                    region=region,
+                )
                 if not m.ok:
                     return _Finding("causal", m.summary(), {"tensor": n, "t": td, "mismatch": m.to_dict()})
     nonempty = [b for b, (a, c) in enumerate(zip(case.lens_q, case.lens_k)) if a or c]
@@ -248,10 +271,19 @@ def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only
     return None
 
 
-def _reproducer(case: Case, document: int, t: int, perturbation: str, finding: _Finding, recipe: str, kernel: str) -> dict:
+def _reproducer(
+    case: Case, document: int, t: int, perturbation: str, finding: _Finding, recipe: str, kernel: str
+) -> dict:
     rep = case.to_dict()
-    rep.update(property=finding.prop, document=document, t=t, perturbation=perturbation, recipe=recipe, kernel=kernel,
-               message=finding.message)
+    rep.update(
+        property=finding.prop,
+        document=document,
+        t=t,
+        perturbation=perturbation,
+        recipe=recipe,
+        kernel=kernel,
+        message=finding.message,
+    )
     return rep
 
 
@@ -333,8 +365,12 @@ def search(
         return True
 
     cfg = settings(
-        max_examples=examples, database=None, deadline=None, derandomize=False,
-        suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate, Phase.shrink),
     )
     try:
         find(strategy, fails, settings=cfg, random=random.Random(seed))
@@ -381,8 +417,17 @@ def fuzz(
     loaded, recipe = resolve_kernel(kernel, recipe)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
-    ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dtype, seed=seed, thresholds=None,
-                        case_timeout_s=None, forward_only=forward_only)
+    ctx = build_context(
+        loaded,
+        recipe,
+        suite="quick",
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        thresholds=None,
+        case_timeout_s=None,
+        forward_only=forward_only,
+    )
     start = time.perf_counter()
 
     def on_example(n: int) -> None:
@@ -392,8 +437,9 @@ def fuzz(
             on_progress(ProgressEvent("fuzz", 0, 1, frac, elapsed, elapsed / frac if frac > 0 else None, frac))
 
     try:
-        res = search(ctx, examples=examples, seed=seed, max_tokens=max_tokens, long_tokens=long_tokens,
-                     on_example=on_example)
+        res = search(
+            ctx, examples=examples, seed=seed, max_tokens=max_tokens, long_tokens=long_tokens, on_example=on_example
+        )
     except FlamiaVerifyError:
         raise
     found, reproducer, n, counts = res.finding, res.reproducer, res.examples, res.counts
@@ -407,36 +453,57 @@ def fuzz(
         elif counts[prop]:
             # the search shrinks only its first failure; this property failed on other examples too
             first = f", a {found.prop} one" if found is not None else ""
-            message = (f"{prop}: failed on {counts[prop]} of {n} examples (not shrunk: the search shrinks only "
-                       f"its first failure{first})")
+            message = (
+                f"{prop}: failed on {counts[prop]} of {n} examples (not shrunk: the search shrinks only "
+                f"its first failure{first})"
+            )
         else:
             message = f"{prop}: no failure in {n} examples ({res.distinct} distinct)"
-        report.checks.append(CheckResult(
-            name=name, family=family, status="fail" if shrunk or counts[prop] else "pass",
-            metrics={"examples": n, "distinct_examples": res.distinct, "failing_examples": counts[prop]},
-            thresholds={"failing_examples": 0},
-            worst_case=dict(reproducer) if shrunk else {},  # type: ignore[arg-type]  # set with found
-            message=message,
-            duration_s=0.0,
-        ))
+        report.checks.append(
+            CheckResult(
+                name=name,
+                family=family,
+                status="fail" if shrunk or counts[prop] else "pass",
+                metrics={"examples": n, "distinct_examples": res.distinct, "failing_examples": counts[prop]},
+                thresholds={"failing_examples": 0},
+                worst_case=dict(reproducer) if shrunk else {},  # type: ignore[arg-type]  # set with found
+                message=message,
+                duration_s=0.0,
+            )
+        )
     support = ctx.backward
     if not support.available:
         declared = support.declared
-        report.checks.insert(0, CheckResult(
-            name="interface.backward", family="interface", status="skip" if declared else "fail",
-            metrics={"backward_available": 0}, thresholds={},
-            worst_case={} if declared else {"case": support.case.to_dict() if support.case else {}, "cause": support.cause},
-            message=(f"gradients were not checked: {support.reason}" if declared else
-                     f"{support.reason}; only the forward was fuzzed (declare a forward-only kernel with "
-                     "--forward-only)"),
-        ))
+        report.checks.insert(
+            0,
+            CheckResult(
+                name="interface.backward",
+                family="interface",
+                status="skip" if declared else "fail",
+                metrics={"backward_available": 0},
+                thresholds={},
+                worst_case={}
+                if declared
+                else {"case": support.case.to_dict() if support.case else {}, "cause": support.cause},
+                message=(
+                    f"gradients were not checked: {support.reason}"
+                    if declared
+                    else f"{support.reason}; only the forward was fuzzed (declare a forward-only kernel with "
+                    "--forward-only)"
+                ),
+            ),
+        )
     seconds = time.perf_counter() - start
-    msg = (f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"  # type: ignore[index]
-           if found else f"no failure in {n} examples")
+    msg = (
+        f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"  # type: ignore[index]
+        if found
+        else f"no failure in {n} examples"
+    )
     if not support.available and not support.declared:
         msg = f"the backward cannot run ({support.reason}); " + msg
-    return FuzzResult(found is None and (support.available or support.declared), n, seed, reproducer, report, msg,
-                      seconds, counts)
+    return FuzzResult(
+        found is None and (support.available or support.declared), n, seed, reproducer, report, msg, seconds, counts
+    )
 
 
 def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = "cpu") -> CheckResult:
@@ -454,23 +521,33 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
     loaded, recipe = resolve_kernel(kernel, recipe or case.get("recipe"))
     device = resolve_device(device)
     dt = DTYPES[c.dtype]
-    ctx = build_context(loaded, recipe, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None,
-                        case_timeout_s=None)
+    ctx = build_context(
+        loaded, recipe, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None, case_timeout_s=None
+    )
     name = PROPERTIES[prop]
     t0 = time.perf_counter()
     document = int(case.get("document", 0))
-    kw: dict[str, Any] = dict(document=document, t=int(case.get("t", 0)), perturbation=str(case.get("perturbation", "huge")))
+    kw: dict[str, Any] = dict(
+        document=document, t=int(case.get("t", 0)), perturbation=str(case.get("perturbation", "huge"))
+    )
     try:
         f = evaluate_example(ctx, c, only=None if prop == "crash" else prop, **kw)
     except KernelCallError as err:
         f = _Finding("crash", err.summary, {})
     status = "pass" if f is None else ("error" if f.prop == "crash" and prop != "crash" else "fail")
     return CheckResult(
-        name=name, family=name.partition(".")[0], status=status,
+        name=name,
+        family=name.partition(".")[0],
+        status=status,
         metrics={"failing_examples": 0 if f is None else 1},
         thresholds={"failing_examples": 0},
-        worst_case={**case, "recipe": recipe, "kernel": loaded.name, "replayed": True,
-                    **({"detail": f.detail} if f else {})},
+        worst_case={
+            **case,
+            "recipe": recipe,
+            "kernel": loaded.name,
+            "replayed": True,
+            **({"detail": f.detail} if f else {}),
+        },
         message=f"replayed {prop} on {c.describe()}: " + ("passes" if f is None else f.message),
         duration_s=time.perf_counter() - t0,
     )

@@ -31,8 +31,15 @@ from flamia_verify.errors import KernelCrashError, KernelTimeoutError
 from flamia_verify.properties.cases import Case, Inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 
-__all__ = ["KernelOutputs", "KernelCallError", "KernelHarness", "BackwardSupport", "Modification",
-           "is_leaf_inplace_error", "same_bits"]
+__all__ = [
+    "KernelOutputs",
+    "KernelCallError",
+    "KernelHarness",
+    "BackwardSupport",
+    "Modification",
+    "is_leaf_inplace_error",
+    "same_bits",
+]
 
 #: torch's message when an in-place operation hits a leaf tensor that requires grad
 _LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation"
@@ -146,9 +153,16 @@ class KernelHarness:
                     cu = inputs_cu(case, "q")
                 elif name in ("k", "v"):
                     cu = inputs_cu(case, "k")
-                self.modifications.append(Modification(
-                    case, stage, name, compare_bitwise(passed, original, what=name, cu_seqlens=cu), backward,
-                    self.calls))
+                self.modifications.append(
+                    Modification(
+                        case,
+                        stage,
+                        name,
+                        compare_bitwise(passed, original, what=name, cu_seqlens=cu),
+                        backward,
+                        self.calls,
+                    )
+                )
 
     # -- the call itself ------------------------------------------------------------------
 
@@ -159,8 +173,13 @@ class KernelHarness:
         cu_q, cu_k = inputs.cu_q.clone(), inputs.cu_k.clone()
         original_do = inputs.do if do is None else do
         upstream = original_do.detach().clone()
-        pairs = {"q": (q, inputs.q), "k": (k, inputs.k), "v": (v, inputs.v),
-                 "cu_seqlens_q": (cu_q, inputs.cu_q), "cu_seqlens_k": (cu_k, inputs.cu_k)}
+        pairs = {
+            "q": (q, inputs.q),
+            "k": (k, inputs.k),
+            "v": (v, inputs.v),
+            "cu_seqlens_q": (cu_q, inputs.cu_q),
+            "cu_seqlens_k": (cu_k, inputs.cu_k),
+        }
         flagged: set = set()
         stage = "forward"
         try:
@@ -282,8 +301,9 @@ class KernelHarness:
                 f"the kernel cannot run the smallest case ({case.describe()}): {err.summary}"
             ) from err
         if forward_only:
-            return fwd, BackwardSupport(False, "the kernel is declared forward-only", declared=True, cause="declared",
-                                        case=case)
+            return fwd, BackwardSupport(
+                False, "the kernel is declared forward-only", declared=True, cause="declared", case=case
+            )
         try:
             both = self.call(inputs, backward=True)
         except _NoBackward as nb:
@@ -293,21 +313,26 @@ class KernelHarness:
                 return fwd, BackwardSupport(False, f"the backward raised {err.summary}", cause="raised", case=case)
             if is_leaf_inplace_error(err.exc):
                 return fwd, BackwardSupport(
-                    False, "the forward writes into its inputs in place, which autograd rejects on leaf inputs "
-                           f"that require grad ({err.summary})", cause="inplace", case=case)
+                    False,
+                    "the forward writes into its inputs in place, which autograd rejects on leaf inputs "
+                    f"that require grad ({err.summary})",
+                    cause="inplace",
+                    case=case,
+                )
             raise KernelCrashError(
                 f"the kernel cannot run the smallest case ({case.describe()}): {err.summary}"
             ) from err
         if both.dq is None and both.dk is None and both.dv is None:
-            return fwd, BackwardSupport(False, "the backward produced no gradient for q, k or v", cause="no_gradient",
-                                        case=case)
+            return fwd, BackwardSupport(
+                False, "the backward produced no gradient for q, k or v", cause="no_gradient", case=case
+            )
         return both, BackwardSupport(True, case=case)
 
 
 def inputs_cu(case: Case, side: str) -> list[int]:
     """cu_seqlens of one side of a case ("q" or "k"), to name positions in mismatch records."""
     out = [0]
-    for n in (case.lens_q if side == "q" else case.lens_k):
+    for n in case.lens_q if side == "q" else case.lens_k:
         out.append(out[-1] + n)
     return out
 

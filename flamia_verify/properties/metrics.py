@@ -51,8 +51,16 @@ def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     ref = ref.detach().double()
     n = ref.numel()
     if n == 0:
-        return {"rel_rmse": 0.0, "max_abs": 0.0, "cosine": 1.0, "sqnr_db": math.inf, "mean_bias": 0.0, "shrinkage": 0.0,
-                "nonfinite": 0, "elements": 0}
+        return {
+            "rel_rmse": 0.0,
+            "max_abs": 0.0,
+            "cosine": 1.0,
+            "sqnr_db": math.inf,
+            "mean_bias": 0.0,
+            "shrinkage": 0.0,
+            "nonfinite": 0,
+            "elements": 0,
+        }
     nonfinite = int((~torch.isfinite(x)).sum())
     e = x - ref
     e_norm = float(torch.linalg.vector_norm(e))
@@ -61,8 +69,12 @@ def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     stats = {
         "rel_rmse": e_norm / r_norm if r_norm > 0 else (0.0 if e_norm == 0 else math.inf),
         "max_abs": float(e.abs().max()) if nonfinite == 0 else math.inf,
-        "cosine": float((x * ref).sum()) / max(x_norm * r_norm, _TINY) if r_norm > 0 and x_norm > 0 else (1.0 if e_norm == 0 else 0.0),
-        "sqnr_db": 10 * math.log10(r_norm**2 / e_norm**2) if e_norm > 0 and r_norm > 0 else (math.inf if e_norm == 0 else -math.inf),
+        "cosine": float((x * ref).sum()) / max(x_norm * r_norm, _TINY)
+        if r_norm > 0 and x_norm > 0
+        else (1.0 if e_norm == 0 else 0.0),
+        "sqnr_db": 10 * math.log10(r_norm**2 / e_norm**2)
+        if e_norm > 0 and r_norm > 0
+        else (math.inf if e_norm == 0 else -math.inf),
         "mean_bias": float(e.mean()) / max(e_norm / math.sqrt(n), _TINY) if e_norm > 0 else 0.0,
         "shrinkage": float((e * ref).sum()) / max(e_norm * r_norm, _TINY) if e_norm > 0 and r_norm > 0 else 0.0,
         "nonfinite": nonfinite,
@@ -70,7 +82,11 @@ def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     }
     if nonfinite:
         for key in ("rel_rmse", "cosine", "sqnr_db", "mean_bias", "shrinkage"):
-            stats[key] = math.nan if key in ("cosine", "mean_bias", "shrinkage") else (math.inf if key == "rel_rmse" else -math.inf)
+            stats[key] = (
+                math.nan
+                if key in ("cosine", "mean_bias", "shrinkage")
+                else (math.inf if key == "rel_rmse" else -math.inf)
+            )
     return stats
 
 

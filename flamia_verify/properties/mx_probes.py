@@ -50,8 +50,20 @@ import torch
 
 from flamia_verify.kernels.operands import Operand, describe_operands
 
-__all__ = ["SITE_OPERANDS", "SITES", "STEP_SITES", "SITE_WHAT", "VARIANT_WHAT", "Probe", "PROBES", "probe_tensors", "PROBE_LEN", "PROBE_DIM", "PROBE_SCALE",
-           "parse_probe"]
+__all__ = [
+    "SITE_OPERANDS",
+    "SITES",
+    "STEP_SITES",
+    "SITE_WHAT",
+    "VARIANT_WHAT",
+    "Probe",
+    "PROBES",
+    "probe_tensors",
+    "PROBE_LEN",
+    "PROBE_DIM",
+    "PROBE_SCALE",
+    "parse_probe",
+]
 
 PROBE_LEN = 64
 PROBE_DIM = 64
@@ -66,21 +78,32 @@ STEP_SIG = (1.25, 1.5, 1.75)
 
 #: the GEMM operands a site's probes sit in
 SITE_OPERANDS = {
-    "qk": (Operand.Q_HD, Operand.K_HD), "v_seq": (Operand.V_SEQ,), "dp": (Operand.DO_HD, Operand.V_HD),
-    "do_seq": (Operand.DO_SEQ,), "ds": (Operand.DS,), "k_seq": (Operand.K_SEQ,), "dst": (Operand.DST,),
+    "qk": (Operand.Q_HD, Operand.K_HD),
+    "v_seq": (Operand.V_SEQ,),
+    "dp": (Operand.DO_HD, Operand.V_HD),
+    "do_seq": (Operand.DO_SEQ,),
+    "ds": (Operand.DS,),
+    "k_seq": (Operand.K_SEQ,),
+    "dst": (Operand.DST,),
     "q_seq": (Operand.Q_SEQ,),
 }
 SITES = tuple(SITE_OPERANDS)
 #: sites with step probes: the input operands (the computed dS is not an input a probe can be put into)
 STEP_SITES = tuple(s for s, ops in SITE_OPERANDS.items() if not any(op.computed for op in ops))
 OBSERVED = {
-    "qk": ("out",), "v_seq": ("out",), "dp": ("dq", "dk"), "do_seq": ("dv",),
-    "ds": ("dq",), "k_seq": ("dq",), "dst": ("dk",), "q_seq": ("dk",),
+    "qk": ("out",),
+    "v_seq": ("out",),
+    "dp": ("dq", "dk"),
+    "do_seq": ("dv",),
+    "ds": ("dq",),
+    "k_seq": ("dq",),
+    "dst": ("dk",),
+    "q_seq": ("dk",),
 }
 SITE_WHAT = {site: describe_operands(ops) for site, ops in SITE_OPERANDS.items()}
 VARIANT_WHAT = {
     "grid": "probes on E4M3's lowest binades (a block scale one exponent too large or a coarser element "
-            "format loses them)",
+    "format loses them)",
     "step": "probes a quarter step below an E4M3 value (rounding toward zero, not to nearest, loses them)",
 }
 
@@ -114,8 +137,10 @@ def parse_probe(tag: str) -> Probe:
 
     site, _, variant = str(tag).partition(":")
     if site not in SITES or variant not in ("grid", "step") or (variant == "step" and site not in STEP_SITES):
-        raise ConfigError(f"unknown rounding probe {tag!r}; sites {', '.join(SITES)} with :grid, "
-                          f"{', '.join(STEP_SITES)} also with :step")
+        raise ConfigError(
+            f"unknown rounding probe {tag!r}; sites {', '.join(SITES)} with :grid, "
+            f"{', '.join(STEP_SITES)} also with :step"
+        )
     return Probe(site, variant)
 
 
@@ -133,7 +158,7 @@ class _Rng:
     def balanced(self, n: int) -> torch.Tensor:
         """n signs, half +1 and half -1, in a random order."""
         s = torch.ones(n, dtype=torch.float64)
-        s[n // 2:] = -1
+        s[n // 2 :] = -1
         return s[torch.randperm(n, generator=self.g)]
 
     def perm(self, n: int) -> list[int]:
@@ -188,8 +213,9 @@ def _seq_column(rng: _Rng, variant: str, weights: torch.Tensor | None, scale: fl
     return x * scale, r * scale
 
 
-def _head_rows(rng: _Rng, variant: str, first: int, signs: torch.Tensor, scale_exp: tuple[int, int], *,
-               fixed: bool = False):
+def _head_rows(
+    rng: _Rng, variant: str, first: int, signs: torch.Tensor, scale_exp: tuple[int, int], *, fixed: bool = False
+):
     """Rows whose head_dim block [first, first + 32) holds BIG in channel ``first`` and, in the next
     channels, probes a, b, c (grid) or x, g (step) that the pattern (+1, +1, -1) / (+1, -1) sends to
     0 once rounded; row i has the sign ``signs[i]`` and a random power-of-two scale (``fixed``: one
@@ -200,22 +226,23 @@ def _head_rows(rng: _Rng, variant: str, first: int, signs: torch.Tensor, scale_e
     r = torch.zeros_like(x)
     common = (rng.power(*scale_exp), rng.choice(TRIPLES, 1)[0], _probes(rng, 1, "step"))
     for i in range(n):
-        power, triple, (mag, rnd) = common if fixed else (rng.power(*scale_exp), rng.choice(TRIPLES, 1)[0],
-                                                          _probes(rng, 1, "step"))
+        power, triple, (mag, rnd) = (
+            common if fixed else (rng.power(*scale_exp), rng.choice(TRIPLES, 1)[0], _probes(rng, 1, "step"))
+        )
         s = float(signs[i]) * power
         x[i, first] = r[i, first] = BIG * s
         if variant == "grid":
             vals = torch.tensor(triple, dtype=torch.float64) * UNIT * s
-            x[i, first + 1:first + 4] = vals
-            r[i, first + 1:first + 4] = vals
+            x[i, first + 1 : first + 4] = vals
+            r[i, first + 1 : first + 4] = vals
         else:
             x[i, first + 1], x[i, first + 2] = mag[0] * s, rnd[0] * s
             r[i, first + 1], r[i, first + 2] = rnd[0] * s, rnd[0] * s
     pattern = torch.zeros(PROBE_DIM, dtype=torch.float64)
     if variant == "grid":
-        pattern[first + 1:first + 4] = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+        pattern[first + 1 : first + 4] = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
     else:
-        pattern[first + 1:first + 3] = torch.tensor([1.0, -1.0], dtype=torch.float64)
+        pattern[first + 1 : first + 3] = torch.tensor([1.0, -1.0], dtype=torch.float64)
     return x, r, pattern
 
 

@@ -153,9 +153,7 @@ def _fit(lens: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def head_configs(
-    *, max_heads: int = 4, ratios: Sequence[int] = (1, 2, 4)
-) -> SearchStrategy[tuple[int, int]]:
+def head_configs(*, max_heads: int = 4, ratios: Sequence[int] = (1, 2, 4)) -> SearchStrategy[tuple[int, int]]:
     """``(heads, heads_k)`` with heads = heads_k * ratio <= max_heads (ratio 1: MHA; > 1: GQA/MQA)."""
     _check_int("max_heads", max_heads, minimum=1)
     if not ratios or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ratios):
@@ -200,7 +198,9 @@ def attention_cases(
     """
     _check_int("max_tokens", max_tokens, minimum=1)
     if not headdims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in headdims):
-        raise InvalidArgument(f"headdims={headdims!r} must be a non-empty sequence of positive ints, e.g. (32, 64, 128)")
+        raise InvalidArgument(
+            f"headdims={headdims!r} must be a non-empty sequence of positive ints, e.g. (32, 64, 128)"
+        )
     if dtype not in DTYPES:
         raise InvalidArgument(f"dtype={dtype!r} is not one of {tuple(DTYPES)}")
     _check_int("long_tokens", long_tokens)
@@ -218,8 +218,15 @@ def attention_cases(
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
             raise InvalidArgument(f"scale_factors must give positive numbers, got {factor!r}")
         return Case(
-            lens_q, lens_k, heads=h, heads_k=hk, headdim=headdim,
-            causal=draw(_strategy(causal, "causal")), distribution=draw(ds), seed=draw(seeds), dtype=dtype,
+            lens_q,
+            lens_k,
+            heads=h,
+            heads_k=hk,
+            headdim=headdim,
+            causal=draw(_strategy(causal, "causal")),
+            distribution=draw(ds),
+            seed=draw(seeds),
+            dtype=dtype,
             softmax_scale=float(factor) * headdim**-0.5,
         )
 

@@ -49,6 +49,7 @@ ERROR_MODEL_FACTOR = 2.0
 #: deviations: a false alarm probability below 2e-9 per statistic for a Gaussian null.
 BIAS_Z = 6.0
 
+
 def input_unit_roundoff(dtype: torch.dtype) -> float:
     return {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}.get(dtype, 2.0**-53)
 

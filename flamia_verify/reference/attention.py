@@ -214,7 +214,9 @@ def _scores_(buf: torch.Tensor, qc: torch.Tensor, kh: torch.Tensor, kend: int, s
     return s
 
 
-def _doc_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: _Doc, scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+def _doc_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: _Doc, scale: float, out: torch.Tensor, lse: torch.Tensor
+) -> None:
     """One document: q (Lq, H, D), k, v (Lk, Hk, D) in the caller's dtype.
 
     Writes into out (Lq, H, D) and lse (Lq, H), float64, which arrive as 0 and -inf.
@@ -239,8 +241,17 @@ def _doc_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: _Doc, s
 
 
 def _doc_backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    doc: _Doc, scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    doc: _Doc,
+    scale: float,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
 ) -> None:
     """Analytic gradients of one document (inputs in the caller's dtypes).
 
@@ -281,7 +292,11 @@ def _doc_backward(
 
 
 def _documents(
-    q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool,
     chunk_size: int | None,
 ) -> Iterator[tuple[int, int, int, int, _Doc]]:
     """Yield (qs, qe, ks, ke, _Doc) for every document."""
@@ -396,8 +411,17 @@ def attention_backward(
             # dS is exactly 0 on invisible pairs but multiplies q, k (and is formed from dout, out, v).
             doc = _exact_causality(doc, q[qs:qe], k[ks:ke], v[ks:ke], dout[qs:qe], out[qs:qe])
             _doc_backward(
-                dout[qs:qe], q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe], lse[qs:qe],
-                doc, scale, dq[qs:qe], dk[ks:ke], dv[ks:ke],
+                dout[qs:qe],
+                q[qs:qe],
+                k[ks:ke],
+                v[ks:ke],
+                out[qs:qe],
+                lse[qs:qe],
+                doc,
+                scale,
+                dq[qs:qe],
+                dk[ks:ke],
+                dv[ks:ke],
             )
     return dq, dk, dv
 
@@ -407,8 +431,14 @@ class ReferenceAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor, softmax_scale: float, causal: bool,
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        softmax_scale: float,
+        causal: bool,
     ) -> torch.Tensor:
         out, lse = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=softmax_scale, causal=causal)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)

@@ -140,7 +140,7 @@ def standard_error(check: CheckResult, metric: str) -> float | None:
     """
     if not metric.startswith("gain_error_"):
         return None
-    tensor = metric[len("gain_error_"):]
+    tensor = metric[len("gain_error_") :]
     metrics = check.metrics or {}
     z, g = as_number(metrics.get("gain_z_" + tensor)), as_number(metrics.get(metric))
     found = []
@@ -195,8 +195,9 @@ class Change:
         """One readable line, e.g. ``error.backward: rel_err_dK 2.1 -> 9.7, 4.6x worse (lower is better)``."""
         if self.kind == "status":
             return f"{self.check}: {STATUS_MARK.get(self.base, self.base)} -> {STATUS_MARK.get(self.new, self.new)}"
-        return (f"{self.check}: {self.metric} {format_value(self.base)} -> {format_value(self.new)}, "
-                f"{self.change_text()}")
+        return (
+            f"{self.check}: {self.metric} {format_value(self.base)} -> {format_value(self.new)}, {self.change_text()}"
+        )
 
 
 @dataclass
@@ -237,8 +238,12 @@ def compare_reports(
     direction = higher_is_worse or default_higher_is_worse
     cmp = Comparison(base=base, new=new, factor=float(factor))
 
-    for label, a, b in (("kernel", base.kernel, new.kernel), ("recipe", base.recipe, new.recipe),
-                        ("suite", base.suite, new.suite), ("seed", base.seed, new.seed)):
+    for label, a, b in (
+        ("kernel", base.kernel, new.kernel),
+        ("recipe", base.recipe, new.recipe),
+        ("suite", base.suite, new.suite),
+        ("seed", base.seed, new.seed),
+    ):
         if a != b:
             cmp.context_notes.append(f"{label} differs: {a!r} in base, {b!r} in new")
 
@@ -283,8 +288,10 @@ def compare_reports(
             moved = _metric_change(name, metric, before, after, bool(worse_if_higher), cmp.factor)
             if moved is None:
                 continue
-            if all(_past_limit(metric, v, moved.limit, bool(worse_if_higher))
-                   for v in (before.metrics[metric], after.metrics[metric])):
+            if all(
+                _past_limit(metric, v, moved.limit, bool(worse_if_higher))
+                for v in (before.metrics[metric], after.metrics[metric])
+            ):
                 cmp.past_limit.append(moved)
             elif moved.worse:
                 cmp.regressions.append(moved)
@@ -299,8 +306,9 @@ def _past_limit(metric: str, value: Any, limit: Any, worse_if_higher: bool) -> b
     return v is not None and t is not None and v > t
 
 
-def _metric_change(name: str, metric: str, before: CheckResult, after: CheckResult, worse_if_higher: bool,
-                   factor: float) -> Change | None:
+def _metric_change(
+    name: str, metric: str, before: CheckResult, after: CheckResult, worse_if_higher: bool, factor: float
+) -> Change | None:
     """The change of one metric when it passes the metric rule (module docstring) either way, else None."""
     b0 = metric_badness(metric, before.metrics[metric], worse_if_higher)
     b1 = metric_badness(metric, after.metrics[metric], worse_if_higher)
@@ -331,13 +339,24 @@ def _metric_change(name: str, metric: str, before: CheckResult, after: CheckResu
                 return None
     else:
         limit = None
-    return Change(name, "metric", before.metrics[metric], after.metrics[metric], metric, times,
-                  worse_if_higher, worse=worse, limit=limit, headroom=headroom)
+    return Change(
+        name,
+        "metric",
+        before.metrics[metric],
+        after.metrics[metric],
+        metric,
+        times,
+        worse_if_higher,
+        worse=worse,
+        limit=limit,
+        headroom=headroom,
+    )
 
 
 def _run_label(report: Report) -> Text:
-    return Text.assemble(printable(report.kernel),
-                         (printable(f" ({report.recipe}, {report.suite}, seed {report.seed})"), "dim"))
+    return Text.assemble(
+        printable(report.kernel), (printable(f" ({report.recipe}, {report.suite}, seed {report.seed})"), "dim")
+    )
 
 
 def _changes_table(title: str, changes: list[Change], style: str) -> Table:
@@ -349,11 +368,21 @@ def _changes_table(title: str, changes: list[Change], style: str) -> Table:
     table.add_column("Change", overflow="fold")
     for c in changes:
         if c.kind == "status":
-            table.add_row(Text(printable(c.check)), Text("status"), Text(STATUS_MARK.get(c.base, str(c.base))),
-                          Text(STATUS_MARK.get(c.new, str(c.new)), style), Text(""))
+            table.add_row(
+                Text(printable(c.check)),
+                Text("status"),
+                Text(STATUS_MARK.get(c.base, str(c.base))),
+                Text(STATUS_MARK.get(c.new, str(c.new)), style),
+                Text(""),
+            )
         else:
-            table.add_row(Text(printable(c.check)), Text(printable(c.metric or "")), Text(format_value(c.base)),
-                          Text(format_value(c.new), style), Text(c.change_text()))
+            table.add_row(
+                Text(printable(c.check)),
+                Text(printable(c.metric or "")),
+                Text(format_value(c.base)),
+                Text(format_value(c.new), style),
+                Text(c.change_text()),
+            )
     return table
 
 
@@ -378,10 +407,11 @@ def render_comparison(cmp: Comparison, console: Console | None = None, *, plain:
 
     say(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
     for note in cmp.context_notes:
-        say(Text.assemble(("note: ", "yellow"), printable(note),
-                                    ("; metrics come from different cases", "dim")))
-    for title, changes, style, word in ((f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red", "regression"),
-                                        (f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green", "improvement")):
+        say(Text.assemble(("note: ", "yellow"), printable(note), ("; metrics come from different cases", "dim")))
+    for title, changes, style, word in (
+        (f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red", "regression"),
+        (f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green", "improvement"),
+    ):
         if not changes:
             continue
         if plain:
@@ -392,8 +422,7 @@ def render_comparison(cmp: Comparison, console: Console | None = None, *, plain:
     for change in cmp.status_notes:
         say(Text.assemble(("status change (does not gate): ", "yellow"), printable(change.describe())))
     for change in cmp.past_limit:
-        say(Text.assemble(("past its limit in both reports (does not gate): ", "yellow"),
-                                    printable(change.describe())))
+        say(Text.assemble(("past its limit in both reports (does not gate): ", "yellow"), printable(change.describe())))
     if cmp.new_checks:
         statuses = {c.name: c.status for c in cmp.new.checks}
         items = ", ".join(f"{n} ({STATUS_MARK.get(statuses[n], statuses[n])})" for n in cmp.new_checks)
@@ -402,9 +431,12 @@ def render_comparison(cmp: Comparison, console: Console | None = None, *, plain:
         say(Text.assemble(("removed checks: ", "yellow"), printable(", ".join(cmp.removed_checks))))
     if cmp.regressions:
         n = len(cmp.regressions)
-        say(Text.assemble(("REGRESSED", "bold red"),
-                                    f"  {n} regression{'s' if n != 1 else ''} ({_rule(cmp)})"))
+        say(Text.assemble(("REGRESSED", "bold red"), f"  {n} regression{'s' if n != 1 else ''} ({_rule(cmp)})"))
     else:
-        say(Text.assemble(("OK", "bold green"),
-                                    f"  no regressions ({_rule(cmp)}, "
-                                    f"{len(cmp.improvements)} improvement{'s' if len(cmp.improvements) != 1 else ''})"))
+        say(
+            Text.assemble(
+                ("OK", "bold green"),
+                f"  no regressions ({_rule(cmp)}, "
+                f"{len(cmp.improvements)} improvement{'s' if len(cmp.improvements) != 1 else ''})",
+            )
+        )

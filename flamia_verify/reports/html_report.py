@@ -177,8 +177,10 @@ def _blank_line(plot: Plot, shape: tuple[int, int]) -> str:
     cols = f"{shape[1]} column{'s' if shape[1] != 1 else ''}"
     if isinstance(spec.get("x_label"), str) and spec.get("x_label"):
         cols += f" ({spec['x_label']})"
-    return (f'<li><span class="mono">{_e(plot.title or plot.where)}</span>: {_e(what)} is 0 in every cell, '
-            f"{_e(rows)} × {_e(cols)}; not drawn</li>")
+    return (
+        f'<li><span class="mono">{_e(plot.title or plot.where)}</span>: {_e(what)} is 0 in every cell, '
+        f"{_e(rows)} × {_e(cols)}; not drawn</li>"
+    )
 
 
 def _plots(check: CheckResult, anchor: str) -> str:
@@ -210,7 +212,7 @@ def _plots(check: CheckResult, anchor: str) -> str:
 def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
     parts = [
         f'<section class="check {_e(check.status)}" id="{_e(anchor)}">',
-        f"<h3>{_badge(check.status)}<span class=\"mono\">{_e(check.name)}</span>"
+        f'<h3>{_badge(check.status)}<span class="mono">{_e(check.name)}</span>'
         f'<span class="muted">{_e(format_value(check.duration_s))} s</span></h3>',
     ]
     if check.message:
@@ -240,14 +242,22 @@ def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
 
 
 def _run_summary(report: Report) -> str:
-    items = [("Kernel", report.kernel), ("Recipe", report.recipe), ("Suite", report.suite),
-             ("Seed", report.seed), ("Schema", report.schema)]
+    items = [
+        ("Kernel", report.kernel),
+        ("Recipe", report.recipe),
+        ("Suite", report.suite),
+        ("Seed", report.seed),
+        ("Schema", report.schema),
+    ]
     run = "".join(f'<dt>{_e(k)}</dt><dd class="mono">{_e(v)}</dd>' for k, v in items)
-    env = "".join(
-        f'<dt class="mono">{_e(k)}</dt><dd class="mono">'
-        f"{_e(v if isinstance(v, str) else safe_json(v, indent=None))}</dd>"
-        for k, v in (report.environment or {}).items()
-    ) or '<dt class="muted">none recorded</dt><dd></dd>'
+    env = (
+        "".join(
+            f'<dt class="mono">{_e(k)}</dt><dd class="mono">'
+            f"{_e(v if isinstance(v, str) else safe_json(v, indent=None))}</dd>"
+            for k, v in (report.environment or {}).items()
+        )
+        or '<dt class="muted">none recorded</dt><dd></dd>'
+    )
     return (
         '<h2>Run</h2><div class="columns">'
         f'<dl class="run">{run}</dl>'
@@ -297,8 +307,15 @@ def render_html(report: Report) -> str:
     # Failed and errored checks first: they are what the reader came for. The table keeps run order.
     ordered = failed + [c for c in report.checks if c.status not in ("fail", "error")]
     sections = "\n".join(_check_section(report, c, anchors[c.name]) for c in ordered)
-    run_line = " · ".join(f'{label} <span class="mono">{_e(value)}</span>' for label, value in (
-        ("Kernel", report.kernel), ("recipe", report.recipe), ("suite", report.suite), ("seed", report.seed)))
+    run_line = " · ".join(
+        f'{label} <span class="mono">{_e(value)}</span>'
+        for label, value in (
+            ("Kernel", report.kernel),
+            ("recipe", report.recipe),
+            ("suite", report.suite),
+            ("seed", report.seed),
+        )
+    )
     counts = _e(counts_line(report))
     return f"""<!DOCTYPE html>
 <html lang="en">

@@ -35,8 +35,9 @@ _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
 
 def _x(value: Any) -> str:
     text = value if isinstance(value, str) else str(value)
-    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 256 else f"\\u{ord(m.group(0)):04x}",
-                        text)
+    return _NOT_XML.sub(
+        lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 256 else f"\\u{ord(m.group(0)):04x}", text
+    )
 
 
 def _failure_text(report: Report, check: CheckResult) -> str:
@@ -81,33 +82,50 @@ def render_junit(report: Report) -> str:
     suite_name = _x(f"flamia-verify {report.kernel} ({report.recipe}, {report.suite})")
     suite = ET.SubElement(root, "testsuite", {"name": suite_name, **totals})
     props = ET.SubElement(suite, "properties")
-    run = [("kernel", report.kernel), ("recipe", report.recipe), ("suite", report.suite),
-           ("seed", report.seed), ("schema", report.schema)]
-    run += [(f"environment.{k}", v if isinstance(v, str) else safe_json(v, indent=None))
-            for k, v in (report.environment or {}).items()]
+    run = [
+        ("kernel", report.kernel),
+        ("recipe", report.recipe),
+        ("suite", report.suite),
+        ("seed", report.seed),
+        ("schema", report.schema),
+    ]
+    run += [
+        (f"environment.{k}", v if isinstance(v, str) else safe_json(v, indent=None))
+        for k, v in (report.environment or {}).items()
+    ]
     run += [("complete", "true" if not incomplete else "false")]
     run += [(f"note.{i}", note) for i, note in enumerate(run_notes(report), 1)]
     for name, value in run:
         ET.SubElement(props, "property", {"name": _x(name), "value": _x(value)})
     if incomplete:
-        case = ET.SubElement(suite, "testcase", {"classname": "flamia-verify.run", "name": "run.complete",
-                                                 "time": "0.000"})
+        case = ET.SubElement(
+            suite, "testcase", {"classname": "flamia-verify.run", "name": "run.complete", "time": "0.000"}
+        )
         reason = report.incomplete_reason or "the run did not finish"
         element = ET.SubElement(case, "error", {"message": _x(f"incomplete run: {reason}"), "type": "incomplete"})
-        element.text = _x(f"The run did not finish: {reason}. Only the checks listed ran; this is no verdict on "
-                          "the kernel.")
+        element.text = _x(
+            f"The run did not finish: {reason}. Only the checks listed ran; this is no verdict on the kernel."
+        )
 
     for check in report.checks:
-        case = ET.SubElement(suite, "testcase", {
-            "classname": _x(check.family),
-            "name": _x(check.name),
-            "time": f"{check.duration_s or 0.0:.3f}",
-        })
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            {
+                "classname": _x(check.family),
+                "name": _x(check.name),
+                "time": f"{check.duration_s or 0.0:.3f}",
+            },
+        )
         if check.status in ("fail", "error"):
-            element = ET.SubElement(case, "failure" if check.status == "fail" else "error", {
-                "message": _x(check.message or f"check {check.status}"),
-                "type": check.status,
-            })
+            element = ET.SubElement(
+                case,
+                "failure" if check.status == "fail" else "error",
+                {
+                    "message": _x(check.message or f"check {check.status}"),
+                    "type": check.status,
+                },
+            )
             element.text = _x(_failure_text(report, check))
         elif check.status == "skip":
             ET.SubElement(case, "skipped", {"message": _x(check.message or "skipped")})

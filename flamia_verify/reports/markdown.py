@@ -127,8 +127,11 @@ def render_markdown(report: Report) -> str:
             if key is None:
                 cells = ["—", "—", "—"]
             else:
-                cells = [md_escape(key.label), md_escape(format_value(key.value)),
-                         md_escape(format_threshold(key.name, key.threshold))]
+                cells = [
+                    md_escape(key.label),
+                    md_escape(format_value(key.value)),
+                    md_escape(format_threshold(key.name, key.threshold)),
+                ]
             out.append(f"| {md_escape(check.name)} | {_marker(check.status)} | " + " | ".join(cells) + " |")
         out.append("")
     failed = [c for c in report.checks if c.status in ("fail", "error")]

@@ -41,6 +41,7 @@ __all__ = [
 #: Shown where a value is absent (no metric, no threshold).
 ABSENT = "—"
 
+
 def format_value(value: Any) -> str:
     """A short, stable text for a metric or threshold value: 4 significant digits for floats; text with its
     control characters made visible."""
@@ -148,8 +149,10 @@ def _pretty(value: Any, indent: int, depth: int) -> str:
         if not value:
             return "{}"
         pad, inner = " " * (indent * depth), " " * (indent * (depth + 1))
-        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_pretty(v, indent, depth + 1)}"
-                 for k, v in value.items()]
+        items = [
+            f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_pretty(v, indent, depth + 1)}"
+            for k, v in value.items()
+        ]
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"
     if isinstance(value, list):
         if all(not isinstance(v, (dict, list)) for v in value) and len(flat) <= _INLINE_WIDTH:

@@ -132,8 +132,10 @@ def blank_heatmap(plot: Plot) -> tuple[int, int] | None:
     if plot.kind != "heatmaps" or not isinstance(plot.spec, dict):
         return None
     rows = plot.spec.get("z")
-    if not isinstance(rows, list) or not rows or not all(
-        isinstance(r, (list, tuple)) and len(r) == len(rows[0]) and len(r) > 0 for r in rows
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or not all(isinstance(r, (list, tuple)) and len(r) == len(rows[0]) and len(r) > 0 for r in rows)
     ):
         return None
     try:
@@ -266,8 +268,17 @@ def _draw_series(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
         _set_log(ax, "x", x, notes)
     bad = np.concatenate(bad_x)
     if len(bad):
-        ax.plot(bad, np.full(len(bad), 0.97), linestyle="none", marker="x", markersize=5,
-                color=_NONFINITE_COLOR, transform=ax.get_xaxis_transform(), clip_on=False, label="non-finite")
+        ax.plot(
+            bad,
+            np.full(len(bad), 0.97),
+            linestyle="none",
+            marker="x",
+            markersize=5,
+            color=_NONFINITE_COLOR,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+            label="non-finite",
+        )
         notes.append(f"{len(bad)} non-finite point(s)")
     ax.set_xlabel(_mpl_text(_text(spec, "x_label", where)))
     ax.set_ylabel(_mpl_text(_text(spec, "y_label", where)))
@@ -289,8 +300,7 @@ def _draw_histogram(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
 
     ax = fig.add_subplot()
     for label, c in counts.items():
-        ax.stairs(np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0), edges, linewidth=1.4,
-                  label=_legend_label(label))
+        ax.stairs(np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0), edges, linewidth=1.4, label=_legend_label(label))
     if log_y:
         _set_log(ax, "y", np.concatenate(list(counts.values())), notes)
     if log_x:
@@ -341,9 +351,11 @@ def _draw_heatmap(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
     rows = spec["z"]
     if not isinstance(rows, list) or not rows:
         raise PlotSpecError(f"{where}.z: expected a non-empty list of rows")
-    z = np.stack([_vector(r, f"{where}.z[{i}]") for i, r in enumerate(rows)]) if all(
-        isinstance(r, (list, tuple)) and len(r) == len(rows[0]) for r in rows
-    ) else None
+    z = (
+        np.stack([_vector(r, f"{where}.z[{i}]") for i, r in enumerate(rows)])
+        if all(isinstance(r, (list, tuple)) and len(r) == len(rows[0]) for r in rows)
+        else None
+    )
     if z is None:
         for i, r in enumerate(rows):
             _vector(r, f"{where}.z[{i}]")  # names the bad row if it is not a list of numbers
@@ -395,8 +407,11 @@ def _colormap() -> Any:
     return cmap
 
 
-_DRAW = {"series": (_draw_series, _LINE_SIZE), "histograms": (_draw_histogram, _LINE_SIZE),
-         "heatmaps": (_draw_heatmap, _HEATMAP_SIZE)}
+_DRAW = {
+    "series": (_draw_series, _LINE_SIZE),
+    "histograms": (_draw_histogram, _LINE_SIZE),
+    "heatmaps": (_draw_heatmap, _HEATMAP_SIZE),
+}
 
 _SVG_ROOT = re.compile(r"<svg\b[^>]*>", re.S)
 _svg_cache: OrderedDict[str, str] = OrderedDict()

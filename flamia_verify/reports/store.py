@@ -211,9 +211,7 @@ def validate_report_data(data: Any) -> list[str]:
 
         status, family = check.get("status"), check.get("family")
         if isinstance(status, str) and status not in STATUSES:
-            problems.append(
-                f"field '{where}.status'{label}: expected one of {', '.join(STATUSES)}, got {status!r}"
-            )
+            problems.append(f"field '{where}.status'{label}: expected one of {', '.join(STATUSES)}, got {status!r}")
         if isinstance(family, str) and family not in FAMILIES:
             problems.append(
                 f"field '{where}.family'{label}: unknown family {family!r}; expected one of {', '.join(FAMILIES)}"

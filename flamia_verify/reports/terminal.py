@@ -58,7 +58,9 @@ def _status_text(status: str) -> Text:
     return Text(f"{STATUS_MARK.get(status, status.upper()):<5}", STATUS_STYLE.get(status, ""))
 
 
-def check_line(check: CheckResult, index: int | None = None, total: int | None = None, elapsed: float | None = None) -> Text:
+def check_line(
+    check: CheckResult, index: int | None = None, total: int | None = None, elapsed: float | None = None
+) -> Text:
     """One line for a finished check, e.g.
     ``[ 4/31] PASS  error.out  normalized_error 0.645 (≤ 2)  0.28 s  (run 4.1 s)``: its position among the
     selected checks, status, name, key metric, its own duration (work shared with earlier checks is not
@@ -67,8 +69,14 @@ def check_line(check: CheckResult, index: int | None = None, total: int | None =
     if index is not None:
         width = len(str(total)) if total else 1
         parts.append(f"[{index:>{width}}/{total}] " if total else f"[{index}] ")
-    parts += [_status_text(check.status), " ", f"{printable(check.name):<{NAME_WIDTH}}", " ", _key_text(check),
-              f"  {check.duration_s:.2f} s"]
+    parts += [
+        _status_text(check.status),
+        " ",
+        f"{printable(check.name):<{NAME_WIDTH}}",
+        " ",
+        _key_text(check),
+        f"  {check.duration_s:.2f} s",
+    ]
     if elapsed is not None:
         parts.append(f"  (run {elapsed:.1f} s)")
     return Text.assemble(*parts)
@@ -79,8 +87,9 @@ def _print_line(console: Console, text: Text | str) -> None:
     console.print(text if isinstance(text, Text) else Text(text), soft_wrap=True, overflow="ignore", crop=False)
 
 
-def print_table(console: Console, title: str, columns: list[str], rows: list[list[str]], *,
-                plain: bool | None = None) -> None:
+def print_table(
+    console: Console, title: str, columns: list[str], rows: list[list[str]], *, plain: bool | None = None
+) -> None:
     """A table: rich on a terminal; plain, aligned, full-width lines otherwise (`plain` overrides)."""
     plain = is_plain(console) if plain is None else plain
     cells = [[printable(c) for c in row] for row in rows]
@@ -108,11 +117,15 @@ def print_table(console: Console, title: str, columns: list[str], rows: list[lis
 
 
 def _render_plain(report: Report, console: Console) -> None:
-    _print_line(console, f"flamia-verify  kernel {printable(report.kernel)}  recipe {printable(report.recipe)}  "
-                         f"suite {printable(report.suite)}  seed {report.seed}")
+    _print_line(
+        console,
+        f"flamia-verify  kernel {printable(report.kernel)}  recipe {printable(report.recipe)}  "
+        f"suite {printable(report.suite)}  seed {report.seed}",
+    )
     for check in report.checks:
-        line = Text.assemble(_status_text(check.status), " ", f"{printable(check.name):<{NAME_WIDTH}}", " ",
-                             _key_text(check))
+        line = Text.assemble(
+            _status_text(check.status), " ", f"{printable(check.name):<{NAME_WIDTH}}", " ", _key_text(check)
+        )
         if check.message:
             line.append("  " + printable(check.message))
         _print_line(console, line)
@@ -121,8 +134,9 @@ def _render_plain(report: Report, console: Console) -> None:
 
 def _print_verdict(report: Report, console: Console) -> None:
     word = verdict(report)
-    _print_line(console, Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ",
-                                       counts_line(report)))
+    _print_line(
+        console, Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report))
+    )
     failed = [c.name for c in report.checks if c.status in ("fail", "error")]
     if failed:
         _print_line(console, Text.assemble(("failed: ", "dim"), printable(", ".join(failed))))
@@ -143,11 +157,25 @@ def render_terminal(report: Report, console: Console | None = None, *, plain: bo
         return
     wide = console.width >= WIDE_CONSOLE
     title = Text.assemble(
-        "flamia-verify  ", ("kernel ", "dim"), printable(report.kernel), ("  recipe ", "dim"),
-        printable(report.recipe), ("  suite ", "dim"), printable(report.suite), ("  seed ", "dim"), str(report.seed),
+        "flamia-verify  ",
+        ("kernel ", "dim"),
+        printable(report.kernel),
+        ("  recipe ", "dim"),
+        printable(report.recipe),
+        ("  suite ", "dim"),
+        printable(report.suite),
+        ("  seed ", "dim"),
+        str(report.seed),
     )
-    table = Table(title=title, title_justify="left", expand=False, show_lines=False, header_style="bold",
-                  box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, pad_edge=wide)
+    table = Table(
+        title=title,
+        title_justify="left",
+        expand=False,
+        show_lines=False,
+        header_style="bold",
+        box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
+        pad_edge=wide,
+    )
     table.add_column("Check", no_wrap=True)
     table.add_column("Status", no_wrap=True)
     table.add_column("Key metric", overflow="fold")
@@ -177,6 +205,9 @@ def render_terminal(report: Report, console: Console | None = None, *, plain: bo
     if not wide:
         for check in report.checks:
             if check.message:
-                console.print(Text.assemble(
-                    (printable(check.name), STATUS_STYLE.get(check.status, "")), ": ", printable(check.message)))
+                console.print(
+                    Text.assemble(
+                        (printable(check.name), STATUS_STYLE.get(check.status, "")), ": ", printable(check.message)
+                    )
+                )
     _print_verdict(report, console)

@@ -12,8 +12,7 @@ from typing import Any
 from flamia_verify.results import CheckResult, Report, run_notes
 from flamia_verify.settings import SUITES
 
-__all__ = ["STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line",
-           "run_notes", "verdict"]
+__all__ = ["STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line", "run_notes", "verdict"]
 
 #: Emoji-free markers of a check's status, for every renderer.
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
@@ -51,8 +50,12 @@ def counts_line(report: Report) -> str:
     total = len(report.checks)
     if total == 0:
         return "no checks ran"
-    words = (("pass", "passed"), ("fail", "failed"), ("error", "error" if counts["error"] == 1 else "errors"),
-             ("skip", "skipped"))
+    words = (
+        ("pass", "passed"),
+        ("fail", "failed"),
+        ("error", "error" if counts["error"] == 1 else "errors"),
+        ("skip", "skipped"),
+    )
     parts = [f"{counts[status]} {word}" for status, word in words if counts[status]]
     return f"{total} check{'s' if total != 1 else ''}: " + ", ".join(parts)
 
@@ -86,6 +89,18 @@ def rerun_command(report: Report, check: CheckResult) -> str | None:
     """
     if report.suite not in SUITES:  # a report of another suite (a fuzz run) gets no rerun command
         return None
-    args = ["flamia-verify", "check", "--kernel", report.kernel, "--recipe", report.recipe,
-            "--suite", report.suite, "--seed", str(report.seed), "--only", check.family]
+    args = [
+        "flamia-verify",
+        "check",
+        "--kernel",
+        report.kernel,
+        "--recipe",
+        report.recipe,
+        "--suite",
+        report.suite,
+        "--seed",
+        str(report.seed),
+        "--only",
+        check.family,
+    ]
     return " ".join(shlex.quote(a) for a in args)

@@ -33,19 +33,33 @@ def add_parser(sub) -> None:
 
     from flamia_verify.cli import DEVICE_METAVAR, device_arg
 
-    t = sub.add_parser("train-parity", help="does a model trained with the kernel end within BF16's noise?",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("--kernel", nargs="+", action="extend", metavar="SPEC",
-                   help="kernels to train with (built-in name, module:function, file.py:function); bf16 is the "
-                        "baseline and always runs")
+    t = sub.add_parser(
+        "train-parity",
+        help="does a model trained with the kernel end within BF16's noise?",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument(
+        "--kernel",
+        nargs="+",
+        action="extend",
+        metavar="SPEC",
+        help="kernels to train with (built-in name, module:function, file.py:function); bf16 is the "
+        "baseline and always runs",
+    )
     t.add_argument("--preset", help="model and run size: tiny or small (default: small on CUDA, tiny on the CPU)")
     t.add_argument("--steps", type=int, help="optimizer steps per run (default: the preset's)")
     t.add_argument("--tokens", type=int, help="tokens per step, one packed batch (default: the preset's)")
     t.add_argument("--bf16-seeds", type=int, help="BF16 runs for the noise floor, >= 2 (default 3)")
     t.add_argument("--seed", type=int, help="seed of the weights and batches every kernel shares (default 0)")
     t.add_argument("--max-gap", type=float, help="fail a kernel whose |gap| exceeds this many sigmas (default 3)")
-    t.add_argument("--device", type=device_arg, metavar=DEVICE_METAVAR, default="auto",
-                   help="where the model trains: cuda:N is GPU N (default auto: cuda when a GPU is present)")
+    t.add_argument(
+        "--device",
+        type=device_arg,
+        metavar=DEVICE_METAVAR,
+        default="auto",
+        help="where the model trains: cuda:N is GPU N (default auto: cuda when a GPU is present)",
+    )
     t.add_argument("--out", default="flamia-report", help="directory for train-parity.json/.md/.html")
     t.add_argument("--config", help="TOML file whose [tool.flamia-verify.train_parity] table sets the defaults")
 
@@ -73,9 +87,12 @@ def run(args) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= {2 if flag == 'bf16_seeds' else 1}, got {value}")
     if args.max_gap is not None and not (0 < args.max_gap < float("inf")):
         raise UsageError(f"--max-gap must be a positive finite number, got {args.max_gap}")
-    cfg = with_overrides(PRESETS[preset], **{k: conf.get(k) for k in ("steps", "tokens", "bf16_seeds", "seed", "max_gap")})
-    cfg = with_overrides(cfg, steps=args.steps, tokens=args.tokens, bf16_seeds=args.bf16_seeds, seed=args.seed,
-                         max_gap=args.max_gap)
+    cfg = with_overrides(
+        PRESETS[preset], **{k: conf.get(k) for k in ("steps", "tokens", "bf16_seeds", "seed", "max_gap")}
+    )
+    cfg = with_overrides(
+        cfg, steps=args.steps, tokens=args.tokens, bf16_seeds=args.bf16_seeds, seed=args.seed, max_gap=args.max_gap
+    )
     from flamia_verify.cli import _prepare_out, _remove_stale
 
     out = _prepare_out(args.out)
@@ -87,9 +104,11 @@ def run(args) -> int:
     kernels.setdefault("bf16", baseline)
     kernels = {"bf16": kernels.pop("bf16"), **kernels}
     n_runs = cfg.bf16_seeds + len(kernels) - 1
-    print(f"train-parity: preset {preset}, {cfg.steps} steps x {cfg.tokens} tokens, {n_runs} runs on {device} "
-          f"(bf16 x {cfg.bf16_seeds} seeds, then {', '.join(k for k in kernels if k != 'bf16') or 'nothing else'})",
-          flush=True)
+    print(
+        f"train-parity: preset {preset}, {cfg.steps} steps x {cfg.tokens} tokens, {n_runs} runs on {device} "
+        f"(bf16 x {cfg.bf16_seeds} seeds, then {', '.join(k for k in kernels if k != 'bf16') or 'nothing else'})",
+        flush=True,
+    )
     t0, last = time.perf_counter(), [0.0]
 
     def on_step(name, step, loss):
@@ -100,15 +119,21 @@ def run(args) -> int:
 
     def on_run(r):
         if r.diverged_at is not None:
-            print(f"{r.kernel} (seed {r.seed}): DIVERGED at step {r.diverged_at} (loss or gradient not finite)",
-                  flush=True)
+            print(
+                f"{r.kernel} (seed {r.seed}): DIVERGED at step {r.diverged_at} (loss or gradient not finite)",
+                flush=True,
+            )
             return
-        print(f"{r.kernel} (seed {r.seed}): val loss {r.final_val:.4f}, exact eval {r.final_val_exact:.4f}, "
-              f"{r.seconds:.1f} s", flush=True)
+        print(
+            f"{r.kernel} (seed {r.seed}): val loss {r.final_val:.4f}, exact eval {r.final_val_exact:.4f}, "
+            f"{r.seconds:.1f} s",
+            flush=True,
+        )
 
     try:
-        doc = run_parity(kernels, cfg, device=device, baseline=baseline, exact=reference_attention,
-                         on_step=on_step, on_run=on_run)
+        doc = run_parity(
+            kernels, cfg, device=device, baseline=baseline, exact=reference_attention, on_step=on_step, on_run=on_run
+        )
     except (RuntimeError, FloatingPointError, TypeError, ValueError) as exc:
         raise KernelCrashError(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     doc["preset"] = preset
@@ -117,9 +142,13 @@ def run(args) -> int:
 
     for r in doc["kernels"]:
         why = "" if r.get("diverged_at") is None else f"  diverged at step {r['diverged_at']}"
-        print(f"{r['status'].upper():4s}  {r['kernel']:24s} gap {f(r['gap_sigmas'], '+.2f')} sigma (exact eval "
-              f"{f(r['gap_sigmas_exact'], '+.2f')}), val loss {f(r['final_val_loss'])}{why}")
-    print(f"noise floor sigma {f(doc['noise']['sigma'], '.4g')} over {cfg.bf16_seeds} BF16 seeds; limit {cfg.max_gap} sigma")
+        print(
+            f"{r['status'].upper():4s}  {r['kernel']:24s} gap {f(r['gap_sigmas'], '+.2f')} sigma (exact eval "
+            f"{f(r['gap_sigmas_exact'], '+.2f')}), val loss {f(r['final_val_loss'])}{why}"
+        )
+    print(
+        f"noise floor sigma {f(doc['noise']['sigma'], '.4g')} over {cfg.bf16_seeds} BF16 seeds; limit {cfg.max_gap} sigma"
+    )
     for p in paths.values():
         print(f"  {p}")
     sys.stdout.flush()

@@ -45,25 +45,29 @@ class Corpus:
         return sum(int(d.numel()) for d in self.val)
 
     def describe(self) -> str:
-        return (f"{len(self.train)} train / {len(self.val)} validation documents "
-                f"({self.train_bytes / 1e6:.1f} / {self.val_bytes / 1e6:.2f} MB) from {self.root}, "
-                f"fingerprint {self.fingerprint[:12]}")
+        return (
+            f"{len(self.train)} train / {len(self.val)} validation documents "
+            f"({self.train_bytes / 1e6:.1f} / {self.val_bytes / 1e6:.2f} MB) from {self.root}, "
+            f"fingerprint {self.fingerprint[:12]}"
+        )
 
 
 def _stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def build_corpus(root: str | os.PathLike | None = None, *, val_every: int = 20, min_bytes: int = 64,
-                 max_bytes: int | None = None) -> Corpus:
+def build_corpus(
+    root: str | os.PathLike | None = None, *, val_every: int = 20, min_bytes: int = 64, max_bytes: int | None = None
+) -> Corpus:
     """The documents under ``root`` (default: this interpreter's standard library), split by path
     hash. ``max_bytes`` caps the training split at about that many bytes of files (in path order) and
     the validation split at 1/``val_every`` of it, for small runs."""
     base = Path(root) if root is not None else _stdlib_root()
     if not base.is_dir():
         raise ConfigError(f"corpus root {str(base)!r} is not a directory")
-    paths = sorted(p for p in base.rglob("*.py")
-                   if "site-packages" not in p.parts and "__pycache__" not in p.parts and p.is_file())
+    paths = sorted(
+        p for p in base.rglob("*.py") if "site-packages" not in p.parts and "__pycache__" not in p.parts and p.is_file()
+    )
     digest = hashlib.sha256()
     train: list[torch.Tensor] = []
     val: list[torch.Tensor] = []
@@ -86,8 +90,10 @@ def build_corpus(root: str | os.PathLike | None = None, *, val_every: int = 20, 
         (val if split == "val" else train).append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         size[split] += len(data)
     if not train or not val:
-        raise ConfigError(f"corpus root {str(base)!r} holds too few .py files for a train and a validation split "
-                          f"({len(train)} / {len(val)})")
+        raise ConfigError(
+            f"corpus root {str(base)!r} holds too few .py files for a train and a validation split "
+            f"({len(train)} / {len(val)})"
+        )
     return Corpus(tuple(train), tuple(val), str(base), digest.hexdigest())
 
 
@@ -102,13 +108,15 @@ class Batch:
         return Batch(self.tokens.to(device), self.targets.to(device), self.cu_seqlens.to(device), self.max_seqlen)
 
 
-def make_batches(docs: tuple[torch.Tensor, ...], *, n: int, tokens: int, max_len: int, min_len: int = 8,
-                 seed: int) -> list[Batch]:
+def make_batches(
+    docs: tuple[torch.Tensor, ...], *, n: int, tokens: int, max_len: int, min_len: int = 8, seed: int
+) -> list[Batch]:
     """``n`` packed batches of exactly ``tokens`` input tokens each, windows of at most ``max_len``,
     drawn with ``seed`` (the same batches for every kernel of a run)."""
     if tokens < min_len or max_len < 2 * min_len:
-        raise ConfigError(f"tokens per step ({tokens}) must be >= {min_len} and the window length ({max_len}) "
-                          f">= {2 * min_len}")
+        raise ConfigError(
+            f"tokens per step ({tokens}) must be >= {min_len} and the window length ({max_len}) >= {2 * min_len}"
+        )
     g = torch.Generator().manual_seed(int(seed))
     usable = [d for d in docs if d.numel() >= min_len + 1]
     if not usable:
@@ -130,7 +138,7 @@ def make_batches(docs: tuple[torch.Tensor, ...], *, n: int, tokens: int, max_len
                 else:
                     continue  # another document
             start = int(torch.randint(int(doc.numel()) - length, (1,), generator=g))
-            w = doc[start:start + length + 1].to(torch.int64)
+            w = doc[start : start + length + 1].to(torch.int64)
             xs.append(w[:-1])
             ys.append(w[1:])
             lens.append(length)

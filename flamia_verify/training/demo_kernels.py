@@ -25,14 +25,16 @@ def _future_leak_kernel():
     from flamia_verify.mutation.table import by_name
 
     edits = by_name("mask.forward+1").edits + by_name("mask.backward+1").edits
-    return mutant_kernel(Mutant("demo.future-leak", "mask", "forward and backward see one key past the diagonal",
-                                edits))
+    return mutant_kernel(
+        Mutant("demo.future-leak", "mask", "forward and backward see one key past the diagonal", edits)
+    )
 
 
 def future_leak(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
     """FLAMIA MXFP8 (emulation, any device) whose causal mask lets query i see key i + 1."""
-    return _future_leak_kernel()(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 softmax_scale=softmax_scale, causal=causal)
+    return _future_leak_kernel()(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
 future_leak.recipe = "mxfp8"  # type: ignore[attr-defined]
@@ -58,11 +60,21 @@ def _mxfp8():
     return load_kernel("flamia-mxfp8").fn
 
 
-def next_token_leak(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                    causal=False):
+def next_token_leak(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     """flamia-mxfp8 on keys and values shifted one position left: causal query i sees position i + 1."""
-    return _mxfp8()(q, _shift_left(k, cu_seqlens_k), _shift_left(v, cu_seqlens_k), cu_seqlens_q, cu_seqlens_k,
-              max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
+    return _mxfp8()(
+        q,
+        _shift_left(k, cu_seqlens_k),
+        _shift_left(v, cu_seqlens_k),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=causal,
+    )
 
 
 next_token_leak.recipe = "mxfp8"  # type: ignore[attr-defined]

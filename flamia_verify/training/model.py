@@ -68,7 +68,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
     inv = base ** (-torch.arange(0, d // 2, device=x.device, dtype=torch.float32) / (d // 2))
     ang = pos.float()[:, None] * inv[None, :]
     cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    x1, x2 = x[..., : d // 2].float(), x[..., d // 2:].float()
+    x1, x2 = x[..., : d // 2].float(), x[..., d // 2 :].float()
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
@@ -90,7 +90,7 @@ class _Block(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).view(T, 3, H, D).unbind(1)
         q, k = _rope(q, pos, self.cfg.rope_base), _rope(k, pos, self.cfg.rope_base)
         q, k, v = (t.to(torch.bfloat16).contiguous() for t in (q, k, v))
-        scale = D ** -0.5
+        scale = D**-0.5
         o = kernel(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=True)
         o = o[0] if isinstance(o, tuple) else o
         if probe is not None:
@@ -118,8 +118,14 @@ class TinyLM(nn.Module):
                 s = std / math.sqrt(2 * self.cfg.layers) if name.endswith(("proj.weight", "out.weight")) else std
                 nn.init.normal_(p, 0.0, s)
 
-    def forward(self, tokens: torch.Tensor, cu: torch.Tensor, max_len: int, kernel: Callable,
-                probe: AttentionProbe | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cu: torch.Tensor,
+        max_len: int,
+        kernel: Callable,
+        probe: AttentionProbe | None = None,
+    ) -> torch.Tensor:
         """Logits (T, vocab) of a packed batch."""
         lens = (cu[1:] - cu[:-1]).long()
         starts = torch.repeat_interleave(cu[:-1].long(), lens)

@@ -57,8 +57,17 @@ class ParityConfig:
 
 PRESETS: dict[str, ParityConfig] = {
     # CPU tests and a first look: seconds per kernel with an emulated kernel
-    "tiny": ParityConfig(model=ModelConfig(layers=2, d_model=64, heads=2), steps=30, tokens=1024, max_len=128,
-                         lr=3e-3, warmup=5, eval_every=10, val_batches=2, corpus_max_bytes=3_000_000),
+    "tiny": ParityConfig(
+        model=ModelConfig(layers=2, d_model=64, heads=2),
+        steps=30,
+        tokens=1024,
+        max_len=128,
+        lr=3e-3,
+        warmup=5,
+        eval_every=10,
+        val_batches=2,
+        corpus_max_bytes=3_000_000,
+    ),
     # the GPU run of docs/training.md: 6 layers, d_model 512, 8 heads of 64
     "small": ParityConfig(model=ModelConfig(layers=6, d_model=512, heads=8), steps=300, tokens=8192, max_len=512),
 }
@@ -115,17 +124,31 @@ def _evaluate(model, batches, kernel, device, probe=None) -> float:
     return total / n
 
 
-def train_one(kernel: Callable, name: str, cfg: ParityConfig, corpus: Corpus, *, seed: int, device: str,
-              exact: Callable, val, on_step: Callable[[str, int, float], None] | None = None) -> TrainResult:
+def train_one(
+    kernel: Callable,
+    name: str,
+    cfg: ParityConfig,
+    corpus: Corpus,
+    *,
+    seed: int,
+    device: str,
+    exact: Callable,
+    val,
+    on_step: Callable[[str, int, float], None] | None = None,
+) -> TrainResult:
     """Train one model with ``kernel`` in every attention layer; ``exact`` evaluates it as well."""
     torch.manual_seed(seed)
     model = TinyLM(cfg.model).to(device)
-    batches = [b.to(device) for b in make_batches(corpus.train, n=cfg.steps, tokens=cfg.tokens,
-                                                  max_len=cfg.max_len, seed=seed)]
+    batches = [
+        b.to(device) for b in make_batches(corpus.train, n=cfg.steps, tokens=cfg.tokens, max_len=cfg.max_len, seed=seed)
+    ]
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     res = TrainResult(name, seed, [], [], [], [], [], [], [], 0, 0.0)
     t0 = time.perf_counter()
 
@@ -169,10 +192,17 @@ def train_one(kernel: Callable, name: str, cfg: ParityConfig, corpus: Corpus, *,
     return res
 
 
-def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str = "cpu", baseline: Callable,
-               exact: Callable, corpus: Corpus | None = None,
-               on_step: Callable[[str, int, float], None] | None = None,
-               on_run: Callable[[TrainResult], None] | None = None) -> dict:
+def run_parity(
+    kernels: dict[str, Callable],
+    cfg: ParityConfig,
+    *,
+    device: str = "cpu",
+    baseline: Callable,
+    exact: Callable,
+    corpus: Corpus | None = None,
+    on_step: Callable[[str, int, float], None] | None = None,
+    on_run: Callable[[TrainResult], None] | None = None,
+) -> dict:
     """Train BF16 (``baseline``) over ``cfg.bf16_seeds`` seeds and every kernel of ``kernels`` (name ->
     callable) at ``cfg.seed``; return the result document (schema ``flamia-verify/train-parity/v1``)."""
     if cfg.bf16_seeds < 2:
@@ -180,8 +210,12 @@ def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str =
     if cfg.steps < 1 or cfg.eval_every < 1:
         raise ConfigError("steps and eval_every must be >= 1")
     corpus = corpus or build_corpus(max_bytes=cfg.corpus_max_bytes)
-    val = [b.to(device) for b in make_batches(corpus.val, n=cfg.val_batches, tokens=cfg.tokens,
-                                              max_len=cfg.max_len, seed=10_000 + cfg.seed)]
+    val = [
+        b.to(device)
+        for b in make_batches(
+            corpus.val, n=cfg.val_batches, tokens=cfg.tokens, max_len=cfg.max_len, seed=10_000 + cfg.seed
+        )
+    ]
     runs: list[TrainResult] = []
 
     def go(fn, name, seed):
@@ -207,23 +241,47 @@ def run_parity(kernels: dict[str, Callable], cfg: ParityConfig, *, device: str =
         passed = r.diverged_at is None and abs(gap) <= cfg.max_gap and abs(gap_exact) <= cfg.max_gap
         if r.diverged_at is not None:
             gap = gap_exact = math.inf
-        rows.append({"diverged_at": r.diverged_at,"kernel": name, "final_val_loss": r.final_val, "final_val_loss_exact": r.final_val_exact,
-                     "gap_sigmas": gap, "gap_sigmas_exact": gap_exact, "delta_val_loss": r.final_val - ref.final_val,
-                     "delta_val_loss_exact": r.final_val_exact - ref.final_val_exact,
-                     "grad_norm_ratio": gn_ratio, "attn_rel_rmse_final": r.attn_rel_rmse[-1],
-                     "status": "pass" if passed else "fail", "seconds": r.seconds, "tokens_seen": r.tokens_seen})
-    return _finite_json({
-        "schema": SCHEMA,
-        "config": cfg.to_dict(),
-        "device": device,
-        "corpus": {"root": corpus.root, "fingerprint": corpus.fingerprint, "train_documents": len(corpus.train),
-                   "val_documents": len(corpus.val), "train_bytes": corpus.train_bytes, "val_bytes": corpus.val_bytes},
-        "noise": {"bf16_final_val": [r.final_val for r in base], "sigma": sigma,
-                  "bf16_final_val_exact": [r.final_val_exact for r in base], "sigma_exact": sigma_exact},
-        "kernels": rows,
-        "runs": [asdict(r) for r in runs],
-        "passed": all(row["status"] == "pass" for row in rows),
-    })
+        rows.append(
+            {
+                "diverged_at": r.diverged_at,
+                "kernel": name,
+                "final_val_loss": r.final_val,
+                "final_val_loss_exact": r.final_val_exact,
+                "gap_sigmas": gap,
+                "gap_sigmas_exact": gap_exact,
+                "delta_val_loss": r.final_val - ref.final_val,
+                "delta_val_loss_exact": r.final_val_exact - ref.final_val_exact,
+                "grad_norm_ratio": gn_ratio,
+                "attn_rel_rmse_final": r.attn_rel_rmse[-1],
+                "status": "pass" if passed else "fail",
+                "seconds": r.seconds,
+                "tokens_seen": r.tokens_seen,
+            }
+        )
+    return _finite_json(
+        {
+            "schema": SCHEMA,
+            "config": cfg.to_dict(),
+            "device": device,
+            "corpus": {
+                "root": corpus.root,
+                "fingerprint": corpus.fingerprint,
+                "train_documents": len(corpus.train),
+                "val_documents": len(corpus.val),
+                "train_bytes": corpus.train_bytes,
+                "val_bytes": corpus.val_bytes,
+            },
+            "noise": {
+                "bf16_final_val": [r.final_val for r in base],
+                "sigma": sigma,
+                "bf16_final_val_exact": [r.final_val_exact for r in base],
+                "sigma_exact": sigma_exact,
+            },
+            "kernels": rows,
+            "runs": [asdict(r) for r in runs],
+            "passed": all(row["status"] == "pass" for row in rows),
+        }
+    )
 
 
 def _finite_json(x):

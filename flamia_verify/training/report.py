@@ -19,12 +19,23 @@ def _fmt(x, spec: str = ".4f") -> str:
     return x if isinstance(x, str) else format(x, spec)
 
 
-_HEADER = ("kernel", "final val loss", "gap (sigma)", "val loss, exact eval", "gap (sigma), exact eval",
-           "grad-norm ratio", "attention rel. RMSE", "s", "status")
-_LEGEND = ("Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
-           "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
-           "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
-           "attention outputs against the exact kernel's on the same q, k, v during the last evaluation.")
+_HEADER = (
+    "kernel",
+    "final val loss",
+    "gap (sigma)",
+    "val loss, exact eval",
+    "gap (sigma), exact eval",
+    "grad-norm ratio",
+    "attention rel. RMSE",
+    "s",
+    "status",
+)
+_LEGEND = (
+    "Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
+    "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
+    "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
+    "attention outputs against the exact kernel's on the same q, k, v during the last evaluation."
+)
 
 
 def _parts(doc: dict) -> tuple[str, list[str], list[list[str]]]:
@@ -43,11 +54,22 @@ def _parts(doc: dict) -> tuple[str, list[str], list[list[str]]]:
     ]
     rows = []
     for r in doc["kernels"]:
-        status = r["status"].upper() + ("" if r.get("diverged_at") is None else f" (diverged at step {r['diverged_at']})")
-        rows.append([r["kernel"], _fmt(r["final_val_loss"]), _fmt(r["gap_sigmas"], "+.2f"),
-                     _fmt(r["final_val_loss_exact"]), _fmt(r["gap_sigmas_exact"], "+.2f"),
-                     _fmt(r["grad_norm_ratio"], ".3f"), _fmt(r["attn_rel_rmse_final"], ".3g"),
-                     f"{r['seconds']:.0f}", status])
+        status = r["status"].upper() + (
+            "" if r.get("diverged_at") is None else f" (diverged at step {r['diverged_at']})"
+        )
+        rows.append(
+            [
+                r["kernel"],
+                _fmt(r["final_val_loss"]),
+                _fmt(r["gap_sigmas"], "+.2f"),
+                _fmt(r["final_val_loss_exact"]),
+                _fmt(r["gap_sigmas_exact"], "+.2f"),
+                _fmt(r["grad_norm_ratio"], ".3f"),
+                _fmt(r["attn_rel_rmse_final"], ".3g"),
+                f"{r['seconds']:.0f}",
+                status,
+            ]
+        )
     return title, paragraphs, rows
 
 
@@ -74,10 +96,12 @@ def _plot_png(doc: dict) -> str:
         run = {k: ([float(x) for x in v] if isinstance(v, list) else v) for k, v in raw.items()}
         label = f"{run['kernel']} (seed {run['seed']})"
         k = max(1, len(run["train_loss"]) // 50)
-        smooth = [sum(run["train_loss"][max(0, i - k + 1):i + 1]) / len(run["train_loss"][max(0, i - k + 1):i + 1])
-                  for i in range(len(run["train_loss"]))]
+        smooth = [
+            sum(run["train_loss"][max(0, i - k + 1) : i + 1]) / len(run["train_loss"][max(0, i - k + 1) : i + 1])
+            for i in range(len(run["train_loss"]))
+        ]
         a_tr.plot(run["steps"], smooth, label=label, lw=1)
-        line, = a_val.plot(run["eval_steps"], run["val_loss"], marker="o", ms=3, label=label)
+        (line,) = a_val.plot(run["eval_steps"], run["val_loss"], marker="o", ms=3, label=label)
         a_val.plot(run["eval_steps"], run["val_loss_exact"], ls="--", color=line.get_color(), lw=1)
         a_gn.plot(run["steps"], run["grad_norm"], lw=0.7, label=label)
         a_dr.plot(run["eval_steps"], run["attn_rel_rmse"], marker="o", ms=3, label=label)
@@ -103,15 +127,24 @@ def _plot_png(doc: dict) -> str:
 def render_html(doc: dict) -> str:
     title, paragraphs, rows = _parts(doc)
     esc = html.escape
-    table = ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in _HEADER) + "</tr>"
-             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+    table = (
+        "<table><tr>"
+        + "".join(f"<th>{esc(h)}</th>" for h in _HEADER)
+        + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+        + "</table>"
+    )
     img = f'<img alt="loss curves, gradient norms and attention drift per kernel" src="data:image/png;base64,{_plot_png(doc)}">'
-    style = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-             "th{background:#f2f2f2}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Training parity</title><style>{style}</style>"
-            f"</head><body><h1>{esc(title)}</h1>{''.join(f'<p>{esc(p)}</p>' for p in paragraphs)}{table}"
-            f"<p>{esc(_LEGEND)}</p>{img}</body></html>")
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "th{background:#f2f2f2}img{max-width:100%}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Training parity</title><style>{style}</style>"
+        f"</head><body><h1>{esc(title)}</h1>{''.join(f'<p>{esc(p)}</p>' for p in paragraphs)}{table}"
+        f"<p>{esc(_LEGEND)}</p>{img}</body></html>"
+    )
 
 
 def write_parity_reports(doc: dict, out: Path) -> dict[str, Path]:

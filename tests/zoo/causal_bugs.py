@@ -71,8 +71,12 @@ def _slack_block_mask(vis: torch.Tensor, block: int, slack: int) -> torch.Tensor
 def _distinct_paths(design):
     """The design with a distinct (equal-valued) Quant object per sequence-blocked operand, so that
     the patched fallback can tell the four GEMMs apart by identity (rounding unchanged)."""
-    return replace(design, **{f: Quant(getattr(design, f).kind, getattr(design, f).block, getattr(design, f).rule)
-                              for f in PATHS.values()})
+    return replace(
+        design,
+        **{
+            f: Quant(getattr(design, f).kind, getattr(design, f).block, getattr(design, f).rule) for f in PATHS.values()
+        },
+    )
 
 
 def _fallback_off(path: str, slack: int):
@@ -98,7 +102,9 @@ CAUSAL_BUGS: dict = {}
 for _p in PATHS:
     for _s in (1, 2):
         CAUSAL_BUGS[f"fallback_{_p}_off{_s}"] = _tag(
-            _fallback_off(_p, _s), _CATCH[_p], _WHERE[_p].format(s=_s),
+            _fallback_off(_p, _s),
+            _CATCH[_p],
+            _WHERE[_p].format(s=_s),
             f"FLAMIA MXFP8 whose diagonal fallback for {_GEMM[_p]} counts a 32-block as whole while the "
             f"row still misses {_s} of its positions",
         )
@@ -116,18 +122,20 @@ def _top_left_when(longer: str):
             return torch.arange(lk, device=device)[None, :] <= torch.arange(lq, device=device)[:, None]
         return _VISIBLE(lq, lk, causal, device)
 
-    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8,
-                         within=functools.partial(E.overriding, visible=visible))
+    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=functools.partial(E.overriding, visible=visible))
 
 
 top_left_if_lq_gt_lk = _tag(
-    _top_left_when("q"), ("causal.forward", "causal.diagonal"), "Lq > Lk",
+    _top_left_when("q"),
+    ("causal.forward", "causal.diagonal"),
+    "Lq > Lk",
     "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq > Lk: queries see future keys",
 )
 top_left_if_lq_lt_lk = _tag(
-    _top_left_when("k"), ("causal.diagonal",), "Lq < Lk",
-    "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq < Lk: queries miss their last "
-    "Lk - Lq keys",
+    _top_left_when("k"),
+    ("causal.diagonal",),
+    "Lq < Lk",
+    "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq < Lk: queries miss their last Lk - Lq keys",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -137,15 +145,19 @@ top_left_if_lq_lt_lk = _tag(
 _NO_FALLBACK = make_kernel(replace(FLAMIA_MXFP8, name="no-fallback", diagonal_fallback=False))
 
 
-def _no_fallback_hd128(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                       causal=False):
+def _no_fallback_hd128(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     fn = _NO_FALLBACK if q.shape[-1] == 128 else _flamia
-    return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-              causal=causal)
+    return fn(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
 no_fallback_hd128 = _tag(
-    _no_fallback_hd128, ("causal.forward", "causal.dq", "causal.dk_dv"), "head_dim 128",
+    _no_fallback_hd128,
+    ("causal.forward", "causal.dq", "causal.dk_dv"),
+    "head_dim 128",
     "FLAMIA MXFP8 whose head_dim-128 code path has no diagonal fallback (every other head_dim has it)",
 )
 
@@ -156,13 +168,17 @@ no_fallback_hd128 = _tag(
 
 # the mutation table's `mask.backward+1`: the emulation's backward with its visibility test edited
 backward_mask_plus1 = _tag(
-    mutant_kernel(by_name("mask.backward+1")), ("causal.dq", "causal.dk_dv", "causal.diagonal"), "backward only",
+    mutant_kernel(by_name("mask.backward+1")),
+    ("causal.dq", "causal.dk_dv", "causal.diagonal"),
+    "backward only",
     "FLAMIA MXFP8 whose backward masks with j <= i + offset + 1 (one key too many); the forward is right",
 )
 
-CAUSAL_BUGS.update({
-    "top_left_if_lq_gt_lk": top_left_if_lq_gt_lk,
-    "top_left_if_lq_lt_lk": top_left_if_lq_lt_lk,
-    "no_fallback_hd128": no_fallback_hd128,
-    "backward_mask_plus1": backward_mask_plus1,
-})
+CAUSAL_BUGS.update(
+    {
+        "top_left_if_lq_gt_lk": top_left_if_lq_gt_lk,
+        "top_left_if_lq_lt_lk": top_left_if_lq_lt_lk,
+        "no_fallback_hd128": no_fallback_hd128,
+        "backward_mask_plus1": backward_mask_plus1,
+    }
+)

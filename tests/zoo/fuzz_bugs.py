@@ -41,26 +41,32 @@ dkdv_leak = _tag(
 )
 
 
-def _zeros_when_empty(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                      causal=False):
+def _zeros_when_empty(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     if max_seqlen_q == 0 or max_seqlen_k == 0:
         return torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
-    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                   causal=causal)
+    return _flamia(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
 zeros_when_empty = _tag(_zeros_when_empty, "mxfp8", "flamia-mxfp8 returning torch.zeros for an all-empty batch")
 
 
-def _detached_when_gap(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                       causal=False):
-    out = _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                  causal=causal)
+def _detached_when_gap(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    out = _flamia(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
     lens_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     return out.detach() if bool((lens_k == 0).any()) else out
 
 
-detached_when_gap = _tag(_detached_when_gap, "mxfp8", "flamia-mxfp8 returning a detached output when a document has no keys")
+detached_when_gap = _tag(
+    _detached_when_gap, "mxfp8", "flamia-mxfp8 returning a detached output when a document has no keys"
+)
 
 #: standard-suite-only check -> a planted kernel that must fail it there
 STANDARD = {"isolation.fuzz": packed_tiles_skip_head}

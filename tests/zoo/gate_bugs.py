@@ -25,8 +25,14 @@ from flamia_verify.kernels.emulation import make_kernel
 
 _flamia = make_kernel(FLAMIA_MXFP8)
 
-__all__ = ["GATE_BUGS", "backward_raises", "smooth_k_inplace", "noncausal_q_inplace", "backward_q_inplace",
-           "long_v_inplace"]
+__all__ = [
+    "GATE_BUGS",
+    "backward_raises",
+    "smooth_k_inplace",
+    "noncausal_q_inplace",
+    "backward_q_inplace",
+    "long_v_inplace",
+]
 
 
 def _tag(fn, catches: tuple[str, ...], doc: str):
@@ -46,42 +52,55 @@ class _RaisingBackward(torch.autograd.Function):
         raise RuntimeError("CUDA error: misaligned address")
 
 
-def _backward_raises(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                     causal=False):
-    out = _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                  causal=causal)
+def _backward_raises(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    out = _flamia(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
     return _RaisingBackward.apply(out)
 
 
-backward_raises = _tag(_backward_raises, ("interface.backward", "error.dq", "error.dk", "error.dv", "bound.grad"),
-                       "FLAMIA MXFP8 whose backward raises 'CUDA error: misaligned address'")
+backward_raises = _tag(
+    _backward_raises,
+    ("interface.backward", "error.dq", "error.dk", "error.dv", "bound.grad"),
+    "FLAMIA MXFP8 whose backward raises 'CUDA error: misaligned address'",
+)
 
 
-def _smooth_k_inplace(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                      causal=False):
+def _smooth_k_inplace(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     # no torch.no_grad(): the write is part of the graph, as in a kernel that smooths K for its own use
     k.sub_(k.float().mean(dim=0, keepdim=True).to(k.dtype))
-    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                   causal=causal)
+    return _flamia(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
-smooth_k_inplace = _tag(_smooth_k_inplace, ("interface.inputs_unmodified", "interface.backward"),
-                        "FLAMIA MXFP8 that subtracts K's mean from k in place (SageAttention's smoothing)")
+smooth_k_inplace = _tag(
+    _smooth_k_inplace,
+    ("interface.inputs_unmodified", "interface.backward"),
+    "FLAMIA MXFP8 that subtracts K's mean from k in place (SageAttention's smoothing)",
+)
 
 
-def _noncausal_q_inplace(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                         causal=False):
+def _noncausal_q_inplace(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not causal:
         with torch.no_grad():
             q.mul_(2.0)  # exact in any binary format: the output is unchanged
         scale = scale / 2.0
-    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale,
-                   causal=causal)
+    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal)
 
 
-noncausal_q_inplace = _tag(_noncausal_q_inplace, ("interface.inputs_unmodified",),
-                           "FLAMIA MXFP8 that pre-scales q in place on non-causal calls only")
+noncausal_q_inplace = _tag(
+    _noncausal_q_inplace,
+    ("interface.inputs_unmodified",),
+    "FLAMIA MXFP8 that pre-scales q in place on non-causal calls only",
+)
 
 
 class _ScribbleInBackward(torch.autograd.Function):
@@ -98,28 +117,46 @@ class _ScribbleInBackward(torch.autograd.Function):
         return g
 
 
-def _backward_q_inplace(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                        causal=False):
-    return _flamia(_ScribbleInBackward.apply(q), k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale=softmax_scale, causal=causal)
+def _backward_q_inplace(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    return _flamia(
+        _ScribbleInBackward.apply(q),
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=causal,
+    )
 
 
-backward_q_inplace = _tag(_backward_q_inplace, ("interface.inputs_unmodified",),
-                          "FLAMIA MXFP8 whose backward halves q in place")
+backward_q_inplace = _tag(
+    _backward_q_inplace, ("interface.inputs_unmodified",), "FLAMIA MXFP8 whose backward halves q in place"
+)
 
 
-def _long_v_inplace(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                    causal=False):
+def _long_v_inplace(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     v_used = v.clone()  # the kernel works on its own copy (gradients flow back through the clone)...
     if q.shape[0] > 64 and v.numel():
         with torch.no_grad():  # ...and uses the caller's buffer as scratch space
             v.view(-1)[0] += 1.0
-    return _flamia(q, k, v_used, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                   causal=causal)
+    return _flamia(
+        q, k, v_used, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
-long_v_inplace = _tag(_long_v_inplace, ("interface.inputs_unmodified",),
-                      "FLAMIA MXFP8 that writes into v in place on calls of more than 64 tokens")
+long_v_inplace = _tag(
+    _long_v_inplace,
+    ("interface.inputs_unmodified",),
+    "FLAMIA MXFP8 that writes into v in place on calls of more than 64 tokens",
+)
 
-GATE_BUGS = {name: globals()[name] for name in ("backward_raises", "smooth_k_inplace", "noncausal_q_inplace",
-                                                "backward_q_inplace", "long_v_inplace")}
+GATE_BUGS = {
+    name: globals()[name]
+    for name in ("backward_raises", "smooth_k_inplace", "noncausal_q_inplace", "backward_q_inplace", "long_v_inplace")
+}

@@ -83,17 +83,22 @@ def _split_kernel(fwd_design, bwd_design, within=contextlib.nullcontext):
 _NO_FALLBACK = replace(FLAMIA_MXFP8, name="no-fallback", diagonal_fallback=False)
 
 v_scale_leak = _tag(
-    _split_kernel(_NO_FALLBACK, FLAMIA_MXFP8), "mxfp8", ("causal.forward",),
+    _split_kernel(_NO_FALLBACK, FLAMIA_MXFP8),
+    "mxfp8",
+    ("causal.forward",),
     "FLAMIA MXFP8 whose forward multiplies P V with V blocks that straddle the causal diagonal",
 )
 
 backward_leak = _tag(
-    _split_kernel(FLAMIA_MXFP8, _NO_FALLBACK), "mxfp8", ("causal.dq", "causal.dk_dv"),
+    _split_kernel(FLAMIA_MXFP8, _NO_FALLBACK),
+    "mxfp8",
+    ("causal.dq", "causal.dk_dv"),
     "FLAMIA MXFP8 with a clean forward and backward GEMMs whose sequence blocks straddle the diagonal",
 )
 
 document_leak = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="document-leak", seq_blocks="packed")), "mxfp8",
+    make_kernel(replace(FLAMIA_MXFP8, name="document-leak", seq_blocks="packed")),
+    "mxfp8",
     ("isolation.neighbours", "isolation.nan", "isolation.offset"),
     "FLAMIA MXFP8 with sequence blocks at packed positions (a block spans two documents)",
 )
@@ -101,13 +106,16 @@ document_leak = _tag(
 _BF16_RECOMPUTE = replace(FLAMIA_MXFP8, name="bf16-recompute", qk=Quant("input"), p_mode="fa", p_quant=Quant("input"))
 
 fwd_bwd_mismatch = _tag(
-    _split_kernel(FLAMIA_MXFP8, _BF16_RECOMPUTE), "mxfp8", ("consistency.weights", "consistency.grad_forward_ratio"),
+    _split_kernel(FLAMIA_MXFP8, _BF16_RECOMPUTE),
+    "mxfp8",
+    ("consistency.weights", "consistency.grad_forward_ratio"),
     "FLAMIA MXFP8 forward; the backward rebuilds P from BF16 scores and the forward's log-sum-exp",
 )
 
 mass_underflow = _tag(
     make_kernel(replace(FLAMIA_MXFP8, name="mass-underflow", p_mode="fa", p_quant=Quant("e4m3"), normalize="fp32")),
-    "mxfp8", ("consistency.conservation_forward", "consistency.shift_invariance", "special.attention_sink", "bound.out"),
+    "mxfp8",
+    ("consistency.conservation_forward", "consistency.shift_invariance", "special.attention_sink", "bound.out"),
     "MXFP8 operands, but P = exp(S - m) cast to E4M3 without a scale and normalized by the fp32 sum",
 )
 
@@ -193,12 +201,16 @@ def _truncating(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     along_hd = lambda x: _blockwise(x, None, 2, _mx_truncate)  # noqa: E731
     along_seq_k = lambda x: _blockwise(x, cu_seqlens_k, 0, _mx_truncate)  # noqa: E731
     qt, kt, vt = _STE.apply(q, along_hd), _STE.apply(k, along_hd), _STE.apply(v, along_seq_k)
-    out = _flamia(qt, kt, vt, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
+    out = _flamia(
+        qt, kt, vt, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
     return _GradQuant.apply(out, lambda g: _blockwise(g, None, 2, _mx_truncate))
 
 
 truncating = _tag(
-    _truncating, "mxfp8", ("bias.gain", "bias.mean"),
+    _truncating,
+    "mxfp8",
+    ("bias.gain", "bias.mean"),
     "MXFP8 whose E4M3 conversions of q, k, v and dO truncate toward zero instead of rounding to nearest",
 )
 
@@ -206,24 +218,34 @@ truncating = _tag(
 def _v_quant_kernel(quantize):
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         vq = _STE.apply(v, lambda x: _blockwise(x, cu_seqlens_k, 0, quantize))
-        return _flamia(q, k, vq, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
+        return _flamia(
+            q, k, vq, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+        )
 
     return kernel
 
 
 scale_off_by_one = _tag(
-    _v_quant_kernel(_mx_off_by_one), "mxfp8", ("bound.out", "error.out", "bias.gain"),
+    _v_quant_kernel(_mx_off_by_one),
+    "mxfp8",
+    ("bound.out", "error.out", "bias.gain"),
     "MXFP8 whose V block scale exponent is one too small: every element above half the block max saturates",
 )
 
 zero_block_nan = _tag(
-    _v_quant_kernel(_mx_no_zero_guard), "mxfp8", ("special.zero_blocks",),
+    _v_quant_kernel(_mx_no_zero_guard),
+    "mxfp8",
+    ("special.zero_blocks",),
     "MXFP8 whose V block scale has no zero guard: an all-zero block of 32 tokens becomes 0/0 = NaN",
 )
 
 
-def _one_token_wrong(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-    out = _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
+def _one_token_wrong(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    out = _flamia(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
     lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
     keep = torch.ones(out.shape[0], 1, 1, dtype=out.dtype, device=out.device)
     for b, n in enumerate(lens):
@@ -233,7 +255,9 @@ def _one_token_wrong(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 
 one_token_wrong = _tag(
-    _one_token_wrong, "mxfp8", ("special.short_documents", "bound.out", "error.out"),
+    _one_token_wrong,
+    "mxfp8",
+    ("special.short_documents", "bound.out", "error.out"),
     "FLAMIA MXFP8 that treats documents of length 1 as empty (outputs 0 for them)",
 )
 
@@ -243,20 +267,30 @@ one_token_wrong = _tag(
 # ---------------------------------------------------------------------------------------------
 
 
-def _inplace_scale(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+def _inplace_scale(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     with torch.no_grad():
         q.mul_(2.0)  # writes into the caller's tensor
-    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale / 2.0, causal=causal)
+    return _flamia(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale / 2.0, causal=causal
+    )
 
 
-inplace_scale = _tag(_inplace_scale, "mxfp8", ("interface.inputs_unmodified",),
-                     "FLAMIA MXFP8 that pre-scales q in place (the caller's tensor changes)")
+inplace_scale = _tag(
+    _inplace_scale,
+    "mxfp8",
+    ("interface.inputs_unmodified",),
+    "FLAMIA MXFP8 that pre-scales q in place (the caller's tensor changes)",
+)
 
 
 def _forward_only(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
     with torch.no_grad():
-        return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal)
+        return _flamia(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+        )
 
 
 forward_only = _tag(_forward_only, "mxfp8", ("interface.backward",), "FLAMIA MXFP8 forward without a backward")
@@ -274,13 +308,28 @@ class _Jitter(torch.autograd.Function):
         return g + noise
 
 
-def _nondeterministic(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-    return _flamia(q, _Jitter.apply(k), v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale=softmax_scale, causal=causal)
+def _nondeterministic(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    return _flamia(
+        q,
+        _Jitter.apply(k),
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=causal,
+    )
 
 
-nondeterministic = _tag(_nondeterministic, "mxfp8", ("determinism.repeat",),
-                        "FLAMIA MXFP8 whose dK changes in the last bits from run to run (atomics)")
+nondeterministic = _tag(
+    _nondeterministic,
+    "mxfp8",
+    ("determinism.repeat",),
+    "FLAMIA MXFP8 whose dK changes in the last bits from run to run (atomics)",
+)
 
 
 def _raises_on_gqa(q, k, v, *args, **kwargs):

@@ -119,14 +119,16 @@ def _swap_offsets(replace_k: bool):
 
 
 kv_blocks_at_cu_q = _tag(
-    _patched_kernel(_swap_offsets(True), _swap_offsets(True)), "mxfp8",
+    _patched_kernel(_swap_offsets(True), _swap_offsets(True)),
+    "mxfp8",
     ("isolation.neighbours", "isolation.offset"),
     ("causal", "determinism"),
     "FLAMIA MXFP8 whose K and V sequence blocks restart at cu_seqlens_q instead of cu_seqlens_k",
 )
 
 do_blocks_at_cu_k = _tag(
-    _patched_kernel(None, _swap_offsets(False)), "mxfp8",
+    _patched_kernel(None, _swap_offsets(False)),
+    "mxfp8",
     ("isolation.neighbours", "isolation.offset"),
     ("causal.forward", "determinism", "error.out", "bound.out"),
     "FLAMIA MXFP8 whose backward lays out dO's and Q's sequence blocks at cu_seqlens_k",
@@ -138,8 +140,12 @@ do_blocks_at_cu_k = _tag(
 
 
 gqa_repeat = _tag(
-    _mutant("gqa_repeat", "kv heads tiled with repeat in every GEMM",
-            Edit("_expand_kv", "x.repeat_interleave(groups, dim=1)", "_mut.expand_repeat(x, groups)")), "mxfp8",
+    _mutant(
+        "gqa_repeat",
+        "kv heads tiled with repeat in every GEMM",
+        Edit("_expand_kv", "x.repeat_interleave(groups, dim=1)", "_mut.expand_repeat(x, groups)"),
+    ),
+    "mxfp8",
     ("error.out", "error.dq", "error.dk", "error.dv"),
     ("causal", "isolation", "determinism"),
     "FLAMIA MXFP8 that expands the kv heads with repeat (k0 k1 k0 k1) instead of repeat_interleave (k0 k0 k1 k1)",
@@ -156,11 +162,17 @@ TILE = 64
 _SHUFFLED = f"tile={TILE}, min_len={LONG_ROW}"
 
 long_row_tile_order = _tag(
-    _mutant("long_row_tile_order", "sequence GEMMs over > 256 positions sum 64-wide tiles in a random order",
-            Edit("_gemm_seq", "return gemm(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
-            Edit("_gemm_seq", "return gemm(a_full, b_q) + gemm(a_part, b_hp)",
-                 f"return _mut.shuffled_matmul(a_full, b_q, {_SHUFFLED}) + _mut.shuffled_matmul(a_part, b_hp, "
-                 f"{_SHUFFLED})")), "mxfp8",
+    _mutant(
+        "long_row_tile_order",
+        "sequence GEMMs over > 256 positions sum 64-wide tiles in a random order",
+        Edit("_gemm_seq", "return gemm(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
+        Edit(
+            "_gemm_seq",
+            "return gemm(a_full, b_q) + gemm(a_part, b_hp)",
+            f"return _mut.shuffled_matmul(a_full, b_q, {_SHUFFLED}) + _mut.shuffled_matmul(a_part, b_hp, {_SHUFFLED})",
+        ),
+    ),
+    "mxfp8",
     ("determinism.repeat",),
     ("error", "causal", "isolation", "consistency.conservation_forward"),
     "FLAMIA MXFP8 whose GEMMs over more than 256 keys (or queries) add their 64-wide tile partial sums in "
@@ -186,9 +198,9 @@ def _tile_normalized(tile: int):
             return a
         out = a.clone()
         for s in range(0, lk, tile):
-            part = a[..., s:s + tile]
+            part = a[..., s : s + tile]
             tot = part.sum(-1, keepdim=True)
-            out[..., s:s + tile] = torch.where(tot > 0, part / torch.where(tot > 0, tot, torch.ones_like(tot)), part)
+            out[..., s : s + tile] = torch.where(tot > 0, part / torch.where(tot > 0, tot, torch.ones_like(tot)), part)
         return out
 
     def patch(cu_q, cu_k):
@@ -198,14 +210,16 @@ def _tile_normalized(tile: int):
 
 
 bwd_tile_normalized = _tag(
-    _patched_kernel(None, _tile_normalized(128)), "mxfp8",
+    _patched_kernel(None, _tile_normalized(128)),
+    "mxfp8",
     ("consistency.weights",),
     ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
     "FLAMIA MXFP8 whose backward rebuilds P per 128-key tile against the tile's own maximum and sum",
 )
 
 bwd_tile_normalized_64 = _tag(
-    _patched_kernel(None, _tile_normalized(64)), "mxfp8",
+    _patched_kernel(None, _tile_normalized(64)),
+    "mxfp8",
     ("consistency.weights",),
     ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
     "FLAMIA MXFP8 whose backward rebuilds P per 64-key tile against the tile's own maximum and sum",
@@ -240,8 +254,9 @@ def _stale_rescale_probabilities(s2, vis, design, start_k, dtype):
     ref[..., : last_rescaled + 1] = running[..., last_rescaled : last_rescaled + 1]
     tile_of_key = torch.arange(lk, device=s2.device) // FWD_TILE
     ref_k = ref[..., tile_of_key]  # (H, Lq, Lk)
-    shift = torch.where(torch.isfinite(ref_k) & torch.isfinite(m)[..., None], m[..., None] - ref_k,
-                        torch.zeros_like(ref_k))
+    shift = torch.where(
+        torch.isfinite(ref_k) & torch.isfinite(m)[..., None], m[..., None] - ref_k, torch.zeros_like(ref_k)
+    )
     p_bug = p_used * torch.exp2(shift)
     return p_bug, p_bug.sum(-1), m
 
@@ -251,7 +266,8 @@ def _stale_rescale_patch(cu_q, cu_k):
 
 
 skip_rescale_after_256 = _tag(
-    _patched_kernel(_stale_rescale_patch, None), "mxfp8",
+    _patched_kernel(_stale_rescale_patch, None),
+    "mxfp8",
     ("bound.out", "bound.grad", "bias.gain"),
     ("causal", "isolation", "determinism"),
     "FLAMIA MXFP8 whose forward stops rescaling its accumulator and row sum when the running maximum "

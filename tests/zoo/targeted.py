@@ -43,6 +43,7 @@ The front quantizers of ``dv_saturating_do``, ``range_scale_do`` and ``v_scale_t
 the one they are for; their ``quiet`` leaves causal out). The fp32 kernels return out in float32
 (the convention allows a wider dtype than q's).
 """
+
 from __future__ import annotations
 
 import functools
@@ -89,12 +90,16 @@ def _scale_of(q, softmax_scale):
 
 def _detached_k(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
     k_op = k.detach()  # pre-quantized operand built outside autograd: the graph no longer reaches k
-    return _flamia(q, k_op, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale=softmax_scale, causal=causal)
+    return _flamia(
+        q, k_op, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
 detached_k = _tag(
-    _detached_k, "mxfp8", ("interface.backward",), ("interface.output", "error.dq", "error.dv"),
+    _detached_k,
+    "mxfp8",
+    ("interface.backward",),
+    ("interface.output", "error.dq", "error.dv"),
     "FLAMIA MXFP8 that detaches k before the GEMMs: dq and dv arrive, dk never does",
 )
 
@@ -119,14 +124,17 @@ class _OneGradient(torch.autograd.Function):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         grads = list(backward_pass(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal))
         out2, dout2 = ctx.change(out, dout, cu_q)
-        grads[ctx.which] = backward_pass(FLAMIA_MXFP8, q, k, v, out2, lse2, dout2, cu_q, cu_k, ctx.scale, ctx.causal)[ctx.which]
+        grads[ctx.which] = backward_pass(FLAMIA_MXFP8, q, k, v, out2, lse2, dout2, cu_q, cu_k, ctx.scale, ctx.causal)[
+            ctx.which
+        ]
         return (*grads, None, None, None, None, None, None)
 
 
 def _one_gradient_kernel(which: int, change):
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        return _OneGradient.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal),
-                                  which, change)
+        return _OneGradient.apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal), which, change
+        )
 
     return kernel
 
@@ -142,19 +150,25 @@ def _do_scale_off_by_one(out, dout, cu_q):
 
 
 dq_without_delta = _tag(
-    _one_gradient_kernel(0, _without_delta), "mxfp8", ("error.dq",),
+    _one_gradient_kernel(0, _without_delta),
+    "mxfp8",
+    ("error.dq",),
     ("error.out", "error.dk", "error.dv", "consistency.conservation_backward", "causal", "isolation"),
     "FLAMIA MXFP8 whose separate dQ pass forgets the D = rowsum(dO * O) term: dS = P * dP",
 )
 
 dk_without_delta = _tag(
-    _one_gradient_kernel(1, _without_delta), "mxfp8", ("error.dk",),
+    _one_gradient_kernel(1, _without_delta),
+    "mxfp8",
+    ("error.dk",),
     ("error.out", "error.dq", "error.dv", "consistency.conservation_backward", "causal", "isolation"),
     "FLAMIA MXFP8 whose dK/dV pass forgets the D term in the dS it multiplies with Q",
 )
 
 dv_saturating_do = _tag(
-    _one_gradient_kernel(2, _do_scale_off_by_one), "mxfp8", ("error.dv", "consistency.conservation_backward"),
+    _one_gradient_kernel(2, _do_scale_off_by_one),
+    "mxfp8",
+    ("error.dv", "consistency.conservation_backward"),
     ("error.out", "error.dq", "error.dk", "consistency.conservation_forward", "isolation"),
     "FLAMIA MXFP8 whose dV GEMM scales dO's blocks one exponent too small (the top half of a block saturates)",
 )
@@ -166,10 +180,11 @@ dv_saturating_do = _tag(
 _E4M3 = Quant("e4m3")
 
 pt_unscaled = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="pt-unscaled", pt_quant=_E4M3)), "mxfp8",
-    ("bound.grad",), ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "causal", "isolation"),
-    "FLAMIA MXFP8 whose dV = P^T dO casts P^T to E4M3 without a block scale (probabilities below 2^-10 "
-    "vanish from dV)",
+    make_kernel(replace(FLAMIA_MXFP8, name="pt-unscaled", pt_quant=_E4M3)),
+    "mxfp8",
+    ("bound.grad",),
+    ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "causal", "isolation"),
+    "FLAMIA MXFP8 whose dV = P^T dO casts P^T to E4M3 without a block scale (probabilities below 2^-10 vanish from dV)",
 )
 
 #: with dO ~ N(0, 1) the entries of dS are large enough for E4M3 without a scale; the base packing whose
@@ -177,7 +192,8 @@ pt_unscaled = _tag(
 #: random q, k lies above |dQ| itself (cancellation in dS K), so dQ = 0 sits inside it; bound.grad's
 #: exact-weight one-hot-key case reads dS entry by entry and sees the entries below 2^-10 flushed.
 ds_unscaled = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="ds-unscaled", ds_quant=_E4M3)), "mxfp8",
+    make_kernel(replace(FLAMIA_MXFP8, name="ds-unscaled", ds_quant=_E4M3)),
+    "mxfp8",
     ("error.dq", "consistency.grad_forward_ratio", "bound.grad"),
     ("error.out", "error.dk", "error.dv", "bound.out", "special.magnitudes", "causal", "isolation"),
     "FLAMIA MXFP8 whose dQ = dS K casts dS to E4M3 without a block scale (|dS| < 2^-10 flushes to 0)",
@@ -187,7 +203,8 @@ ds_unscaled = _tag(
 #: the model's band allows (1.0x), and the dQ bound on random inputs is loose (cancellation in
 #: dS K). bound's one-hot-key case (exact scores, dQ_i[j] = s dS_ij) reads dS's rounding directly.
 ds_nvfp4 = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="ds-nvfp4", ds_quant=Quant("nvfp4", 16))), "mxfp8",
+    make_kernel(replace(FLAMIA_MXFP8, name="ds-nvfp4", ds_quant=Quant("nvfp4", 16))),
+    "mxfp8",
     ("bound.grad",),
     ("error.out", "error.dk", "error.dv", "bound.out", "causal", "isolation"),
     "FLAMIA MXFP8 whose dQ = dS K rounds dS to NVFP4 (E2M1, 16-blocks, UE4M3 scale) instead of MXFP8",
@@ -209,7 +226,9 @@ def _mx_byte0_as_zero(block: torch.Tensor, axis: int) -> torch.Tensor:
 #: V blocks with amax below 448 * 2^-127 vanish; special.magnitudes' V x 2^-121 case has them (bf16).
 #: The quantizer runs in front of the kernel without the diagonal fallback, so it also leaks causally.
 e8m0_byte0_zero = _tag(
-    _v_quant_kernel(_mx_byte0_as_zero), "mxfp8", ("special.magnitudes",),
+    _v_quant_kernel(_mx_byte0_as_zero),
+    "mxfp8",
+    ("special.magnitudes",),
     ("error", "bound", "consistency", "isolation"),
     "MXFP8 whose V block scale is decoded from its E8M0 byte with an exponent shift: byte 0 (2^-127, an fp32 "
     "subnormal) reads as 0, so blocks with amax below 448 * 2^-127 vanish",
@@ -236,7 +255,8 @@ _top_left_masks = functools.partial(E.overriding, visible=_top_left_visible)
 #: causal documents too: with Lq > Lk a query sees keys past its diagonal (causal.forward), with Lq < Lk
 #: it misses its last keys (causal.diagonal)
 top_left_causal = _tag(
-    _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=_top_left_masks), "mxfp8",
+    _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=_top_left_masks),
+    "mxfp8",
     ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "bound.grad", "causal.forward", "causal.diagonal"),
     ("isolation", "determinism"),
     "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) instead of bottom-right (j <= i + Lk - Lq)",
@@ -268,13 +288,16 @@ class _FiniteFallback(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def _non_finite_fallback(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                         causal=False):
+def _non_finite_fallback(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     return _FiniteFallback.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal))
 
 
 non_finite_fallback = _tag(
-    _non_finite_fallback, "mxfp8", ("causal.nan", "isolation.nan"),
+    _non_finite_fallback,
+    "mxfp8",
+    ("causal.nan", "isolation.nan"),
     ("causal.forward", "causal.dq", "causal.dk_dv", "isolation.neighbours", "isolation.offset"),
     "FLAMIA MXFP8 that runs the whole call in BF16 when any input (or dO) holds a NaN or Inf",
 )
@@ -315,8 +338,9 @@ def _softmax_pv(q, k, v, allowed, scale, *, row_max: bool, key_tiles=None):
     return acc / torch.where(l > 0, l, torch.ones_like(l))
 
 
-def _fp32_attention(q, k, v, cu_q, cu_k, scale, causal, *, dense=False, row_max=True, key_tile=0,
-                    skip_partial_tile=False):
+def _fp32_attention(
+    q, k, v, cu_q, cu_k, scale, causal, *, dense=False, row_max=True, key_tile=0, skip_partial_tile=False
+):
     """fp32 attention in the calling convention. ``dense``: one masked product over the whole packed
     batch (P = 0 across documents, but P V still multiplies every packed key's V); otherwise one
     document at a time. ``key_tile`` > 0: P V accumulated over key tiles aligned to absolute
@@ -346,27 +370,32 @@ def _fp32_attention(q, k, v, cu_q, cu_k, scale, causal, *, dense=False, row_max=
         if key_tile:
             cuts = [k0] + [c for c in range((k0 // key_tile + 1) * key_tile, k1, key_tile)] + [k1]
             tiles = [(a - k0, e - k0) for a, e in zip(cuts[:-1], cuts[1:])]
-        outs.append(_softmax_pv(q[q0:q1], k[k0:k1], v[k0:k1], mask, scale, row_max=row_max,
-                                key_tiles=tiles))
+        outs.append(_softmax_pv(q[q0:q1], k[k0:k1], v[k0:k1], mask, scale, row_max=row_max, key_tiles=tiles))
     return torch.cat(outs, dim=1).permute(1, 0, 2) if outs else q.float() * 0
 
 
 def _fp32_kernel(**switches):
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        return _fp32_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal), **switches)
+        return _fp32_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, _scale_of(q, softmax_scale), bool(causal), **switches
+        )
 
     return kernel
 
 
 dense_mask = _tag(
-    _fp32_kernel(dense=True), "bf16", ("isolation.nan",),
+    _fp32_kernel(dense=True),
+    "bf16",
+    ("isolation.nan",),
     ("isolation.neighbours", "causal", "error.out", "bound"),
     "fp32 attention over the packed batch with a block-diagonal mask: P V multiplies exact zeros with "
     "other documents' values (0 * NaN = NaN)",
 )
 
 no_row_max = _tag(
-    _fp32_kernel(row_max=False), "bf16", ("special.negative_scores",),
+    _fp32_kernel(row_max=False),
+    "bf16",
+    ("special.negative_scores",),
     ("error.out", "special.constant_rows", "special.short_documents", "special.zero_blocks", "isolation", "causal"),
     "fp32 attention whose softmax does not subtract the row maximum: exp(-1000) = 0, the row loses its "
     "mass (and scores above 88 overflow)",
@@ -376,14 +405,19 @@ no_row_max = _tag(
 KEY_TILE = 16
 
 packed_tiles = _tag(
-    _fp32_kernel(key_tile=KEY_TILE), "bf16", ("isolation.offset",),
+    _fp32_kernel(key_tile=KEY_TILE),
+    "bf16",
+    ("isolation.offset",),
     ("isolation.neighbours", "isolation.nan", "causal", "error", "bound"),
     "fp32 attention whose key tiles are aligned to the packed batch, not to the document: the order of "
     "the fp32 sums, hence the bits of a document's output, depend on its offset",
 )
 
 packed_tiles_skip_head = _tag(
-    _fp32_kernel(key_tile=KEY_TILE, skip_partial_tile=True), "bf16", ("isolation.offset",), ("isolation.neighbours",),
+    _fp32_kernel(key_tile=KEY_TILE, skip_partial_tile=True),
+    "bf16",
+    ("isolation.offset",),
+    ("isolation.neighbours",),
     "packed_tiles whose key loop starts at the first tile boundary after the document start: a document "
     "packed at an unaligned offset loses its first keys",
 )
@@ -400,14 +434,17 @@ def _static_e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
 def _v_elementwise_kernel(scale: float):
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         vq = _STE.apply(v, lambda x: _static_e4m3(x, scale))
-        return _flamia(q, k, vq, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                       causal=causal)
+        return _flamia(
+            q, k, vq, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+        )
 
     return kernel
 
 
 v_unscaled = _tag(
-    _v_elementwise_kernel(1.0), "mxfp8", ("special.magnitudes",),
+    _v_elementwise_kernel(1.0),
+    "mxfp8",
+    ("special.magnitudes",),
     ("special.outlier_channels", "error.out", "causal", "isolation"),
     "MXFP8 whose V is first cast to E4M3 without a scale: |v| > 448 saturates, |v| < 2^-10 flushes to 0",
 )
@@ -417,7 +454,9 @@ v_unscaled = _tag(
 STATIC_V_SCALE = 2.0**-4
 
 static_v_scale = _tag(
-    _v_elementwise_kernel(STATIC_V_SCALE), "mxfp8", ("special.outlier_channels",),
+    _v_elementwise_kernel(STATIC_V_SCALE),
+    "mxfp8",
+    ("special.outlier_channels",),
     ("error.out", "bound.out", "causal", "isolation"),
     "MXFP8 whose V is cast to E4M3 with a fixed scale calibrated on outlier-free data (|v| > 28 saturates)",
 )
@@ -443,15 +482,18 @@ def _mx_range_scale(saturate: bool):
 
 def _range_scale_do_kernel(saturate: bool):
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        out = _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                      causal=causal)
+        out = _flamia(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+        )
         return _GradQuant.apply(out, lambda g: _blockwise(g, cu_seqlens_q, 0, _mx_range_scale(saturate)))
 
     return kernel
 
 
 range_scale_do = _tag(
-    _range_scale_do_kernel(saturate=False), "mxfp8", ("special.constant_rows", "bound.rounding"),
+    _range_scale_do_kernel(saturate=False),
+    "mxfp8",
+    ("special.constant_rows", "bound.rounding"),
     ("error", "bound", "special.zero_blocks", "special.short_documents", "consistency.weights"),
     "MXFP8 whose dO blocks along the sequence take their scale from the range max - min and are cast "
     "without saturation: a constant block of dO becomes NaN",
@@ -460,21 +502,25 @@ range_scale_do = _tag(
 #: the same bug with a saturating cast zeroes the constant dO blocks, hence dV: special.constant_rows
 #: sees it on its case with q and k on the MX-exact grid, where the bound on dV is tight
 range_scale_do_flush = _tag(
-    _range_scale_do_kernel(saturate=True), "mxfp8", ("special.constant_rows", "bound.rounding"),
+    _range_scale_do_kernel(saturate=True),
+    "mxfp8",
+    ("special.constant_rows", "bound.rounding"),
     ("error", "bound", "special.zero_blocks", "special.magnitudes", "special.short_documents"),
     "range_scale_do with a saturating cast: a constant block of dO becomes 0",
 )
 
 
-def _ignores_softmax_scale(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                           causal=False):
+def _ignores_softmax_scale(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=causal)
 
 
 #: a base packing passes softmax_scale 0.0883 and two special.magnitudes cases 0.5 and 2 times the
 #: default; bound.out stays quiet (on random q, k its score-error slack exceeds a 0.71x scale change)
 ignores_softmax_scale = _tag(
-    _ignores_softmax_scale, "mxfp8",
+    _ignores_softmax_scale,
+    "mxfp8",
     ("error.out", "error.dq", "error.dk", "error.dv", "special.magnitudes", "bound.out", "bound.grad"),
     ("causal", "isolation"),
     "FLAMIA MXFP8 that ignores softmax_scale and always uses headdim^-0.5",
@@ -498,7 +544,7 @@ def _sliced_matmul(slice_sum, add):
             return _MATMUL(a, b)
         acc = None
         for s in range(0, a.shape[-1], ACC_SLICE):
-            part = slice_sum(a[..., s:s + ACC_SLICE], b[..., s:s + ACC_SLICE, :])
+            part = slice_sum(a[..., s : s + ACC_SLICE], b[..., s : s + ACC_SLICE, :])
             acc = part if acc is None else add(acc, part)
         return acc
 
@@ -508,8 +554,7 @@ def _sliced_matmul(slice_sum, add):
 def _within_matmul(matmul):
     """FLAMIA MXFP8 with every GEMM of the emulation (``emulation.gemm``: the sequence GEMMs, S and its
     recompute, dP) replaced by ``matmul``."""
-    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8,
-                         within=functools.partial(E.overriding, gemm=matmul))
+    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=functools.partial(E.overriding, gemm=matmul))
 
 
 def _to_bf16(x):
@@ -517,8 +562,7 @@ def _to_bf16(x):
 
 
 #: a bf16 running sum: each slice's fp32 matmul rounded to bf16 and added to the bf16 accumulator
-_bf16_accumulating_matmul = _sliced_matmul(lambda a, b: _to_bf16(_MATMUL(a, b)),
-                                           lambda acc, part: _to_bf16(acc + part))
+_bf16_accumulating_matmul = _sliced_matmul(lambda a, b: _to_bf16(_MATMUL(a, b)), lambda acc, part: _to_bf16(acc + part))
 
 
 def _e4m3_mma_slice(a, b):
@@ -552,7 +596,8 @@ e4m3_mma_accumulation.recipe = "mxfp8"
 #: power of two below the slice's sum of |products|; ``e4m3_mma_accumulation`` below) stays within
 #: the bound: 0.43 / 0.56 on seed 0.
 bf16_accumulation = _tag(
-    _within_matmul(_bf16_accumulating_matmul), "mxfp8",
+    _within_matmul(_bf16_accumulating_matmul),
+    "mxfp8",
     ("bound.out", "bound.grad"),
     ("error", "consistency", "causal", "isolation", "interface"),
     "FLAMIA MXFP8 whose GEMMs keep their running sums in bf16 (each 32-long slice of the contraction "
@@ -573,21 +618,27 @@ def _mx_scale_too_large(block: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 v_scale_too_large = _tag(  # its front quantizer has no diagonal fallback: it leaks causally too (not quiet)
-    _v_quant_kernel(_mx_scale_too_large), "mxfp8", ("bound.rounding",),
+    _v_quant_kernel(_mx_scale_too_large),
+    "mxfp8",
+    ("bound.rounding",),
     ("error", "bound.out", "bound.grad", "consistency", "isolation", "interface"),
     "FLAMIA MXFP8 whose V block scale exponent is one too large (E4M3's lowest binades lose a bit)",
 )
 
 
-def _q_toward_zero(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
-                   causal=False):
+def _q_toward_zero(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
     qt = _STE.apply(q, lambda x: _blockwise(x, None, 2, _mx_truncate))  # 32-blocks along head_dim
-    return _flamia(qt, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                   causal=causal)
+    return _flamia(
+        qt, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
 
 
 q_toward_zero = _tag(
-    _q_toward_zero, "mxfp8", ("bound.rounding",),
+    _q_toward_zero,
+    "mxfp8",
+    ("bound.rounding",),
     ("error", "bound.out", "bound.grad", "consistency", "causal", "isolation", "interface"),
     "FLAMIA MXFP8 whose Q is rounded toward zero (not to nearest) onto its MXFP8 grid before S = QK^T",
 )

@@ -18,9 +18,13 @@ def assert_caught_and_quiet(name: str, kernel, report) -> None:
         assert res.message and res.worst_case, f"{name}: {check} failed without saying why or where"
     # quiet checks pass, or skip because the kernel's recipe gives them nothing to check (bound.rounding
     # on a recipe without MXFP8 operands): neither is a finding
-    loud = [f"{c.name}: {c.status}: {c.message}" for c in report.checks
-            if c.name not in kernel.catches and any(matches(c.name, q) for q in kernel.quiet)
-            and c.status not in ("pass", "skip")]
+    loud = [
+        f"{c.name}: {c.status}: {c.message}"
+        for c in report.checks
+        if c.name not in kernel.catches
+        and any(matches(c.name, q) for q in kernel.quiet)
+        and c.status not in ("pass", "skip")
+    ]
     assert not loud, f"{name} trips checks its bug cannot reach:\n" + "\n".join(loud)
 
 

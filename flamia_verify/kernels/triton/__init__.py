@@ -47,10 +47,21 @@ def with_fused_dispatch(emulated):
         if use_fused:
             from flamia_verify.kernels.triton.attention import fused_attention
 
-            return fused_attention(design, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   softmax_scale=softmax_scale, causal=causal)
-        return emulated(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale=softmax_scale, causal=causal)
+            return fused_attention(
+                design,
+                q,
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                softmax_scale=softmax_scale,
+                causal=causal,
+            )
+        return emulated(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+        )
 
     kernel.__name__ = emulated.__name__
     kernel.__qualname__ = emulated.__qualname__
@@ -66,8 +77,9 @@ def fused_applies(q, design=None) -> bool:
     from flamia_verify.kernels.triton.config import config_for, head_dim_supported
 
     cfg = None if design is None else config_for(design)
-    return (bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and head_dim_supported(q.shape[-1], cfg)
-            and triton_available())
+    return (
+        bool(q.is_cuda) and q.dtype in _FUSED_DTYPES() and head_dim_supported(q.shape[-1], cfg) and triton_available()
+    )
 
 
 def _FUSED_DTYPES():

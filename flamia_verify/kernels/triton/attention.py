@@ -169,8 +169,15 @@ def _mma_split(a, b_op, b_raw, full, acc, IS_FP16: tl.constexpr, INTERPRET: tl.c
 
 
 @triton.jit
-def _quant_head(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
-                RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+def _quant_head(
+    x,
+    R: tl.constexpr,
+    D: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+):
     """Round an (R, D) input tile as a head_dim-contracted operand (BLOCK 0: one scale per row).
     Input-precision operands stay in their dtype; quantized ones come back as fp32 values."""
     if KIND == KIND_INPUT:
@@ -182,8 +189,15 @@ def _quant_head(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: 
 
 
 @triton.jit
-def _quant_seq(x, R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
-               RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+def _quant_seq(
+    x,
+    R: tl.constexpr,
+    D: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+):
     """Round an (R, D) input tile as a sequence-contracted operand (blocks along its rows)."""
     if KIND == KIND_INPUT:
         return x
@@ -248,11 +262,36 @@ def _p_cols(sT, lse, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, P_POW2: tl.co
 
 
 @triton.jit
-def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt, start_n, offs_m, lk, off,
-                   qk_scale,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                   MASKED: tl.constexpr, V_KIND: tl.constexpr, V_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
-                   P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+def _attn_fwd_tile(
+    acc,
+    l_i,
+    m_i,
+    q_op,
+    K,
+    V,
+    Vop,
+    k_base,
+    v_base,
+    stride_kt,
+    stride_vt,
+    start_n,
+    offs_m,
+    lk,
+    off,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    V_KIND: tl.constexpr,
+    V_BLOCK: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """One key tile of the online softmax: returns the updated (acc, l_i, m_i). K holds the
     head_dim-rounded keys, Vop the sequence-rounded values (V itself when they are in the input
     precision), V the input values for the diagonal fallback."""
@@ -310,11 +349,38 @@ def _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, st
 
 
 @triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
-def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
-              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-              GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, V_KIND: tl.constexpr, V_BLOCK: tl.constexpr, P_POW2: tl.constexpr,
-              P_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    Vop,
+    Out,
+    Lse2,
+    CuQ,
+    CuK,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
+    GROUPS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    V_KIND: tl.constexpr,
+    V_BLOCK: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """Grid (query tiles of the longest document, documents, heads); longest-running tiles first.
     Q, K: the head_dim-rounded operands; Vop: V rounded along keys; V: the input values (all in
     the input dtype, with the strides of V for V and Vop)."""
@@ -342,13 +408,67 @@ def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
     v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
     full_end, hi = _key_tiles(start_m, lq, lk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
-                                       start_n, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
-                                       False, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, IS_FP16, INTERPRET)
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q_op,
+            K,
+            V,
+            Vop,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            start_n,
+            offs_m,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            False,
+            V_KIND,
+            V_BLOCK,
+            P_POW2,
+            P_BLOCK,
+            FALLBACK,
+            IS_FP16,
+            INTERPRET,
+        )
     for start_n in range(full_end, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_fwd_tile(acc, l_i, m_i, q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
-                                       start_n, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
-                                       True, V_KIND, V_BLOCK, P_POW2, P_BLOCK, FALLBACK, IS_FP16, INTERPRET)
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q_op,
+            K,
+            V,
+            Vop,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            start_n,
+            offs_m,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            True,
+            V_KIND,
+            V_BLOCK,
+            P_POW2,
+            P_BLOCK,
+            FALLBACK,
+            IS_FP16,
+            INTERPRET,
+        )
     ok = l_i > 0
     l_s = tl.where(ok, l_i, 1.0)
     o = tl.math.div_rn(acc, tl.broadcast_to(l_s[:, None], (BLOCK_M, HEAD_DIM)))
@@ -366,8 +486,19 @@ def _attn_fwd(Q, K, V, Vop, Out, Lse2, CuQ, CuK, qk_scale,
 
 
 @triton.jit(do_not_specialize=["total_q", "stride_lh"])  # lengths: no recompilation per packing
-def _attn_bwd_delta(O, DO, Delta, total_q, stride_ot, stride_oh, stride_dot, stride_doh, stride_lh,
-                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _attn_bwd_delta(
+    O,
+    DO,
+    Delta,
+    total_q,
+    stride_ot,
+    stride_oh,
+    stride_dot,
+    stride_doh,
+    stride_lh,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     """D = rowsum(dO * O) in fp32, from O and dO in the input dtype."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     h = tl.program_id(1)
@@ -389,8 +520,24 @@ def _load_op(Raw, Op, base, offs, mask, stride, HEAD_DIM: tl.constexpr, KIND: tl
 
 
 @triton.jit
-def _seq_rhs(a, raw, Raw, Seq, base, offs, mask, stride, full, acc, HEAD_DIM: tl.constexpr, KIND: tl.constexpr,
-             RAW_LOADED: tl.constexpr, SPLIT: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+def _seq_rhs(
+    a,
+    raw,
+    Raw,
+    Seq,
+    base,
+    offs,
+    mask,
+    stride,
+    full,
+    acc,
+    HEAD_DIM: tl.constexpr,
+    KIND: tl.constexpr,
+    RAW_LOADED: tl.constexpr,
+    SPLIT: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """acc + a @ b for a sequence-contracted right operand b: its sequence rounding (``Seq``), with
     the causal-safe split where SPLIT (``full`` marks a's columns whose block of b is wholly visible).
     ``raw`` is b's input tile when RAW_LOADED (else it is loaded here when needed)."""
@@ -409,15 +556,56 @@ def _seq_rhs(a, raw, Raw, Seq, base, offs, mask, stride, full, acc, HEAD_DIM: tl
 
 
 @triton.jit
-def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base,
-                        do_base, l_base, stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        CAUSAL: tl.constexpr, MASKED: tl.constexpr, AMAX_PASS: tl.constexpr,
-                        QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
-                        DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
-                        DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr,
-                        Q_KIND: tl.constexpr, Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr,
-                        PART: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+def _attn_bwd_dkdv_tile(
+    dk,
+    dv,
+    amax_pt,
+    amax_dst,
+    k_op,
+    v_op,
+    Q,
+    Qh,
+    Qs,
+    DO,
+    DOh,
+    DOs,
+    Lse2,
+    Delta,
+    q_base,
+    do_base,
+    l_base,
+    stride_qt,
+    stride_dot,
+    start_m,
+    offs_n,
+    lq,
+    lk,
+    off,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    AMAX_PASS: tl.constexpr,
+    QK_KIND: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    DP_KIND: tl.constexpr,
+    PT_KIND: tl.constexpr,
+    PT_BLOCK: tl.constexpr,
+    DO_KIND: tl.constexpr,
+    DO_BLOCK: tl.constexpr,
+    DST_KIND: tl.constexpr,
+    DST_BLOCK: tl.constexpr,
+    Q_KIND: tl.constexpr,
+    Q_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    PART: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows).
     Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV).
     PART: 0 both gradients, 1 dV only (no dP), 2 dK only."""
@@ -454,27 +642,98 @@ def _attn_bwd_dkdv_tile(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DO
             pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
             # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in the input precision
             full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
-            dv = _seq_rhs(pt_op, do_op, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv, HEAD_DIM, DO_KIND,
-                          DP_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
+            dv = _seq_rhs(
+                pt_op,
+                do_op,
+                DO,
+                DOs,
+                do_base,
+                offs_m,
+                qmask,
+                stride_dot,
+                full,
+                dv,
+                HEAD_DIM,
+                DO_KIND,
+                DP_KIND == KIND_INPUT,
+                SPLIT,
+                IS_FP16,
+                INTERPRET,
+            )
         if PART != 1:
             dst_op = quantize_last(dsT, amax_dst, BLOCK_N, BLOCK_M, DST_KIND, DST_BLOCK, RCEIL, IS_FP16)
             # dK = dS^T Q: Q blocked along queries
             full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
-            dk = _seq_rhs(dst_op, q_op, Q, Qs, q_base, offs_m, qmask, stride_qt, full, dk, HEAD_DIM, Q_KIND,
-                          QK_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET)
+            dk = _seq_rhs(
+                dst_op,
+                q_op,
+                Q,
+                Qs,
+                q_base,
+                offs_m,
+                qmask,
+                stride_qt,
+                full,
+                dk,
+                HEAD_DIM,
+                Q_KIND,
+                QK_KIND == KIND_INPUT,
+                SPLIT,
+                IS_FP16,
+                INTERPRET,
+            )
     return dk, dv, amax_pt, amax_dst
 
 
 @triton.jit
-def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base,
-                         do_base, l_base, stride_qt, stride_dot, start_n, lq, lk, off, qk_scale,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         CAUSAL: tl.constexpr, AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr,
-                         P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr, PT_KIND: tl.constexpr,
-                         PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
-                         DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
-                         Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, PART: tl.constexpr,
-                         IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+def _attn_bwd_dkdv_sweep(
+    dk,
+    dv,
+    amax_pt,
+    amax_dst,
+    k_op,
+    v_op,
+    Q,
+    Qh,
+    Qs,
+    DO,
+    DOh,
+    DOs,
+    Lse2,
+    Delta,
+    q_base,
+    do_base,
+    l_base,
+    stride_qt,
+    stride_dot,
+    start_n,
+    lq,
+    lk,
+    off,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    AMAX_PASS: tl.constexpr,
+    QK_KIND: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    DP_KIND: tl.constexpr,
+    PT_KIND: tl.constexpr,
+    PT_BLOCK: tl.constexpr,
+    DO_KIND: tl.constexpr,
+    DO_BLOCK: tl.constexpr,
+    DST_KIND: tl.constexpr,
+    DST_BLOCK: tl.constexpr,
+    Q_KIND: tl.constexpr,
+    Q_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    PART: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """All query tiles that see this key tile: masked diagonal tiles, unmasked ones, the masked last one."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     lq_end = tl.cdiv(lq, BLOCK_M) * BLOCK_M
@@ -489,35 +748,216 @@ def _attn_bwd_dkdv_sweep(dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, D
     m_full_end = tl.maximum(lq // BLOCK_M * BLOCK_M, m_diag_end)
     for start_m in range(m_lo, m_diag_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
-            stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
-            AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
+            dk,
+            dv,
+            amax_pt,
+            amax_dst,
+            k_op,
+            v_op,
+            Q,
+            Qh,
+            Qs,
+            DO,
+            DOh,
+            DOs,
+            Lse2,
+            Delta,
+            q_base,
+            do_base,
+            l_base,
+            stride_qt,
+            stride_dot,
+            start_m,
+            offs_n,
+            lq,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            True,
+            AMAX_PASS,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DP_KIND,
+            PT_KIND,
+            PT_BLOCK,
+            DO_KIND,
+            DO_BLOCK,
+            DST_KIND,
+            DST_BLOCK,
+            Q_KIND,
+            Q_BLOCK,
+            FALLBACK,
+            RCEIL,
+            PART,
+            IS_FP16,
+            INTERPRET,
+        )
     for start_m in range(m_diag_end, m_full_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
-            stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL,
-            False, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
+            dk,
+            dv,
+            amax_pt,
+            amax_dst,
+            k_op,
+            v_op,
+            Q,
+            Qh,
+            Qs,
+            DO,
+            DOh,
+            DOs,
+            Lse2,
+            Delta,
+            q_base,
+            do_base,
+            l_base,
+            stride_qt,
+            stride_dot,
+            start_m,
+            offs_n,
+            lq,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            False,
+            AMAX_PASS,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DP_KIND,
+            PT_KIND,
+            PT_BLOCK,
+            DO_KIND,
+            DO_BLOCK,
+            DST_KIND,
+            DST_BLOCK,
+            Q_KIND,
+            Q_BLOCK,
+            FALLBACK,
+            RCEIL,
+            PART,
+            IS_FP16,
+            INTERPRET,
+        )
     for start_m in range(m_full_end, lq_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
-            stride_qt, stride_dot, start_m, offs_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
-            AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND,
-            DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
+            dk,
+            dv,
+            amax_pt,
+            amax_dst,
+            k_op,
+            v_op,
+            Q,
+            Qh,
+            Qs,
+            DO,
+            DOh,
+            DOs,
+            Lse2,
+            Delta,
+            q_base,
+            do_base,
+            l_base,
+            stride_qt,
+            stride_dot,
+            start_m,
+            offs_n,
+            lq,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            True,
+            AMAX_PASS,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DP_KIND,
+            PT_KIND,
+            PT_BLOCK,
+            DO_KIND,
+            DO_BLOCK,
+            DST_KIND,
+            DST_BLOCK,
+            Q_KIND,
+            Q_BLOCK,
+            FALLBACK,
+            RCEIL,
+            PART,
+            IS_FP16,
+            INTERPRET,
+        )
     return dk, dv, amax_pt, amax_dst
 
 
 @triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
-def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, CuK, qk_scale, sm_scale,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                   stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
-                   GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
-                   DP_KIND: tl.constexpr, PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr,
-                   DO_BLOCK: tl.constexpr, DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr,
-                   Q_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr,
-                   OUT_F32: tl.constexpr, PART: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
+def _attn_bwd_dkdv(
+    Q,
+    Qh,
+    Qs,
+    Kh,
+    Vh,
+    DO,
+    DOh,
+    DOs,
+    Lse2,
+    Delta,
+    DK,
+    DV,
+    CuQ,
+    CuK,
+    qk_scale,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    stride_lh,
+    GROUPS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK_KIND: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    DP_KIND: tl.constexpr,
+    PT_KIND: tl.constexpr,
+    PT_BLOCK: tl.constexpr,
+    DO_KIND: tl.constexpr,
+    DO_BLOCK: tl.constexpr,
+    DST_KIND: tl.constexpr,
+    DST_BLOCK: tl.constexpr,
+    Q_KIND: tl.constexpr,
+    Q_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    TWO_PASS: tl.constexpr,
+    OUT_F32: tl.constexpr,
+    PART: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """Grid (key tiles of the longest document, documents, query heads). Each program owns a key
     tile of one query head: dK = scale * sum dS^T Q, dV = sum P^T dO over the query tiles that see it.
     Kh, Vh: K and V rounded along head_dim (S, dP); the query-side operands as in the tile function.
@@ -551,15 +991,101 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
     amax_dst = tl.zeros((BLOCK_N,), tl.float32)
     if TWO_PASS:  # NVFP4 P^T, dS^T: the row scale needs the amax over every query first
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
-            dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
-            stride_qt, stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True,
-            QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND,
-            Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
+            dk,
+            dv,
+            amax_pt,
+            amax_dst,
+            k_op,
+            v_op,
+            Q,
+            Qh,
+            Qs,
+            DO,
+            DOh,
+            DOs,
+            Lse2,
+            Delta,
+            q_base,
+            do_base,
+            l_base,
+            stride_qt,
+            stride_dot,
+            start_n,
+            lq,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            True,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DP_KIND,
+            PT_KIND,
+            PT_BLOCK,
+            DO_KIND,
+            DO_BLOCK,
+            DST_KIND,
+            DST_BLOCK,
+            Q_KIND,
+            Q_BLOCK,
+            FALLBACK,
+            RCEIL,
+            PART,
+            IS_FP16,
+            INTERPRET,
+        )
     dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_sweep(
-        dk, dv, amax_pt, amax_dst, k_op, v_op, Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta, q_base, do_base, l_base,
-        stride_qt, stride_dot, start_n, lq, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False,
-        QK_KIND, P_POW2, P_BLOCK, DP_KIND, PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND,
-        Q_BLOCK, FALLBACK, RCEIL, PART, IS_FP16, INTERPRET)
+        dk,
+        dv,
+        amax_pt,
+        amax_dst,
+        k_op,
+        v_op,
+        Q,
+        Qh,
+        Qs,
+        DO,
+        DOh,
+        DOs,
+        Lse2,
+        Delta,
+        q_base,
+        do_base,
+        l_base,
+        stride_qt,
+        stride_dot,
+        start_n,
+        lq,
+        lk,
+        off,
+        qk_scale,
+        BLOCK_M,
+        BLOCK_N,
+        HEAD_DIM,
+        CAUSAL,
+        False,
+        QK_KIND,
+        P_POW2,
+        P_BLOCK,
+        DP_KIND,
+        PT_KIND,
+        PT_BLOCK,
+        DO_KIND,
+        DO_BLOCK,
+        DST_KIND,
+        DST_BLOCK,
+        Q_KIND,
+        Q_BLOCK,
+        FALLBACK,
+        RCEIL,
+        PART,
+        IS_FP16,
+        INTERPRET,
+    )
     if PT_KIND == KIND_NVFP4:  # NVFP4's fp32 row scale, factored out of every product of the row
         dv = dv * nvfp4_row_scale(amax_pt)[:, None]
     if DST_KIND == KIND_NVFP4:
@@ -583,13 +1109,44 @@ def _attn_bwd_dkdv(Q, Qh, Qs, Kh, Vh, DO, DOh, DOs, Lse2, Delta, DK, DV, CuQ, Cu
 
 
 @triton.jit
-def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,
-                      start_n, offs_m, lk, off, qk_scale,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr, AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr,
-                      P_BLOCK: tl.constexpr, DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr,
-                      K_BLOCK: tl.constexpr, FALLBACK: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
-                      INTERPRET: tl.constexpr):
+def _attn_bwd_dq_tile(
+    dq,
+    amax_ds,
+    q_op,
+    do_op,
+    lse,
+    delta,
+    K,
+    Kh,
+    Ks,
+    Vh,
+    k_base,
+    v_base,
+    stride_kt,
+    stride_vt,
+    start_n,
+    offs_m,
+    lk,
+    off,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    AMAX_PASS: tl.constexpr,
+    QK_KIND: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    DS_KIND: tl.constexpr,
+    DS_BLOCK: tl.constexpr,
+    K_KIND: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """One key tile of the dQ sweep. K: input keys; Kh, Vh: rounded along head_dim (S, dP); Ks:
     keys rounded along the sequence (dQ = dS K)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -615,41 +1172,191 @@ def _attn_bwd_dq_tile(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_bas
         ds_op = quantize_last(ds, amax_ds, BLOCK_M, BLOCK_N, DS_KIND, DS_BLOCK, RCEIL, IS_FP16)
         blk_last = tl.minimum((offs_n // K_BLOCK) * K_BLOCK + (K_BLOCK - 1), lk - 1)
         full = blk_last[None, :] <= offs_m[:, None] + off
-        dq = _seq_rhs(ds_op, k_op, K, Ks, k_base, offs_n, kmask, stride_kt, full, dq, HEAD_DIM, K_KIND,
-                      QK_KIND == KIND_INPUT, MASKED and FALLBACK and CAUSAL, IS_FP16, INTERPRET)
+        dq = _seq_rhs(
+            ds_op,
+            k_op,
+            K,
+            Ks,
+            k_base,
+            offs_n,
+            kmask,
+            stride_kt,
+            full,
+            dq,
+            HEAD_DIM,
+            K_KIND,
+            QK_KIND == KIND_INPUT,
+            MASKED and FALLBACK and CAUSAL,
+            IS_FP16,
+            INTERPRET,
+        )
     return dq, amax_ds
 
 
 @triton.jit
-def _attn_bwd_dq_sweep(dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,
-                       full_end, hi, offs_m, lk, off, qk_scale,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                       AMAX_PASS: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
-                       DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
-                       FALLBACK: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
-                       INTERPRET: tl.constexpr):
+def _attn_bwd_dq_sweep(
+    dq,
+    amax_ds,
+    q_op,
+    do_op,
+    lse,
+    delta,
+    K,
+    Kh,
+    Ks,
+    Vh,
+    k_base,
+    v_base,
+    stride_kt,
+    stride_vt,
+    full_end,
+    hi,
+    offs_m,
+    lk,
+    off,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    AMAX_PASS: tl.constexpr,
+    QK_KIND: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    DS_KIND: tl.constexpr,
+    DS_BLOCK: tl.constexpr,
+    K_KIND: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     for start_n in range(0, full_end, BLOCK_N):
         dq, amax_ds = _attn_bwd_dq_tile(
-            dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, start_n,
-            offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, AMAX_PASS, QK_KIND, P_POW2,
-            P_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dq,
+            amax_ds,
+            q_op,
+            do_op,
+            lse,
+            delta,
+            K,
+            Kh,
+            Ks,
+            Vh,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            start_n,
+            offs_m,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            False,
+            AMAX_PASS,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DS_KIND,
+            DS_BLOCK,
+            K_KIND,
+            K_BLOCK,
+            FALLBACK,
+            RCEIL,
+            IS_FP16,
+            INTERPRET,
+        )
     for start_n in range(full_end, hi, BLOCK_N):
         dq, amax_ds = _attn_bwd_dq_tile(
-            dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, start_n,
-            offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, P_POW2,
-            P_BLOCK, DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dq,
+            amax_ds,
+            q_op,
+            do_op,
+            lse,
+            delta,
+            K,
+            Kh,
+            Ks,
+            Vh,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            start_n,
+            offs_m,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            True,
+            AMAX_PASS,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DS_KIND,
+            DS_BLOCK,
+            K_KIND,
+            K_BLOCK,
+            FALLBACK,
+            RCEIL,
+            IS_FP16,
+            INTERPRET,
+        )
     return dq, amax_ds
 
 
 @triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
-def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm_scale,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                 stride_dqt, stride_dqh, stride_lh,
-                 GROUPS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
-                 DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
-                 FALLBACK: tl.constexpr, RCEIL: tl.constexpr, TWO_PASS: tl.constexpr, IS_FP16: tl.constexpr,
-                 INTERPRET: tl.constexpr):
+def _attn_bwd_dq(
+    Qh,
+    K,
+    Kh,
+    Ks,
+    Vh,
+    DOh,
+    Lse2,
+    Delta,
+    DQ,
+    CuQ,
+    CuK,
+    qk_scale,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dqt,
+    stride_dqh,
+    stride_lh,
+    GROUPS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK_KIND: tl.constexpr,
+    P_POW2: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    DS_KIND: tl.constexpr,
+    DS_BLOCK: tl.constexpr,
+    K_KIND: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    FALLBACK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    TWO_PASS: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """Grid (query tiles of the longest document, documents, heads): dQ = scale * sum dS K.
     Qh, DOh: Q and dO rounded along head_dim (S, dP)."""
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0)
@@ -679,13 +1386,81 @@ def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm
     amax_ds = tl.zeros((BLOCK_M,), tl.float32)
     if TWO_PASS:  # NVFP4 dS: the row scale needs the amax over every key first
         dq, amax_ds = _attn_bwd_dq_sweep(
-            dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, full_end,
-            hi, offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, QK_KIND, P_POW2, P_BLOCK,
-            DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+            dq,
+            amax_ds,
+            q_op,
+            do_op,
+            lse,
+            delta,
+            K,
+            Kh,
+            Ks,
+            Vh,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            full_end,
+            hi,
+            offs_m,
+            lk,
+            off,
+            qk_scale,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            CAUSAL,
+            True,
+            QK_KIND,
+            P_POW2,
+            P_BLOCK,
+            DS_KIND,
+            DS_BLOCK,
+            K_KIND,
+            K_BLOCK,
+            FALLBACK,
+            RCEIL,
+            IS_FP16,
+            INTERPRET,
+        )
     dq, amax_ds = _attn_bwd_dq_sweep(
-        dq, amax_ds, q_op, do_op, lse, delta, K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt, full_end, hi,
-        offs_m, lk, off, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, QK_KIND, P_POW2, P_BLOCK, DS_KIND,
-        DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, IS_FP16, INTERPRET)
+        dq,
+        amax_ds,
+        q_op,
+        do_op,
+        lse,
+        delta,
+        K,
+        Kh,
+        Ks,
+        Vh,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        full_end,
+        hi,
+        offs_m,
+        lk,
+        off,
+        qk_scale,
+        BLOCK_M,
+        BLOCK_N,
+        HEAD_DIM,
+        CAUSAL,
+        False,
+        QK_KIND,
+        P_POW2,
+        P_BLOCK,
+        DS_KIND,
+        DS_BLOCK,
+        K_KIND,
+        K_BLOCK,
+        FALLBACK,
+        RCEIL,
+        IS_FP16,
+        INTERPRET,
+    )
     if DS_KIND == KIND_NVFP4:
         dq = dq * nvfp4_row_scale(amax_ds)[:, None]
     dq = dq * sm_scale
@@ -700,9 +1475,21 @@ def _attn_bwd_dq(Qh, K, Kh, Ks, Vh, DOh, Lse2, Delta, DQ, CuQ, CuK, qk_scale, sm
 
 
 @triton.jit
-def _round_operand(X, Y, Cu, stride_t, stride_h, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, KIND: tl.constexpr,
-                   BLOCK: tl.constexpr, SEQ: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+def _round_operand(
+    X,
+    Y,
+    Cu,
+    stride_t,
+    stride_h,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEQ: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """Grid (row tiles of the longest document, documents, heads): Y = X rounded as a GEMM operand,
     blocked along head_dim (SEQ False; BLOCK 0: one scale per row) or along the sequence (SEQ True;
     tiles start at the document's first row, so blocks restart there), stored in the input dtype
@@ -740,9 +1527,22 @@ def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, 
         return y
     rows = max(64, block) if seq else 64
     grid = (triton.cdiv(max_len, rows), batch, x.shape[1])
-    _round_operand[grid](x, y, cu, x.stride(0), x.stride(1), ROWS=rows, HEAD_DIM=x.shape[-1], KIND=kind,
-                         BLOCK=block, SEQ=seq, RCEIL=rceil, IS_FP16=x.dtype == torch.float16,
-                         INTERPRET=_interpreting(), num_warps=4)
+    _round_operand[grid](
+        x,
+        y,
+        cu,
+        x.stride(0),
+        x.stride(1),
+        ROWS=rows,
+        HEAD_DIM=x.shape[-1],
+        KIND=kind,
+        BLOCK=block,
+        SEQ=seq,
+        RCEIL=rceil,
+        IS_FP16=x.dtype == torch.float16,
+        INTERPRET=_interpreting(),
+        num_warps=4,
+    )
     return y
 
 
@@ -757,8 +1557,10 @@ def _check_inputs(cfg: FusedConfig, q):
     if not head_dim_supported(q.shape[-1]):
         raise ValueError(f"the fused kernels take head_dim 32, 64, 128 or 256, got {q.shape[-1]}")
     if not head_dim_supported(q.shape[-1], cfg):
-        raise ValueError(f"this design's fused kernels take head_dim up to {head_dim_limit(cfg)} (its 128-query "
-                         f"tiles would not fit shared memory), got {q.shape[-1]}; the emulation computes it")
+        raise ValueError(
+            f"this design's fused kernels take head_dim up to {head_dim_limit(cfg)} (its 128-query "
+            f"tiles would not fit shared memory), got {q.shape[-1]}; the emulation computes it"
+        )
 
 
 #: the pipeline depth that fit, per (kernel, constexprs, tile): a GPU with less shared memory than
@@ -799,9 +1601,12 @@ def _launch(kernel, grid, tile: TileConfig, *args, **constexprs):
             continue
         _STAGES_THAT_FIT[key] = stages
         if key not in _RESOURCES and getattr(compiled, "n_regs", None) is not None:  # diagnostics only:
-            _RESOURCES[key] = {"stages": stages, "n_regs": compiled.n_regs,  # never fail a launch over them
-                               "n_spills": getattr(compiled, "n_spills", None),
-                               "shared": getattr(getattr(compiled, "metadata", None), "shared", None)}
+            _RESOURCES[key] = {
+                "stages": stages,
+                "n_regs": compiled.n_regs,  # never fail a launch over them
+                "n_spills": getattr(compiled, "n_spills", None),
+                "shared": getattr(getattr(compiled, "metadata", None), "shared", None),
+            }
         return stages
 
 
@@ -810,8 +1615,20 @@ def _seq_block(spec: tuple) -> int:
     return max(spec[1], 1)
 
 
-def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
-                  *, tile: TileConfig | None = None):
+def fused_forward(
+    cfg: FusedConfig,
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    causal: bool,
+    *,
+    tile: TileConfig | None = None,
+):
     """Forward kernel: (out in q's dtype, lse2 (nheads, total_q) fp32 in log2 units)."""
     _check_inputs(cfg, q)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -829,19 +1646,61 @@ def fused_forward(cfg: FusedConfig, q, k, v, cu_q, cu_k, max_q: int, max_k: int,
     vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
     grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
     _launch(
-        _attn_fwd, grid, t,
-        qh, kh, v, vs, out, lse2, cu_q, cu_k, qk_scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        lse2.stride(0), H // Hk,
-        HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
-        V_KIND=cfg.v_seq[0], V_BLOCK=_seq_block(cfg.v_seq), P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
-        FALLBACK=cfg.fallback, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
+        _attn_fwd,
+        grid,
+        t,
+        qh,
+        kh,
+        v,
+        vs,
+        out,
+        lse2,
+        cu_q,
+        cu_k,
+        qk_scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse2.stride(0),
+        H // Hk,
+        HEAD_DIM=D,
+        BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n,
+        CAUSAL=causal,
+        V_KIND=cfg.v_seq[0],
+        V_BLOCK=_seq_block(cfg.v_seq),
+        P_POW2=cfg.p_pow2,
+        P_BLOCK=cfg.p_block,
+        FALLBACK=cfg.fallback,
+        IS_FP16=q.dtype == torch.float16,
+        INTERPRET=_interpreting(),
     )
     return out, lse2
 
 
-def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                   causal: bool, *, tile_dkdv: TileConfig | None = None, tile_dq: TileConfig | None = None):
+def fused_backward(
+    cfg: FusedConfig,
+    q,
+    k,
+    v,
+    out,
+    lse2,
+    dout,
+    cu_q,
+    cu_k,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    causal: bool,
+    *,
+    tile_dkdv: TileConfig | None = None,
+    tile_dq: TileConfig | None = None,
+):
     """Backward kernels from the forward's out and lse2 ((nheads, total_q), log2 units): (dq, dk, dv)."""
     _check_inputs(cfg, q)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -864,8 +1723,17 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
         return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
     delta = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
     _attn_bwd_delta[(triton.cdiv(total_q, 64), H)](
-        out, dout, delta, total_q, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), delta.stride(0),
-        BLOCK_M=64, HEAD_DIM=D,
+        out,
+        dout,
+        delta,
+        total_q,
+        out.stride(0),
+        out.stride(1),
+        dout.stride(0),
+        dout.stride(1),
+        delta.stride(0),
+        BLOCK_M=64,
+        HEAD_DIM=D,
     )
     # every operand rounded once, in its role (head_dim: S and dP; sequence: dV, dK, dQ)
     r = cfg.rceil
@@ -880,26 +1748,105 @@ def fused_backward(cfg: FusedConfig, q, k, v, out, lse2, dout, cu_q, cu_k, max_q
     t1 = tile_dkdv or t["dkdv"]
     t2 = tile_dq or t["dq"]
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
-    common = dict(HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
-                  FALLBACK=cfg.fallback, RCEIL=r, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting())
-    for part in ((1, 2) if t1.split else (0,)):  # split: dV, then dK, each program holding one accumulator
+    common = dict(
+        HEAD_DIM=D,
+        CAUSAL=causal,
+        QK_KIND=cfg.qk[0],
+        P_POW2=cfg.p_pow2,
+        P_BLOCK=cfg.p_block,
+        FALLBACK=cfg.fallback,
+        RCEIL=r,
+        IS_FP16=q.dtype == torch.float16,
+        INTERPRET=_interpreting(),
+    )
+    for part in (1, 2) if t1.split else (0,):  # split: dV, then dK, each program holding one accumulator
         _launch(
-            _attn_bwd_dkdv, (triton.cdiv(max(max_k, 1), t1.block_n), batch, H), t1,
-            q, qh, qs, kh, vh, dout, doh, dos, lse2, delta, dk, dv, cu_q, cu_k, qk_scale, scale,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0),
-            dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse2.stride(0), groups,
-            BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0], PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1],
-            DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq), DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1],
-            Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq), OUT_F32=groups > 1, PART=part,
-            TWO_PASS=cfg.two_pass_dkdv(part), **common,
+            _attn_bwd_dkdv,
+            (triton.cdiv(max(max_k, 1), t1.block_n), batch, H),
+            t1,
+            q,
+            qh,
+            qs,
+            kh,
+            vh,
+            dout,
+            doh,
+            dos,
+            lse2,
+            delta,
+            dk,
+            dv,
+            cu_q,
+            cu_k,
+            qk_scale,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            dout.stride(0),
+            dout.stride(1),
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            lse2.stride(0),
+            groups,
+            BLOCK_M=t1.block_m,
+            BLOCK_N=t1.block_n,
+            DP_KIND=cfg.dp[0],
+            PT_KIND=cfg.pt[0],
+            PT_BLOCK=cfg.pt[1],
+            DO_KIND=cfg.do_seq[0],
+            DO_BLOCK=_seq_block(cfg.do_seq),
+            DST_KIND=cfg.dst[0],
+            DST_BLOCK=cfg.dst[1],
+            Q_KIND=cfg.q_seq[0],
+            Q_BLOCK=_seq_block(cfg.q_seq),
+            OUT_F32=groups > 1,
+            PART=part,
+            TWO_PASS=cfg.two_pass_dkdv(part),
+            **common,
         )
     _launch(
-        _attn_bwd_dq, (triton.cdiv(max(max_q, 1), t2.block_m), batch, H), t2,
-        qh, k, kh, ks, vh, doh, lse2, delta, dq, cu_q, cu_k, qk_scale, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
-        dq.stride(0), dq.stride(1), lse2.stride(0), groups,
-        BLOCK_M=t2.block_m, BLOCK_N=t2.block_n, DS_KIND=cfg.ds[0], DS_BLOCK=cfg.ds[1], K_KIND=cfg.k_seq[0],
-        K_BLOCK=_seq_block(cfg.k_seq), TWO_PASS=cfg.two_pass_dq(), **common,
+        _attn_bwd_dq,
+        (triton.cdiv(max(max_q, 1), t2.block_m), batch, H),
+        t2,
+        qh,
+        k,
+        kh,
+        ks,
+        vh,
+        doh,
+        lse2,
+        delta,
+        dq,
+        cu_q,
+        cu_k,
+        qk_scale,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        dout.stride(0),
+        dout.stride(1),
+        dq.stride(0),
+        dq.stride(1),
+        lse2.stride(0),
+        groups,
+        BLOCK_M=t2.block_m,
+        BLOCK_N=t2.block_n,
+        DS_KIND=cfg.ds[0],
+        DS_BLOCK=cfg.ds[1],
+        K_KIND=cfg.k_seq[0],
+        K_BLOCK=_seq_block(cfg.k_seq),
+        TWO_PASS=cfg.two_pass_dq(),
+        **common,
     )
     return dq, _group_sum(dk, k, groups), _group_sum(dv, v, groups)
 
@@ -929,8 +1876,20 @@ class _FusedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def fused_attention(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                    softmax_scale: float | None = None, causal: bool = False, validate: bool = True):
+def fused_attention(
+    design: EmulatedDesign,
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    validate: bool = True,
+):
     """Run ``design`` with the fused kernels in the varlen calling convention.
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), bf16 or fp16;
@@ -942,5 +1901,15 @@ def fused_attention(design: EmulatedDesign, q, k, v, cu_seqlens_q, cu_seqlens_k,
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     cfg = config_for(design)
-    return _FusedAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                                 float(softmax_scale), bool(causal), cfg)
+    return _FusedAttention.apply(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        int(max_seqlen_q),
+        int(max_seqlen_k),
+        float(softmax_scale),
+        bool(causal),
+        cfg,
+    )

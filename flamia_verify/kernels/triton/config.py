@@ -15,8 +15,20 @@ from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
 from flamia_verify.kernels.operands import Operand
 
-__all__ = ["CONFIG_FIELD", "KIND_INPUT", "KIND_MX", "KIND_NVFP4", "FusedConfig", "TileConfig", "config_for", "head_dim_limit",
-           "head_dim_supported", "tile_multiples", "tiles", "unsupported_reason"]
+__all__ = [
+    "CONFIG_FIELD",
+    "KIND_INPUT",
+    "KIND_MX",
+    "KIND_NVFP4",
+    "FusedConfig",
+    "TileConfig",
+    "config_for",
+    "head_dim_limit",
+    "head_dim_supported",
+    "tile_multiples",
+    "tiles",
+    "unsupported_reason",
+]
 
 # operand kinds, the constexpr values of quant.KIND_* (see emulation.Quant)
 KIND_INPUT = 0  # round to the input dtype (bf16 / fp16)
@@ -185,9 +197,11 @@ def tile_multiples(cfg: FusedConfig) -> dict[str, tuple[int, int]]:
     (P blocks); dq: M queries (any), N keys (P, dS, K blocks). 16 at the least (the MMA's K step).
     """
     p = cfg.p_block if cfg.p_pow2 else 16
-    return {"fwd": (1, max(p, cfg.seq_block(Operand.V_SEQ))),
-            "dkdv": (cfg.seq_block(Operand.PT, Operand.DO_SEQ, Operand.DST, Operand.Q_SEQ), p),
-            "dq": (1, max(p, cfg.seq_block(Operand.DS, Operand.K_SEQ)))}
+    return {
+        "fwd": (1, max(p, cfg.seq_block(Operand.V_SEQ))),
+        "dkdv": (cfg.seq_block(Operand.PT, Operand.DO_SEQ, Operand.DST, Operand.Q_SEQ), p),
+        "dq": (1, max(p, cfg.seq_block(Operand.DS, Operand.K_SEQ))),
+    }
 
 
 def tiles(cfg: FusedConfig, head_dim: int, *, interpret: bool) -> dict[str, TileConfig]:

@@ -253,8 +253,16 @@ def nvfp4_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexp
 
 
 @triton.jit
-def quantize_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
-                  RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+def quantize_last(
+    x,
+    row_amax,
+    R: tl.constexpr,
+    C: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+):
     """Round an (R, C) fp32 tile as an operand blocked along its last axis (fp32 values out).
 
     KIND_INPUT returns x unchanged: the kernels' dot (``attention._mma``) rounds its operands to
@@ -269,8 +277,15 @@ def quantize_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, KIND: tl.conste
 
 
 @triton.jit
-def quantize_first(x, R: tl.constexpr, C: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
-                   RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+def quantize_first(
+    x,
+    R: tl.constexpr,
+    C: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+):
     """Round an (R, C) fp32 tile as an operand blocked along its first axis (fp32 values out;
     KIND_INPUT: unchanged, see ``quantize_last``)."""
     if KIND == KIND_MX:
@@ -312,8 +327,18 @@ def round_tile(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 @triton.jit
-def _quantize_kernel(X, Y, RowAmax, R: tl.constexpr, C: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
-                     AXIS: tl.constexpr, RCEIL: tl.constexpr, IS_FP16: tl.constexpr):
+def _quantize_kernel(
+    X,
+    Y,
+    RowAmax,
+    R: tl.constexpr,
+    C: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    AXIS: tl.constexpr,
+    RCEIL: tl.constexpr,
+    IS_FP16: tl.constexpr,
+):
     rows = tl.arange(0, R)
     cols = tl.arange(0, C)
     x = tl.load(X + rows[:, None] * C + cols[None, :])
@@ -329,8 +354,16 @@ def _quantize_kernel(X, Y, RowAmax, R: tl.constexpr, C: tl.constexpr, KIND: tl.c
     tl.store(Y + rows[:, None] * C + cols[None, :], y)
 
 
-def quantize_tile(x: torch.Tensor, *, kind: int, block: int, axis: int, rceil: bool = True,
-                  is_fp16: bool = False, row_amax: torch.Tensor | None = None) -> torch.Tensor:
+def quantize_tile(
+    x: torch.Tensor,
+    *,
+    kind: int,
+    block: int,
+    axis: int,
+    rceil: bool = True,
+    is_fp16: bool = False,
+    row_amax: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Fake-quantize an (R, C) tile in one Triton program, blocks along ``axis`` (0 or 1).
 
     kind: KIND_INPUT, KIND_MX or KIND_NVFP4 (NVFP4 along axis 1 only, with the row amax of x as

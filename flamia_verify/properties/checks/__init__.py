@@ -17,4 +17,16 @@ from flamia_verify.properties.checks import (
 # fuzzpass last: its check runs after its family's fixed checks
 from flamia_verify.properties.checks import fuzzpass
 
-__all__ = ["bias", "bound", "causal", "consistency", "determinism", "error", "fuzzpass", "interface", "isolation", "rounding", "special"]
+__all__ = [
+    "bias",
+    "bound",
+    "causal",
+    "consistency",
+    "determinism",
+    "error",
+    "fuzzpass",
+    "interface",
+    "isolation",
+    "rounding",
+    "special",
+]

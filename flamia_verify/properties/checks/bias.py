@@ -52,8 +52,12 @@ def bias_cases(ctx):
             # one long document (long_len keys, 512 in the quick suite): a row's running maximum
             # still rises after many key tiles, where an online softmax must keep rescaling; q x 2
             # spreads the scores so that a rise of the (integer, log2) block maximum is common
-            ctx.case((ctx.settings.long_len,), distribution="shifted", overrides=(("scale_q", 2.0),) + _GRID,
-                     seed_offset=o + 4),
+            ctx.case(
+                (ctx.settings.long_len,),
+                distribution="shifted",
+                overrides=(("scale_q", 2.0),) + _GRID,
+                seed_offset=o + 4,
+            ),
         ]
     return cases
 
@@ -70,8 +74,12 @@ def _tensors(ctx):
 def _pooled(ctx):
     def compute():
         cases = bias_cases(ctx)
-        pooled: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {t: ([], []) for t in ("out", "dq", "dk", "dv")}
-        per_case: dict[str, list[tuple[float, float]]] = {t: [] for t in ("out", "dq", "dk", "dv")}  # (<e, r>, <r, r>) of every case
+        pooled: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {
+            t: ([], []) for t in ("out", "dq", "dk", "dv")
+        }
+        per_case: dict[str, list[tuple[float, float]]] = {
+            t: [] for t in ("out", "dq", "dk", "dv")
+        }  # (<e, r>, <r, r>) of every case
         for n, case in enumerate(cases):
             res, ref = ctx.run(case), ctx.reference(case)
             for t in _tensors(ctx):
@@ -96,9 +104,14 @@ def _pooled(ctx):
             rms = math.sqrt(ee / e.numel()) if e.numel() else 0.0
             mean_share = float(e.mean()) / rms if rms > 0 else 0.0
             cos = float((e * r).sum()) / math.sqrt(ee * rr) if ee > 0 and rr > 0 else 0.0
-            stats[t] = {"gain": gain, "mean_share": mean_share, "rows": rows,
-                        "mean_z": mean_share * math.sqrt(rows), "gain_z": cos * math.sqrt(rows),
-                        "gain_se_cases": _case_standard_error(per_case[t], gain)}
+            stats[t] = {
+                "gain": gain,
+                "mean_share": mean_share,
+                "rows": rows,
+                "mean_z": mean_share * math.sqrt(rows),
+                "gain_z": cos * math.sqrt(rows),
+                "gain_se_cases": _case_standard_error(per_case[t], gain),
+            }
         return cases, stats
 
     return ctx.memo(("bias", ctx.has_backward), compute)
@@ -154,8 +167,7 @@ def gain(ctx):
 
 @register(
     "bias.mean",
-    "mean signed error relative to the RMS error of O, dQ, dK, dV (a constant offset), on inputs "
-    "with a common sign",
+    "mean signed error relative to the RMS error of O, dQ, dK, dV (a constant offset), on inputs with a common sign",
     defaults=lambda recipe, dtype: {"significant_mean_share": MEAN_SHARE},
     cost=0.2,
 )
@@ -171,8 +183,13 @@ def mean(ctx):
         metrics[f"mean_share_{t}"] = st["mean_share"]
     extra = []
     over = abs(s["mean_share"]) > ctx.th["significant_mean_share"]
-    wc = case_record(cases[0], tensor=worst, mean_share=s["mean_share"], mean_z=s["mean_z"],
-                     pooled_cases=[c.to_dict() for c in cases])
+    wc = case_record(
+        cases[0],
+        tensor=worst,
+        mean_share=s["mean_share"],
+        mean_z=s["mean_z"],
+        pooled_cases=[c.to_dict() for c in cases],
+    )
     if over and significant:
         extra.append(
             f"{worst}: mean error is {s['mean_share']:+.3f} of the RMS error (z = {s['mean_z']:+.1f}): a systematic offset"

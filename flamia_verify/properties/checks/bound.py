@@ -24,7 +24,15 @@ from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
 from flamia_verify.settings import OFF_DEFAULT_SCALE
 
-__all__ = ["bounds_for", "bound_ratio", "bound_report", "one_hot_keys_case", "uniform_keys_case", "uniform_queries_case", "exact_weight_model"]
+__all__ = [
+    "bounds_for",
+    "bound_ratio",
+    "bound_report",
+    "one_hot_keys_case",
+    "uniform_keys_case",
+    "uniform_queries_case",
+    "exact_weight_model",
+]
 
 LN2 = math.log(2.0)
 
@@ -40,9 +48,17 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
         if exact_weights:
             model = exact_weight_model(model)
         return attention_bounds(
-            inp.q, inp.k, inp.v, inp.do, inp.cu_q.tolist(), inp.cu_k.tolist(),
-            scale=case.scale, causal=case.causal, model=model,
-            ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv),
+            inp.q,
+            inp.k,
+            inp.v,
+            inp.do,
+            inp.cu_q.tolist(),
+            inp.cu_k.tolist(),
+            scale=case.scale,
+            causal=case.causal,
+            model=model,
+            ref_out=ref.out,
+            ref_grads=(ref.dq, ref.dk, ref.dv),
         )
 
     return ctx.memo(("bound", case, exact_weights), compute)
@@ -113,8 +129,7 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact
         metrics[f"tightness_{t}"] = tight_t[t]
         metrics[f"violations_{t}"] = per_tensor[t]
     details = {"series": [series]} if series else {}
-    msg = (f"no element outside the {ctx.recipe} bound on {len(cases)} {inputs_label}; "
-           f"tightness {tight:.3g}")
+    msg = f"no element outside the {ctx.recipe} bound on {len(cases)} {inputs_label}; tightness {tight:.3g}"
     return metrics, first, details, msg
 
 
@@ -124,8 +139,12 @@ def _cases(ctx):
     q x 16 the rows are nearly one-hot (O_i ~ V_j) and the bound nearly V's own rounding."""
     from flamia_verify.properties.checks.bias import bias_cases
 
-    one_hot = ctx.case((96,), distribution="shifted", overrides=(("scale_q", 16.0), ("grid_q", True), ("grid_k", True)),
-                       seed_offset=3001)
+    one_hot = ctx.case(
+        (96,),
+        distribution="shifted",
+        overrides=(("scale_q", 16.0), ("grid_q", True), ("grid_k", True)),
+        seed_offset=3001,
+    )
     return ctx.base_cases() + bias_cases(ctx) + [one_hot, one_hot_keys_case(ctx)]
 
 
@@ -137,9 +156,12 @@ def one_hot_keys_case(ctx):
     bound then bites on the rounding of the dS operand itself: a kernel that rounds dS more coarsely
     than its recipe says (NVFP4 under an MXFP8 claim) leaves it."""
     d = ctx.settings.headdim
-    return ctx.case((3 * d // 4, d, d // 2 + 1), softmax_scale=LN2,
-                    overrides=(("scale_q", 1.5), ("int_q", True), ("onehot_k", 1.0), ("grid_v", True),
-                               ("grid_do", True)), seed_offset=3002)
+    return ctx.case(
+        (3 * d // 4, d, d // 2 + 1),
+        softmax_scale=LN2,
+        overrides=(("scale_q", 1.5), ("int_q", True), ("onehot_k", 1.0), ("grid_v", True), ("grid_do", True)),
+        seed_offset=3002,
+    )
 
 
 def uniform_keys_case(ctx):
@@ -150,9 +172,19 @@ def uniform_keys_case(ctx):
     two differ). dQ_i[j mod d] = s dS_ij reads one entry of dS with no sum; V and dO on the MX-exact
     grid keep dP exact up to fp32 sums."""
     d = ctx.settings.headdim
-    return ctx.case((3 * d // 4, d, d // 2 + 1), softmax_scale=OFF_DEFAULT_SCALE,
-                    overrides=(("scale_q", 1.5), ("rowconst_q", True), ("int_q", True), ("onehot_k", 1.0),
-                               ("grid_v", True), ("grid_do", True)), seed_offset=3004)
+    return ctx.case(
+        (3 * d // 4, d, d // 2 + 1),
+        softmax_scale=OFF_DEFAULT_SCALE,
+        overrides=(
+            ("scale_q", 1.5),
+            ("rowconst_q", True),
+            ("int_q", True),
+            ("onehot_k", 1.0),
+            ("grid_v", True),
+            ("grid_do", True),
+        ),
+        seed_offset=3004,
+    )
 
 
 def uniform_queries_case(ctx):
@@ -160,9 +192,20 @@ def uniform_queries_case(ctx):
     most d queries and every key the same integer vector: S_ij = k[i mod d] is constant along a row,
     the weights are exactly uniform and dK_j[i mod d] = s dS_ij reads one entry of dS^T."""
     d = ctx.settings.headdim
-    return ctx.case((3 * d // 4, d, d // 2 + 1), (3 * d // 4 + 5, d + 7, d // 2 + 9), softmax_scale=OFF_DEFAULT_SCALE,
-                    overrides=(("scale_k", 1.5), ("const_k", True), ("int_k", True), ("onehot_q", 1.0),
-                               ("grid_v", True), ("grid_do", True)), seed_offset=3005)
+    return ctx.case(
+        (3 * d // 4, d, d // 2 + 1),
+        (3 * d // 4 + 5, d + 7, d // 2 + 9),
+        softmax_scale=OFF_DEFAULT_SCALE,
+        overrides=(
+            ("scale_k", 1.5),
+            ("const_k", True),
+            ("int_k", True),
+            ("onehot_q", 1.0),
+            ("grid_v", True),
+            ("grid_do", True),
+        ),
+        seed_offset=3005,
+    )
 
 
 def _share_above_u(ctx, case, tensor: str, u: float) -> float:
@@ -188,8 +231,13 @@ def _share_above_u(ctx, case, tensor: str, u: float) -> float:
 )
 def bound_out(ctx):
     metrics, first, details, msg = bound_report(ctx, _cases(ctx), ("out",))
-    return ctx.judged(metrics, ok_message=msg, worst_case=first or {}, details=details,
-                      extra_failures=[first["summary"]] if first else [])
+    return ctx.judged(
+        metrics,
+        ok_message=msg,
+        worst_case=first or {},
+        details=details,
+        extra_failures=[first["summary"]] if first else [],
+    )
 
 
 @register(
@@ -207,8 +255,10 @@ def bound_grad(ctx):
     # exact-weight cases: dQ reads dS (one-hot keys), dK reads dS^T (one-hot queries)
     model = ctx.bound_model
     exact_viol, exact_tight, exact_first = 0, 0.0, None
-    for case, tensor, u in ((uniform_keys_case(ctx), "dq", model[Operand.DS].u),
-                            (uniform_queries_case(ctx), "dk", model[Operand.DST].u)):
+    for case, tensor, u in (
+        (uniform_keys_case(ctx), "dq", model[Operand.DS].u),
+        (uniform_queries_case(ctx), "dk", model[Operand.DST].u),
+    ):
         m, f, _, _ = bound_report(ctx, [case], (tensor,), exact_weights=True)
         exact_viol += m["violations"]
         exact_tight = max(exact_tight, m["tightness"])
@@ -219,5 +269,10 @@ def bound_grad(ctx):
     metrics["exact_weight_tightness"] = exact_tight
     msg += f"; exact-weight dS/dS^T cases tightness {exact_tight:.3g}"
     first = first or exact_first
-    return ctx.judged(metrics, ok_message=msg, worst_case=first or {}, details=details,
-                      extra_failures=[first["summary"]] if first else [])
+    return ctx.judged(
+        metrics,
+        ok_message=msg,
+        worst_case=first or {},
+        details=details,
+        extra_failures=[first["summary"]] if first else [],
+    )

@@ -215,14 +215,16 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
                 )
     heatmaps = []
     for (case, b, kind), rows in maps.items():
-        heatmaps.append({
-            "title": f"{tensor} leakage map, {kind} perturbation ({case.describe()}, document {b})",
-            "x_label": "position in document",
-            "y_label": "perturbation position t",
-            "z_label": "changed elements (protected positions)",
-            "z": [r for _, r in rows],
-            "y": [f"t={t}" for t, _ in rows],
-        })
+        heatmaps.append(
+            {
+                "title": f"{tensor} leakage map, {kind} perturbation ({case.describe()}, document {b})",
+                "x_label": "position in document",
+                "y_label": "perturbation position t",
+                "z_label": "changed elements (protected positions)",
+                "z": [r for _, r in rows],
+                "y": [f"t={t}" for t, _ in rows],
+            }
+        )
     metrics = {"leaked_elements": leaked_elements, "leaking_perturbations": leaking, "perturbations": len(runs)}
     return metrics, first, heatmaps
 
@@ -282,7 +284,9 @@ def dk_dv(ctx):
         inp = ctx.inputs(case)
         q0, q1, _, _ = _doc_bounds(case, b)
         g = torch.Generator().manual_seed(case.seed * 2003 + t)
-        new = inp.replace(q=perturb_rows(inp.q, slice(q0, q0 + t), kind, g), do=perturb_rows(inp.do, slice(q0, q0 + t), kind, g))
+        new = inp.replace(
+            q=perturb_rows(inp.q, slice(q0, q0 + t), kind, g), do=perturb_rows(inp.do, slice(q0, q0 + t), kind, g)
+        )
         runs.append((case, b, t, kind, ctx.run(case), ctx.run(new)))
         ctx.progress((n + 1) / len(jobs))
     m_k, first_k, maps_k = _leak_report(ctx, runs, "dk", "past", "dk at/after t")
@@ -348,8 +352,13 @@ def nan(ctx):
     msg = f"out, dQ at/before t unchanged and finite with NaN in later q and dO ({len(runs)} positions)"
     if m_key["leaked_elements"]:
         msg += f"; NaN in masked keys changed {m_key['leaked_elements']} earlier outputs (not required)"
-    return ctx.judged(metrics, ok_message=msg, worst_case=first or first_key or {},
-                      details={"heatmaps": maps_out + maps_dq}, extra_failures=extra)
+    return ctx.judged(
+        metrics,
+        ok_message=msg,
+        worst_case=first or first_key or {},
+        details={"heatmaps": maps_out + maps_dq},
+        extra_failures=extra,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -425,8 +434,13 @@ def _rows_changed(new: torch.Tensor, base: torch.Tensor, lo: int, hi: int) -> in
 )
 def diagonal(ctx):
     cases = _causal_cases(ctx)
-    jobs = [(c, b, t, which) for c, b in cases for t in _diagonal_rows(ctx, c, b) for which in ("key", "query")
-            if which == "key" or ctx.has_backward]
+    jobs = [
+        (c, b, t, which)
+        for c, b in cases
+        for t in _diagonal_rows(ctx, c, b)
+        for which in ("key", "query")
+        if which == "key" or ctx.has_backward
+    ]
     missed, leaked, unseen, first, findings = 0, 0, 0, None, []
     for case, b in cases:  # rows that see no key: out 0, dQ 0 (bitwise, -0.0 read as +0.0)
         q0, q1, k0, k1 = _doc_bounds(case, b)
@@ -439,9 +453,15 @@ def diagonal(ctx):
             bad = int((x[q0 : q0 + n0] != 0).sum())  # NaN counts as non-zero
             if bad:
                 unseen += bad
-                findings.append(case_record(case, document=b, tensor=name,
-                                            problem=f"{bad} elements of {name} rows [0, {n0}) that see no key are not 0",
-                                            summary=f"{name} of query rows that see no key is not 0 ({bad} elements)"))
+                findings.append(
+                    case_record(
+                        case,
+                        document=b,
+                        tensor=name,
+                        problem=f"{bad} elements of {name} rows [0, {n0}) that see no key are not 0",
+                        summary=f"{name} of query rows that see no key is not 0 ({bad} elements)",
+                    )
+                )
     for n, (case, b, t, which) in enumerate(jobs):
         q0, q1, k0, k1 = _doc_bounds(case, b)
         d = t + (k1 - k0) - (q1 - q0)
@@ -464,8 +484,16 @@ def diagonal(ctx):
             if _rows_changed(x_new, x_base, row, row + 1) == 0:
                 missed += 1
                 pos = t if name in ("out", "dq") else d
-                findings.append(case_record(case, document=b, t=t, probe=what, tensor=name,
-                                            summary=f"{name} at position {pos} did not change: {what}"))
+                findings.append(
+                    case_record(
+                        case,
+                        document=b,
+                        t=t,
+                        probe=what,
+                        tensor=name,
+                        summary=f"{name} at position {pos} did not change: {what}",
+                    )
+                )
         for name, lo, hi in fixed:
             x_new, x_base = getattr(new, name), getattr(base, name)
             if x_new is None or x_base is None:
@@ -474,8 +502,16 @@ def diagonal(ctx):
             if c:
                 leaked += c
                 side = f"rows before {t}" if name in ("out", "dq") else f"keys after {d}"
-                findings.append(case_record(case, document=b, t=t, probe=what, tensor=name,
-                                            summary=f"{c} elements of {name} at {side} changed: {what}"))
+                findings.append(
+                    case_record(
+                        case,
+                        document=b,
+                        t=t,
+                        probe=what,
+                        tensor=name,
+                        summary=f"{c} elements of {name} at {side} changed: {what}",
+                    )
+                )
         ctx.progress((n + 1) / len(jobs))
     first = findings[0] if findings else None
     metrics = {"missed": missed, "leaked_elements": leaked, "nonzero_unseen": unseen, "probes": len(jobs)}

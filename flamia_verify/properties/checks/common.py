@@ -33,7 +33,9 @@ def _cu(lens) -> list[int]:
     return out
 
 
-def worst_element(x: torch.Tensor, ref: torch.Tensor, case: Case, tensor: str, *, baseline: torch.Tensor | None = None) -> dict:
+def worst_element(
+    x: torch.Tensor, ref: torch.Tensor, case: Case, tensor: str, *, baseline: torch.Tensor | None = None
+) -> dict:
     """Location of the largest absolute error with the kernel's and the reference's values."""
     x64, r64 = x.detach().double().to(ref.device), ref.detach().double()
     if r64.numel() == 0:
@@ -64,5 +66,3 @@ def worst_element(x: torch.Tensor, ref: torch.Tensor, case: Case, tensor: str, *
     if baseline is not None:
         rec["bf16"] = json_number(baseline.detach().double().reshape(-1)[flat])
     return rec
-
-

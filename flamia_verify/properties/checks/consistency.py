@@ -79,8 +79,12 @@ def constant_value_inputs(case: Case, *, sink: bool, device) -> Inputs:
     q[:, :, QUERY_CHANNEL] = KAPPA
     k[:, :, QUERY_CHANNEL] = 0.0
     dt = DTYPES[case.dtype]
-    return Inputs(case, *(t.to(dt).to(device) for t in (q, k, v, do)), cu_from_lens(case.lens_q, device),  # type: ignore[call-arg]
-                  cu_from_lens(case.lens_k, device))
+    return Inputs(
+        case,
+        *(t.to(dt).to(device) for t in (q, k, v, do)),
+        cu_from_lens(case.lens_q, device),  # type: ignore[call-arg]
+        cu_from_lens(case.lens_k, device),
+    )
 
 
 def _conservation_cases(ctx):
@@ -143,8 +147,14 @@ def conservation_forward(ctx):
             h = (flat // case.headdim) % case.heads
             d = flat % case.headdim
             worst_rec = case_record(
-                case, construction="V = c per head and channel" + (", sink keys" if sink else ""),
-                token=tok, head=h, channel=d, kernel=float(res.out[tok, h, d]), expected=float(c[h, d]), rel_dev=worst,
+                case,
+                construction="V = c per head and channel" + (", sink keys" if sink else ""),
+                token=tok,
+                head=h,
+                channel=d,
+                kernel=float(res.out[tok, h, d]),
+                expected=float(c[h, d]),
+                rel_dev=worst,
             )
     return ctx.judged(
         {"max_rel_dev": worst},
@@ -157,7 +167,10 @@ def conservation_forward(ctx):
     "consistency.shift_invariance",
     "softmax shift invariance: sum_j dK_j = 0 and dQ unchanged by a shift of all keys, read exactly on "
     "inputs where a consistent kernel's dS vanishes (V constant, a constant key and query channel)",
-    defaults=lambda recipe, dtype: {"dq_key_shift": conservation_tolerance(dtype), "dk_sum": conservation_tolerance(dtype)},
+    defaults=lambda recipe, dtype: {
+        "dq_key_shift": conservation_tolerance(dtype),
+        "dk_sum": conservation_tolerance(dtype),
+    },
     needs_backward=True,
     cost=0.5,
 )
@@ -176,8 +189,12 @@ def shift_invariance(ctx):
         rq = torch.nan_to_num(rq, nan=math.inf)
         if rq.numel() and float(rq.max()) > worst_q:
             worst_q = float(rq.max())
-            rec = case_record(case, identity="dQ_i[key channel] = 0", construction="V constant, constant key channel",
-                              value=float(rq.max()))
+            rec = case_record(
+                case,
+                identity="dQ_i[key channel] = 0",
+                construction="V constant, constant key channel",
+                value=float(rq.max()),
+            )
         cu_q, cu_k = inp.cu_q.tolist(), inp.cu_k.tolist()
         for b in range(len(cu_q) - 1):
             q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
@@ -192,8 +209,9 @@ def shift_invariance(ctx):
                 if worst_k > worst_q:
                     rec = case_record(case, identity="sum_j dK_j = 0", document=b, value=r)
     metrics = {"dq_key_shift": worst_q, "dk_sum": worst_k}
-    return ctx.judged(metrics, ok_message=f"residuals dQ {worst_q:.3g}, sum dK {worst_k:.3g} (relative)",
-                      worst_case=rec or {})
+    return ctx.judged(
+        metrics, ok_message=f"residuals dQ {worst_q:.3g}, sum dK {worst_k:.3g} (relative)", worst_case=rec or {}
+    )
 
 
 def _doc_weights(inp: Inputs, ref_lse: torch.Tensor, b: int):
@@ -210,8 +228,11 @@ def _doc_weights(inp: Inputs, ref_lse: torch.Tensor, b: int):
     j = torch.arange(lk, device=S.device)[None, :]
     vis = (j <= i + (lk - lq)) if c.causal else torch.ones(lq, lk, dtype=torch.bool, device=S.device)
     lse = ref_lse[q0:q1].double().T[..., None]
-    A = torch.where(vis & torch.isfinite(lse), torch.exp(S - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))),
-                    torch.zeros_like(S))
+    A = torch.where(
+        vis & torch.isfinite(lse),
+        torch.exp(S - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))),
+        torch.zeros_like(S),
+    )
     return A, (q0, q1, k0, k1)
 
 
@@ -261,11 +282,22 @@ def conservation_backward(ctx):
             if r > worst:
                 worst = r
                 hk, d = divmod(int(ratio.argmax()), ratio.shape[1])
-                rec = case_record(case, identity="sum_j dV_j = sum_i dO_i", document=b, kv_head=hk, channel=d,
-                                  sum_dv=float(lhs[hk, d]), sum_do=float(rhs[hk, d]), budget=float(budget[hk, d]))
+                rec = case_record(
+                    case,
+                    identity="sum_j dV_j = sum_i dO_i",
+                    document=b,
+                    kv_head=hk,
+                    channel=d,
+                    sum_dv=float(lhs[hk, d]),
+                    sum_do=float(rhs[hk, d]),
+                    budget=float(budget[hk, d]),
+                )
         ctx.progress((n + 1) / len(cases))
-    return ctx.judged({"budget_ratio": worst}, ok_message=f"sum dV - sum dO within {worst:.3g} of the rounding budget",
-                      worst_case=rec or {})
+    return ctx.judged(
+        {"budget_ratio": worst},
+        ok_message=f"sum dV - sum dO within {worst:.3g} of the rounding budget",
+        worst_case=rec or {},
+    )
 
 
 def one_hot_inputs(case: Case, device, window: int | None = None) -> Inputs:
@@ -290,8 +322,12 @@ def one_hot_inputs(case: Case, device, window: int | None = None) -> Inputs:
     place(v, case.lens_k)
     place(do, case.lens_q)
     dt = DTYPES[case.dtype]
-    return Inputs(case, *((t.to(dt).to(device)) for t in (q * 4.0, k, v, do)), cu_from_lens(case.lens_q, device),  # type: ignore[call-arg]
-                  cu_from_lens(case.lens_k, device))
+    return Inputs(
+        case,
+        *((t.to(dt).to(device)) for t in (q * 4.0, k, v, do)),
+        cu_from_lens(case.lens_q, device),  # type: ignore[call-arg]
+        cu_from_lens(case.lens_k, device),
+    )
 
 
 def _weight_tables(ctx, case: Case):
@@ -370,14 +406,28 @@ def weights(ctx):
                 worst = r
                 h, rem = divmod(int(ratio.argmax()), lq * lk)
                 i, j = divmod(rem, lk)
-                rec = case_record(case, construction="V_j = e_j, dO_i = e_i, q x 4" + (
-                    f" (read in windows of {case.headdim} keys and queries)" if max(case.lens_k) > case.headdim else ""),
-                    document=b, head=h, query=i, key=j, forward_weight=float(W[h, i, j]),
-                    backward_weight=float(B[h, i, j]), tolerance=float(tol[h, i, j]))
+                rec = case_record(
+                    case,
+                    construction="V_j = e_j, dO_i = e_i, q x 4"
+                    + (
+                        f" (read in windows of {case.headdim} keys and queries)"
+                        if max(case.lens_k) > case.headdim
+                        else ""
+                    ),
+                    document=b,
+                    head=h,
+                    query=i,
+                    key=j,
+                    forward_weight=float(W[h, i, j]),
+                    backward_weight=float(B[h, i, j]),
+                    tolerance=float(tol[h, i, j]),
+                )
         ctx.progress((n + 1) / len(cases))
-    return ctx.judged({"weight_mismatch": worst},
-                      ok_message=f"backward weights match the forward's within {worst:.3g} of the P^T rounding",
-                      worst_case=rec or {})
+    return ctx.judged(
+        {"weight_mismatch": worst},
+        ok_message=f"backward weights match the forward's within {worst:.3g} of the P^T rounding",
+        worst_case=rec or {},
+    )
 
 
 @register(
@@ -410,7 +460,19 @@ def grad_forward_ratio(ctx):
             rows.append({"case": case.describe(), "tensor": t, "normalized_ratio": r})
             if r > worst:
                 worst = r
-                rec = case_record(case, tensor=t, kernel_grad_error=e_t, kernel_out_error=e_out, bf16_grad_error=b_t,
-                                  bf16_out_error=b_out, normalized_grad_error=n_t, normalized_out_error=n_out)
-    return ctx.judged({"normalized_ratio": worst}, ok_message=f"gradient/forward error ratio {worst:.3g}x the model's",
-                      worst_case=rec or {}, details={"per_case": rows})
+                rec = case_record(
+                    case,
+                    tensor=t,
+                    kernel_grad_error=e_t,
+                    kernel_out_error=e_out,
+                    bf16_grad_error=b_t,
+                    bf16_out_error=b_out,
+                    normalized_grad_error=n_t,
+                    normalized_out_error=n_out,
+                )
+    return ctx.judged(
+        {"normalized_ratio": worst},
+        ok_message=f"gradient/forward error ratio {worst:.3g}x the model's",
+        worst_case=rec or {},
+        details={"per_case": rows},
+    )

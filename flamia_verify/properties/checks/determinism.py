@@ -56,11 +56,22 @@ def repeat(ctx):
                 if not m.ok:
                     mismatched += m.mismatched
                     if first is None:
-                        first = case_record(case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary())
+                        first = case_record(
+                            case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary()
+                        )
         ctx.progress((n + 1) / len(cases))
     metrics = {"mismatched_elements": mismatched, "repeats": repeats, "cases": len(cases)}
     if mismatched and ctx.opt.get("warn_only"):
-        return ctx.result("pass", metrics, message=f"warning: not bitwise reproducible ({first['summary']}); "  # type: ignore[index]
-                          "accepted by warn_only", worst_case=first)
-    return ctx.judged(metrics, ok_message=f"bitwise identical over {repeats} runs of {len(cases)} cases",
-                      worst_case=first or {}, extra_failures=[first["summary"]] if first else [])
+        return ctx.result(
+            "pass",
+            metrics,
+            message=f"warning: not bitwise reproducible ({first['summary']}); "  # type: ignore[index]
+            "accepted by warn_only",
+            worst_case=first,
+        )
+    return ctx.judged(
+        metrics,
+        ok_message=f"bitwise identical over {repeats} runs of {len(cases)} cases",
+        worst_case=first or {},
+        extra_failures=[first["summary"]] if first else [],
+    )

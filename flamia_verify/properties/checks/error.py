@@ -72,7 +72,9 @@ def _error_check(ctx, tensor: str):
         bst = error_stats(b, r)
         ratio = st["rel_rmse"] / bst["rel_rmse"] if bst["rel_rmse"] > 0 else (1.0 if st["rel_rmse"] == 0 else math.inf)
         norm = normalized_error(ctx, case, tensor, st["rel_rmse"])
-        row = dict(case=case, stats=st, bf16=bst, ratio=ratio, norm=norm, pred=predicted(ctx, case)[tensor], x=x, r=r, b=b)
+        row = dict(
+            case=case, stats=st, bf16=bst, ratio=ratio, norm=norm, pred=predicted(ctx, case)[tensor], x=x, r=r, b=b
+        )
         rows.append(row)
         if worst is None or _key(row) > _key(worst):
             worst = row
@@ -121,9 +123,15 @@ def _error_check(ctx, tensor: str):
             )
         ],
         "per_case": [
-            {"case": r["case"].describe(), "rel_rmse": r["stats"]["rel_rmse"], "bf16_rel_rmse": r["bf16"]["rel_rmse"],
-             "ratio_to_bf16": r["ratio"], "predicted_rel_rmse": r["pred"], "normalized_error": r["norm"],
-             "sqnr_db": r["stats"]["sqnr_db"]}
+            {
+                "case": r["case"].describe(),
+                "rel_rmse": r["stats"]["rel_rmse"],
+                "bf16_rel_rmse": r["bf16"]["rel_rmse"],
+                "ratio_to_bf16": r["ratio"],
+                "predicted_rel_rmse": r["pred"],
+                "normalized_error": r["norm"],
+                "sqnr_db": r["stats"]["sqnr_db"],
+            }
             for r in rows
         ],
     }
@@ -132,8 +140,10 @@ def _error_check(ctx, tensor: str):
         extra.append(f"{metrics['nonfinite']} non-finite {label} elements on finite inputs")
     return ctx.judged(
         metrics,
-        ok_message=(f"{label}: rel RMSE {metrics['rel_rmse']:.3g} ({metrics['ratio_to_bf16']:.3g}x BF16), "
-                    f"{metrics['normalized_error']:.2g}x the recipe's model, over {len(rows)} cases"),
+        ok_message=(
+            f"{label}: rel RMSE {metrics['rel_rmse']:.3g} ({metrics['ratio_to_bf16']:.3g}x BF16), "
+            f"{metrics['normalized_error']:.2g}x the recipe's model, over {len(rows)} cases"
+        ),
         worst_case=worst_case,
         details=details,
         extra_failures=extra,
@@ -145,25 +155,44 @@ def _key(row) -> float:
     return math.inf if v != v else v
 
 
-@register("error.out", "relative RMSE, max abs, cosine and SQNR of O against the float64 reference; ratio to a BF16 run",
-          defaults=_defaults("out"), cost=2.0)
+@register(
+    "error.out",
+    "relative RMSE, max abs, cosine and SQNR of O against the float64 reference; ratio to a BF16 run",
+    defaults=_defaults("out"),
+    cost=2.0,
+)
 def error_out(ctx):
     return _error_check(ctx, "out")
 
 
-@register("error.dq", "the error statistics of dQ (ratio to a BF16 run on the same inputs)",
-          defaults=_defaults("dq"), needs_backward=True, cost=0.5)
+@register(
+    "error.dq",
+    "the error statistics of dQ (ratio to a BF16 run on the same inputs)",
+    defaults=_defaults("dq"),
+    needs_backward=True,
+    cost=0.5,
+)
 def error_dq(ctx):
     return _error_check(ctx, "dq")
 
 
-@register("error.dk", "the error statistics of dK (ratio to a BF16 run on the same inputs)",
-          defaults=_defaults("dk"), needs_backward=True, cost=0.5)
+@register(
+    "error.dk",
+    "the error statistics of dK (ratio to a BF16 run on the same inputs)",
+    defaults=_defaults("dk"),
+    needs_backward=True,
+    cost=0.5,
+)
 def error_dk(ctx):
     return _error_check(ctx, "dk")
 
 
-@register("error.dv", "the error statistics of dV (ratio to a BF16 run on the same inputs)",
-          defaults=_defaults("dv"), needs_backward=True, cost=0.5)
+@register(
+    "error.dv",
+    "the error statistics of dV (ratio to a BF16 run on the same inputs)",
+    defaults=_defaults("dv"),
+    needs_backward=True,
+    cost=0.5,
+)
 def error_dv(ctx):
     return _error_check(ctx, "dv")

@@ -52,8 +52,15 @@ def fuzz_pass(ctx):
     suite = ctx.settings.name
     examples = FUZZ_EXAMPLES.get(suite, FUZZ_EXAMPLES["standard"])
     shrink = SHRINK_LIMIT.get(suite, SHRINK_LIMIT["standard"])
-    res = search(ctx, examples=examples, seed=ctx.seed, max_tokens=MAX_TOKENS, long_tokens=LONG_TOKENS,
-                 shrink_limit=shrink, on_example=lambda n: ctx.progress(n / examples))
+    res = search(
+        ctx,
+        examples=examples,
+        seed=ctx.seed,
+        max_tokens=MAX_TOKENS,
+        long_tokens=LONG_TOKENS,
+        shrink_limit=shrink,
+        on_example=lambda n: ctx.progress(n / examples),
+    )
     failing = sum(res.counts.values())
     metrics = {
         "failing_examples": failing,
@@ -62,13 +69,22 @@ def fuzz_pass(ctx):
         **{f"failing_{p}": n for p, n in res.counts.items() if n},
         **res.coverage(MAX_TOKENS),
     }
-    search_info = {"seed": ctx.seed, "examples": examples, "shrink_limit": shrink, "max_tokens": MAX_TOKENS,
-                   "long_tokens": LONG_TOKENS, "shrink_stopped": res.shrink_stopped}
+    search_info = {
+        "seed": ctx.seed,
+        "examples": examples,
+        "shrink_limit": shrink,
+        "max_tokens": MAX_TOKENS,
+        "long_tokens": LONG_TOKENS,
+        "shrink_stopped": res.shrink_stopped,
+    }
     if res.finding is None:
-        return ctx.judged(metrics, ok_message=f"no failure in {res.examples} random packings ({res.distinct} distinct; "
-                                              f"{metrics['long_document_examples']} with a long document, "
-                                              f"{metrics['headdim_128_examples']} at head_dim 128)",
-                          details={"search": search_info})
+        return ctx.judged(
+            metrics,
+            ok_message=f"no failure in {res.examples} random packings ({res.distinct} distinct; "
+            f"{metrics['long_document_examples']} with a long document, "
+            f"{metrics['headdim_128_examples']} at head_dim 128)",
+            details={"search": search_info},
+        )
     f = res.finding
     rep: dict = res.reproducer  # type: ignore[assignment]  # a finding has its reproducer
     worst = dict(rep)
@@ -76,11 +92,16 @@ def fuzz_pass(ctx):
         check=PROPERTIES[f.prop],
         detail=f.detail,
         search=search_info,
-        replay=("save this worst_case as case.json, then: flamia-verify fuzz --kernel KERNEL --replay case.json "
-                f"(the same search: flamia-verify fuzz --kernel KERNEL --seed {ctx.seed} --examples {examples})"),
+        replay=(
+            "save this worst_case as case.json, then: flamia-verify fuzz --kernel KERNEL --replay case.json "
+            f"(the same search: flamia-verify fuzz --kernel KERNEL --seed {ctx.seed} --examples {examples})"
+        ),
     )
-    summary = (f"{f.prop} failed on the minimal case lens_q={list(rep['lens_q'])} lens_k={list(rep['lens_k'])} "
-               f"heads={rep['heads']}/{rep['heads_k']} d={rep['headdim']} document {rep['document']} t={rep['t']} "
-               f"({rep['perturbation']}): {f.message}")
-    return ctx.judged(metrics, ok_message="", worst_case=worst, details={"search": search_info},
-                      extra_failures=[summary])
+    summary = (
+        f"{f.prop} failed on the minimal case lens_q={list(rep['lens_q'])} lens_k={list(rep['lens_k'])} "
+        f"heads={rep['heads']}/{rep['heads_k']} d={rep['headdim']} document {rep['document']} t={rep['t']} "
+        f"({rep['perturbation']}): {f.message}"
+    )
+    return ctx.judged(
+        metrics, ok_message="", worst_case=worst, details={"search": search_info}, extra_failures=[summary]
+    )

@@ -51,7 +51,9 @@ def output(ctx):
         if tuple(res.out.shape) != want:
             problems.append(case_record(case, problem=f"out has shape {tuple(res.out.shape)}, expected {want}"))
         elif res.out.dtype not in _allowed_out_dtypes(inp.q.dtype):
-            problems.append(case_record(case, problem=f"out has dtype {res.out.dtype}, expected {inp.q.dtype} (or wider)"))
+            problems.append(
+                case_record(case, problem=f"out has dtype {res.out.dtype}, expected {inp.q.dtype} (or wider)")
+            )
         elif res.out.device != inp.q.device:
             problems.append(case_record(case, problem=f"out is on {res.out.device}, inputs on {inp.q.device}"))
         ctx.progress((n + 1) / len(cases))
@@ -86,22 +88,35 @@ def judge_modifications(ctx):
     """The verdict over every in-place write the harness recorded so far."""
     mods = ctx.harness.modifications
     names = sorted({m.tensor for m in mods})
-    metrics = {"modified_inputs": len(names), "modifying_calls": len({m.call for m in mods}),
-               "audited_calls": ctx.harness.audited}
+    metrics = {
+        "modified_inputs": len(names),
+        "modifying_calls": len({m.call for m in mods}),
+        "audited_calls": ctx.harness.audited,
+    }
     if not mods:
-        return ctx.judged(metrics, ok_message=f"inputs bitwise unchanged after each of the {ctx.harness.audited} "
-                                              "kernel calls (forward, and backward where it ran)")
+        return ctx.judged(
+            metrics,
+            ok_message=f"inputs bitwise unchanged after each of the {ctx.harness.audited} "
+            "kernel calls (forward, and backward where it ran)",
+        )
     first = mods[0]
-    worst = case_record(first.case, tensor=first.tensor, stage=first.stage, mismatch=first.mismatch.to_dict(),
-                        summary=first.mismatch.summary())
+    worst = case_record(
+        first.case,
+        tensor=first.tensor,
+        stage=first.stage,
+        mismatch=first.mismatch.to_dict(),
+        summary=first.mismatch.summary(),
+    )
     worst["modifications"] = [{"tensor": m.tensor, "stage": m.stage, "case": m.case.describe()} for m in mods[:_LISTED]]
     where = "; ".join(sorted({f"{m.tensor} in the {m.stage}" for m in mods}))
     return ctx.judged(
         metrics,
         ok_message="",
         worst_case=worst,
-        extra_failures=[f"the kernel wrote into {', '.join(names)} ({where}); first on {first.case.describe()}: "
-                        f"{first.mismatch.summary()}"],
+        extra_failures=[
+            f"the kernel wrote into {', '.join(names)} ({where}); first on {first.case.describe()}: "
+            f"{first.mismatch.summary()}"
+        ],
     )
 
 
@@ -116,12 +131,16 @@ def backward(ctx):
     if not ctx.has_backward:
         b = ctx.backward
         if b.declared:
-            return ctx.skip("gradients not checked: the kernel is declared forward-only (--forward-only, "
-                            "forward_only = true); its backward was never called")
+            return ctx.skip(
+                "gradients not checked: the kernel is declared forward-only (--forward-only, "
+                "forward_only = true); its backward was never called"
+            )
         # undeclared: a backward that cannot run on the smallest case is a finding
         problem = f"no usable backward: {b.reason}" + (
-            "" if b.cause == "inplace" else "; a kernel without a backward must be declared forward-only "
-                                            "(--forward-only, forward_only = true)")
+            ""
+            if b.cause == "inplace"
+            else "; a kernel without a backward must be declared forward-only (--forward-only, forward_only = true)"
+        )
         worst = case_record(b.case, problem=problem, cause=b.cause) if b.case is not None else {"problem": problem}
         return ctx.judged({"bad_gradients": 1, "cases": 1}, ok_message="", worst_case=worst, extra_failures=[problem])
     problems = []
@@ -134,8 +153,9 @@ def backward(ctx):
             # take (GQA: dK, dV left per query head) is raised here
             if err.stage == "backward" and _AUTOGRAD_REJECTS in str(err.exc):
                 what = "shape" if "expected shape compatible" in str(err.exc) else "shape, device or layout"
-                problems.append(case_record(case, problem=f"the backward returned a gradient of the wrong {what} "
-                                                          f"({err.summary})"))
+                problems.append(
+                    case_record(case, problem=f"the backward returned a gradient of the wrong {what} ({err.summary})")
+                )
                 ctx.progress((n + 1) / len(cases))
                 continue
             raise
@@ -145,9 +165,12 @@ def backward(ctx):
             if g is None:
                 problems.append(case_record(case, problem=f"no gradient for {name[1:]}"))
             elif g.shape != want.shape or g.dtype != want.dtype:
-                problems.append(case_record(
-                    case, problem=f"{name} has {tuple(g.shape)} {g.dtype}, expected {tuple(want.shape)} {want.dtype}"
-                ))
+                problems.append(
+                    case_record(
+                        case,
+                        problem=f"{name} has {tuple(g.shape)} {g.dtype}, expected {tuple(want.shape)} {want.dtype}",
+                    )
+                )
         ctx.progress((n + 1) / len(cases))
     metrics = {"bad_gradients": len(problems), "cases": len(cases)}
     return ctx.judged(

@@ -33,8 +33,16 @@ __all__ = ["pack_document"]
 NEIGHBOUR_SCALE = {"random": 300.0, "huge": 1.0e4, "tiny": 1.0e-4}
 
 
-def pack_document(target: Inputs, before: int, after: int, kind: str, seed: int, *,
-                  before_k: int | None = None, after_k: int | None = None) -> Inputs:
+def pack_document(
+    target: Inputs,
+    before: int,
+    after: int,
+    kind: str,
+    seed: int,
+    *,
+    before_k: int | None = None,
+    after_k: int | None = None,
+) -> Inputs:
     """The target document (a one-document Inputs) with ``before`` and ``after`` neighbour tokens
     whose values are N(0, 1) times NEIGHBOUR_SCALE[kind] (or NaN for ``kind="nan"``). The neighbours
     hold ``before``/``after`` queries and ``before_k``/``after_k`` keys (default: as many as queries)."""
@@ -56,11 +64,21 @@ def pack_document(target: Inputs, before: int, after: int, kind: str, seed: int,
         parts[name] = torch.cat([pre.to(x.dtype).to(x.device), x, post.to(x.dtype).to(x.device)])
     lens = (before, c.lens_q[0], after)
     lens_k = (before_k, c.lens_k[0], after_k)
-    case = Case(lens, lens_k, heads=c.heads, heads_k=c.heads_k, headdim=c.headdim, causal=c.causal,
-                distribution=c.distribution, seed=seed, dtype=c.dtype)
+    case = Case(
+        lens,
+        lens_k,
+        heads=c.heads,
+        heads_k=c.heads_k,
+        headdim=c.headdim,
+        causal=c.causal,
+        distribution=c.distribution,
+        seed=seed,
+        dtype=c.dtype,
+    )
     dev = target.q.device
-    return Inputs(case, parts["q"], parts["k"], parts["v"], parts["do"], cu_from_lens(lens, dev),
-                  cu_from_lens(lens_k, dev))
+    return Inputs(
+        case, parts["q"], parts["k"], parts["v"], parts["do"], cu_from_lens(lens, dev), cu_from_lens(lens_k, dev)
+    )
 
 
 #: extra neighbour keys (before, after) around a target whose key count differs from its query count
@@ -133,9 +151,16 @@ def neighbours(ctx):
             if not m.ok:
                 changed += m.mismatched
                 if first is None:
-                    first = case_record(target_case, tensor=name, layout=[before, after],
-                                        layout_k=list(_k_layout(target_case, before, after)), neighbours=kind,
-                                        neighbour_seed=target_case.seed * 37 + after, mismatch=m.to_dict(), summary=m.summary())
+                    first = case_record(
+                        target_case,
+                        tensor=name,
+                        layout=[before, after],
+                        layout_k=list(_k_layout(target_case, before, after)),
+                        neighbours=kind,
+                        neighbour_seed=target_case.seed * 37 + after,
+                        mismatch=m.to_dict(),
+                        summary=m.summary(),
+                    )
         ctx.progress((n + 1) / len(jobs))
     return ctx.judged(
         {"changed_elements": changed, "perturbations": runs},
@@ -156,8 +181,10 @@ def nan(ctx):
     jobs = [(t, lay) for t in _targets(ctx) for lay in ctx.settings.isolation_layouts[:2]]
     for n, (target_case, (before, after)) in enumerate(jobs):
         tgt = ctx.inputs(target_case)
-        base = ctx.memo(("iso-base", target_case, before, after),
-                        lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))  # noqa: B023 (ctx.memo calls it at once)
+        base = ctx.memo(
+            ("iso-base", target_case, before, after),
+            lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)),  # noqa: B023 (ctx.memo calls it at once)
+        )
         new = ctx.run(_pack(target_case, tgt, before, after, "nan", seed=0))
         runs += 1
         before_k = _k_layout(target_case, before, after)[0]
@@ -167,9 +194,15 @@ def nan(ctx):
             if not m.ok:
                 changed += m.mismatched
                 if first is None:
-                    first = case_record(target_case, tensor=name, layout=[before, after],
-                                        layout_k=list(_k_layout(target_case, before, after)), neighbours="nan",
-                                        mismatch=m.to_dict(), summary=m.summary())
+                    first = case_record(
+                        target_case,
+                        tensor=name,
+                        layout=[before, after],
+                        layout_k=list(_k_layout(target_case, before, after)),
+                        neighbours="nan",
+                        mismatch=m.to_dict(),
+                        summary=m.summary(),
+                    )
         ctx.progress((n + 1) / len(jobs))
     return ctx.judged(
         {"changed_elements": changed, "nonfinite": nonfinite, "perturbations": runs},
@@ -197,8 +230,10 @@ def offset(ctx):
     for n, (target_case, (before, after)) in enumerate(jobs):
         alone = ctx.run(target_case)
         tgt = ctx.inputs(target_case)
-        packed = ctx.memo(("iso-base", target_case, before, after),
-                          lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)))  # noqa: B023 (ctx.memo calls it at once)
+        packed = ctx.memo(
+            ("iso-base", target_case, before, after),
+            lambda: ctx.run(_pack(target_case, tgt, before, after, "random", seed=target_case.seed * 31 + before)),  # noqa: B023 (ctx.memo calls it at once)
+        )
         runs += 1
         before_k = _k_layout(target_case, before, after)[0]
         all_equal = True
@@ -212,17 +247,30 @@ def offset(ctx):
                 all_equal = False
                 mismatches += m.mismatched
                 if first is None:
-                    first = case_record(target_case, tensor=name, layout=[before, after],
-                                        layout_k=list(_k_layout(target_case, before, after)), rel_diff=rel,
-                                        mismatch=m.to_dict(), summary=m.summary())
+                    first = case_record(
+                        target_case,
+                        tensor=name,
+                        layout=[before, after],
+                        layout_k=list(_k_layout(target_case, before, after)),
+                        rel_diff=rel,
+                        mismatch=m.to_dict(),
+                        summary=m.summary(),
+                    )
         bitwise_runs += all_equal
         ctx.progress((n + 1) / len(jobs))
-    metrics = {"bitwise_mismatches": mismatches, "rel_diff": worst_rel, "bitwise_equal_packs": bitwise_runs, "packs": runs}
+    metrics = {
+        "bitwise_mismatches": mismatches,
+        "rel_diff": worst_rel,
+        "bitwise_equal_packs": bitwise_runs,
+        "packs": runs,
+    }
     ok_message = f"document bitwise identical alone and at {runs} offsets"
     if mismatches:  # accepted by a raised bitwise_mismatches limit: say so instead of "identical"
-        ok_message = (f"{mismatches} elements differ between the document alone and packed ({runs - bitwise_runs} of "
-                      f"{runs} packs; accepted up to {ctx.th.get('bitwise_mismatches', 0):g}); largest difference "
-                      f"{worst_rel:.3g} of the RMS")
+        ok_message = (
+            f"{mismatches} elements differ between the document alone and packed ({runs - bitwise_runs} of "
+            f"{runs} packs; accepted up to {ctx.th.get('bitwise_mismatches', 0):g}); largest difference "
+            f"{worst_rel:.3g} of the RMS"
+        )
     return ctx.judged(
         metrics,
         ok_message=ok_message,

@@ -45,8 +45,15 @@ def mx_sites(recipe: str, dtype) -> tuple[str, ...]:
 
 
 def probe_case(ctx, probe: Probe, seed_offset: int = 0):
-    return ctx.case((PROBE_LEN,), heads=1, headdim=PROBE_DIM, causal=False, softmax_scale=PROBE_SCALE,
-                    overrides=(("probe", probe.tag),), seed_offset=4000 + seed_offset)
+    return ctx.case(
+        (PROBE_LEN,),
+        heads=1,
+        headdim=PROBE_DIM,
+        causal=False,
+        softmax_scale=PROBE_SCALE,
+        overrides=(("probe", probe.tag),),
+        seed_offset=4000 + seed_offset,
+    )
 
 
 def rounding_report(ctx, probes, seeds: int = 1):
@@ -63,16 +70,33 @@ def rounding_report(ctx, probes, seeds: int = 1):
         _, rounded = probe_tensors(probe, case.seed)
         rin = inp.replace(**{k: v.to(inp.q.device) for k, v in rounded.items()})
         ref = ctx.reference(rin)
-        B = attention_bounds(rin.q, rin.k, rin.v, rin.do, rin.cu_q.tolist(), rin.cu_k.tolist(), scale=case.scale,
-                             causal=False, model=model, ref_out=ref.out, ref_grads=(ref.dq, ref.dk, ref.dv))
+        B = attention_bounds(
+            rin.q,
+            rin.k,
+            rin.v,
+            rin.do,
+            rin.cu_q.tolist(),
+            rin.cu_k.tolist(),
+            scale=case.scale,
+            causal=False,
+            model=model,
+            ref_out=ref.out,
+            ref_grads=(ref.dq, ref.dk, ref.dv),
+        )
         n_cases += 1
         for t in probe.observed:
             x = getattr(res, t)
             if x is None:
                 continue
             r, b = getattr(ref, t), getattr(B, t)
-            m = compare_within(x, r, b, what=f"|{t} - attention of the rounded inputs|",
-                               rule="within fp32 accumulation and the output rounding", cu_seqlens=[0, PROBE_LEN])
+            m = compare_within(
+                x,
+                r,
+                b,
+                what=f"|{t} - attention of the rounded inputs|",
+                rule="within fp32 accumulation and the output rounding",
+                cu_seqlens=[0, PROBE_LEN],
+            )
             mx = float(bound_ratio(x, r, b).max())
             tight = max(tight, mx)
             key = f"tightness_{probe.site}"
@@ -80,9 +104,15 @@ def rounding_report(ctx, probes, seeds: int = 1):
             if not m.ok:
                 violations += m.mismatched
                 if first is None:
-                    first = case_record(case, tensor=t, probe=probe.tag, site=probe.describe(), recipe=ctx.recipe,
-                                        mismatch=m.to_dict(),
-                                        summary=f"{t} of probe {probe.tag} ({probe.describe()}): {m.summary()}")
+                    first = case_record(
+                        case,
+                        tensor=t,
+                        probe=probe.tag,
+                        site=probe.describe(),
+                        recipe=ctx.recipe,
+                        mismatch=m.to_dict(),
+                        summary=f"{t} of probe {probe.tag} ({probe.describe()}): {m.summary()}",
+                    )
         ctx.progress((n + 1) / len(jobs))
     metrics = {"violations": violations, "tightness": tight, "probe_cases": n_cases, **per_site}
     return metrics, first
@@ -100,8 +130,10 @@ def rounding_report(ctx, probes, seeds: int = 1):
 def bound_rounding(ctx):
     sites = mx_sites(ctx.recipe, ctx.dtype)
     if not sites:
-        return ctx.skip(f"the {ctx.recipe} recipe rounds no GEMM operand as MXFP8 (E4M3 32-blocks with an "
-                        "E8M0 scale rule): no operand's rounding is fixed by the recipe")
+        return ctx.skip(
+            f"the {ctx.recipe} recipe rounds no GEMM operand as MXFP8 (E4M3 32-blocks with an "
+            "E8M0 scale rule): no operand's rounding is fixed by the recipe"
+        )
     probes = [p for p in PROBES if p.site in sites and (ctx.has_backward or not p.needs_backward)]
     left_out = sorted({p.site for p in PROBES if p.site in sites} - {p.site for p in probes})
     metrics, first = rounding_report(ctx, probes, seeds=ctx.settings.rounding_seeds)
@@ -111,9 +143,12 @@ def bound_rounding(ctx):
         notes.append(f"not MXFP8 in the recipe, not probed: {', '.join(not_probed)}")
     if left_out:
         notes.append(f"no backward, not probed: {', '.join(left_out)}")
-    msg = (f"every probed operand rounds as the {ctx.recipe} recipe says on {metrics['probe_cases']} probe cases "
-           f"({', '.join(sorted({p.site for p in probes}))}); tightness {metrics['tightness']:.3g}")
+    msg = (
+        f"every probed operand rounds as the {ctx.recipe} recipe says on {metrics['probe_cases']} probe cases "
+        f"({', '.join(sorted({p.site for p in probes}))}); tightness {metrics['tightness']:.3g}"
+    )
     if notes:
         msg += "; " + "; ".join(notes)
-    return ctx.judged(metrics, ok_message=msg, worst_case=first or {},
-                      extra_failures=[first["summary"]] if first else [])
+    return ctx.judged(
+        metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
+    )

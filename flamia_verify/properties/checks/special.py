@@ -54,7 +54,12 @@ def convention_violations(ctx, case: Case, res) -> tuple[int, dict | None]:
         else:
             dead_q = list(range(lq)) if lk == 0 else []
             dead_k = list(range(lk)) if lq == 0 else []
-        for name, dead, base in (("out", dead_q, cq[b]), ("dq", dead_q, cq[b]), ("dk", dead_k, ck[b]), ("dv", dead_k, ck[b])):
+        for name, dead, base in (
+            ("out", dead_q, cq[b]),
+            ("dq", dead_q, cq[b]),
+            ("dk", dead_k, ck[b]),
+            ("dv", dead_k, ck[b]),
+        ):
             x = getattr(res, name)
             if x is None or not dead:
                 continue
@@ -63,8 +68,13 @@ def convention_violations(ctx, case: Case, res) -> tuple[int, dict | None]:
             if nz:
                 bad += nz
                 if first is None:
-                    first = case_record(case, tensor=name, document=b, rows=[base + i for i in dead][:8],
-                                        problem=f"{name} of {len(dead)} row(s) that see nothing is not exactly 0 ({nz} elements)")
+                    first = case_record(
+                        case,
+                        tensor=name,
+                        document=b,
+                        rows=[base + i for i in dead][:8],
+                        problem=f"{name} of {len(dead)} row(s) that see nothing is not exactly 0 ({nz} elements)",
+                    )
     return bad, first
 
 
@@ -82,8 +92,13 @@ def _special(ctx, cases, *, label: str, extra_metrics=None):
         n, f = convention_violations(ctx, case, res)
         conv += n
         conv_first = conv_first or f
-    out = {"violations": metrics["violations"], "nonfinite": nonfinite, "convention_violations": conv,
-           "tightness": metrics["tightness"], "cases": len(cases)}
+    out = {
+        "violations": metrics["violations"],
+        "nonfinite": nonfinite,
+        "convention_violations": conv,
+        "tightness": metrics["tightness"],
+        "cases": len(cases),
+    }
     out.update(extra_metrics or {})
     extra = []
     if first:
@@ -100,16 +115,28 @@ _GRID = (("grid_q", True), ("grid_k", True))
 _SPECIAL_TH = lambda recipe, dtype: {"violations": 0, "nonfinite": 0, "convention_violations": 0}  # noqa: E731
 
 
-@register("special.zero_blocks", "runs of 32+ zero tokens in q, k, v and an all-zero document: finite, within the bound "
-          "(0/0 in a block scale is the classic bug)", defaults=_SPECIAL_TH, cost=0.7)
+@register(
+    "special.zero_blocks",
+    "runs of 32+ zero tokens in q, k, v and an all-zero document: finite, within the bound "
+    "(0/0 in a block scale is the classic bug)",
+    defaults=_SPECIAL_TH,
+    cost=0.7,
+)
 def zero_blocks(ctx):
     L = ctx.settings.special_len
     cases = [
         ctx.case((L,), overrides=(("zero_q", (16, 80)), ("zero_k", (16, 80)), ("zero_v", (16, 80))), seed_offset=51),
-        ctx.case((L, 40), overrides=(("zero_k", (0, 40)), ("zero_v", (0, L + 40)), ("zero_q", (L, L + 40))),
-                 causal=False, seed_offset=52),
-        ctx.case((64, 33), overrides=(("zero_q", (0, 97)), ("zero_k", (0, 97)), ("zero_v", (0, 97)), ("zero_do", (0, 97))),
-                 seed_offset=53),
+        ctx.case(
+            (L, 40),
+            overrides=(("zero_k", (0, 40)), ("zero_v", (0, L + 40)), ("zero_q", (L, L + 40))),
+            causal=False,
+            seed_offset=52,
+        ),
+        ctx.case(
+            (64, 33),
+            overrides=(("zero_q", (0, 97)), ("zero_k", (0, 97)), ("zero_v", (0, 97)), ("zero_do", (0, 97))),
+            seed_offset=53,
+        ),
     ]
     return _special(ctx, cases, label="zero-block cases")
 
@@ -125,10 +152,14 @@ def _magnitude_exponents(dtype) -> tuple[int, int]:
     return hi, lo
 
 
-@register("special.magnitudes", "V scaled by 2^+-100, near E4M3's smallest subnormal (2^-9), rows of 464 (above E4M3's "
-          "max 448); q, k x 2^-9; the upstream gradient dO x 2^-40, 2^-20, 2^+20; V x 2^-121 (E8M0's smallest "
-          "scale, bf16/fp32 inputs): finite, within the bound",
-          defaults=_SPECIAL_TH, cost=1.0)
+@register(
+    "special.magnitudes",
+    "V scaled by 2^+-100, near E4M3's smallest subnormal (2^-9), rows of 464 (above E4M3's "
+    "max 448); q, k x 2^-9; the upstream gradient dO x 2^-40, 2^-20, 2^+20; V x 2^-121 (E8M0's smallest "
+    "scale, bf16/fp32 inputs): finite, within the bound",
+    defaults=_SPECIAL_TH,
+    cost=1.0,
+)
 def magnitudes(ctx):
     L = ctx.settings.special_len
     hi, lo = _magnitude_exponents(ctx.dtype)
@@ -143,8 +174,15 @@ def magnitudes(ctx):
         # the upstream gradient: small in training (loss scaling, 1/tokens), large after a loss scale;
         # powers of two, so dO and the reference gradients scale exactly and the bound with them
         ctx.case((L,), overrides=(("scale_do", 2.0**do_lo),), seed_offset=67),
-        ctx.case((L, 33), overrides=(("scale_do", 2.0**do_mid),), causal=False, heads=2, heads_k=1,
-                 softmax_scale=0.5 * d**-0.5, seed_offset=68),
+        ctx.case(
+            (L, 33),
+            overrides=(("scale_do", 2.0**do_mid),),
+            causal=False,
+            heads=2,
+            heads_k=1,
+            softmax_scale=0.5 * d**-0.5,
+            seed_offset=68,
+        ),
         ctx.case((L,), overrides=(("scale_do", 2.0**do_hi),), softmax_scale=2.0 * d**-0.5, seed_offset=69),
     ]
     if math.log2(torch.finfo(ctx.dtype).tiny) + 5 <= E8M0_MIN_CASE:
@@ -155,8 +193,13 @@ def magnitudes(ctx):
     return _special(ctx, cases, label="magnitude cases")
 
 
-@register("special.outlier_channels", "two channels of v x 100 (and of k x 100/sqrt(d)): finite, within the bound; O's "
-          "error relative to a BF16 run is reported", defaults=_SPECIAL_TH, cost=0.7)
+@register(
+    "special.outlier_channels",
+    "two channels of v x 100 (and of k x 100/sqrt(d)): finite, within the bound; O's "
+    "error relative to a BF16 run is reported",
+    defaults=_SPECIAL_TH,
+    cost=0.7,
+)
 def outlier_channels(ctx):
     L = ctx.settings.special_len
     cases = [
@@ -173,22 +216,33 @@ def outlier_channels(ctx):
     return _special(ctx, cases, label="outlier-channel cases", extra_metrics={"ratio_to_bf16": ratio})
 
 
-@register("special.attention_sink", "a sink key that takes most of the probability while the rest sits far below it: "
-          "within the bound (underflow of the small probabilities is bounded, not free)", defaults=_SPECIAL_TH, cost=0.7)
+@register(
+    "special.attention_sink",
+    "a sink key that takes most of the probability while the rest sits far below it: "
+    "within the bound (underflow of the small probabilities is bounded, not free)",
+    defaults=_SPECIAL_TH,
+    cost=0.7,
+)
 def attention_sink(ctx):
     L = ctx.settings.special_len
     cases = [
         ctx.case((L,), distribution="sink", overrides=_GRID, seed_offset=84),
         ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
-        ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, overrides=(("scale_k", 2.0),) + _GRID, seed_offset=85),
+        ctx.case(
+            (L, 40), distribution="sink", heads=2, heads_k=1, overrides=(("scale_k", 2.0),) + _GRID, seed_offset=85
+        ),
         ctx.case((L,), distribution="sink", seed_offset=81),
         ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
     ]
     return _special(ctx, cases, label="attention-sink cases")
 
 
-@register("special.constant_rows", "all keys equal (uniform attention), all queries equal, all values equal: finite, "
-          "within the bound", defaults=_SPECIAL_TH, cost=0.7)
+@register(
+    "special.constant_rows",
+    "all keys equal (uniform attention), all queries equal, all values equal: finite, within the bound",
+    defaults=_SPECIAL_TH,
+    cost=0.7,
+)
 def constant_rows(ctx):
     L = ctx.settings.special_len
     cases = [
@@ -202,8 +256,13 @@ def constant_rows(ctx):
     return _special(ctx, cases, label="constant-row cases")
 
 
-@register("special.negative_scores", "rows whose every score is about -1000: finite, within the bound (a kernel that "
-          "skips the row maximum underflows to 0/0)", defaults=_SPECIAL_TH, cost=0.7)
+@register(
+    "special.negative_scores",
+    "rows whose every score is about -1000: finite, within the bound (a kernel that "
+    "skips the row maximum underflows to 0/0)",
+    defaults=_SPECIAL_TH,
+    cost=0.7,
+)
 def negative_scores(ctx):
     L = ctx.settings.special_len
     cases = [
@@ -213,12 +272,23 @@ def negative_scores(ctx):
     return _special(ctx, cases, label="deeply negative score cases")
 
 
-@register("special.short_documents", "documents of length 0 and 1, Lq > Lk (rows that see no key: exactly 0 output and "
-          "gradient) and Lq < Lk", defaults=_SPECIAL_TH, cost=0.7)
+@register(
+    "special.short_documents",
+    "documents of length 0 and 1, Lq > Lk (rows that see no key: exactly 0 output and gradient) and Lq < Lk",
+    defaults=_SPECIAL_TH,
+    cost=0.7,
+)
 def short_documents(ctx):
     cases = [
-        ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, overrides=_GRID,
-                 seed_offset=114),
+        ctx.case(
+            (1, 0, 1, 5, 0, 1, 3),
+            (1, 3, 0, 2, 0, 1, 9),
+            heads=2,
+            heads_k=1,
+            causal=True,
+            overrides=_GRID,
+            seed_offset=114,
+        ),
         ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=False, seed_offset=112),
         ctx.case((1,) * 12 + (40,), heads=2, causal=True, seed_offset=113),
         ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=True, seed_offset=111),
