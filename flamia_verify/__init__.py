@@ -19,7 +19,7 @@ def __getattr__(name: str):
 
         return Report
     if name == "load_kernel":
-        from flamia_verify.kernels.registry import load_kernel
+        from flamia_verify.kernels.loader import load_kernel
 
         return load_kernel
     if name == "check":

@@ -669,7 +669,7 @@ def _cuda_path(kernel) -> str:
 
 def _cmd_list(args) -> int:
     from flamia_verify.kernels import RECIPES, builtin_kernels
-    from flamia_verify.kernels.registry import _entry_point_kernels
+    from flamia_verify.kernels.loader import entry_point_kernels
     from flamia_verify.properties import list_checks
     from flamia_verify.reports.terminal import print_table
 
@@ -677,7 +677,7 @@ def _cmd_list(args) -> int:
     kernels = [
         [name, k.recipe or "", "built-in", _cuda_path(k), k.description] for name, k in builtin_kernels().items()
     ]
-    kernels += [[name, "", "entry point", "", ""] for name in sorted(_entry_point_kernels())]
+    kernels += [[name, "", "entry point", "", ""] for name in sorted(entry_point_kernels())]
     print_table(console, "kernels", ["name", "recipe", "source", "on CUDA", "description"], kernels)
     print_table(console, "recipes", ["name", "description"], [[name, rec.description] for name, rec in RECIPES.items()])
     checks = [

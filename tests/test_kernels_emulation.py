@@ -369,20 +369,20 @@ def test_convention_errors_name_the_problem():
         validate_varlen_inputs(q, k, v, cu_q, cu_k, 3, 7)
 
 
-def test_entry_point_kernels_are_found_by_name(monkeypatch):
+def testentry_point_kernels_are_found_by_name(monkeypatch):
     """A third-party package registers `name = "pkg.module:function"` in the group flamia_verify.kernels."""
     from importlib.metadata import EntryPoint
 
     from flamia_verify.errors import KernelLoadError
-    from flamia_verify.kernels import registry
+    from flamia_verify.kernels import loader
 
     eps = {
         "vendor-attn": EntryPoint(
-            "vendor-attn", "flamia_verify.reference:reference_attention", registry.ENTRY_POINT_GROUP
+            "vendor-attn", "flamia_verify.reference:reference_attention", loader.ENTRY_POINT_GROUP
         ),
-        "broken-attn": EntryPoint("broken-attn", "no_such_vendor_module:attn", registry.ENTRY_POINT_GROUP),
+        "broken-attn": EntryPoint("broken-attn", "no_such_vendor_module:attn", loader.ENTRY_POINT_GROUP),
     }
-    monkeypatch.setattr(registry, "_entry_point_kernels", lambda: eps)
+    monkeypatch.setattr(loader, "entry_point_kernels", lambda: eps)
     loaded = load_kernel("vendor-attn")
     assert loaded.source == "entry-point" and loaded.name == "vendor-attn"
     with pytest.raises(KernelLoadError, match="broken-attn"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flamia_verify.cli import main
-from flamia_verify.kernels.registry import load_kernel
+from flamia_verify.kernels.loader import load_kernel
 from flamia_verify.mutation import BUGS, CORRECT, MUTANTS, Edit, Mutant, MutationError, ci_sample, mutant_kernel
 from flamia_verify.mutation.build import apply_edits, mutated_module
 from flamia_verify.mutation.cli import verdict

@@ -83,7 +83,7 @@ def _call(kernel, inp, *, backward: bool = True):
 
 def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
     """How the mutant shows on the probe calls (a one-line description), or None if it never does."""
-    from flamia_verify.kernels.registry import load_kernel
+    from flamia_verify.kernels.loader import load_kernel
 
     original = load_kernel(mutant.base).fn
     kernel = mutant_kernel(mutant)

@@ -35,9 +35,9 @@ import torch
 
 from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
+from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.recipes import RECIPES
-from flamia_verify.kernels.registry import LoadedKernel, load_kernel
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness

@@ -1,4 +1,4 @@
-"""Kernel registry and loader.
+"""The kernel loader: built-in kernels, user kernels by module or file, entry-point kernels.
 
 A kernel spec on the command line is one of:
   * a built-in name (``flamia-verify list`` shows them),
@@ -21,7 +21,7 @@ from pathlib import Path
 from flamia_verify.errors import KernelLoadError
 from flamia_verify.kernels.metadata import kernel_recipe
 
-__all__ = ["LoadedKernel", "load_kernel", "builtin_kernels", "ENTRY_POINT_GROUP"]
+__all__ = ["LoadedKernel", "load_kernel", "builtin_kernels", "entry_point_kernels", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "flamia_verify.kernels"
 
@@ -141,7 +141,8 @@ def _attr(module, attr: str, spec: str, source: str) -> LoadedKernel:
     return LoadedKernel(spec, obj, kernel_recipe(obj), source, (obj.__doc__ or "").strip().split("\n")[0])
 
 
-def _entry_point_kernels() -> dict:
+def entry_point_kernels() -> dict:
+    """The kernels third-party packages register in the entry-point group ``flamia_verify.kernels``, by name."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -162,7 +163,7 @@ def load_kernel(spec) -> LoadedKernel:
         if path_part.endswith(".py") or "/" in path_part or "\\" in path_part:
             return _from_file(spec)
         return _from_module(spec)
-    eps = _entry_point_kernels()
+    eps = entry_point_kernels()
     if spec in eps:
         try:
             obj = eps[spec].load()
