@@ -38,7 +38,7 @@ from flamia_verify.errors import (
     KernelLoadError,
     UsageError,
 )
-from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device
+from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device, compare_factor
 
 __all__ = ["main", "build_parser", "device_arg", "DEVICE_METAVAR"]
 
@@ -624,8 +624,7 @@ def _cmd_compare(args) -> int:
 
     cfg = load_config(args.config)
     factor = args.factor if args.factor is not None else cfg.compare_factor
-    if factor <= 1.0:
-        raise UsageError(f"--factor must be greater than 1, got {factor}")
+    factor = compare_factor(factor, "--factor")
     base, new = load_report(args.base), load_report(args.new)
     cmp = compare_reports(base, new, factor=factor, allow_missing=args.allow_missing)
     render_comparison(cmp, _console())

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device
+from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device, compare_factor
 
 __all__ = ["Config", "load_config"]
 
@@ -121,8 +121,8 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: only must be a list of family or check names, got {value!r}")
         if key == "case_timeout_s" and not (0 < value < math.inf):
             raise ConfigError(f"{where}: {key} must be a positive finite number, got {value!r}")
-        if key == "compare_factor" and not (1 < value < math.inf):
-            raise ConfigError(f"{where}: {key} must be a finite number greater than 1, got {value!r}")
+        if key == "compare_factor":
+            compare_factor(value, f"{where}: {key}")
         if key == "thresholds":
             # check names, keys and kinds (numbers; true/false for options) against the registered checks
             from flamia_verify.properties.thresholds import validate_overrides

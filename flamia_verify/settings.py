@@ -52,6 +52,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "dtype_name",
+    "compare_factor",
     "validate_suite_overrides",
     "validate_thresholds",
     "threshold_value",
@@ -118,6 +119,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     """The short name (``bf16``, ``fp16``, ``fp32``) of a dtype :func:`resolve_dtype` accepts."""
     resolved = resolve_dtype(dtype)
     return next(name for name, d in DTYPES.items() if d == resolved)
+
+
+def compare_factor(value: Any, where: str = "compare factor") -> float:
+    """The factor `compare` gates on (a metric regresses when it gets worse by more than it): a finite
+    number greater than 1, from the CLI, the config file or the API alike."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1 < value < math.inf):
+        raise ConfigError(f"{where} must be a finite number greater than 1, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -219,9 +219,10 @@ def test_example_against_passing_baseline():
     ]
 
 
-@pytest.mark.parametrize("factor", [0.5, float("nan"), float("inf"), True, "2"])
+@pytest.mark.parametrize("factor", [0.5, 1, 1.0, float("nan"), float("inf"), True, "2"])
 def test_bad_factor_is_a_config_error(factor):
-    with pytest.raises(ConfigError, match="compare factor must be a finite number >= 1"):
+    """One rule for the API, the CLI's --factor and the config's compare_factor (settings.compare_factor)."""
+    with pytest.raises(ConfigError, match="compare factor must be a finite number greater than 1"):
         compare_reports(passing_report(), passing_report(), factor=factor)
 
 

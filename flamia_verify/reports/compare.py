@@ -71,10 +71,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from flamia_verify.errors import ConfigError
 from flamia_verify.reports.metrics import as_number, format_value, higher_is_better
 from flamia_verify.reports.wording import STATUS_MARK, printable
 from flamia_verify.results import CheckResult, Report
+from flamia_verify.settings import compare_factor
 
 __all__ = [
     "DEFAULT_FACTOR",
@@ -233,8 +233,7 @@ def compare_reports(
     allow_missing: bool = False,
 ) -> Comparison:
     """Compare `new` against the baseline `base` (rules in the module docstring)."""
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor < 1:
-        raise ConfigError(f"compare factor must be a finite number >= 1, got {factor!r}")
+    factor = compare_factor(factor)
     direction = higher_is_worse or default_higher_is_worse
     cmp = Comparison(base=base, new=new, factor=float(factor))
 
