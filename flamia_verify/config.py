@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device, compare_factor
+from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device, compare_factor, train_parity_limit
 
 __all__ = ["Config", "load_config"]
 
@@ -143,10 +143,7 @@ def _validate_train_parity(table: dict[str, Any], where: str) -> dict[str, Any]:
         _check_type(key, value, TRAIN_PARITY_TYPES[key], where)
         if key == "preset" and value not in PRESETS:
             raise ConfigError(f"{where}: preset = {value!r} is not one of {', '.join(PRESETS)}")
-        if key == "max_gap" and not (0 < value < math.inf):
-            raise ConfigError(f"{where}: max_gap must be a positive finite number, got {value!r}")
-        if key in ("steps", "tokens", "bf16_seeds") and value < (2 if key == "bf16_seeds" else 1):
-            raise ConfigError(f"{where}: {key} must be >= {2 if key == 'bf16_seeds' else 1}, got {value!r}")
+        train_parity_limit(key, value, f"{where}: {key}")
         if key == "kernels" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: kernels must be a list of kernel specs, got {value!r}")
     return dict(table)

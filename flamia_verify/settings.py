@@ -53,6 +53,7 @@ __all__ = [
     "resolve_dtype",
     "dtype_name",
     "compare_factor",
+    "train_parity_limit",
     "validate_suite_overrides",
     "validate_thresholds",
     "threshold_value",
@@ -127,6 +128,20 @@ def compare_factor(value: Any, where: str = "compare factor") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1 < value < math.inf):
         raise ConfigError(f"{where} must be a finite number greater than 1, got {value!r}")
     return float(value)
+
+
+#: the least value of each counted train-parity setting (two BF16 seeds give the smallest spread)
+_TRAIN_PARITY_LEAST = {"steps": 1, "tokens": 1, "bf16_seeds": 2}
+
+
+def train_parity_limit(key: str, value: Any, where: str) -> None:
+    """The rule of a train-parity setting (``steps``, ``tokens``, ``bf16_seeds``: counts with a
+    least value; ``max_gap``: a positive finite number of sigmas), for the CLI's flags and the
+    config's ``[tool.flamia-verify.train_parity]`` alike; other keys have no rule here."""
+    if key in _TRAIN_PARITY_LEAST and value < _TRAIN_PARITY_LEAST[key]:
+        raise ConfigError(f"{where} must be >= {_TRAIN_PARITY_LEAST[key]}, got {value!r}")
+    if key == "max_gap" and not (0 < value < math.inf):
+        raise ConfigError(f"{where} must be a positive finite number, got {value!r}")
 
 
 @dataclass(frozen=True)

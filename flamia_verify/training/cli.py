@@ -66,10 +66,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from flamia_verify.config import load_config
-    from flamia_verify.errors import KernelCrashError, UsageError
+    from flamia_verify.errors import ConfigError, KernelCrashError, UsageError
     from flamia_verify.kernels import load_kernel
     from flamia_verify.reference import reference_attention
-    from flamia_verify.settings import resolve_device
+    from flamia_verify.settings import resolve_device, train_parity_limit
     from flamia_verify.training.parity import PRESETS, run_parity, with_overrides
     from flamia_verify.training.report import PARITY_FILES, write_parity_reports
 
@@ -81,12 +81,13 @@ def run(args) -> int:
     specs = args.kernel or conf.get("kernels")
     if not specs:
         raise UsageError("train-parity needs at least one --kernel (bf16, the baseline, always runs)")
-    for flag in ("steps", "tokens", "bf16_seeds"):
+    for flag in ("steps", "tokens", "bf16_seeds", "max_gap"):
         value = getattr(args, flag)
-        if value is not None and value < (2 if flag == "bf16_seeds" else 1):
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= {2 if flag == 'bf16_seeds' else 1}, got {value}")
-    if args.max_gap is not None and not (0 < args.max_gap < float("inf")):
-        raise UsageError(f"--max-gap must be a positive finite number, got {args.max_gap}")
+        if value is not None:
+            try:
+                train_parity_limit(flag, value, f"--{flag.replace('_', '-')}")
+            except ConfigError as exc:  # a flag's value is a usage error
+                raise UsageError(str(exc)) from None
     cfg = with_overrides(
         PRESETS[preset], **{k: conf.get(k) for k in ("steps", "tokens", "bf16_seeds", "seed", "max_gap")}
     )
