@@ -199,7 +199,7 @@ def _exact_backward_inputs(device, name, lens_q, lens_k, heads, heads_k, causal)
     return q, k, v, do, o, lse2, cu_q, cu_k
 
 
-def check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, heads, heads_k, causal):
+def check_backward_on_exact_inputs(device, name, lens_q, lens_k, heads, heads_k, causal):
     """dQ, dK, dV within 2 gamma_n sum |a||b| (+ one bf16 ulp) of the emulation's, given the same
     O and (integer) lse; see the module docstring."""
     from flamia_verify.kernels.triton.attention import fused_backward
@@ -211,9 +211,8 @@ def check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, he
     want = E.backward_pass(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
     # sum_j |a_j| |b_j| of each output: the emulation's own backward with |operands| in its last GEMMs
     # (its scale multiply and GQA group sum included); its bf16 cast may round down by 2^-8 relative
-    gemm = E._gemm_seq
-    with monkeypatch.context() as m:
-        m.setattr(E, "_gemm_seq", lambda a, bq, bhp, full: gemm(a.abs(), bq.abs(), bhp.abs(), full))
+    gemm_seq = E.gemm_seq
+    with E.overriding(gemm_seq=lambda a, bq, bhp, full: gemm_seq(a.abs(), bq.abs(), bhp.abs(), full)):
         absolute = E.backward_pass(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
     for what, g_, w_, a_, n in zip(("dq", "dk", "dv"), got, want, absolute, (lk, lq, lq)):
         # n terms plus two roundings (the scale multiply; NVFP4's row scale applied after the sum)
@@ -232,9 +231,9 @@ def check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, he
     ],
 )
 def test_backward_within_the_accumulation_order_bound_on_exact_inputs(
-    device, monkeypatch, name, lens_q, lens_k, heads, heads_k, causal
+    device, name, lens_q, lens_k, heads, heads_k, causal
 ):
-    check_backward_on_exact_inputs(device, monkeypatch, name, lens_q, lens_k, heads, heads_k, causal)
+    check_backward_on_exact_inputs(device, name, lens_q, lens_k, heads, heads_k, causal)
 
 
 _LEN = st.sampled_from([0, 1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 70])
@@ -382,7 +381,7 @@ def test_import_and_registry_do_not_import_triton():
 @pytest.mark.skipif(interpreting() or not torch.cuda.is_available(), reason="needs CUDA with TRITON_INTERPRET unset")
 @pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_long_documents_on_exact_inputs(monkeypatch, name, causal):
+def test_gpu_long_documents_on_exact_inputs(name, causal):
     """Several query and key tiles per document (pipelined loops, unmasked tiles) on CUDA: the
     forward bitwise, the backward within the accumulation-order bound (sums of <= 1030 terms stay
     exact: P V terms are multiples of 2^-4 below 2^6, 1030 * 2^10 < 2^24)."""
@@ -393,7 +392,7 @@ def test_gpu_long_documents_on_exact_inputs(monkeypatch, name, causal):
     out, _ = fused_forward(config_for(DESIGNS[name]), q, k, v, cu_q, cu_k, max(lens), max(lens), LN2, causal)
     out_e, _ = E.forward_pass(DESIGNS[name], q, k, v, cu_q, cu_k, LN2, causal)
     assert_within(out, out_e, torch.zeros_like(out_e, dtype=torch.float64), f"{name} out (exact inputs)")
-    check_backward_on_exact_inputs("cuda", monkeypatch, name, lens, None, 2, 2, causal)
+    check_backward_on_exact_inputs("cuda", name, lens, None, 2, 2, causal)
 
 
 def test_a_kernel_that_does_not_fit_shared_memory_is_relaunched_with_fewer_stages():
@@ -581,4 +580,4 @@ def test_only_the_kernel_with_an_nvfp4_operand_sweeps_twice(device, monkeypatch)
     nv = config_for(DESIGNS["flamia-nvfp4"])
     assert all(nv.two_pass_dkdv(p) for p in (0, 1, 2)) and nv.two_pass_dq()
     monkeypatch.setitem(DESIGNS, design.name, design)
-    check_backward_on_exact_inputs(device, monkeypatch, design.name, [17, 50, 9], [30, 20, 9], 4, 2, True)
+    check_backward_on_exact_inputs(device, design.name, [17, 50, 9], [30, 20, 9], 4, 2, True)

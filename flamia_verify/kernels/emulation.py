@@ -72,6 +72,7 @@ __all__ = [
     "full_block_mask",
     "fallback_mask",
     "gemm",
+    "gemm_seq",
     "probabilities",
     "pow2_block_elements",
     "recomputed_probabilities",
@@ -259,7 +260,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
-def _gemm_seq(a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None) -> torch.Tensor:
+def gemm_seq(a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None) -> torch.Tensor:
     """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision."""
     if full is None:
         return gemm(a, b_q)
@@ -399,7 +400,7 @@ def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
         vis = visible(q1 - q0, k1 - k0, causal, q.device)
         s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
         p_used, l, m = probabilities(s2, vis, design, k0, dtype)
-        acc = _gemm_seq(
+        acc = gemm_seq(
             p_used,
             _to_hld(_expand_kv(v_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
@@ -447,18 +448,18 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
         ds = a * (dp - delta[q0:q1].T[..., None])
         # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
         at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
-        dv_d = _gemm_seq(
+        dv_d = gemm_seq(
             at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), fallback_mask(design, design.do_seq, vis.T, causal)
         )
         dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
-        dk_d = _gemm_seq(
+        dk_d = gemm_seq(
             dst,
             _to_hld(q_seq[q0:q1]),
             _to_hld(_round_input(qf[q0:q1], dtype)),
             fallback_mask(design, design.q_seq, vis.T, causal),
         )
         dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
-        dq_d = _gemm_seq(
+        dq_d = gemm_seq(
             dsq,
             _to_hld(_expand_kv(k_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
@@ -478,7 +479,7 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
 #: mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
 #: (rounding of an operand along the sequence), ``probabilities`` (the forward's P, l and m) and
 #: ``recomputed_probabilities`` (the weights the backward rebuilds).
-STEPS = ("gemm", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
+STEPS = ("gemm", "gemm_seq", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
 
 
 @contextlib.contextmanager

@@ -384,9 +384,9 @@ def _reduction() -> list[Mutant]:
             "reduction",
             "GEMMs over more than 256 positions sum their 16-wide slices in a random order (split-K atomics)",
             (
-                Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
+                Edit("gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
                 Edit(
-                    "_gemm_seq",
+                    "gemm_seq",
                     both,
                     "return _mut.shuffled_matmul(a_full, b_q, min_len=256) + _mut.shuffled_matmul(a_part, b_hp, min_len=256)",
                 ),
@@ -396,23 +396,21 @@ def _reduction() -> list[Mutant]:
             "reduction.non-causal-random-order",
             "reduction",
             "only the non-causal path sums its GEMM slices in a random order",
-            (Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),),
+            (Edit("gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),),
         ),
         Mutant(
             "reduction.causal-random-order",
             "reduction",
             "only the causal path (diagonal split) sums its GEMM slices in a random order",
-            (Edit("_gemm_seq", both, "return _mut.shuffled_matmul(a_full, b_q) + gemm(a_part, b_hp)"),),
+            (Edit("gemm_seq", both, "return _mut.shuffled_matmul(a_full, b_q) + gemm(a_part, b_hp)"),),
         ),
         Mutant(
             "reduction.reversed-order",
             "reduction",
             "every sequence GEMM sums its slices in reverse (another fixed order: correct)",
             (
-                Edit("_gemm_seq", "return gemm(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
-                Edit(
-                    "_gemm_seq", both, "return _mut.reversed_matmul(a_full, b_q) + _mut.reversed_matmul(a_part, b_hp)"
-                ),
+                Edit("gemm_seq", "return gemm(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
+                Edit("gemm_seq", both, "return _mut.reversed_matmul(a_full, b_q) + _mut.reversed_matmul(a_part, b_hp)"),
             ),
             correct=True,
         ),

@@ -163,7 +163,7 @@ def _key_tiles(start_m, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CA
 def _mma_split(a, b_op, b_raw, full, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """The causal-safe GEMM: acc + a @ b, where the columns of ``a`` marked ``full`` (their sequence
     block of b is wholly visible) multiply the quantized ``b_op`` and the rest the input-precision
-    ``b_raw`` (the twin of ``emulation._gemm_seq``)."""
+    ``b_raw`` (the twin of ``emulation.gemm_seq``)."""
     acc = _mma(tl.where(full, a, 0.0), b_op, acc, IS_FP16, INTERPRET)
     return _mma(tl.where(full, 0.0, a), b_raw, acc, IS_FP16, INTERPRET)
 
