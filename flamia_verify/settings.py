@@ -76,31 +76,30 @@ CLI_DTYPES = ("bf16", "fp16")
 def check_device(text: Any) -> str:
     """``text`` names a device of :data:`DEVICES` (``auto``, ``cpu``, ``cuda``, ``cuda:N``); returned as a
     string, without looking at which devices are present. Anything else is a :class:`ConfigError`."""
-    if isinstance(text, torch.device):
-        text = str(text)
-    if not isinstance(text, str) or not _DEVICE.fullmatch(text):
-        raise ConfigError(f"unknown device {text!r}; use one of: {', '.join(DEVICES)}")
-    return text
+    name = str(text) if isinstance(text, torch.device) else text
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ConfigError(f"unknown device {name!r}; use one of: {', '.join(DEVICES)}")
+    return name
 
 
 def resolve_device(text: Any) -> str:
     """The device a run uses for ``text`` (see :func:`check_device`): ``auto`` picks ``cuda`` when a GPU
     is present, else ``cpu``; asking for CUDA, or for a GPU number, that is not there is a ConfigError."""
-    text = check_device(text)
-    if text == "auto":
+    name = check_device(text)
+    if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if text == "cpu":
-        return text
+    if name == "cpu":
+        return name
     if not torch.cuda.is_available():
-        raise ConfigError(f"device {text!r} was asked for but no CUDA device is available; use cpu or auto")
-    index = text.partition(":")[2]
+        raise ConfigError(f"device {name!r} was asked for but no CUDA device is available; use cpu or auto")
+    index = name.partition(":")[2]
     if index and int(index) >= torch.cuda.device_count():
         count = torch.cuda.device_count()
         raise ConfigError(
-            f"device {text!r} was asked for but this machine has {count} CUDA device"
+            f"device {name!r} was asked for but this machine has {count} CUDA device"
             f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})"
         )
-    return text
+    return name
 
 
 def resolve_dtype(value: Any) -> torch.dtype:
@@ -279,7 +278,7 @@ SETTING_KEYS = {
 }
 
 
-def suite_settings(name: str, overrides: dict | None = None) -> SuiteSettings:
+def suite_settings(name: str, overrides: Mapping[str, Any] | None = None) -> SuiteSettings:
     if name not in _BY_NAME:
         raise ConfigError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}")
     s = _BY_NAME[name]
@@ -312,13 +311,14 @@ def threshold_value(where: str, key: str, value: Any, default: Any) -> float | b
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key!r} must be true or false, got {value!r}")
-        return value
+        switch: bool = value
+        return switch
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: {key!r} must be a number, got {value!r}")
-    value = float(value)
-    if math.isnan(value) or value < 0:
-        raise ConfigError(f"{where}: {key!r} must be a non-negative number (inf allowed), got {value!r}")
-    return value
+    number = float(value)
+    if math.isnan(number) or number < 0:
+        raise ConfigError(f"{where}: {key!r} must be a non-negative number (inf allowed), got {number!r}")
+    return number
 
 
 def validate_thresholds(
@@ -326,7 +326,7 @@ def validate_thresholds(
     thresholds: Mapping[str, Mapping[str, Any]],
     options: Mapping[str, Mapping[str, Any]],
     where: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Check ``overrides`` (``{check_name: {key: value}}`` and ``"suite"``) against the known checks:
     ``thresholds`` and ``options`` map every check name to its threshold keys and its options, each
     with a default of the kind its value must have. Returns the overrides with numbers as floats.
@@ -336,7 +336,7 @@ def validate_thresholds(
         raise ConfigError(
             at(f"thresholds must be a mapping {{check_name: {{key: value}}}}, got {type(overrides).__name__}")
         )
-    out: dict = {}
+    out: dict[str, Any] = {}
     for name, entries in overrides.items():
         if name == "suite":
             out[name] = validate_suite_overrides(entries, where)

@@ -42,34 +42,36 @@ class BuiltinKernel(Protocol):
 
     design: EmulatedDesign
     recipe: str
-    paths: collections.Counter
+    paths: collections.Counter[str]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def kernel_recipe(fn: Callable) -> str | None:
+def kernel_recipe(fn: Callable[..., Any]) -> str | None:
     """The recipe a kernel function claims (its ``recipe`` attribute), or None when it claims none."""
     recipe = getattr(fn, "recipe", None)
     return recipe if isinstance(recipe, str) else None
 
 
-def kernel_design(fn: Callable) -> EmulatedDesign | None:
+def kernel_design(fn: Callable[..., Any]) -> EmulatedDesign | None:
     """The design a built-in kernel function runs, or None for any other function."""
     return getattr(fn, "design", None)
 
 
-def emulated_twin(fn: Callable) -> Callable | None:
+def emulated_twin(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """The PyTorch emulation behind a fused built-in kernel function, or None when it has none."""
     return getattr(fn, "emulated", None)
 
 
-def kernel_paths(fn: Callable) -> collections.Counter | None:
+def kernel_paths(fn: Callable[..., Any]) -> collections.Counter[str] | None:
     """Calls per implementation of a built-in kernel function so far, or None for any other function."""
     paths = getattr(fn, "paths", None)
     return paths if isinstance(paths, collections.Counter) else None
 
 
-def mark_builtin(fn: Callable, design: EmulatedDesign, *, emulated: Callable | None = None) -> BuiltinKernel:
+def mark_builtin(
+    fn: Callable[..., Any], design: EmulatedDesign, *, emulated: Callable[..., Any] | None = None
+) -> BuiltinKernel:
     """Give ``fn`` the attributes of a built-in kernel running ``design``: its design, its recipe, a
     fresh call counter and, for a fused kernel, the emulation it falls back to. Returns ``fn``."""
     marked = cast(BuiltinKernel, fn)

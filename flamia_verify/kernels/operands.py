@@ -18,6 +18,7 @@ is keyed by :class:`Operand`. This module imports nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 __all__ = ["Gemm", "Operand", "OPERANDS_REACHING", "describe_operands"]
@@ -83,7 +84,7 @@ class Operand(Enum):
         return f"{self.symbol} in {self.gemm.equation}"
 
 
-def describe_operands(ops) -> str:
+def describe_operands(ops: Iterable[Operand]) -> str:
     """``"Q, K in S = QK^T"``: operands of one GEMM, named together."""
     ops = tuple(ops)
     gemms = {op.gemm for op in ops}
