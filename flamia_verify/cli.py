@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from flamia_verify._version import __version__
 from flamia_verify.errors import (
@@ -260,6 +260,30 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+class _RunOptions(NamedTuple):
+    """What check and fuzz both take from a flag, or else from the config file."""
+
+    recipe: str | None
+    device: str
+    dtype: Any
+    seed: int
+    forward_only: bool
+    out: str
+
+
+def _run_options(args: argparse.Namespace, cfg: Any) -> _RunOptions:
+    from flamia_verify.settings import resolve_device, resolve_dtype
+
+    return _RunOptions(
+        recipe=args.recipe or cfg.recipe,
+        device=resolve_device(args.device or cfg.device),
+        dtype=resolve_dtype(args.dtype or cfg.dtype),
+        seed=args.seed if args.seed is not None else cfg.seed,
+        forward_only=bool(args.forward_only or cfg.forward_only),
+        out=cfg.out if args.out is None else args.out,
+    )
+
+
 def _prepare_out(out: str) -> Path:
     """Make ``out`` a writable directory before any kernel runs (a bad --out is a usage error, found
     before the checks spend their time, not after)."""
@@ -297,19 +321,14 @@ def _cmd_check(args) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
     from flamia_verify.reports import render_terminal, write_reports
-    from flamia_verify.settings import resolve_device, resolve_dtype
 
     cfg = load_config(args.config)
     spec = args.kernel or cfg.kernel or DEFAULT_KERNEL
-    recipe = args.recipe or cfg.recipe
     suite = args.suite or cfg.suite
-    device = resolve_device(args.device or cfg.device)
-    dtype = resolve_dtype(args.dtype or cfg.dtype)
-    seed = args.seed if args.seed is not None else cfg.seed
+    recipe, device, dtype, seed, forward_only, out_dir = _run_options(args, cfg)
     only = args.only or cfg.only
-    forward_only = bool(args.forward_only or cfg.forward_only)
     kernel = load_kernel(spec)
-    out = _prepare_out(cfg.out if args.out is None else args.out)
+    out = _prepare_out(out_dir)
 
     from flamia_verify.reports.terminal import check_line
     from flamia_verify.reports.wording import printable
@@ -473,17 +492,12 @@ def _cmd_fuzz(args) -> int:
     from flamia_verify.properties import fuzz, replay_case
     from flamia_verify.reports import render_terminal, write_reports
     from flamia_verify.results import Report
-    from flamia_verify.settings import resolve_device, resolve_dtype
 
     cfg = load_config(args.config)
     spec = args.kernel or cfg.kernel
     if not spec:
         raise UsageError('fuzz needs a kernel: --kernel SPEC (or kernel = "SPEC" in [tool.flamia-verify])')
-    device = resolve_device(args.device or cfg.device)
-    dtype = resolve_dtype(args.dtype or cfg.dtype)
-    seed = args.seed if args.seed is not None else cfg.seed
-    forward_only = bool(args.forward_only or cfg.forward_only)
-    out_dir = cfg.out if args.out is None else args.out
+    recipe, device, dtype, seed, forward_only, out_dir = _run_options(args, cfg)
     kernel = load_kernel(spec)
     console = _console()
     if args.replay:
@@ -501,9 +515,9 @@ def _cmd_fuzz(args) -> int:
             raise UsageError(f"replay file {args.replay!r} must hold one JSON object (a fuzz reproducer)")
         out = _prepare_out(out_dir)
         # the recipe: --recipe, else the one the reproducer ran with, else the config's, else the kernel's
-        recipe = args.recipe or (None if case.get("recipe") else cfg.recipe)
+        replay_recipe = args.recipe or (None if case.get("recipe") else cfg.recipe)
         try:
-            replayed = replay_case(kernel, case, recipe=recipe, device=device)
+            replayed = replay_case(kernel, case, recipe=replay_recipe, device=device)
         except FlamiaVerifyError:
             raise
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -530,7 +544,7 @@ def _cmd_fuzz(args) -> int:
     try:
         result = fuzz(
             kernel,
-            recipe=args.recipe or cfg.recipe,
+            recipe=recipe,
             examples=args.examples,
             seed=seed,
             device=device,

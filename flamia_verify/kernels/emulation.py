@@ -475,8 +475,8 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
 
 
 #: The steps of the emulation that :func:`overriding` replaces, each a function of this module that the
-#: forward and backward look up by name on every call: ``gemm`` (every GEMM), ``visible`` (the causal
-#: mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
+#: forward and backward look up by name on every call: ``gemm`` (every GEMM), ``gemm_seq`` (a sequence
+#: GEMM with its causal-safe split), ``visible`` (the causal mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
 #: (rounding of an operand along the sequence), ``probabilities`` (the forward's P, l and m) and
 #: ``recomputed_probabilities`` (the weights the backward rebuilds).
 STEPS = ("gemm", "gemm_seq", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
