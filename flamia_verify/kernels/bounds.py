@@ -32,6 +32,10 @@ Forward (per document, head; exact S = s Q K^T, a = exp(S - m), A = a / L, L = s
     E_ij = max(N_hi/D_lo - A, A - max(N_lo, 0)/D_hi)               (bound on |A_kernel - A|)
     B_O  = E |V| + (A + E) rho_V + gamma_n (A + E)(|V| + rho_V) + u_out (|O| + B_O) + alpha_out
 
+gamma_n is the GEMM accumulator's (``RecipeBoundModel.gamma``): fp32's n u32 / (1 - n u32), or a
+sliced accumulator's (Hopper's E4M3 tensor cores, the ``fp8-mma`` recipe); the row sum l and D are
+elementwise fp32 sums in every recipe.
+
 Backward (FlashAttention-2 structure: recompute P from S and the saved log-sum-exp, dP = dO V^T,
 D = rowsum(dO * O_kernel), dS = P (dP - D)); the rebuilt weights obey the same E:
 
@@ -172,6 +176,11 @@ class RecipeBoundModel:
     operands: Mapping[Operand, OperandModel]
     u_out: float  # rounding of the outputs to the input dtype
     alpha_out: float = 0.0  # absolute floor of that rounding (half the input dtype's smallest subnormal)
+    #: the GEMMs' accumulator: 0 for fp32 accumulation; else the contraction runs in slices of this
+    #: many products, each summed with a relative error of at most ``u_slice`` of its sum of
+    #: |products| and rounded to fp32, the slices added in fp32 (Hopper's E4M3 tensor cores)
+    acc_slice: int = 0
+    u_slice: float = 0.0
 
     def __post_init__(self):
         missing = [op.name for op in Operand if op not in self.operands]
@@ -185,6 +194,15 @@ class RecipeBoundModel:
     def with_operands(self, changes: Mapping[Operand, OperandModel], **fields) -> RecipeBoundModel:
         """The model with the operand models in ``changes`` (and the other ``fields``) replaced."""
         return replace(self, operands={**self.operands, **changes}, **fields)
+
+    def gamma(self, n: int) -> float:
+        """The relative error of an n-long dot product's accumulation, against the sum of |products|:
+        gamma_n of fp32, or for a sliced accumulator (1 + u_slice)(1 + u32)(1 + gamma_m) - 1 with
+        m = ceil(n / acc_slice) slices added in fp32."""
+        if not self.acc_slice:
+            return _gamma(n)
+        m = -(-n // self.acc_slice)
+        return (1 + self.u_slice) * (1 + U32) * (1 + _gamma(m)) - 1
 
     def describe(self) -> dict[str, str]:
         return {op.key: model.describe() for op, model in self.operands.items()}
@@ -312,7 +330,7 @@ def attention_bounds(
             + torch.matmul(aQ, rK.transpose(1, 2))
             + torch.matmul(rQ, rK.transpose(1, 2))
         )
-        delta = delta + scale * _gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
+        delta = delta + scale * m.gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
         delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs())
         delta = torch.where(vis, delta, torch.zeros_like(delta))
         dmax = delta.amax(-1, keepdim=True)
@@ -332,7 +350,7 @@ def attention_bounds(
         A_lo = N_lo / D_hi
         E = torch.where(vis, torch.maximum(A_hi - A, A - A_lo).clamp_min(0), torch.zeros_like(A))
         AE = A + E
-        Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + _gamma(lk) * torch.matmul(AE, aV + rV)
+        Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + m.gamma(lk) * torch.matmul(AE, aV + rV)
         Bo = Bo * (1 + REL32)
         Oref = _heads_first(ref_out[q0:q1].to(f64))
         Bo = Bo + m.u_out * (Oref.abs() + Bo) + m.alpha_out
@@ -359,7 +377,7 @@ def attention_bounds(
             + torch.matmul(adO, rVh.transpose(1, 2))
             + torch.matmul(rdO, rVh.transpose(1, 2))
         )
-        dPerr = dPerr + _gamma(Q.shape[-1]) * torch.matmul(adO + rdO, (aV + rVh).transpose(1, 2))
+        dPerr = dPerr + m.gamma(Q.shape[-1]) * torch.matmul(adO + rdO, (aV + rVh).transpose(1, 2))
         aO = Oref.abs()
         Derr = (adO * Bo).sum(-1, keepdim=True) + (rdO * (aO + Bo)).sum(-1, keepdim=True)
         Derr = Derr + _gamma(Q.shape[-1]) * ((adO + rdO) * (aO + Bo)).sum(-1, keepdim=True)
@@ -384,7 +402,7 @@ def attention_bounds(
             + torch.matmul(rPT.transpose(1, 2), adO + rdOs)
             + torch.matmul(AE.transpose(1, 2), rdOs)
         )
-        Bdv = (Bdv + _gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32)
+        Bdv = (Bdv + m.gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32)
         # dQ = s dS K: dS blocked along keys (line = row of dS), K along keys
         ck = colmax_k.repeat_interleave(K.shape[0] // colmax_k.shape[0], dim=0)[:, None, :]
         rKs = m[Operand.K_SEQ].rho(aK, ck, tmax["k"])
@@ -392,7 +410,7 @@ def attention_bounds(
         rdS = torch.where(vis, rdS, torch.zeros_like(rdS))
         T = Sig + rdS
         Bdq = scale * (torch.matmul(T, aK + rKs) + torch.matmul(dS.abs(), rKs))
-        Bdq = (Bdq + scale * _gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32)
+        Bdq = (Bdq + scale * m.gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32)
         # dK = s dS^T Q: dS^T blocked along queries (line = column of dS), Q along queries
         cq = colmax_q[:, None, :]
         rQs = m[Operand.Q_SEQ].rho(aQ, cq, tmax["q"])
@@ -400,7 +418,7 @@ def attention_bounds(
         rdST = torch.where(vis, rdST, torch.zeros_like(rdST))
         TT = Sig + rdST
         Bdk = scale * (torch.matmul(TT.transpose(1, 2), aQ + rQs) + torch.matmul(dS.abs().transpose(1, 2), rQs))
-        Bdk = (Bdk + scale * _gamma(lq) * torch.matmul((M + rdST).transpose(1, 2), aQ + rQs)) * (1 + REL32)
+        Bdk = (Bdk + scale * m.gamma(lq) * torch.matmul((M + rdST).transpose(1, 2), aQ + rQs)) * (1 + REL32)
         B_dq[q0:q1] = Bdq.permute(1, 0, 2)
         B_dk[k0:k1] = Bdk.permute(1, 0, 2)
         B_dv[k0:k1] = Bdv.permute(1, 0, 2)

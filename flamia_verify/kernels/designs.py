@@ -4,6 +4,7 @@
 |-----------------|----------------|----------------|-------------------------------|------------------------|-------|
 | bf16            | bf16           | bf16, fp32 l   | bf16                          | bf16                   | -     |
 | fp8             | E4M3 per row   | pow2 128-block | E4M3 pow2 128-blocks/channel  | E4M3 pow2 128-blocks   | all   |
+| fp8-mma         | as fp8, every E4M3 x E4M3 GEMM on Hopper's E4M3 tensor cores (13-bit accumulator model) | all   |
 | fp8-tensor      | E4M3 per tensor| E4M3, fp32 l   | E4M3 per tensor               | E4M3 (dS per row)      | none  |
 | flamia-mxfp8    | MXFP8          | pow2 32-block  | MXFP8                         | MXFP8                  | all   |
 | flamia-mxfp8-floor | as flamia-mxfp8 with the FLOOR scale rule on every MXFP8 operand                 | all   |
@@ -89,6 +90,12 @@ FP8 = _described(
     "Hopper-native E4M3 with power-of-two scales ({rule}) per row (head_dim GEMMs) and per "
     "128-position tile (sequence GEMMs), restarted at document starts, diagonal tiles in the input "
     "precision",
+)
+
+FP8_MMA = _described(
+    replace(FP8, name="fp8-mma", recipe="fp8-mma", accumulator="e4m3-mma"),
+    "the fp8 design's roundings ({rule}) with every GEMM of two E4M3 operands on Hopper's E4M3 tensor "
+    "cores, which keep about 13 bits of each 32-long slice (the input-precision diagonal tiles in fp32)",
 )
 
 FP8_TENSOR = EmulatedDesign(
@@ -190,5 +197,5 @@ MXFP8_NAIVE = _described(
 )
 
 DESIGNS: dict[str, EmulatedDesign] = {
-    d.name: d for d in (BF16, FP8, FP8_TENSOR, FLAMIA_MXFP8, FLAMIA_MXFP8_FLOOR, FLAMIA_NVFP4, MXFP8_NAIVE)
+    d.name: d for d in (BF16, FP8, FP8_MMA, FP8_TENSOR, FLAMIA_MXFP8, FLAMIA_MXFP8_FLOOR, FLAMIA_NVFP4, MXFP8_NAIVE)
 }

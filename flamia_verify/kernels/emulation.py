@@ -72,6 +72,10 @@ __all__ = [
     "full_block_mask",
     "fallback_mask",
     "gemm",
+    "mma_gemm",
+    "MMA_SLICE",
+    "MMA_GROUP",
+    "MMA_FRACTION_BITS",
     "gemm_seq",
     "probabilities",
     "pow2_block_elements",
@@ -154,6 +158,10 @@ class EmulatedDesign:
     seq_blocks: str = "document"  # "document": blocks restart at cu_seqlens; "packed": absolute positions
     diagonal_fallback: bool = True
     recompute_from_seq: bool = False  # the backward rebuilds S from the sequence-quantized Q, K (a bug)
+    #: "fp32": every GEMM accumulates in fp32; "e4m3-mma": the GEMMs whose operands are both E4M3 run
+    #: on Hopper's E4M3 tensor cores (:func:`mma_gemm`), the input-precision halves of a causal-safe
+    #: split in fp32
+    accumulator: str = "fp32"
     description: str = ""
 
     def quant(self, op: Operand) -> Quant:
@@ -260,6 +268,68 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
+#: Hopper's E4M3 tensor-core MMA as :func:`mma_gemm` models it: the contraction runs in slices of
+#: ``MMA_SLICE`` (one instruction's K), each slice's result is added to an fp32 sum (the kernels
+#: promote after every instruction); within a slice the products are consumed in groups of
+#: ``MMA_GROUP``, and every product of a group is cut toward zero to a multiple of
+#: 2^(e - MMA_FRACTION_BITS), e the exponent of the group's largest |product|
+#: (benchmarks/probe_fp8_mma.py fits these to the hardware; docs/kernels.md, "fp8-mma")
+MMA_SLICE = 32
+MMA_GROUP = 32
+MMA_FRACTION_BITS = 13
+
+
+def _mma_slice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One slice a (..., R, C) @ b (..., C, D), C <= MMA_SLICE, as the E4M3 MMA sums it (float64)."""
+    a, b = a.double(), b.double()
+    total = None
+    for g0 in range(0, a.shape[-1], MMA_GROUP):
+        prod = a[..., :, None, g0 : g0 + MMA_GROUP] * b[..., g0 : g0 + MMA_GROUP, :].transpose(-1, -2)[..., None, :, :]
+        big = prod.abs().amax(-1)
+        e = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
+        grid = torch.exp2(e - MMA_FRACTION_BITS)[..., None]
+        part = (torch.trunc(prod / grid) * grid).sum(-1)
+        total = part if total is None else total + part
+    return total
+
+
+def mma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A GEMM of two E4M3 operands on the E4M3 tensor cores (the ``e4m3-mma`` accumulator): slices of
+    ``MMA_SLICE`` along the contraction from its first index, each summed as :func:`_mma_slice` says
+    and rounded to fp32, the slices added in fp32 in order. The operands are fp32 values (E4M3
+    elements times power-of-two scales constant along each slice, so the cut is the same as on the
+    elements). Rows are taken a few at a time to bound the memory of the products."""
+    out = a.new_zeros(a.shape[:-1] + b.shape[-1:])
+    if a.shape[-1] == 0:
+        return out
+    step = max(1, (1 << 22) // max(1, b.shape[-1] * MMA_SLICE * max(1, a[..., :1, :1].numel())))
+    for r0 in range(0, a.shape[-2], step):
+        rows = a[..., r0 : r0 + step, :]
+        acc = None
+        for s0 in range(0, a.shape[-1], MMA_SLICE):
+            part = _mma_slice(rows[..., s0 : s0 + MMA_SLICE], b[..., s0 : s0 + MMA_SLICE, :]).float()
+            acc = part if acc is None else acc + part
+        out[..., r0 : r0 + step, :] = acc
+    return out
+
+
+def _gemm_of(design: EmulatedDesign):
+    """The GEMM of ``design``'s quantized operands: :func:`mma_gemm` for the ``e4m3-mma``
+    accumulator, else :func:`gemm` (both looked up when called, so :func:`overriding` applies)."""
+    return mma_gemm if design.accumulator == "e4m3-mma" else gemm
+
+
+def _gemm_seq_of(design: EmulatedDesign, a, b_q, b_hp, full):
+    """:func:`gemm_seq` with ``design``'s accumulator: on the E4M3 MMA the quantized half runs
+    :func:`mma_gemm`, the input-precision half (a BF16/FP16 GEMM) :func:`gemm`."""
+    if design.accumulator != "e4m3-mma":
+        return gemm_seq(a, b_q, b_hp, full)
+    if full is None:
+        return mma_gemm(a, b_q)
+    zero = a.new_zeros(())
+    return mma_gemm(torch.where(full, a, zero), b_q) + gemm(torch.where(full, zero, a), b_hp)
+
+
 def gemm_seq(a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None) -> torch.Tensor:
     """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision."""
     if full is None:
@@ -363,9 +433,9 @@ def _log2_scale(scale: float) -> float:
     return torch.tensor(scale * LOG2E, dtype=torch.float32).item()
 
 
-def _scores(q_hd, k_hd, groups: int, vis: torch.Tensor, qk_scale: float) -> torch.Tensor:
+def _scores(q_hd, k_hd, groups: int, vis: torch.Tensor, qk_scale: float, design: EmulatedDesign) -> torch.Tensor:
     """(H, Lq, Lk) fp32 scores of one document in log2 units, masked to -inf where not visible."""
-    s = gemm(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
+    s = _gemm_of(design)(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
     return torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
 
 
@@ -398,9 +468,10 @@ def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
     qk_scale = _log2_scale(scale)
     for q0, q1, k0, k1 in _documents(cu_q, cu_k):
         vis = visible(q1 - q0, k1 - k0, causal, q.device)
-        s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
+        s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale, design)
         p_used, l, m = probabilities(s2, vis, design, k0, dtype)
-        acc = gemm_seq(
+        acc = _gemm_seq_of(
+            design,
             p_used,
             _to_hld(_expand_kv(v_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
@@ -442,24 +513,27 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
     scale32 = torch.tensor(scale, dtype=torch.float32).item()
     for q0, q1, k0, k1 in _documents(cu_q, cu_k):
         vis = visible(q1 - q0, k1 - k0, causal, q.device)
-        s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale)
+        s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale, design)
         a = recomputed_probabilities(s2, vis, lse2[q0:q1].T, design)  # (H, Lq, Lk)
-        dp = gemm(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
+        dp = _gemm_of(design)(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
         ds = a * (dp - delta[q0:q1].T[..., None])
         # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
         at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
-        dv_d = gemm_seq(
+        dv_d = _gemm_seq_of(
+            design,
             at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), fallback_mask(design, design.do_seq, vis.T, causal)
         )
         dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
-        dk_d = gemm_seq(
+        dk_d = _gemm_seq_of(
+            design,
             dst,
             _to_hld(q_seq[q0:q1]),
             _to_hld(_round_input(qf[q0:q1], dtype)),
             fallback_mask(design, design.q_seq, vis.T, causal),
         )
         dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
-        dq_d = gemm_seq(
+        dq_d = _gemm_seq_of(
+            design,
             dsq,
             _to_hld(_expand_kv(k_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
@@ -475,11 +549,12 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
 
 
 #: The steps of the emulation that :func:`overriding` replaces, each a function of this module that the
-#: forward and backward look up by name on every call: ``gemm`` (every GEMM), ``gemm_seq`` (a sequence
+#: forward and backward look up by name on every call: ``gemm`` (every GEMM), ``mma_gemm`` (the
+#: GEMMs of an ``e4m3-mma`` design's E4M3 operands), ``gemm_seq`` (a sequence
 #: GEMM with its causal-safe split), ``visible`` (the causal mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
 #: (rounding of an operand along the sequence), ``probabilities`` (the forward's P, l and m) and
 #: ``recomputed_probabilities`` (the weights the backward rebuilds).
-STEPS = ("gemm", "gemm_seq", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
+STEPS = ("gemm", "mma_gemm", "gemm_seq", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
 
 
 @contextlib.contextmanager
@@ -559,7 +634,7 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     vis = visible(lq, lk, causal, q.device)
     q_hd = quantize_operand(q.float(), design.qk, -1, input_dtype=dtype)
     k_hd = quantize_operand(k.float(), design.qk, -1, input_dtype=dtype)
-    s2 = _scores(q_hd, k_hd, groups, vis, qk_scale)
+    s2 = _scores(q_hd, k_hd, groups, vis, qk_scale, design)
     p_used, l, m = probabilities(s2, vis, design, 0, dtype)
     if not backward:
         ok = (l > 0)[..., None]
@@ -569,7 +644,7 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     if design.recompute_from_seq:
         q_s = seq_quantize(q.float(), design.q_seq, design, cu_q, dtype)
         k_s = seq_quantize(k.float(), design.k_seq, design, cu_k, dtype)
-        s2 = _scores(q_s, k_s, groups, vis, qk_scale)
+        s2 = _scores(q_s, k_s, groups, vis, qk_scale, design)
     return recomputed_probabilities(s2, vis, _lse2(l, m), design)
 
 

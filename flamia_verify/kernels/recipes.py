@@ -45,6 +45,7 @@ from flamia_verify.kernels.bounds import (
     input_rounding,
     output_rounding,
 )
+from flamia_verify.kernels.emulation import MMA_FRACTION_BITS, MMA_GROUP, MMA_SLICE
 from flamia_verify.kernels.operands import Operand
 
 __all__ = ["Recipe", "RECIPES", "get_recipe"]
@@ -60,10 +61,28 @@ class Recipe:
     description: str
     operand_models: Callable[[torch.dtype], Mapping[Operand, OperandModel]] = field(repr=False, compare=False)
 
+    #: the GEMMs' accumulator (:class:`~flamia_verify.kernels.bounds.RecipeBoundModel`): 0 for fp32,
+    #: else the slice length and the relative error of one slice's sum
+    acc_slice: int = 0
+    u_slice: float = 0.0
+
     def bound_model(self, dtype: torch.dtype) -> RecipeBoundModel:
         """The rounding model of every GEMM operand and of the outputs, for inputs of ``dtype``."""
         u_out, alpha_out = output_rounding(dtype)
-        return RecipeBoundModel(self.name, self.operand_models(dtype), u_out=u_out, alpha_out=alpha_out)
+        return RecipeBoundModel(
+            self.name,
+            self.operand_models(dtype),
+            u_out=u_out,
+            alpha_out=alpha_out,
+            acc_slice=self.acc_slice,
+            u_slice=self.u_slice,
+        )
+
+
+#: One slice of the E4M3 MMA (``emulation.mma_gemm``): every product of a group of MMA_GROUP is cut
+#: toward zero by less than 2^(e - F) <= 2^-F of the group's largest |product|, so the group's sum
+#: moves by less than MMA_GROUP 2^-F of its sum of |products|, and so does the slice's
+MMA_U_SLICE = MMA_GROUP * 2.0**-MMA_FRACTION_BITS
 
 
 def _bf16(dtype: torch.dtype) -> dict[Operand, OperandModel]:
@@ -120,6 +139,14 @@ RECIPES: dict[str, Recipe] = {
         "fp8",
         "E4M3 operands with power-of-two or fp32 scales of any granularity (per tensor, row or tile)",
         _fp8,
+    ),
+    "fp8-mma": Recipe(
+        "fp8-mma",
+        "E4M3 operands as in fp8, every GEMM on Hopper's E4M3 tensor cores: 32-long slices whose sums "
+        "keep 13 bits below each 32-group's largest product, added in fp32",
+        _fp8,
+        acc_slice=MMA_SLICE,
+        u_slice=MMA_U_SLICE,
     ),
     "mxfp8": Recipe(
         "mxfp8",
