@@ -140,6 +140,8 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
     """Why ``design`` has no fused kernel (None when it has one)."""
     if design.seq_blocks != "document":
         return "sequence blocks at packed positions (a deliberate bug of the emulated known-bad design)"
+    if design.accumulator != "fp32":
+        return f"GEMMs on the {design.accumulator} accumulator (no fused kernel yet)"
     if design.recompute_from_seq:
         return "backward rebuilds S from the sequence quantization (a deliberate bug)"
     if design.p_mode == "pow2-blocks" and design.normalize != "quantized":
