@@ -60,7 +60,7 @@ from flamia_verify.kernels.triton.config import config_for, unsupported_reason
 # masked lanes compute inf * 0 or 0 / 0 before tl.where discards them (as on a GPU); numpy warns
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
-FUSED = ["bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"]
+FUSED = ["bf16", "fp8", "fp8-mma", "flamia-mxfp8", "flamia-nvfp4"]
 LN2 = math.log(2.0)  # softmax_scale whose log2(e) multiple rounds to exactly 1.0 in fp32
 U_ACC = 2.0**-23  # fp32 accumulation: one ulp per addition covers round-to-nearest and tensor-core truncation
 

@@ -4,7 +4,7 @@
 |-----------------|----------------|----------------|-------------------------------|------------------------|-------|
 | bf16            | bf16           | bf16, fp32 l   | bf16                          | bf16                   | -     |
 | fp8             | E4M3 per row   | pow2 128-block | E4M3 pow2 128-blocks/channel  | E4M3 pow2 128-blocks   | all   |
-| fp8-mma         | as fp8, every E4M3 x E4M3 GEMM on Hopper's E4M3 tensor cores (13-bit accumulator model) | all   |
+| fp8-mma         | as fp8, with S and O = PV on Hopper's E4M3 tensor cores (their accumulator modelled)  | all   |
 | fp8-tensor      | E4M3 per tensor| E4M3, fp32 l   | E4M3 per tensor               | E4M3 (dS per row)      | none  |
 | flamia-mxfp8    | MXFP8          | pow2 32-block  | MXFP8                         | MXFP8                  | all   |
 | flamia-mxfp8-floor | as flamia-mxfp8 with the FLOOR scale rule on every MXFP8 operand                 | all   |
@@ -21,6 +21,7 @@ from dataclasses import fields, replace
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign, Quant, with_rule
+from flamia_verify.kernels.operands import Gemm
 
 __all__ = ["DESIGNS", "scale_rules"]
 
@@ -93,9 +94,10 @@ FP8 = _described(
 )
 
 FP8_MMA = _described(
-    replace(FP8, name="fp8-mma", recipe="fp8-mma", accumulator="e4m3-mma"),
-    "the fp8 design's roundings ({rule}) with every GEMM of two E4M3 operands on Hopper's E4M3 tensor "
-    "cores, which keep about 13 bits of each 32-long slice (the input-precision diagonal tiles in fp32)",
+    replace(FP8, name="fp8-mma", recipe="fp8-mma", mma=frozenset({Gemm.S, Gemm.O})),
+    "the fp8 design's roundings ({rule}) with S = QK^T (forward and recompute) and O = PV on Hopper's "
+    "E4M3 tensor cores, which keep about 13 bits of each 32-long slice; the gradient GEMMs and the "
+    "input-precision diagonal tiles in fp32",
 )
 
 FP8_TENSOR = EmulatedDesign(

@@ -48,7 +48,7 @@ from flamia_verify.formats import (
     round_to_format,
 )
 from flamia_verify.kernels.metadata import mark_builtin
-from flamia_verify.kernels.operands import Operand
+from flamia_verify.kernels.operands import Gemm, Operand
 
 __all__ = [
     "Quant",
@@ -158,10 +158,9 @@ class EmulatedDesign:
     seq_blocks: str = "document"  # "document": blocks restart at cu_seqlens; "packed": absolute positions
     diagonal_fallback: bool = True
     recompute_from_seq: bool = False  # the backward rebuilds S from the sequence-quantized Q, K (a bug)
-    #: "fp32": every GEMM accumulates in fp32; "e4m3-mma": the GEMMs whose operands are both E4M3 run
-    #: on Hopper's E4M3 tensor cores (:func:`mma_gemm`), the input-precision halves of a causal-safe
-    #: split in fp32
-    accumulator: str = "fp32"
+    #: the GEMMs that run on Hopper's E4M3 tensor cores (:func:`mma_gemm`; both operands E4M3, the
+    #: input-precision half of a causal-safe split excepted); the others accumulate in fp32
+    mma: frozenset[Gemm] = frozenset()
     description: str = ""
 
     def quant(self, op: Operand) -> Quant:
@@ -313,16 +312,16 @@ def mma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _gemm_of(design: EmulatedDesign):
-    """The GEMM of ``design``'s quantized operands: :func:`mma_gemm` for the ``e4m3-mma``
-    accumulator, else :func:`gemm` (both looked up when called, so :func:`overriding` applies)."""
-    return mma_gemm if design.accumulator == "e4m3-mma" else gemm
+def _gemm_of(design: EmulatedDesign, which: Gemm):
+    """The GEMM ``which`` of ``design``: :func:`mma_gemm` when the design runs it on the E4M3 tensor
+    cores, else :func:`gemm` (both looked up when called, so :func:`overriding` applies)."""
+    return mma_gemm if which in design.mma else gemm
 
 
-def _gemm_seq_of(design: EmulatedDesign, a, b_q, b_hp, full):
-    """:func:`gemm_seq` with ``design``'s accumulator: on the E4M3 MMA the quantized half runs
+def _gemm_seq_of(design: EmulatedDesign, which: Gemm, a, b_q, b_hp, full):
+    """:func:`gemm_seq` for the GEMM ``which`` of ``design``: on the E4M3 MMA the quantized half runs
     :func:`mma_gemm`, the input-precision half (a BF16/FP16 GEMM) :func:`gemm`."""
-    if design.accumulator != "e4m3-mma":
+    if which not in design.mma:
         return gemm_seq(a, b_q, b_hp, full)
     if full is None:
         return mma_gemm(a, b_q)
@@ -435,7 +434,7 @@ def _log2_scale(scale: float) -> float:
 
 def _scores(q_hd, k_hd, groups: int, vis: torch.Tensor, qk_scale: float, design: EmulatedDesign) -> torch.Tensor:
     """(H, Lq, Lk) fp32 scores of one document in log2 units, masked to -inf where not visible."""
-    s = _gemm_of(design)(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
+    s = _gemm_of(design, Gemm.S)(_to_hld(q_hd), _to_hld(_expand_kv(k_hd, groups)).transpose(1, 2))
     return torch.where(vis, s * qk_scale, s.new_full((), -math.inf))
 
 
@@ -472,6 +471,7 @@ def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
         p_used, l, m = probabilities(s2, vis, design, k0, dtype)
         acc = _gemm_seq_of(
             design,
+            Gemm.O,
             p_used,
             _to_hld(_expand_kv(v_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
@@ -515,17 +515,22 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
         vis = visible(q1 - q0, k1 - k0, causal, q.device)
         s2 = _scores(q_hd[q0:q1], k_hd[k0:k1], groups, vis, qk_scale, design)
         a = recomputed_probabilities(s2, vis, lse2[q0:q1].T, design)  # (H, Lq, Lk)
-        dp = _gemm_of(design)(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
+        dp = _gemm_of(design, Gemm.DP)(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
         ds = a * (dp - delta[q0:q1].T[..., None])
         # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
         at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
         dv_d = _gemm_seq_of(
             design,
-            at, _to_hld(do_seq[q0:q1]), _to_hld(dof[q0:q1]), fallback_mask(design, design.do_seq, vis.T, causal)
+            Gemm.DV,
+            at,
+            _to_hld(do_seq[q0:q1]),
+            _to_hld(dof[q0:q1]),
+            fallback_mask(design, design.do_seq, vis.T, causal),
         )
         dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
         dk_d = _gemm_seq_of(
             design,
+            Gemm.DK,
             dst,
             _to_hld(q_seq[q0:q1]),
             _to_hld(_round_input(qf[q0:q1], dtype)),
@@ -534,6 +539,7 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
         dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
         dq_d = _gemm_seq_of(
             design,
+            Gemm.DQ,
             dsq,
             _to_hld(_expand_kv(k_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
@@ -554,7 +560,16 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
 #: GEMM with its causal-safe split), ``visible`` (the causal mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
 #: (rounding of an operand along the sequence), ``probabilities`` (the forward's P, l and m) and
 #: ``recomputed_probabilities`` (the weights the backward rebuilds).
-STEPS = ("gemm", "mma_gemm", "gemm_seq", "visible", "fallback_mask", "seq_quantize", "probabilities", "recomputed_probabilities")
+STEPS = (
+    "gemm",
+    "mma_gemm",
+    "gemm_seq",
+    "visible",
+    "fallback_mask",
+    "seq_quantize",
+    "probabilities",
+    "recomputed_probabilities",
+)
 
 
 @contextlib.contextmanager

@@ -126,6 +126,17 @@ def _mma_t(a, b, acc, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _dot8(a, b, INTERPRET: tl.constexpr):
+    """a @ b of E4M3 codes on the E4M3 tensor cores, the fp32 sum promoted after every 32-long slice
+    (``max_num_imprecise_acc=32``: the slices of ``emulation.mma_gemm``). Under the interpreter the
+    codes are fp32 values and the dot sums exact products in fp32."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a.to(tl.float8e4nv), b.to(tl.float8e4nv), max_num_imprecise_acc=32)
+
+
+@triton.jit
 def _to_input(x, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr):
     """Cast fp32 to the input dtype with round-to-nearest-even (the interpreter's cast truncates)."""
     if INTERPRET:
@@ -279,6 +290,15 @@ def _attn_fwd_tile(
     lk,
     off,
     qk_scale,
+    q_sc,
+    Kc,
+    Ksc,
+    ks_base,
+    VcT,
+    vt_base,
+    stride_vtd,
+    Vsc,
+    vs_base,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -289,16 +309,26 @@ def _attn_fwd_tile(
     P_POW2: tl.constexpr,
     P_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """One key tile of the online softmax: returns the updated (acc, l_i, m_i). K holds the
     head_dim-rounded keys, Vop the sequence-rounded values (V itself when they are in the input
-    precision), V the input values for the diagonal fallback."""
+    precision), V the input values for the diagonal fallback.
+
+    MMA8 (S and O = PV on the E4M3 tensor cores): q_op holds Q's E4M3 codes and q_sc their row
+    scales; Kc, Ksc the keys' codes and row scales; VcT the values' codes transposed (head_dim,
+    tokens), Vsc their scale per 128-key block and channel (``e4m3_codes``)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < lk
-    k_op = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
-    s = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
+    if MMA8:
+        kc = _load_rows(Kc, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
+        k_sc = tl.load(Ksc + ks_base + offs_n, mask=kmask, other=1.0)
+        s = _dot8(q_op, tl.trans(kc), INTERPRET) * (q_sc[:, None] * k_sc[None, :])
+    else:
+        k_op = _load_rows(K, k_base, offs_n, kmask, stride_kt, HEAD_DIM)
+        s = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET)
     s2 = s * qk_scale
     if MASKED:
         vis = kmask[None, :]
@@ -314,7 +344,8 @@ def _attn_fwd_tile(
         m_new_s = tl.where(m_new > NEG_INF, m_new, 0.0)
         elem = round_e4m3(tl.exp2((s2 - mb_s[:, None]) + P_POW2_OFFSET))
         e = tl.where(live, tl.maximum((mb_s - P_POW2_OFFSET) - m_new_s, -1000.0), -1000.0)
-        p = elem * exp2i(e.to(tl.int32))[:, None]
+        p_sc = exp2i(e.to(tl.int32))
+        p = elem * p_sc[:, None]
         alpha = exp2i(tl.maximum(tl.where(m_i > NEG_INF, m_i - m_new_s, 0.0), -1000.0).to(tl.int32))
     elif P_POW2:
         # the same per block of P_BLOCK keys, through a 3-d view of the tile
@@ -337,6 +368,25 @@ def _attn_fwd_tile(
         alpha = tl.exp2(tl.where(m_i > NEG_INF, m_i - m_new_s, 0.0))
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
+    if MMA8:
+        # P's codes are its E4M3 elements (one block per tile row, scale p_sc); V's block scale per channel
+        tl.static_assert(P_POW2 and BLOCK_N == P_BLOCK and BLOCK_N == V_BLOCK)
+        d = tl.arange(0, HEAD_DIM)
+        vt = tl.load(
+            VcT + vt_base + d[:, None].to(tl.int64) * stride_vtd + offs_n[None, :], mask=kmask[None, :], other=0.0
+        )
+        v_sc = tl.load(Vsc + vs_base + (start_n // V_BLOCK) * stride_vt + d)  # block stride heads * head_dim
+        sc = p_sc[:, None] * v_sc[None, :]
+        if MASKED and FALLBACK and CAUSAL:
+            # the block that row i sees only partly: input-precision V (the causal-safe split)
+            v = _load_rows(V, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
+            blk_last = tl.minimum((offs_n // V_BLOCK) * V_BLOCK + (V_BLOCK - 1), lk - 1)
+            full = blk_last[None, :] <= offs_m[:, None] + off
+            acc = acc + _dot8(tl.where(full, elem, 0.0), tl.trans(vt), INTERPRET) * sc
+            acc = _mma(tl.where(full, 0.0, p), v, acc, IS_FP16, INTERPRET)
+        else:
+            acc = acc + _dot8(elem, tl.trans(vt), INTERPRET) * sc
+        return acc, l_i, m_new
     v_op = _load_rows(Vop, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
     if V_KIND != KIND_INPUT and MASKED and FALLBACK and CAUSAL:
         # a V block that row i sees only partly is multiplied in the input precision
@@ -348,7 +398,7 @@ def _attn_fwd_tile(
     return acc, l_i, m_new
 
 
-@triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
+@triton.jit(do_not_specialize=["stride_lh", "GROUPS", "stride_vtd"])  # lengths, GQA ratio: one compilation for all
 def _attn_fwd(
     Q,
     K,
@@ -358,6 +408,13 @@ def _attn_fwd(
     Lse2,
     CuQ,
     CuK,
+    Qsc,
+    Kc,
+    Ksc,
+    VcT,
+    Vsc,
+    VBlk,
+    stride_vtd,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -378,12 +435,14 @@ def _attn_fwd(
     P_POW2: tl.constexpr,
     P_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """Grid (query tiles of the longest document, documents, heads); longest-running tiles first.
     Q, K: the head_dim-rounded operands; Vop: V rounded along keys; V: the input values (all in
-    the input dtype, with the strides of V for V and Vop)."""
+    the input dtype, with the strides of V for V and Vop). MMA8: Q holds Q's E4M3 codes, Qsc,
+    Kc, Ksc, VcT, Vsc the rest of ``e4m3_codes``'s, VBlk each document's first V block."""
     tl.static_assert(BLOCK_N % 16 == 0)
     if V_KIND != KIND_INPUT:
         tl.static_assert(BLOCK_N % V_BLOCK == 0)
@@ -401,6 +460,17 @@ def _attn_fwd(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
     q_op = _load_rows(Q, q_start.to(tl.int64) * stride_qt + h * stride_qh, offs_m, qmask, stride_qt, HEAD_DIM)
+    if MMA8:
+        # row scales (heads, tokens) like Lse2, block scales (blocks, heads, head_dim); v contiguous
+        q_sc = tl.load(Qsc + h.to(tl.int64) * stride_lh + q_start + offs_m, mask=qmask, other=1.0)
+        ks_base = hk.to(tl.int64) * stride_vtd + k_start
+        vt_base = hk.to(tl.int64) * HEAD_DIM * stride_vtd + k_start
+        vs_base = (tl.load(VBlk + doc).to(tl.int64) * (stride_vt // HEAD_DIM) + hk) * HEAD_DIM
+    else:
+        q_sc = tl.zeros((BLOCK_M,), tl.float32)
+        ks_base = 0
+        vt_base = 0
+        vs_base = 0
     m_i = tl.full((BLOCK_M,), NEG_INF, tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
@@ -425,6 +495,15 @@ def _attn_fwd(
             lk,
             off,
             qk_scale,
+            q_sc,
+            Kc,
+            Ksc,
+            ks_base,
+            VcT,
+            vt_base,
+            stride_vtd,
+            Vsc,
+            vs_base,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -435,6 +514,7 @@ def _attn_fwd(
             P_POW2,
             P_BLOCK,
             FALLBACK,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -456,6 +536,15 @@ def _attn_fwd(
             lk,
             off,
             qk_scale,
+            q_sc,
+            Kc,
+            Ksc,
+            ks_base,
+            VcT,
+            vt_base,
+            stride_vtd,
+            Vsc,
+            vs_base,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -466,6 +555,7 @@ def _attn_fwd(
             P_POW2,
             P_BLOCK,
             FALLBACK,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -582,6 +672,8 @@ def _attn_bwd_dkdv_tile(
     lk,
     off,
     qk_scale,
+    k_sc,
+    Qsc,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -603,6 +695,7 @@ def _attn_bwd_dkdv_tile(
     FALLBACK: tl.constexpr,
     RCEIL: tl.constexpr,
     PART: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -615,7 +708,11 @@ def _attn_bwd_dkdv_tile(
     do_op = _load_op(DO, DOh, do_base, offs_m, qmask, stride_dot, HEAD_DIM, DP_KIND)
     lse = tl.load(Lse2 + l_base + offs_m, mask=qmask, other=0.0)
     delta = tl.load(Delta + l_base + offs_m, mask=qmask, other=0.0)
-    sT = _mma_t(k_op, q_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
+    if MMA8:  # k_op, q_op hold E4M3 codes; k_sc, Qsc their row scales (S recomputed as the forward's)
+        q_sc = tl.load(Qsc + l_base + offs_m, mask=qmask, other=1.0)
+        sT = (_dot8(k_op, tl.trans(q_op), INTERPRET) * (k_sc[:, None] * q_sc[None, :])) * qk_scale
+    else:
+        sT = _mma_t(k_op, q_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
         vis = (offs_n < lk)[:, None] & qmask[None, :]
         if CAUSAL:
@@ -711,6 +808,8 @@ def _attn_bwd_dkdv_sweep(
     lk,
     off,
     qk_scale,
+    k_sc,
+    Qsc,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -731,6 +830,7 @@ def _attn_bwd_dkdv_sweep(
     FALLBACK: tl.constexpr,
     RCEIL: tl.constexpr,
     PART: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -773,6 +873,8 @@ def _attn_bwd_dkdv_sweep(
             lk,
             off,
             qk_scale,
+            k_sc,
+            Qsc,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -794,6 +896,7 @@ def _attn_bwd_dkdv_sweep(
             FALLBACK,
             RCEIL,
             PART,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -824,6 +927,8 @@ def _attn_bwd_dkdv_sweep(
             lk,
             off,
             qk_scale,
+            k_sc,
+            Qsc,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -845,6 +950,7 @@ def _attn_bwd_dkdv_sweep(
             FALLBACK,
             RCEIL,
             PART,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -875,6 +981,8 @@ def _attn_bwd_dkdv_sweep(
             lk,
             off,
             qk_scale,
+            k_sc,
+            Qsc,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -896,13 +1004,14 @@ def _attn_bwd_dkdv_sweep(
             FALLBACK,
             RCEIL,
             PART,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
     return dk, dv, amax_pt, amax_dst
 
 
-@triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
+@triton.jit(do_not_specialize=["stride_lh", "GROUPS", "total_k"])  # lengths, GQA ratio: one compilation for all
 def _attn_bwd_dkdv(
     Q,
     Qh,
@@ -918,6 +1027,9 @@ def _attn_bwd_dkdv(
     DV,
     CuQ,
     CuK,
+    Qsc,
+    Ksc,
+    total_k,
     qk_scale,
     sm_scale,
     stride_qt,
@@ -955,6 +1067,7 @@ def _attn_bwd_dkdv(
     TWO_PASS: tl.constexpr,
     OUT_F32: tl.constexpr,
     PART: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -982,6 +1095,10 @@ def _attn_bwd_dkdv(
     kmask = offs_n < lk
     k_op = _load_rows(Kh, k_start.to(tl.int64) * stride_kt + hk * stride_kh, offs_n, kmask, stride_kt, HEAD_DIM)
     v_op = _load_rows(Vh, k_start.to(tl.int64) * stride_vt + hk * stride_vh, offs_n, kmask, stride_vt, HEAD_DIM)
+    if MMA8:  # Kh, Qh hold E4M3 codes, Ksc and Qsc their row scales (heads, tokens)
+        k_sc = tl.load(Ksc + hk.to(tl.int64) * total_k + k_start + offs_n, mask=kmask, other=1.0)
+    else:
+        k_sc = tl.zeros((BLOCK_N,), tl.float32)
     q_base = q_start.to(tl.int64) * stride_qt + h * stride_qh
     do_base = q_start.to(tl.int64) * stride_dot + h * stride_doh
     l_base = h * stride_lh + q_start
@@ -1015,6 +1132,8 @@ def _attn_bwd_dkdv(
             lk,
             off,
             qk_scale,
+            k_sc,
+            Qsc,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -1035,6 +1154,7 @@ def _attn_bwd_dkdv(
             FALLBACK,
             RCEIL,
             PART,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -1063,6 +1183,8 @@ def _attn_bwd_dkdv(
         lk,
         off,
         qk_scale,
+        k_sc,
+        Qsc,
         BLOCK_M,
         BLOCK_N,
         HEAD_DIM,
@@ -1083,6 +1205,7 @@ def _attn_bwd_dkdv(
         FALLBACK,
         RCEIL,
         PART,
+        MMA8,
         IS_FP16,
         INTERPRET,
     )
@@ -1129,6 +1252,9 @@ def _attn_bwd_dq_tile(
     lk,
     off,
     qk_scale,
+    q_sc,
+    Ksc,
+    ks_base,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -1144,6 +1270,7 @@ def _attn_bwd_dq_tile(
     K_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr,
     RCEIL: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -1153,7 +1280,11 @@ def _attn_bwd_dq_tile(
     kmask = offs_n < lk
     k_op = _load_op(K, Kh, k_base, offs_n, kmask, stride_kt, HEAD_DIM, QK_KIND)
     v_op = _load_rows(Vh, v_base, offs_n, kmask, stride_vt, HEAD_DIM)
-    s2 = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
+    if MMA8:  # q_op, k_op hold E4M3 codes; q_sc, Ksc their row scales (S recomputed as the forward's)
+        k_sc = tl.load(Ksc + ks_base + offs_n, mask=kmask, other=1.0)
+        s2 = (_dot8(q_op, tl.trans(k_op), INTERPRET) * (q_sc[:, None] * k_sc[None, :])) * qk_scale
+    else:
+        s2 = _mma_t(q_op, k_op, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IS_FP16, INTERPRET) * qk_scale
     if MASKED:
         vis = kmask[None, :]
         if CAUSAL:
@@ -1215,6 +1346,9 @@ def _attn_bwd_dq_sweep(
     lk,
     off,
     qk_scale,
+    q_sc,
+    Ksc,
+    ks_base,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -1229,6 +1363,7 @@ def _attn_bwd_dq_sweep(
     K_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr,
     RCEIL: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -1253,6 +1388,9 @@ def _attn_bwd_dq_sweep(
             lk,
             off,
             qk_scale,
+            q_sc,
+            Ksc,
+            ks_base,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -1268,6 +1406,7 @@ def _attn_bwd_dq_sweep(
             K_BLOCK,
             FALLBACK,
             RCEIL,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -1292,6 +1431,9 @@ def _attn_bwd_dq_sweep(
             lk,
             off,
             qk_scale,
+            q_sc,
+            Ksc,
+            ks_base,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -1307,13 +1449,14 @@ def _attn_bwd_dq_sweep(
             K_BLOCK,
             FALLBACK,
             RCEIL,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
     return dq, amax_ds
 
 
-@triton.jit(do_not_specialize=["stride_lh", "GROUPS"])  # lengths, GQA ratio: one compilation for all
+@triton.jit(do_not_specialize=["stride_lh", "GROUPS", "total_k"])  # lengths, GQA ratio: one compilation for all
 def _attn_bwd_dq(
     Qh,
     K,
@@ -1326,6 +1469,9 @@ def _attn_bwd_dq(
     DQ,
     CuQ,
     CuK,
+    Qsc,
+    Ksc,
+    total_k,
     qk_scale,
     sm_scale,
     stride_qt,
@@ -1354,6 +1500,7 @@ def _attn_bwd_dq(
     FALLBACK: tl.constexpr,
     RCEIL: tl.constexpr,
     TWO_PASS: tl.constexpr,
+    MMA8: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -1379,6 +1526,12 @@ def _attn_bwd_dq(
     do_op = _load_rows(DOh, q_start.to(tl.int64) * stride_dot + h * stride_doh, offs_m, qmask, stride_dot, HEAD_DIM)
     lse = tl.load(Lse2 + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
     delta = tl.load(Delta + h * stride_lh + q_start + offs_m, mask=qmask, other=0.0)
+    if MMA8:  # Qh, Kh hold E4M3 codes, Qsc and Ksc their row scales (heads, tokens)
+        q_sc = tl.load(Qsc + h * stride_lh + q_start + offs_m, mask=qmask, other=1.0)
+        ks_base = hk.to(tl.int64) * total_k + k_start
+    else:
+        q_sc = tl.zeros((BLOCK_M,), tl.float32)
+        ks_base = 0
     k_base = k_start.to(tl.int64) * stride_kt + hk * stride_kh
     v_base = k_start.to(tl.int64) * stride_vt + hk * stride_vh
     full_end, hi = _key_tiles(start_m, lq, lk, BLOCK_M, BLOCK_N, CAUSAL)
@@ -1406,6 +1559,9 @@ def _attn_bwd_dq(
             lk,
             off,
             qk_scale,
+            q_sc,
+            Ksc,
+            ks_base,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
@@ -1420,6 +1576,7 @@ def _attn_bwd_dq(
             K_BLOCK,
             FALLBACK,
             RCEIL,
+            MMA8,
             IS_FP16,
             INTERPRET,
         )
@@ -1444,6 +1601,9 @@ def _attn_bwd_dq(
         lk,
         off,
         qk_scale,
+        q_sc,
+        Ksc,
+        ks_base,
         BLOCK_M,
         BLOCK_N,
         HEAD_DIM,
@@ -1458,6 +1618,7 @@ def _attn_bwd_dq(
         K_BLOCK,
         FALLBACK,
         RCEIL,
+        MMA8,
         IS_FP16,
         INTERPRET,
     )
@@ -1544,6 +1705,51 @@ def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, 
         num_warps=4,
     )
     return y
+
+
+def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
+    """A power of two t per amax with amax / t <= 448: 2^(floor(log2 amax) - 8), doubled where that
+    leaves amax / t above 448 (1 where amax is 0). For an operand of E4M3 values times a
+    power-of-two scale s (RCEIL: amax <= 448 s), t <= s, so x / t = (x / s) 2^j, j >= 0, is again an
+    E4M3 value: the codes below are exact."""
+    _, ex = torch.frexp(amax)  # amax = m 2^ex, m in [0.5, 1): floor(log2 amax) = ex - 1
+    t = torch.ldexp(torch.ones_like(amax), ex - 9)
+    t = torch.where(amax > 448.0 * t, t * 2, t)
+    return torch.where(amax > 0, t, torch.ones_like(t))
+
+
+def _code_dtype() -> torch.dtype:
+    """E4M3 codes in memory: float8_e4m3fn on the GPU; fp32 values under the interpreter."""
+    return torch.float32 if _interpreting() else torch.float8_e4m3fn
+
+
+def e4m3_row_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A head_dim-rounded operand (total, heads, head_dim) of E4M3 values times a row scale, as
+    (codes with x's layout, scales (heads, total) fp32) with codes * scale == x exactly."""
+    xf = x.float()
+    t = _pow2_scale(xf.abs().amax(-1))
+    return (xf / t[..., None]).to(_code_dtype()), t.T.contiguous()
+
+
+def e4m3_block_codes(x: torch.Tensor, cu: torch.Tensor, block: int):
+    """A sequence-rounded operand (total, heads, head_dim) of E4M3 values times a scale per block of
+    ``block`` tokens (restarting at each document of ``cu``) and channel, as (codes transposed to
+    (heads, head_dim, total) so that they are the K-major B operand of P V, scales (blocks, heads,
+    head_dim) fp32, each document's first block (batch,) int32)."""
+    total, heads, dim = x.shape
+    cu64 = cu.to(torch.int64)
+    nblk = (cu64[1:] - cu64[:-1] + block - 1) // block
+    first = torch.cumsum(nblk, 0) - nblk
+    tok = torch.arange(total, device=x.device)
+    doc = torch.searchsorted(cu64[1:].contiguous(), tok, right=True).clamp_max(max(cu.numel() - 2, 0))
+    ids = first[doc] + (tok - cu64[doc]) // block
+    xf = x.float()
+    bound = total // block + cu.numel()  # at least the number of blocks (no host sync for it)
+    amax = torch.zeros((bound, heads, dim), dtype=torch.float32, device=x.device)
+    amax.index_reduce_(0, ids, xf.abs(), "amax")
+    t = _pow2_scale(amax)
+    codes = (xf / t[ids]).to(_code_dtype())
+    return codes.permute(1, 2, 0).contiguous(), t, first.to(torch.int32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1644,6 +1850,12 @@ def fused_forward(
     qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
     kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
     vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
+    if cfg.mma8:
+        qh, q_sc = e4m3_row_codes(qh)
+        kc, k_sc = e4m3_row_codes(kh)
+        vct, v_sc, v_blk = e4m3_block_codes(vs, cu_k, cfg.v_seq[1])
+    else:
+        q_sc = kc = k_sc = vct = v_sc = v_blk = lse2  # not read
     grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
     _launch(
         _attn_fwd,
@@ -1657,6 +1869,13 @@ def fused_forward(
         lse2,
         cu_q,
         cu_k,
+        q_sc,
+        kc,
+        k_sc,
+        vct,
+        v_sc,
+        v_blk,
+        k.shape[0],
         qk_scale,
         q.stride(0),
         q.stride(1),
@@ -1677,6 +1896,7 @@ def fused_forward(
         P_POW2=cfg.p_pow2,
         P_BLOCK=cfg.p_block,
         FALLBACK=cfg.fallback,
+        MMA8=cfg.mma8,
         IS_FP16=q.dtype == torch.float16,
         INTERPRET=_interpreting(),
     )
@@ -1744,6 +1964,11 @@ def fused_backward(
     qs = round_operand(q, cu_q, max_q, cfg.q_seq, seq=True, rceil=r)
     dos = round_operand(dout, cu_q, max_q, cfg.do_seq, seq=True, rceil=r)
     ks = round_operand(k, cu_k, max_k, cfg.k_seq, seq=True, rceil=r)
+    if cfg.mma8:  # S recomputed on the E4M3 tensor cores from the forward's codes and row scales
+        qh, q_sc = e4m3_row_codes(qh)
+        kh, k_sc = e4m3_row_codes(kh)
+    else:
+        q_sc = k_sc = delta  # not read
     t = tiles(cfg, D, interpret=_interpreting())
     t1 = tile_dkdv or t["dkdv"]
     t2 = tile_dq or t["dq"]
@@ -1756,6 +1981,7 @@ def fused_backward(
         P_BLOCK=cfg.p_block,
         FALLBACK=cfg.fallback,
         RCEIL=r,
+        MMA8=cfg.mma8,
         IS_FP16=q.dtype == torch.float16,
         INTERPRET=_interpreting(),
     )
@@ -1778,6 +2004,9 @@ def fused_backward(
             dv,
             cu_q,
             cu_k,
+            q_sc,
+            k_sc,
+            total_k,
             qk_scale,
             scale,
             q.stride(0),
@@ -1825,6 +2054,9 @@ def fused_backward(
         dq,
         cu_q,
         cu_k,
+        q_sc,
+        k_sc,
+        total_k,
         qk_scale,
         scale,
         q.stride(0),

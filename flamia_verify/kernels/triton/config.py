@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
-from flamia_verify.kernels.operands import Operand
+from flamia_verify.kernels.operands import Gemm, Operand
 
 __all__ = [
     "CONFIG_FIELD",
@@ -58,6 +58,8 @@ class FusedConfig:
     q_seq: tuple  # Q along queries
     rceil: bool
     fallback: bool
+    #: S = QK^T (forward and recompute) and O = PV on the E4M3 tensor cores (``EmulatedDesign.mma``)
+    mma8: bool = False
 
     # NVFP4 operands need the amax of a whole row (their fp32 row scale) before any tile is
     # quantized: the kernel that rounds one sweeps its loop twice, amaxes first
@@ -140,8 +142,16 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
     """Why ``design`` has no fused kernel (None when it has one)."""
     if design.seq_blocks != "document":
         return "sequence blocks at packed positions (a deliberate bug of the emulated known-bad design)"
-    if design.accumulator != "fp32":
-        return f"GEMMs on the {design.accumulator} accumulator (no fused kernel yet)"
+    if design.mma and design.mma != {Gemm.S, Gemm.O}:
+        return "E4M3 tensor cores on other GEMMs than S and O = PV together"
+    if design.mma and not (
+        design.qk.kind == "mx"
+        and design.qk.block == 0
+        and design.p_mode == "pow2-blocks"
+        and design.v_seq.kind == "mx"
+        and design.v_seq.block == design.p_quant.block
+    ):
+        return "E4M3 tensor cores need row-scaled Q, K and P and V blocks of one size (one scale per tile row)"
     if design.recompute_from_seq:
         return "backward rebuilds S from the sequence quantization (a deliberate bug)"
     if design.p_mode == "pow2-blocks" and design.normalize != "quantized":
@@ -176,6 +186,7 @@ def config_for(design: EmulatedDesign) -> FusedConfig:
         p_block=design.p_quant.block if design.p_mode == "pow2-blocks" else 0,
         rceil=ScaleRule.FLOOR not in rules,
         fallback=design.diagonal_fallback,
+        mma8=Gemm.S in design.mma,
     )
 
 
