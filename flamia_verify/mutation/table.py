@@ -19,16 +19,20 @@ decided) crossed with the ways each is commonly got wrong:
                                                                      P elements one binade too high
     reduction      GEMM summation order                              random per call (long rows, one path)
     inplace        inputs per code path                              K, Q, V written in place
+    accumulator    the GEMMs' sums (fp8 and fp8-mma designs)         E4M3 tensor cores under an fp32
+                                                                     claim; bf16 slice sums under the
+                                                                     tensor-core claim; fp32 under it
 
 ``correct=True`` rows are alternative designs that are right (softmax scale folded into Q before
 rounding, D = rowsum(P * dP), more of the diagonal in input precision, another fixed summation
-order): the checks must pass on them (false alarms).
+order, fp32 sums where the recipe allows the E4M3 tensor cores' narrower ones): the checks must
+pass on them (false alarms).
 """
 
 from __future__ import annotations
 
 from flamia_verify.kernels.emulation import DESIGN_FIELD, QUANT_FIELDS, Quant
-from flamia_verify.kernels.operands import Operand, describe_operands
+from flamia_verify.kernels.operands import Gemm, Operand, describe_operands
 from flamia_verify.mutation.build import Edit, Mutant
 
 __all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "VARIANT_KIND_EDITS", "by_name", "ci_sample"]
@@ -448,6 +452,41 @@ def _inplace() -> list[Mutant]:
     ]
 
 
+def _accumulator() -> list[Mutant]:
+    tensor_cores = frozenset({Gemm.S, Gemm.O})
+    return [
+        Mutant(
+            "accumulator.mma-under-fp8",
+            "accumulator",
+            "fp8 with S and O = PV on the E4M3 tensor cores (about 13 bits per 32-slice) under the fp8 "
+            "recipe's fp32 sums",
+            design=(("mma", tensor_cores),),
+            base="fp8",
+        ),
+        Mutant(
+            "accumulator.bf16-slices-under-mma",
+            "accumulator",
+            "fp8-mma whose tensor-core GEMMs round every 32-slice and the running sum to bf16",
+            (
+                Edit(
+                    "mma_gemm",
+                    "acc = part if acc is None else acc + part",
+                    "acc = part.bfloat16().float() if acc is None else (acc + part).bfloat16().float()",
+                ),
+            ),
+            base="fp8-mma",
+        ),
+        Mutant(
+            "accumulator.fp32-under-mma",
+            "accumulator",
+            "fp8-mma computed with fp32 sums everywhere (more accurate than its recipe allows: correct)",
+            design=(("mma", frozenset()),),
+            base="fp8-mma",
+            correct=True,
+        ),
+    ]
+
+
 def _build() -> tuple[Mutant, ...]:
     mutants = (
         _mask()
@@ -473,6 +512,7 @@ def _build() -> tuple[Mutant, ...]:
         + _normalisation()
         + _reduction()
         + _inplace()
+        + _accumulator()
     )
     names = [m.name for m in mutants]
     dup = sorted({n for n in names if names.count(n) > 1})

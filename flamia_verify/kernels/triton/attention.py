@@ -1746,7 +1746,7 @@ def e4m3_block_codes(x: torch.Tensor, cu: torch.Tensor, block: int):
     xf = x.float()
     bound = total // block + cu.numel()  # at least the number of blocks (no host sync for it)
     amax = torch.zeros((bound, heads, dim), dtype=torch.float32, device=x.device)
-    amax.index_reduce_(0, ids, xf.abs(), "amax")
+    amax.scatter_reduce_(0, ids[:, None, None].expand(total, heads, dim), xf.abs(), "amax")
     t = _pow2_scale(amax)
     codes = (xf / t[ids]).to(_code_dtype())
     return codes.permute(1, 2, 0).contiguous(), t, first.to(torch.int32)
