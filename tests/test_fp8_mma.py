@@ -170,3 +170,32 @@ def test_fused_fp8_mma_is_the_fused_fp8_kernel_under_the_interpreter(causal):
     got = run(fused("fp8-mma"), *case, causal=causal)
     for what, g_, w_ in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(g_.view(torch.int16), w_.view(torch.int16)), what
+
+
+@needs_triton
+@pytest.mark.skipif(not interpreting(), reason="CPU runs need TRITON_INTERPRET=1 (the GPU suite runs it on CUDA)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_one_pass_codes_are_the_pytorch_twins_codes(dtype):
+    from flamia_verify.kernels.triton.attention import (
+        e4m3_block_codes,
+        e4m3_row_codes,
+        round_operand,
+        round_operand_codes,
+    )
+    from flamia_verify.kernels.triton.config import config_for
+
+    cfg = config_for(DESIGNS["fp8-mma"])
+    lens = [300, 0, 77, 129]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = (torch.randn(506, 2, 32) * torch.exp2(torch.randint(-8, 9, (506, 2, 1)).float())).to(dtype)
+    x[7] = 0
+    rows = round_operand_codes(x, cu, 300, cfg.qk, seq=False, rceil=cfg.rceil)
+    want = e4m3_row_codes(round_operand(x, cu, 300, cfg.qk, seq=False, rceil=cfg.rceil))
+    assert all(torch.equal(g_, w_) for g_, w_ in zip(rows, want))
+    codes_t, scale, first = round_operand_codes(x, cu, 300, cfg.v_seq, seq=True, rceil=cfg.rceil)
+    w_codes, w_scale, w_first = e4m3_block_codes(
+        round_operand(x, cu, 300, cfg.v_seq, seq=True, rceil=cfg.rceil), cu, 128
+    )
+    assert torch.equal(first, w_first) and torch.equal(codes_t, w_codes)
+    used = int((w_first[-1] + (lens[-1] + 127) // 128).item())  # the blocks that hold tokens
+    assert torch.equal(scale[:used], w_scale[:used])

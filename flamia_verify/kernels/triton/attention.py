@@ -61,6 +61,7 @@ from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
     KIND_NVFP4,
     amax,
+    biased_exponent,
     exp2i,
     max_keep_nan,
     nvfp4_row_scale,
@@ -1636,10 +1637,24 @@ def _attn_bwd_dq(
 
 
 @triton.jit
+def _code_scale(a):
+    """The power of two t of ``_pow2_scale`` for amaxes ``a``: 2^(floor(log2 a) - 8), doubled where
+    a / t would exceed 448, 1 for a = 0 (floor(log2 a) read off the exponent bits: exact)."""
+    t = exp2i(biased_exponent(a) - 127 - 8)
+    t = tl.where(a > 448.0 * t, t * 2.0, t)
+    return tl.where(a > 0, t, 1.0)
+
+
+@triton.jit
 def _round_operand(
     X,
     Y,
     Cu,
+    C,
+    Sc,
+    First,
+    total,
+    heads,
     stride_t,
     stride_h,
     ROWS: tl.constexpr,
@@ -1648,13 +1663,20 @@ def _round_operand(
     BLOCK: tl.constexpr,
     SEQ: tl.constexpr,
     RCEIL: tl.constexpr,
+    CODES: tl.constexpr,
     IS_FP16: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """Grid (row tiles of the longest document, documents, heads): Y = X rounded as a GEMM operand,
     blocked along head_dim (SEQ False; BLOCK 0: one scale per row) or along the sequence (SEQ True;
     tiles start at the document's first row, so blocks restart there), stored in the input dtype
-    (exact: E4M3 values times power-of-two scales)."""
+    (exact: E4M3 values times power-of-two scales).
+
+    CODES (the E4M3 tensor cores): instead of Y, the rounded values as E4M3 codes C and power-of-two
+    scales Sc (``e4m3_row_codes`` / ``e4m3_block_codes`` are the PyTorch twins): head_dim operands
+    keep X's layout with scales (heads, total); sequence operands (one block per tile) are stored
+    transposed, (heads, head_dim, total), with scales (blocks, heads, head_dim), the document's
+    first block at First[doc]."""
     start = tl.program_id(0) * ROWS
     doc = tl.program_id(1)
     h = tl.program_id(2)
@@ -1670,8 +1692,24 @@ def _round_operand(
         y = _quant_seq(x, ROWS, HEAD_DIM, KIND, BLOCK, RCEIL, IS_FP16)
     else:
         y = _quant_head(x, ROWS, HEAD_DIM, KIND, BLOCK, RCEIL, IS_FP16)
-    ptrs = Y + base + offs[:, None].to(tl.int64) * stride_t + tl.arange(0, HEAD_DIM)[None, :]
-    tl.store(ptrs, _to_input(y, IS_FP16, INTERPRET), mask=mask[:, None])
+    d = tl.arange(0, HEAD_DIM)
+    if CODES:
+        yf = y.to(tl.float32)
+        if SEQ:
+            tl.static_assert(ROWS == BLOCK, "one sequence block per tile")
+            t = _code_scale(tl.max(tl.abs(yf), axis=0))
+            cptrs = C + (h * HEAD_DIM + d[None, :]).to(tl.int64) * total + (t0 + offs)[:, None]
+            tl.store(cptrs, (yf / t[None, :]).to(C.dtype.element_ty), mask=mask[:, None])
+            blk = tl.load(First + doc) + start // ROWS
+            tl.store(Sc + (blk.to(tl.int64) * heads + h) * HEAD_DIM + d, t)
+        else:
+            t = _code_scale(tl.max(tl.abs(yf), axis=1))
+            cptrs = C + base + offs[:, None].to(tl.int64) * stride_t + d[None, :]
+            tl.store(cptrs, (yf / t[:, None]).to(C.dtype.element_ty), mask=mask[:, None])
+            tl.store(Sc + h.to(tl.int64) * total + t0 + offs, t, mask=mask)
+    else:
+        ptrs = Y + base + offs[:, None].to(tl.int64) * stride_t + d[None, :]
+        tl.store(ptrs, _to_input(y, IS_FP16, INTERPRET), mask=mask[:, None])
 
 
 def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, *, seq: bool, rceil: bool):
@@ -1686,12 +1724,43 @@ def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, 
     batch = cu.numel() - 1
     if x.numel() == 0 or batch == 0 or max_len == 0:
         return y
+    _round_operand_launch(x, y, cu, max_len, kind, block, seq, rceil, None)
+    return y
+
+
+def round_operand_codes(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, *, seq: bool, rceil: bool):
+    """``round_operand`` for the E4M3 tensor cores: the rounded operand as E4M3 codes and
+    power-of-two scales, in one pass (the layouts of ``e4m3_row_codes``, or with ``seq`` of
+    ``e4m3_block_codes``, whose results these are: tests/test_fp8_mma.py)."""
+    kind, block = spec
+    total, heads, dim = x.shape
+    codes = torch.zeros(((heads, dim, total) if seq else x.shape), dtype=_code_dtype(), device=x.device)
+    if seq:
+        cu64 = cu.to(torch.int64)
+        nblk = (cu64[1:] - cu64[:-1] + block - 1) // block
+        first = (torch.cumsum(nblk, 0) - nblk).to(torch.int32)
+        scales = torch.ones((total // block + cu.numel(), heads, dim), dtype=torch.float32, device=x.device)
+    else:
+        first = cu
+        scales = torch.ones((heads, total), dtype=torch.float32, device=x.device)
+    if total and cu.numel() > 1 and max_len:
+        _round_operand_launch(x, x, cu, max_len, kind, block, seq, rceil, (codes, scales, first))
+    return (codes, scales, first) if seq else (codes, scales)
+
+
+def _round_operand_launch(x, y, cu, max_len, kind, block, seq, rceil, codes):
     rows = max(64, block) if seq else 64
-    grid = (triton.cdiv(max_len, rows), batch, x.shape[1])
+    grid = (triton.cdiv(max_len, rows), cu.numel() - 1, x.shape[1])
+    c, sc, first = codes if codes is not None else (x, x, cu)
     _round_operand[grid](
         x,
         y,
         cu,
+        c,
+        sc,
+        first,
+        x.shape[0],
+        x.shape[1],
         x.stride(0),
         x.stride(1),
         ROWS=rows,
@@ -1700,11 +1769,11 @@ def round_operand(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: tuple, 
         BLOCK=block,
         SEQ=seq,
         RCEIL=rceil,
+        CODES=codes is not None,
         IS_FP16=x.dtype == torch.float16,
         INTERPRET=_interpreting(),
         num_warps=4,
     )
-    return y
 
 
 def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -1847,14 +1916,15 @@ def fused_forward(
         return out, lse2
     t = tile or tiles(cfg, D, interpret=_interpreting())["fwd"]
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
-    qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
-    kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
-    vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
-    if cfg.mma8:
-        qh, q_sc = e4m3_row_codes(qh)
-        kc, k_sc = e4m3_row_codes(kh)
-        vct, v_sc, v_blk = e4m3_block_codes(vs, cu_k, cfg.v_seq[1])
+    if cfg.mma8:  # E4M3 codes and scales for the tensor cores (kh, vs are not read)
+        qh, q_sc = round_operand_codes(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
+        kc, k_sc = round_operand_codes(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
+        vct, v_sc, v_blk = round_operand_codes(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
+        kh = vs = k
     else:
+        qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
+        kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
+        vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
         q_sc = kc = k_sc = vct = v_sc = v_blk = lse2  # not read
     grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
     _launch(
@@ -1957,18 +2027,18 @@ def fused_backward(
     )
     # every operand rounded once, in its role (head_dim: S and dP; sequence: dV, dK, dQ)
     r = cfg.rceil
-    qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=r)
-    kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=r)
+    if cfg.mma8:  # S recomputed on the E4M3 tensor cores from the forward's codes and row scales
+        qh, q_sc = round_operand_codes(q, cu_q, max_q, cfg.qk, seq=False, rceil=r)
+        kh, k_sc = round_operand_codes(k, cu_k, max_k, cfg.qk, seq=False, rceil=r)
+    else:
+        qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=r)
+        kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=r)
+        q_sc = k_sc = lse2  # not read
     vh = round_operand(v, cu_k, max_k, cfg.dp, seq=False, rceil=r)
     doh = round_operand(dout, cu_q, max_q, cfg.dp, seq=False, rceil=r)
     qs = round_operand(q, cu_q, max_q, cfg.q_seq, seq=True, rceil=r)
     dos = round_operand(dout, cu_q, max_q, cfg.do_seq, seq=True, rceil=r)
     ks = round_operand(k, cu_k, max_k, cfg.k_seq, seq=True, rceil=r)
-    if cfg.mma8:  # S recomputed on the E4M3 tensor cores from the forward's codes and row scales
-        qh, q_sc = e4m3_row_codes(qh)
-        kh, k_sc = e4m3_row_codes(kh)
-    else:
-        q_sc = k_sc = delta  # not read
     t = tiles(cfg, D, interpret=_interpreting())
     t1 = tile_dkdv or t["dkdv"]
     t2 = tile_dq or t["dq"]
