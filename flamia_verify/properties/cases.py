@@ -266,7 +266,18 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     (distinct within every document of at most headdim rows); ``negscore_q`` makes every score deeply
     negative (about -value * scale * headdim); ``probe`` (value ``"site:variant"``) replaces all
     four tensors by the MX rounding probe of :mod:`flamia_verify.properties.mx_probes`, drawn from
-    the case's seed (its shapes must be the probe's: 64 tokens, one head, head_dim 64)."""
+    the case's seed (its shapes must be the probe's: 64 tokens, one head, head_dim 64); ``accprobe``
+    by the accumulation probe of :mod:`flamia_verify.properties.acc_probe` (the same shapes)."""
+    if key == "accprobe":
+        from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, accumulation_probe
+
+        if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (ACC_LEN, ACC_LEN, 1, 1, ACC_DIM):
+            raise ConfigError(
+                f"the accumulation probe needs {ACC_LEN} queries and keys, one head and head_dim {ACC_DIM}; "
+                f"the case has {case.describe()}"
+            )
+        tensors.update(accumulation_probe(case.seed))
+        return
     if key == "probe":
         from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
 
@@ -318,7 +329,7 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     else:
         raise ConfigError(
             f"unknown override {key!r}; use scale_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
-            "with q, k, v or do, or probe"
+            "with q, k, v or do, or probe, accprobe"
         )
 
 

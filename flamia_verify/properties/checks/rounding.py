@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from flamia_verify.kernels.bounds import attention_bounds, exact_operands_model
 from flamia_verify.kernels.recipes import get_recipe
+from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
 from flamia_verify.properties.checks.bound import bound_ratio
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
@@ -149,6 +150,74 @@ def bound_rounding(ctx):
     )
     if notes:
         msg += "; " + "; ".join(notes)
+    return ctx.judged(
+        metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
+    )
+
+
+@register(
+    "bound.accumulation",
+    "the GEMM sums are as wide as the recipe says: on inputs that every recipe's operands represent "
+    "exactly and whose O only a narrow accumulator changes (uniform weights, a cancelling +-448 pair "
+    "beside values below 2^-5 in each 32-key slice), O equals the exact attention to within the "
+    "recipe's accumulator and the output rounding; no violation allowed",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    cost=0.1,
+)
+def bound_accumulation(ctx):
+    model = exact_operands_model(ctx.bound_model)
+    violations, tight, first = 0, 0.0, None
+    seeds = ctx.settings.rounding_seeds
+    for s in range(seeds):
+        case = ctx.case(
+            (ACC_LEN,),
+            heads=1,
+            headdim=ACC_DIM,
+            causal=False,
+            softmax_scale=ACC_SCALE,
+            overrides=(("accprobe", "pv"),),
+            seed_offset=4500 + s,
+        )
+        res = ctx.run(case)
+        inp = ctx.inputs(case)
+        ref = ctx.reference(inp)
+        B = attention_bounds(
+            inp.q,
+            inp.k,
+            inp.v,
+            None,
+            inp.cu_q.tolist(),
+            inp.cu_k.tolist(),
+            scale=case.scale,
+            causal=False,
+            model=model,
+            ref_out=ref.out,
+        )
+        m = compare_within(
+            res.out,
+            ref.out,
+            B.out,
+            what="|out - exact attention|",
+            rule=f"within the {ctx.recipe} recipe's accumulator and the output rounding",
+            cu_seqlens=[0, ACC_LEN],
+        )
+        tight = max(tight, float(bound_ratio(res.out, ref.out, B.out).max()))
+        if not m.ok:
+            violations += m.mismatched
+            if first is None:
+                first = case_record(
+                    case,
+                    tensor="out",
+                    recipe=ctx.recipe,
+                    mismatch=m.to_dict(),
+                    summary=f"out of the accumulation probe: {m.summary()}",
+                )
+        ctx.progress((s + 1) / seeds)
+    metrics = {"violations": violations, "tightness": tight, "probe_cases": seeds}
+    msg = (
+        f"O within the {ctx.recipe} recipe's accumulator on {seeds} accumulation probe(s) "
+        f"(a +-448 pair beside values below 2^-5 in every 32-key slice); tightness {tight:.3g}"
+    )
     return ctx.judged(
         metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
     )
