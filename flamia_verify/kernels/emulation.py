@@ -281,19 +281,18 @@ MMA_FRACTION_BITS = 13
 def _mma_slice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One slice a (..., R, C) @ b (..., C, D), C <= MMA_SLICE, as the E4M3 MMA sums it (float64)."""
     a, b = a.double(), b.double()
-    total = None
+    total = a.new_zeros(a.shape[:-1] + b.shape[-1:])
     for g0 in range(0, a.shape[-1], MMA_GROUP):
         prod = a[..., :, None, g0 : g0 + MMA_GROUP] * b[..., g0 : g0 + MMA_GROUP, :].transpose(-1, -2)[..., None, :, :]
         big = prod.abs().amax(-1)
         e = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
         grid = torch.exp2(e - MMA_FRACTION_BITS)[..., None]
-        part = (torch.trunc(prod / grid) * grid).sum(-1)
-        total = part if total is None else total + part
+        total = total + (torch.trunc(prod / grid) * grid).sum(-1)  # exact: at most 2^18 steps of the grid
     return total
 
 
 def mma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A GEMM of two E4M3 operands on the E4M3 tensor cores (the ``e4m3-mma`` accumulator): slices of
+    """A GEMM of two E4M3 operands on the E4M3 tensor cores (``EmulatedDesign.mma``): slices of
     ``MMA_SLICE`` along the contraction from its first index, each summed as :func:`_mma_slice` says
     and rounded to fp32, the slices added in fp32 in order. The operands are fp32 values (E4M3
     elements times power-of-two scales constant along each slice, so the cut is the same as on the
@@ -304,10 +303,9 @@ def mma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     step = max(1, (1 << 22) // max(1, b.shape[-1] * MMA_SLICE * max(1, a[..., :1, :1].numel())))
     for r0 in range(0, a.shape[-2], step):
         rows = a[..., r0 : r0 + step, :]
-        acc = None
-        for s0 in range(0, a.shape[-1], MMA_SLICE):
-            part = _mma_slice(rows[..., s0 : s0 + MMA_SLICE], b[..., s0 : s0 + MMA_SLICE, :]).float()
-            acc = part if acc is None else acc + part
+        acc = _mma_slice(rows[..., :MMA_SLICE], b[..., :MMA_SLICE, :]).float()
+        for s0 in range(MMA_SLICE, a.shape[-1], MMA_SLICE):
+            acc = acc + _mma_slice(rows[..., s0 : s0 + MMA_SLICE], b[..., s0 : s0 + MMA_SLICE, :]).float()
         out[..., r0 : r0 + step, :] = acc
     return out
 

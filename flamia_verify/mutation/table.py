@@ -470,8 +470,14 @@ def _accumulator() -> list[Mutant]:
             (
                 Edit(
                     "mma_gemm",
-                    "acc = part if acc is None else acc + part",
-                    "acc = part.bfloat16().float() if acc is None else (acc + part).bfloat16().float()",
+                    "acc = _mma_slice(rows[..., :MMA_SLICE], b[..., :MMA_SLICE, :]).float()",
+                    "acc = _mma_slice(rows[..., :MMA_SLICE], b[..., :MMA_SLICE, :]).float().bfloat16().float()",
+                ),
+                Edit(
+                    "mma_gemm",
+                    "acc = acc + _mma_slice(rows[..., s0 : s0 + MMA_SLICE], b[..., s0 : s0 + MMA_SLICE, :]).float()",
+                    "acc = (acc + _mma_slice(rows[..., s0 : s0 + MMA_SLICE], b[..., s0 : s0 + MMA_SLICE, :]).float())"
+                    ".bfloat16().float()",
                 ),
             ),
             base="fp8-mma",
