@@ -31,9 +31,9 @@ step() {  # step NAME TIMEOUT_S COMMAND...
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.log"
 if [ "$mode" != speed ] && [ "$mode" != standard ]; then
-step gpu_tests 150 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
+step gpu_tests 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
     tests/test_triton_attention.py tests/test_kernels_emulation.py tests/test_formats_blocks.py \
-    tests/test_reference_properties.py tests/test_rounding_probes.py
+    tests/test_reference_properties.py tests/test_rounding_probes.py tests/test_fp8_mma.py
 step software_e4m3 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
     "tests/test_triton_quant.py::test_software_e4m3_rounding_matches_formats_bit_for_bit_on_gpu"
 step headdim_256 150 python3 - <<'EOF'
@@ -62,7 +62,7 @@ for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):
 print("stages that fit:", {k[0]: v for k, v in _STAGES_THAT_FIT.items()})
 sys.exit(1 if bad else 0)
 EOF
-for spec in ${QUICK:-fp8:bf16 flamia-nvfp4:bf16 bf16:bf16 flamia-mxfp8:fp16}; do  # QUICK="kernel:dtype ..."
+for spec in ${QUICK:-fp8:bf16 fp8-mma:bf16 flamia-nvfp4:bf16 bf16:bf16 flamia-mxfp8:fp16}; do  # QUICK="kernel:dtype ..."
     set -- ${spec/:/ }
     step "check_quick_$1_$2" 90 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel "$1" --dtype "$2" --suite quick --device cuda --out "$out/quick_$1_$2"

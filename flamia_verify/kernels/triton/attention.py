@@ -320,7 +320,7 @@ def _attn_fwd_tile(
 
     MMA8 (S and O = PV on the E4M3 tensor cores): q_op holds Q's E4M3 codes and q_sc their row
     scales; Kc, Ksc the keys' codes and row scales; VcT the values' codes transposed (head_dim,
-    tokens), Vsc their scale per 128-key block and channel (``e4m3_codes``)."""
+    tokens), Vsc their scale per 128-key block and channel (``round_operand_codes``)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < lk
     if MMA8:
@@ -443,7 +443,7 @@ def _attn_fwd(
     """Grid (query tiles of the longest document, documents, heads); longest-running tiles first.
     Q, K: the head_dim-rounded operands; Vop: V rounded along keys; V: the input values (all in
     the input dtype, with the strides of V for V and Vop). MMA8: Q holds Q's E4M3 codes, Qsc,
-    Kc, Ksc, VcT, Vsc the rest of ``e4m3_codes``'s, VBlk each document's first V block."""
+    Kc, Ksc, VcT, Vsc the rest of ``round_operand_codes``'s, VBlk each document's first V block."""
     tl.static_assert(BLOCK_N % 16 == 0)
     if V_KIND != KIND_INPUT:
         tl.static_assert(BLOCK_N % V_BLOCK == 0)
