@@ -62,7 +62,7 @@ for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):
 print("stages that fit:", {k[0]: v for k, v in _STAGES_THAT_FIT.items()})
 sys.exit(1 if bad else 0)
 EOF
-for spec in ${QUICK:-fp8:bf16 fp8-mma:bf16 flamia-nvfp4:bf16 bf16:bf16 flamia-mxfp8:fp16}; do  # QUICK="kernel:dtype ..."
+for spec in ${QUICK:-fp8:bf16 fp8-mma:bf16 flamia-nvfp4:bf16 flamia-mxfp8:fp16}; do  # QUICK="kernel:dtype ..."
     set -- ${spec/:/ }
     step "check_quick_$1_$2" 90 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel "$1" --dtype "$2" --suite quick --device cuda --out "$out/quick_$1_$2"
