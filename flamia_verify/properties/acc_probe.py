@@ -17,14 +17,15 @@ loses them: the E4M3 tensor cores keep 13 bits below the largest product (2^-5 o
 so every small value in the pair's slice (below 2^-5) is cut to 0 and O[c] drops by about half. A
 recipe that allows that accumulator (``fp8-mma``) allows the drop in its bound; every other recipe
 promises fp32 sums, and its bound (exact operands: fp32 accumulation and the output's rounding)
-does not.
+does not. The same pattern in dO's columns (V = 0) probes dV = P^T dO, the backward's GEMM of the
+same shape (site ``dv``).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["ACC_LEN", "ACC_DIM", "ACC_SCALE", "accumulation_probe"]
+__all__ = ["ACC_LEN", "ACC_DIM", "ACC_SCALE", "SITES", "accumulation_probe"]
 
 ACC_LEN = 64
 ACC_DIM = 64
@@ -33,14 +34,31 @@ BIG = 448.0
 SMALL = (1.0, 1.5, 1.75)  # times 2^-6: E4M3 normals below 2^-5, the MMA's step at 448
 
 
-def accumulation_probe(seed: int) -> dict[str, torch.Tensor]:
-    """q, k, v, do (float32, (64, 1, 64)) of the probe; the small values are drawn from ``seed``."""
+#: the GEMM each probe site puts the pattern into, and the output it observes
+SITES = {"pv": "out", "dv": "dv"}
+
+
+def _pattern(seed: int) -> torch.Tensor:
+    """(64, 64): small values m 2^-6 with one +448 / -448 pair per column inside one 32-row slice."""
     g = torch.Generator().manual_seed(seed)
-    small = torch.tensor(SMALL)[torch.randint(0, len(SMALL), (ACC_LEN, ACC_DIM), generator=g)] * 2.0**-6
-    v = small.clone()
+    x = torch.tensor(SMALL)[torch.randint(0, len(SMALL), (ACC_LEN, ACC_DIM), generator=g)] * 2.0**-6
     for c in range(ACC_DIM):
-        start = 32 * (c % 2)
-        p = start + (c * 7) % 31  # the pair at p, p + 1: inside one 32-key slice
-        v[p, c], v[p + 1, c] = BIG, -BIG
+        p = 32 * (c % 2) + (c * 7) % 31  # the pair at p, p + 1: inside one 32-long slice
+        x[p, c], x[p + 1, c] = BIG, -BIG
+    return x
+
+
+def accumulation_probe(seed: int, site: str = "pv") -> dict[str, torch.Tensor]:
+    """q, k, v, do (float32, (64, 1, 64)) of the probe at ``site``; small values drawn from ``seed``.
+
+    ``pv``: the pattern in V's columns (along keys), observed in O = P V. ``dv``: the pattern in dO's
+    columns (along queries) with V = 0, observed in dV = P^T dO: O = 0, so D = rowsum(dO * O) = 0,
+    dP = 0 and dS = 0 exactly (dQ = dK = 0), and P^T is 1/64 everywhere, exact in every format of
+    the recipes (an E4M3 normal, a power-of-two block, NVFP4's uniform block)."""
+    if site not in SITES:
+        raise ValueError(f"unknown accumulation probe site {site!r}; the sites are {', '.join(SITES)}")
     zeros = torch.zeros(ACC_LEN, 1, ACC_DIM)
-    return {"q": zeros.clone(), "k": zeros.clone(), "v": v[:, None, :], "do": zeros.clone()}
+    x = _pattern(seed)[:, None, :]
+    if site == "pv":
+        return {"q": zeros.clone(), "k": zeros.clone(), "v": x, "do": zeros.clone()}
+    return {"q": zeros.clone(), "k": zeros.clone(), "v": zeros.clone(), "do": x}

@@ -276,7 +276,7 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
                 f"the accumulation probe needs {ACC_LEN} queries and keys, one head and head_dim {ACC_DIM}; "
                 f"the case has {case.describe()}"
             )
-        tensors.update(accumulation_probe(case.seed))
+        tensors.update(accumulation_probe(case.seed, str(value)))
         return
     if key == "probe":
         from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors

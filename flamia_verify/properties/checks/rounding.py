@@ -22,6 +22,7 @@ from __future__ import annotations
 from flamia_verify.kernels.bounds import attention_bounds, exact_operands_model
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
+from flamia_verify.properties.acc_probe import SITES as ACC_SITES
 from flamia_verify.properties.checks.bound import bound_ratio
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
@@ -158,66 +159,83 @@ def bound_rounding(ctx):
 @register(
     "bound.accumulation",
     "the GEMM sums are as wide as the recipe says: on inputs that every recipe's operands represent "
-    "exactly and whose O only a narrow accumulator changes (uniform weights, a cancelling +-448 pair "
-    "beside values below 2^-5 in each 32-key slice), O equals the exact attention to within the "
-    "recipe's accumulator and the output rounding; no violation allowed",
+    "exactly and whose output only a narrow accumulator changes (uniform weights, a cancelling +-448 "
+    "pair beside values below 2^-5 in each 32-long slice of V, and of dO for dV = P^T dO), O and dV "
+    "equal the exact attention to within the recipe's accumulator and the output rounding; no "
+    "violation allowed",
     defaults=lambda recipe, dtype: {"violations": 0},
     cost=0.1,
 )
 def bound_accumulation(ctx):
     model = exact_operands_model(ctx.bound_model)
-    violations, tight, first = 0, 0.0, None
-    seeds = ctx.settings.rounding_seeds
-    for s in range(seeds):
+    violations, tight, first, n_cases = 0, 0.0, None, 0
+    per_site: dict[str, float] = {}
+    sites = [s for s in ACC_SITES if ctx.has_backward or ACC_SITES[s] == "out"]
+    jobs = [(site, d) for d in range(ctx.settings.rounding_seeds) for site in sites]
+    for n, (site, draw) in enumerate(jobs):
+        observed = ACC_SITES[site]
         case = ctx.case(
             (ACC_LEN,),
             heads=1,
             headdim=ACC_DIM,
             causal=False,
             softmax_scale=ACC_SCALE,
-            overrides=(("accprobe", "pv"),),
-            seed_offset=4500 + s,
+            overrides=(("accprobe", site),),
+            seed_offset=4500 + draw,
         )
         res = ctx.run(case)
+        got = getattr(res, observed)
+        if got is None:
+            continue
         inp = ctx.inputs(case)
         ref = ctx.reference(inp)
+        grads = observed != "out"
         B = attention_bounds(
             inp.q,
             inp.k,
             inp.v,
-            None,
+            inp.do if grads else None,
             inp.cu_q.tolist(),
             inp.cu_k.tolist(),
             scale=case.scale,
             causal=False,
             model=model,
             ref_out=ref.out,
+            ref_grads=(ref.dq, ref.dk, ref.dv) if grads else None,
         )
+        want, bound = getattr(ref, observed), getattr(B, observed)
+        n_cases += 1
         m = compare_within(
-            res.out,
-            ref.out,
-            B.out,
-            what="|out - exact attention|",
+            got,
+            want,
+            bound,
+            what=f"|{observed} - exact attention|",
             rule=f"within the {ctx.recipe} recipe's accumulator and the output rounding",
             cu_seqlens=[0, ACC_LEN],
         )
-        tight = max(tight, float(bound_ratio(res.out, ref.out, B.out).max()))
+        t = float(bound_ratio(got, want, bound).max())
+        tight = max(tight, t)
+        per_site[f"tightness_{site}"] = max(per_site.get(f"tightness_{site}", 0.0), t)
         if not m.ok:
             violations += m.mismatched
             if first is None:
                 first = case_record(
                     case,
-                    tensor="out",
+                    tensor=observed,
+                    site=site,
                     recipe=ctx.recipe,
                     mismatch=m.to_dict(),
-                    summary=f"out of the accumulation probe: {m.summary()}",
+                    summary=f"{observed} of the accumulation probe ({site}): {m.summary()}",
                 )
-        ctx.progress((s + 1) / seeds)
-    metrics = {"violations": violations, "tightness": tight, "probe_cases": seeds}
+        ctx.progress((n + 1) / len(jobs))
+    metrics = {"violations": violations, "tightness": tight, "probe_cases": n_cases, **per_site}
     msg = (
-        f"O within the {ctx.recipe} recipe's accumulator on {seeds} accumulation probe(s) "
-        f"(a +-448 pair beside values below 2^-5 in every 32-key slice); tightness {tight:.3g}"
+        f"{' and '.join(ACC_SITES[s] for s in sites)} within the {ctx.recipe} recipe's accumulator on "
+        f"{n_cases} accumulation probe(s) (a +-448 pair beside values below 2^-5 in every 32-long "
+        f"slice); tightness {tight:.3g}"
     )
+    if not ctx.has_backward:
+        msg += "; no backward, dV not probed"
     return ctx.judged(
         metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
     )
