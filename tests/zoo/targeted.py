@@ -494,7 +494,7 @@ def _range_scale_do_kernel(saturate: bool):
 range_scale_do = _tag(
     _range_scale_do_kernel(saturate=False),
     "mxfp8",
-    ("special.constant_rows", "bound.rounding"),
+    ("special.constant_rows", "bound.rounding", "bound.accumulation"),
     ("error", "bound", "special.zero_blocks", "special.short_documents", "consistency.weights"),
     "MXFP8 whose dO blocks along the sequence take their scale from the range max - min and are cast "
     "without saturation: a constant block of dO becomes NaN",
@@ -505,7 +505,7 @@ range_scale_do = _tag(
 range_scale_do_flush = _tag(
     _range_scale_do_kernel(saturate=True),
     "mxfp8",
-    ("special.constant_rows", "bound.rounding"),
+    ("special.constant_rows", "bound.rounding", "bound.accumulation"),
     ("error", "bound", "special.zero_blocks", "special.magnitudes", "special.short_documents"),
     "range_scale_do with a saturating cast: a constant block of dO becomes 0",
 )
