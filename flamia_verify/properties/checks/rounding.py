@@ -58,12 +58,47 @@ def probe_case(ctx, probe: Probe, seed_offset: int = 0):
     )
 
 
+class _Tally:
+    """What a run of probe cases found: elements outside their bound, the largest bound ratio
+    (overall and per site), the cases run and the first violating case."""
+
+    def __init__(self) -> None:
+        self.violations = 0
+        self.tight = 0.0
+        self.per_site: dict[str, float] = {}
+        self.cases = 0
+        self.first: dict | None = None
+
+    def add(self, ctx, case, got, want, bound, *, tensor: str, key: str, what: str, rule: str, label: str, **record):
+        """Compare one observed tensor of ``case`` with ``want`` within ``bound``; ``key`` is the site
+        of the per-site tightness, ``label`` names the tensor in the first violation's summary,
+        ``record`` adds fields to that case record."""
+        m = compare_within(got, want, bound, what=what, rule=rule, cu_seqlens=[0, case.total_q])
+        t = float(bound_ratio(got, want, bound).max())
+        self.tight = max(self.tight, t)
+        name = f"tightness_{key}"
+        self.per_site[name] = max(self.per_site.get(name, 0.0), t)
+        if not m.ok:
+            self.violations += m.mismatched
+            if self.first is None:
+                self.first = case_record(
+                    case,
+                    tensor=tensor,
+                    **record,
+                    recipe=ctx.recipe,
+                    mismatch=m.to_dict(),
+                    summary=f"{label}: {m.summary()}",
+                )
+
+    def metrics(self) -> dict:
+        return {"violations": self.violations, "tightness": self.tight, "probe_cases": self.cases, **self.per_site}
+
+
 def rounding_report(ctx, probes, seeds: int = 1):
     """Run ``probes`` (``seeds`` draws each); count elements of their observed tensors outside the
     exact-operand bound around the attention of the rounded inputs."""
     model = exact_operands_model(ctx.bound_model)
-    violations, tight, first, n_cases = 0, 0.0, None, 0
-    per_site: dict[str, float] = {}
+    tally = _Tally()
     jobs = [(p, s) for s in range(seeds) for p in probes]
     for n, (probe, s) in enumerate(jobs):
         case = probe_case(ctx, probe, s)
@@ -85,39 +120,27 @@ def rounding_report(ctx, probes, seeds: int = 1):
             ref_out=ref.out,
             ref_grads=(ref.dq, ref.dk, ref.dv),
         )
-        n_cases += 1
+        tally.cases += 1
         for t in probe.observed:
             x = getattr(res, t)
             if x is None:
                 continue
-            r, b = getattr(ref, t), getattr(B, t)
-            m = compare_within(
+            tally.add(
+                ctx,
+                case,
                 x,
-                r,
-                b,
+                getattr(ref, t),
+                getattr(B, t),
+                tensor=t,
+                key=probe.site,
                 what=f"|{t} - attention of the rounded inputs|",
                 rule="within fp32 accumulation and the output rounding",
-                cu_seqlens=[0, PROBE_LEN],
+                label=f"{t} of probe {probe.tag} ({probe.describe()})",
+                probe=probe.tag,
+                site=probe.describe(),
             )
-            mx = float(bound_ratio(x, r, b).max())
-            tight = max(tight, mx)
-            key = f"tightness_{probe.site}"
-            per_site[key] = max(per_site.get(key, 0.0), mx)
-            if not m.ok:
-                violations += m.mismatched
-                if first is None:
-                    first = case_record(
-                        case,
-                        tensor=t,
-                        probe=probe.tag,
-                        site=probe.describe(),
-                        recipe=ctx.recipe,
-                        mismatch=m.to_dict(),
-                        summary=f"{t} of probe {probe.tag} ({probe.describe()}): {m.summary()}",
-                    )
         ctx.progress((n + 1) / len(jobs))
-    metrics = {"violations": violations, "tightness": tight, "probe_cases": n_cases, **per_site}
-    return metrics, first
+    return tally.metrics(), tally.first
 
 
 @register(
@@ -168,8 +191,7 @@ def bound_rounding(ctx):
 )
 def bound_accumulation(ctx):
     model = exact_operands_model(ctx.bound_model)
-    violations, tight, first, n_cases = 0, 0.0, None, 0
-    per_site: dict[str, float] = {}
+    tally = _Tally()
     sites = [s for s in ACC_SITES if ctx.has_backward or ACC_SITES[s] == "out"]
     jobs = [(site, d) for d in range(ctx.settings.rounding_seeds) for site in sites]
     for n, (site, draw) in enumerate(jobs):
@@ -203,39 +225,30 @@ def bound_accumulation(ctx):
             ref_out=ref.out,
             ref_grads=(ref.dq, ref.dk, ref.dv) if grads else None,
         )
-        want, bound = getattr(ref, observed), getattr(B, observed)
-        n_cases += 1
-        m = compare_within(
+        tally.cases += 1
+        tally.add(
+            ctx,
+            case,
             got,
-            want,
-            bound,
+            getattr(ref, observed),
+            getattr(B, observed),
+            tensor=observed,
+            key=site,
             what=f"|{observed} - exact attention|",
             rule=f"within the {ctx.recipe} recipe's accumulator and the output rounding",
-            cu_seqlens=[0, ACC_LEN],
+            label=f"{observed} of the accumulation probe ({site})",
+            site=site,
         )
-        t = float(bound_ratio(got, want, bound).max())
-        tight = max(tight, t)
-        per_site[f"tightness_{site}"] = max(per_site.get(f"tightness_{site}", 0.0), t)
-        if not m.ok:
-            violations += m.mismatched
-            if first is None:
-                first = case_record(
-                    case,
-                    tensor=observed,
-                    site=site,
-                    recipe=ctx.recipe,
-                    mismatch=m.to_dict(),
-                    summary=f"{observed} of the accumulation probe ({site}): {m.summary()}",
-                )
         ctx.progress((n + 1) / len(jobs))
-    metrics = {"violations": violations, "tightness": tight, "probe_cases": n_cases, **per_site}
+    metrics = tally.metrics()
     msg = (
         f"{' and '.join(ACC_SITES[s] for s in sites)} within the {ctx.recipe} recipe's accumulator on "
-        f"{n_cases} accumulation probe(s) (a +-448 pair beside values below 2^-5 in every 32-long "
-        f"slice); tightness {tight:.3g}"
+        f"{tally.cases} accumulation probe(s) (a +-448 pair beside values below 2^-5 in every 32-long "
+        f"slice); tightness {tally.tight:.3g}"
     )
     if not ctx.has_backward:
         msg += "; no backward, dV not probed"
+    first = tally.first
     return ctx.judged(
         metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
     )
