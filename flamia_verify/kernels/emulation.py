@@ -287,7 +287,7 @@ def _mma_slice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         big = prod.abs().amax(-1)
         e = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
         grid = torch.exp2(e - MMA_FRACTION_BITS)[..., None]
-        total = total + (torch.trunc(prod / grid) * grid).sum(-1)  # exact: at most 2^18 steps of the grid
+        total = total + (torch.trunc(prod / grid) * grid).sum(-1)  # exact: 32 terms below 2^14 steps each
     return total
 
 
@@ -554,7 +554,7 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
 
 #: The steps of the emulation that :func:`overriding` replaces, each a function of this module that the
 #: forward and backward look up by name on every call: ``gemm`` (every GEMM), ``mma_gemm`` (the
-#: GEMMs of an ``e4m3-mma`` design's E4M3 operands), ``gemm_seq`` (a sequence
+#: GEMMs a design runs on the E4M3 tensor cores, ``EmulatedDesign.mma``), ``gemm_seq`` (a sequence
 #: GEMM with its causal-safe split), ``visible`` (the causal mask of one document), ``fallback_mask`` (where the causal-safe split applies), ``seq_quantize``
 #: (rounding of an operand along the sequence), ``probabilities`` (the forward's P, l and m) and
 #: ``recomputed_probabilities`` (the weights the backward rebuilds).

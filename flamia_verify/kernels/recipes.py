@@ -142,8 +142,8 @@ RECIPES: dict[str, Recipe] = {
     ),
     "fp8-mma": Recipe(
         "fp8-mma",
-        "E4M3 operands as in fp8, every GEMM on Hopper's E4M3 tensor cores: 32-long slices whose sums "
-        "keep 13 bits below each 32-group's largest product, added in fp32",
+        "E4M3 operands as in fp8; any GEMM may run on Hopper's E4M3 tensor cores: 32-long slices whose "
+        "sums keep 13 bits below each slice's largest product, added in fp32",
         _fp8,
         acc_slice=MMA_SLICE,
         u_slice=MMA_U_SLICE,
