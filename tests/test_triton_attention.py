@@ -212,7 +212,7 @@ def check_backward_on_exact_inputs(device, name, lens_q, lens_k, heads, heads_k,
     # sum_j |a_j| |b_j| of each output: the emulation's own backward with |operands| in its last GEMMs
     # (its scale multiply and GQA group sum included); its bf16 cast may round down by 2^-8 relative
     gemm_seq = E.gemm_seq
-    with E.overriding(gemm_seq=lambda a, bq, bhp, full: gemm_seq(a.abs(), bq.abs(), bhp.abs(), full)):
+    with E.overriding(gemm_seq=lambda a, bq, bhp, full, *q: gemm_seq(a.abs(), bq.abs(), bhp.abs(), full, *q)):
         absolute = E.backward_pass(design, q, k, v, o, lse2, do, cu_q, cu_k, LN2, causal)
     for what, g_, w_, a_, n in zip(("dq", "dk", "dv"), got, want, absolute, (lk, lq, lq)):
         # n terms plus two roundings (the scale multiply; NVFP4's row scale applied after the sum)

@@ -317,23 +317,29 @@ def _gemm_of(design: EmulatedDesign, which: Gemm):
 
 
 def _gemm_seq_of(design: EmulatedDesign, which: Gemm, a, b_q, b_hp, full):
-    """:func:`gemm_seq` for the GEMM ``which`` of ``design``: on the E4M3 MMA the quantized half runs
-    :func:`mma_gemm`, the input-precision half (a BF16/FP16 GEMM) :func:`gemm`."""
-    if which not in design.mma:
-        return gemm_seq(a, b_q, b_hp, full)
-    if full is None:
-        return mma_gemm(a, b_q)
-    zero = a.new_zeros(())
-    return mma_gemm(torch.where(full, a, zero), b_q) + gemm(torch.where(full, zero, a), b_hp)
+    """:func:`gemm_seq` for the GEMM ``which`` of ``design``: its quantized half on the E4M3 tensor
+    cores (:func:`mma_gemm`) when the design runs ``which`` there."""
+    if which in design.mma:
+        return gemm_seq(a, b_q, b_hp, full, mma_gemm)
+    return gemm_seq(a, b_q, b_hp, full)
 
 
-def gemm_seq(a: torch.Tensor, b_q: torch.Tensor, b_hp: torch.Tensor, full: torch.Tensor | None) -> torch.Tensor:
-    """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision."""
+def gemm_seq(
+    a: torch.Tensor,
+    b_q: torch.Tensor,
+    b_hp: torch.Tensor,
+    full: torch.Tensor | None,
+    gemm_q: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """a (H, R, C) @ b (H, C, D) with the causal-safe split: partial blocks use b in input precision.
+    ``gemm_q`` multiplies the quantized half (:func:`gemm` unless given, :func:`mma_gemm` for the E4M3
+    tensor cores); the input-precision half is always :func:`gemm` (a BF16/FP16 GEMM)."""
+    gemm_q = gemm if gemm_q is None else gemm_q
     if full is None:
-        return gemm(a, b_q)
+        return gemm_q(a, b_q)
     a_full = torch.where(full, a, a.new_zeros(()))
     a_part = torch.where(full, a.new_zeros(()), a)
-    return gemm(a_full, b_q) + gemm(a_part, b_hp)
+    return gemm_q(a_full, b_q) + gemm(a_part, b_hp)
 
 
 def _block_ids(n: int, block: int, device) -> torch.Tensor:

@@ -381,14 +381,14 @@ def _normalisation() -> list[Mutant]:
 
 
 def _reduction() -> list[Mutant]:
-    both = "return gemm(a_full, b_q) + gemm(a_part, b_hp)"
+    both = "return gemm_q(a_full, b_q) + gemm(a_part, b_hp)"
     return [
         Mutant(
             "reduction.long-rows-random-order",
             "reduction",
             "GEMMs over more than 256 positions sum their 16-wide slices in a random order (split-K atomics)",
             (
-                Edit("gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
+                Edit("gemm_seq", "return gemm_q(a, b_q)", "return _mut.shuffled_matmul(a, b_q, min_len=256)"),
                 Edit(
                     "gemm_seq",
                     both,
@@ -400,7 +400,7 @@ def _reduction() -> list[Mutant]:
             "reduction.non-causal-random-order",
             "reduction",
             "only the non-causal path sums its GEMM slices in a random order",
-            (Edit("gemm_seq", "return gemm(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),),
+            (Edit("gemm_seq", "return gemm_q(a, b_q)", "return _mut.shuffled_matmul(a, b_q)"),),
         ),
         Mutant(
             "reduction.causal-random-order",
@@ -413,7 +413,7 @@ def _reduction() -> list[Mutant]:
             "reduction",
             "every sequence GEMM sums its slices in reverse (another fixed order: correct)",
             (
-                Edit("gemm_seq", "return gemm(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
+                Edit("gemm_seq", "return gemm_q(a, b_q)", "return _mut.reversed_matmul(a, b_q)"),
                 Edit("gemm_seq", both, "return _mut.reversed_matmul(a_full, b_q) + _mut.reversed_matmul(a_part, b_hp)"),
             ),
             correct=True,

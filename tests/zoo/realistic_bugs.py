@@ -165,10 +165,10 @@ long_row_tile_order = _tag(
     _mutant(
         "long_row_tile_order",
         "sequence GEMMs over > 256 positions sum 64-wide tiles in a random order",
-        Edit("gemm_seq", "return gemm(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
+        Edit("gemm_seq", "return gemm_q(a, b_q)", f"return _mut.shuffled_matmul(a, b_q, {_SHUFFLED})"),
         Edit(
             "gemm_seq",
-            "return gemm(a_full, b_q) + gemm(a_part, b_hp)",
+            "return gemm_q(a_full, b_q) + gemm(a_part, b_hp)",
             f"return _mut.shuffled_matmul(a_full, b_q, {_SHUFFLED}) + _mut.shuffled_matmul(a_part, b_hp, {_SHUFFLED})",
         ),
     ),
