@@ -1736,10 +1736,9 @@ def round_operand_codes(x: torch.Tensor, cu: torch.Tensor, max_len: int, spec: t
     total, heads, dim = x.shape
     codes = torch.zeros(((heads, dim, total) if seq else x.shape), dtype=_code_dtype(), device=x.device)
     if seq:
-        cu64 = cu.to(torch.int64)
-        nblk = (cu64[1:] - cu64[:-1] + block - 1) // block
-        first = (torch.cumsum(nblk, 0) - nblk).to(torch.int32)
-        scales = torch.ones((total // block + cu.numel(), heads, dim), dtype=torch.float32, device=x.device)
+        first, bound = _first_blocks(cu, block, total)
+        first = first.to(torch.int32)
+        scales = torch.ones((bound, heads, dim), dtype=torch.float32, device=x.device)
     else:
         first = cu
         scales = torch.ones((heads, total), dtype=torch.float32, device=x.device)
@@ -1800,6 +1799,14 @@ def e4m3_row_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / t[..., None]).to(_code_dtype()), t.T.contiguous()
 
 
+def _first_blocks(cu: torch.Tensor, block: int, total: int) -> tuple[torch.Tensor, int]:
+    """Each document's first sequence block (int64, (batch,)), blocks of ``block`` tokens restarting at
+    every document of ``cu``, and an upper bound on the number of blocks (no host sync for it)."""
+    cu64 = cu.to(torch.int64)
+    nblk = (cu64[1:] - cu64[:-1] + block - 1) // block
+    return torch.cumsum(nblk, 0) - nblk, total // block + cu.numel()
+
+
 def e4m3_block_codes(x: torch.Tensor, cu: torch.Tensor, block: int):
     """A sequence-rounded operand (total, heads, head_dim) of E4M3 values times a scale per block of
     ``block`` tokens (restarting at each document of ``cu``) and channel, as (codes transposed to
@@ -1807,13 +1814,11 @@ def e4m3_block_codes(x: torch.Tensor, cu: torch.Tensor, block: int):
     head_dim) fp32, each document's first block (batch,) int32)."""
     total, heads, dim = x.shape
     cu64 = cu.to(torch.int64)
-    nblk = (cu64[1:] - cu64[:-1] + block - 1) // block
-    first = torch.cumsum(nblk, 0) - nblk
+    first, bound = _first_blocks(cu, block, total)
     tok = torch.arange(total, device=x.device)
     doc = torch.searchsorted(cu64[1:].contiguous(), tok, right=True).clamp_max(max(cu.numel() - 2, 0))
     ids = first[doc] + (tok - cu64[doc]) // block
     xf = x.float()
-    bound = total // block + cu.numel()  # at least the number of blocks (no host sync for it)
     amax = torch.zeros((bound, heads, dim), dtype=torch.float32, device=x.device)
     amax.scatter_reduce_(0, ids[:, None, None].expand(total, heads, dim), xf.abs(), "amax")
     t = _pow2_scale(amax)
