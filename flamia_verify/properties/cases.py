@@ -257,6 +257,15 @@ def e4m3_grid(x: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(mant, exp)
 
 
+def _require_probe_shape(case: Case, what: str, length: int, dim: int) -> None:
+    """A probe replaces every tensor: the case must have its one document of ``length`` queries and
+    keys, one head and head_dim ``dim``."""
+    if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (length, length, 1, 1, dim):
+        raise ConfigError(
+            f"{what} needs {length} queries and keys, one head and head_dim {dim}; the case has {case.describe()}"
+        )
+
+
 def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     """Structured edits: ``scale_<t>`` multiplies tensor t; ``zero_<t>`` zeroes rows [a, b) of t;
     ``const_<t>`` sets every row of t to its first row; ``rowconst_<t>`` sets every channel of a row of t
@@ -271,27 +280,13 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     if key == "accprobe":
         from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, accumulation_probe
 
-        if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (ACC_LEN, ACC_LEN, 1, 1, ACC_DIM):
-            raise ConfigError(
-                f"the accumulation probe needs {ACC_LEN} queries and keys, one head and head_dim {ACC_DIM}; "
-                f"the case has {case.describe()}"
-            )
+        _require_probe_shape(case, "the accumulation probe", ACC_LEN, ACC_DIM)
         tensors.update(accumulation_probe(case.seed, str(value)))
         return
     if key == "probe":
         from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
 
-        if (case.total_q, case.total_k, case.heads, case.heads_k, case.headdim) != (
-            PROBE_LEN,
-            PROBE_LEN,
-            1,
-            1,
-            PROBE_DIM,
-        ):
-            raise ConfigError(
-                f"a rounding probe needs {PROBE_LEN} queries and keys, one head and head_dim "
-                f"{PROBE_DIM}; the case has {case.describe()}"
-            )
+        _require_probe_shape(case, "a rounding probe", PROBE_LEN, PROBE_DIM)
         inputs, _ = probe_tensors(str(value), case.seed)
         tensors.update({n: x.float() for n, x in inputs.items()})
         return
