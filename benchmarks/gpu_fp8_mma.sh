@@ -9,15 +9,7 @@ set -u
 out=${1:?usage: gpu_fp8_mma.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-step() {  # step NAME TIMEOUT_S COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.log"
-}
+source benchmarks/gpu_steps.sh  # PYTHONPATH, no interpreter, step()
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/summary.log"
 step adversarial 60 python3 benchmarks/probe_fp8_mma.py --quick --json "$out/adversarial.json"
 step spec 120 python3 benchmarks/fp8_mma_gpu.py "$out/spec.json"

@@ -19,16 +19,7 @@ out=${1:?usage: gpu_run.sh OUTDIR tests|speed|standard|full}
 mode=${2:-full}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-step() {  # step NAME TIMEOUT_S COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.log"
-    tail -n 3 "$out/$name.log"
-}
+source benchmarks/gpu_steps.sh  # PYTHONPATH, no interpreter, step()
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.log"
 if [ "$mode" != speed ] && [ "$mode" != standard ]; then
 step gpu_tests 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
