@@ -31,8 +31,9 @@ pass on them (false alarms).
 
 from __future__ import annotations
 
+from flamia_verify.kernels.designs import FP8_MMA
 from flamia_verify.kernels.emulation import DESIGN_FIELD, QUANT_FIELDS, Quant
-from flamia_verify.kernels.operands import Gemm, Operand, describe_operands
+from flamia_verify.kernels.operands import Operand, describe_operands
 from flamia_verify.mutation.build import Edit, Mutant
 
 __all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "VARIANT_KIND_EDITS", "by_name", "ci_sample"]
@@ -453,7 +454,7 @@ def _inplace() -> list[Mutant]:
 
 
 def _accumulator() -> list[Mutant]:
-    tensor_cores = frozenset({Gemm.S, Gemm.O})
+    tensor_cores = FP8_MMA.mma  # the GEMMs fp8-mma runs on the E4M3 tensor cores
     return [
         Mutant(
             "accumulator.mma-under-fp8",

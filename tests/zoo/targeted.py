@@ -54,7 +54,7 @@ from dataclasses import replace
 import torch
 
 from flamia_verify.kernels import emulation as E
-from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8, FP8
+from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8, FP8, FP8_MMA
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
 from flamia_verify.kernels.operands import Gemm
 from zoo.kernels import (
@@ -652,7 +652,7 @@ q_toward_zero = _tag(
 #: 32-slice's largest product) while it claims the fp8 recipe's fp32 sums; on random inputs the cut
 #: stays far inside E4M3's rounding of the operands, which every other bound must allow
 fp8_on_e4m3_tensor_cores = _tag(
-    make_kernel(replace(FP8, name="fp8-on-e4m3-tensor-cores", mma=frozenset({Gemm.S, Gemm.O}))),
+    make_kernel(replace(FP8, name="fp8-on-e4m3-tensor-cores", mma=FP8_MMA.mma)),
     "fp8",
     ("bound.accumulation",),
     ("error", "bound.out", "bound.grad", "consistency", "causal", "isolation", "interface"),
