@@ -186,8 +186,10 @@ def _mx_apply(x, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
     AXIS): a 2-d tile one block wide, or a 3-d view of several blocks."""
     e = mx_exponent(amax, RCEIL)
     data = round_e4m3(x * tl.expand_dims(exp2i(-e), AXIS))
-    q = data * tl.expand_dims(exp2i(e), AXIS)
-    return tl.where(tl.expand_dims(amax < float("inf"), AXIS), q, float("nan"))
+    # a NaN or infinite amax poisons its block through the block's scale: data * NaN is NaN for every
+    # element (zeros included), so one select per block replaces one per element (the same bits)
+    scale = tl.where(amax < float("inf"), exp2i(e), float("nan"))
+    return data * tl.expand_dims(scale, AXIS)
 
 
 @triton.jit
