@@ -17,8 +17,11 @@ Triton compiles for a named target without a device. This script does it in two 
    Triton ships: registers per thread and the stack frame in bytes, where spilled registers go.
    ``--sass`` also counts the kernel's instructions by class (tensor-core MMAs, conversions,
    special-function, fp32 arithmetic, local-memory spill traffic) and lists its loops with their
-   length in instructions: a static count of the code, not of executed instructions. The sweeps
-   over key or query tiles are the long loops (masked tiles first or last, the full tiles between).
+   length in instructions and its ratio of issue slots to tensor-core cycles ("issue/tensor": above
+   1, the loop's instructions take longer to issue than its MMAs take to run, so trimming
+   instructions speeds it up; below 1, the tensor cores or latencies bound it). A static count of
+   the code, not of executed instructions. The sweeps over key or query tiles are the long loops
+   (masked tiles first or last, the full tiles between).
 
 ``--source`` compiles another copy of ``attention.py`` (a variant under study; its kernels must take
 the same arguments). Use the device's Triton version for numbers that match the GPU (3.6.0 on the
@@ -50,6 +53,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+#: dense multiply-adds per cycle of one H100/H200 multiprocessor: BF16/FP16 (HGMMA) and E4M3 (QGMMA),
+#: the datasheet's 989 and 1979 TFLOP/s at 132 SMs and 1.83 GHz
+TENSOR_RATE = {"HGMMA": 2048, "QGMMA": 4096}
 KERNELS = {"fwd": "_attn_fwd", "dkdv": "_attn_bwd_dkdv", "dq": "_attn_bwd_dq"}
 #: instruction classes of ``--sass`` (SASS opcode prefixes); the rest are counted as "other"
 CLASSES = {
@@ -198,9 +204,26 @@ def sass_loops(cubin: bytes, min_len: int = 150) -> list[dict]:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
         if target is None or int(target.group(1), 16) >= addr:
             continue
-        body = [o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr]
-        if len(body) >= min_len:
-            loops.append({"length": len(body), "hgmma": body.count("HGMMA"), "mufu": body.count("MUFU")})
+        body = [(o, r) for a, o, r in ins if int(target.group(1), 16) <= a <= addr]
+        if len(body) < min_len:
+            continue
+        tensor = 0.0  # one warpgroup's tensor-core cycles per trip: m * n * k per instruction / rate
+        for o, r in body:
+            shape = re.match(r"\.(\d+)x(\d+)x(\d+)", r) if o in ("HGMMA", "QGMMA") else None
+            if shape is not None:
+                m, n, k = map(int, shape.groups())
+                tensor += m * n * k / TENSOR_RATE[o]
+        ops = [o for o, _ in body]
+        loops.append(
+            {
+                "length": len(ops),
+                "mma": ops.count("HGMMA") + ops.count("QGMMA"),
+                "mufu": ops.count("MUFU"),
+                # issue slots / tensor cycles: each warp issues the loop once per trip on one of 4
+                # schedulers, each warpgroup (4 warps) keeps the tensor cores busy for `tensor` cycles
+                "issue_per_tensor": len(ops) / tensor if tensor else float("inf"),
+            }
+        )
     return loops
 
 
@@ -292,7 +315,9 @@ def main() -> int:
             line += "\n    " + " ".join(f"{k}={v}" for k, v in sorted(sass_classes(ops).items()))
             loops = sass_loops(compiled.asm["cubin"])
             line += "\n    loops: " + "; ".join(
-                f"{x['length']} instructions, {x['hgmma']} HGMMA, {x['mufu']} MUFU" for x in loops
+                f"{x['length']} instructions, {x['mma']} MMA, {x['mufu']} MUFU, "
+                f"issue/tensor {x['issue_per_tensor']:.2f}"
+                for x in loops
             )
             if args.top:
                 top = collections.Counter(ops).most_common(args.top)
