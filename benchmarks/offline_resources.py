@@ -191,11 +191,17 @@ def sass_opcodes(cubin: bytes) -> list[str]:
 
 def sass_loops(cubin: bytes, min_len: int = 150) -> list[dict]:
     """The kernel's loops (a backward branch and the code it jumps back over) of at least ``min_len``
-    instructions, in program order: their length and how many tensor-core MMAs (HGMMA) and
-    special-function instructions (MUFU) one trip runs. A full-tile sweep issues its loop's length
-    once per tile and warp, which is what an instruction-bound kernel spends its time on."""
+    instructions, in program order: their length, how many tensor-core MMAs (HGMMA, QGMMA) and
+    special-function instructions (MUFU) one trip runs, and issue slots over MMA cycles. A full-tile
+    sweep issues its loop's length once per tile and warp, which is what an instruction-bound
+    kernel spends its time on."""
+    return parse_loops(_cuobjdump(cubin, "-sass"), min_len)
+
+
+def parse_loops(sass: str, min_len: int = 150) -> list[dict]:
+    """:func:`sass_loops` of a ``cuobjdump -sass`` listing."""
     ins = []
-    for line in _cuobjdump(cubin, "-sass").splitlines():
+    for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*);", line)
         if m is not None:
             ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
