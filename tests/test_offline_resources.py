@@ -10,8 +10,9 @@ import pytest
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_resources.py"
 _SPEC = importlib.util.spec_from_file_location("offline_resources", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
 offline = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(offline)  # type: ignore[union-attr]
+_SPEC.loader.exec_module(offline)
 
 LISTING = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;                  /* 0x00000a0000017a02 */
