@@ -107,7 +107,7 @@ def capture(designs: list[str], head_dim: int, causal: bool) -> list[dict]:
     from flamia_verify.kernels.triton.config import config_for, tiles
 
     launches: list[dict] = []
-    phase = {"_attn_fwd": "fwd", "_attn_bwd_dkdv": "dkdv", "_attn_bwd_dq": "dq"}
+    phase = {kernel: name for name, kernel in KERNELS.items()}
 
     def record(kernel, grid, tile, *args, **constexprs):
         name = kernel.fn.__name__
@@ -138,12 +138,11 @@ def capture(designs: list[str], head_dim: int, causal: bool) -> list[dict]:
     current: dict = {}
     torch.manual_seed(0)
     for design in designs:
-        d = DESIGNS[design]
-        current.update(design=design, cfg=config_for(d))
+        cfg = config_for(DESIGNS[design])
+        current.update(design=design, cfg=cfg)
         n, h = 256, 2
         q, k, v, do = (torch.randn(n, h, head_dim, dtype=torch.bfloat16) for _ in range(4))
         cu = torch.tensor([0, 128, n], dtype=torch.int32)
-        cfg = current["cfg"]
         out, lse2 = attention.fused_forward(cfg, q, k, v, cu, cu, 128, 128, head_dim**-0.5, causal)
         attention.fused_backward(cfg, q, k, v, out, lse2, do, cu, cu, 128, 128, head_dim**-0.5, causal)
     return launches
@@ -179,32 +178,24 @@ def res_usage(cubin: bytes) -> dict[str, int]:
     return dict(zip(("registers", "stack_bytes", "static_shared", "local"), map(int, m.groups())))
 
 
-def sass_opcodes(cubin: bytes) -> list[str]:
-    """The kernel's SASS opcodes in program order (modifiers dropped: ``FFMA.FTZ`` is ``FFMA``)."""
-    ops = []
-    for line in _cuobjdump(cubin, "-sass").splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if m is not None:
-            ops.append(m.group(1))
-    return ops
-
-
-def sass_loops(cubin: bytes, min_len: int = 150) -> list[dict]:
-    """The kernel's loops (a backward branch and the code it jumps back over) of at least ``min_len``
-    instructions, in program order: their length, how many tensor-core MMAs (HGMMA, QGMMA) and
-    special-function instructions (MUFU) one trip runs, and issue slots over MMA cycles. A full-tile
-    sweep issues its loop's length once per tile and warp, which is what an instruction-bound
-    kernel spends its time on."""
-    return parse_loops(_cuobjdump(cubin, "-sass"), min_len)
-
-
-def parse_loops(sass: str, min_len: int = 150) -> list[dict]:
-    """:func:`sass_loops` of a ``cuobjdump -sass`` listing."""
+def parse_sass(sass: str) -> list[tuple[int, str, str]]:
+    """The instructions of a ``cuobjdump -sass`` listing in program order: (address, opcode without
+    its modifiers (``FFMA.FTZ`` is ``FFMA``), the rest of the instruction)."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*);", line)
         if m is not None:
             ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    return ins
+
+
+def parse_loops(sass: str, min_len: int = 150) -> list[dict]:
+    """The listing's loops (a backward branch and the code it jumps back over) of at least ``min_len``
+    instructions, in program order: their length, how many tensor-core MMAs (HGMMA, QGMMA) and
+    special-function instructions (MUFU) one trip runs, and issue slots over MMA cycles. A full-tile
+    sweep issues its loop's length once per tile and warp, which is what an instruction-bound
+    kernel spends its time on."""
+    ins = parse_sass(sass)
     loops = []
     for addr, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
@@ -268,7 +259,7 @@ def compile_launch(module, launch: dict):
         signature[n] = "constexpr"
         const_values[(names.index(n),)] = v
     src = ASTSource(fn=fn, signature={n: signature[n] for n in names}, constexprs=const_values, attrs=attrs)
-    bm, bn, warps, stages = launch["tile"]
+    *_, warps, stages = launch["tile"]
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
@@ -317,9 +308,10 @@ def main() -> int:
             f"{r['registers']} registers, {r['stack_bytes']} bytes of stack"
         )
         if args.sass or args.top:
-            ops = sass_opcodes(compiled.asm["cubin"])
+            sass = _cuobjdump(compiled.asm["cubin"], "-sass")
+            ops = [op for _, op, _ in parse_sass(sass)]
             line += "\n    " + " ".join(f"{k}={v}" for k, v in sorted(sass_classes(ops).items()))
-            loops = sass_loops(compiled.asm["cubin"])
+            loops = parse_loops(sass)
             line += "\n    loops: " + "; ".join(
                 f"{x['length']} instructions, {x['mma']} MMA, {x['mufu']} MUFU, "
                 f"issue/tensor {x['issue_per_tensor']:.2f}"
