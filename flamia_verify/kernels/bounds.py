@@ -250,6 +250,8 @@ class BoundResult:
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
+    #: bound on the natural-log log-sum-exp of each row, (total_q, H); inf where a row sees no key
+    lse: torch.Tensor | None = None
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -294,6 +296,7 @@ def attention_bounds(
         colmax_do = do64.abs().amax(dim=0) if do64.shape[0] else torch.zeros(H, Dh, dtype=f64, device=dev)
     m = model
     B_out = torch.zeros_like(ref_out, dtype=f64)
+    B_lse = torch.full(ref_out.shape[:2], math.inf, dtype=f64, device=dev)
     B_dq: torch.Tensor = torch.zeros_like(q64) if want_grads else None  # type: ignore[assignment]
     B_dk: torch.Tensor = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None  # type: ignore[assignment]
     B_dv: torch.Tensor = torch.zeros((k64.shape[0], H, Dh), dtype=f64, device=dev) if want_grads else None  # type: ignore[assignment]
@@ -348,6 +351,11 @@ def attention_bounds(
         A_hi = torch.where(D_lo > 0, N_hi / D_lo.clamp_min(1e-300), torch.full_like(N_hi, 1 + up))
         A_hi = torch.minimum(A_hi, torch.full_like(A_hi, 1 + up + tau.amax().item()))
         A_lo = N_lo / D_hi
+        # lse = m + log(normalizer): the kernel's normalizer (of the scores it computed, rounded P or
+        # not) lies in [D_lo, D_hi] in units of exp(m), the exact one is L
+        Bl = torch.maximum(torch.log(D_hi / L.clamp_min(1e-300)), torch.log(L / D_lo.clamp_min(1e-300)))
+        Bl = torch.where(D_lo > 0, Bl, torch.full_like(Bl, math.inf)) + REL32 * (1 + mrow.abs())
+        B_lse[q0:q1] = torch.where(row_has, Bl[..., 0], torch.full_like(Bl[..., 0], math.inf)).T
         E = torch.where(vis, torch.maximum(A_hi - A, A - A_lo).clamp_min(0), torch.zeros_like(A))
         AE = A + E
         Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + m.gamma(lk) * torch.matmul(AE, aV + rV)
@@ -358,7 +366,7 @@ def attention_bounds(
         B_out[q0:q1] = Bo.permute(1, 0, 2)
         docs.append((b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref))
     if not want_grads:
-        return BoundResult(B_out)
+        return BoundResult(B_out, lse=B_lse)
 
     dq_ref, dk_ref, dv_ref = (t.to(dev, f64) for t in ref_grads)  # type: ignore[union-attr]
     # pass 2: dS pieces per document, then the global dS maximum (for per-tensor dS scales)
@@ -431,4 +439,4 @@ def attention_bounds(
     B_dq = B_dq + u * (dq_ref.abs() + B_dq) + a
     B_dk = B_dk + u * (dk_ref.abs() + B_dk) + a
     B_dv = B_dv + u * (dv_ref.abs() + B_dv) + a
-    return BoundResult(B_out, B_dq, B_dk, B_dv)
+    return BoundResult(B_out, B_dq, B_dk, B_dv, lse=B_lse)

@@ -34,6 +34,7 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.settings import DTYPES
 
 __all__ = [
+    "CALL_KEYS",
     "Case",
     "Inputs",
     "DISTRIBUTIONS",
@@ -60,6 +61,9 @@ class Case:
     ``lens_k`` defaults to ``lens_q``; ``heads_k`` to ``heads``; ``softmax_scale`` to headdim^-0.5
     (filled in, so that a case equals its JSON round trip).
     ``overrides`` names structured edits applied after sampling (see :func:`make_tensors`).
+    ``call`` says how the tensors are handed to the kernel (see :data:`CALL_KEYS`): the same values
+    in strided views, ``softmax_scale=None`` for the default scale, ``max_seqlen_*`` above the true
+    maximum. Empty (the default): contiguous tensors, the scale passed, the true maxima.
     """
 
     lens_q: tuple[int, ...]
@@ -74,6 +78,7 @@ class Case:
     dtype: str = "bf16"
     softmax_scale: float | None = None
     overrides: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    call: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lens_q", tuple(int(x) for x in self.lens_q))
@@ -92,10 +97,16 @@ class Case:
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         object.__setattr__(self, "overrides", tuple((str(k), _frozen(v)) for k, v in self.overrides))
+        object.__setattr__(self, "call", _check_call(tuple((str(k), _frozen(v)) for k, v in self.call)))
         if self.softmax_scale is None:
             object.__setattr__(self, "softmax_scale", self.headdim**-0.5)
         else:
             object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
+        if self.call_option("scale_arg") == "none" and self.softmax_scale != self.headdim**-0.5:
+            raise ConfigError(
+                f"call option scale_arg=none passes softmax_scale=None, which means headdim^-0.5; the case's "
+                f"softmax_scale is {self.softmax_scale:g}"
+            )
 
     @property
     def scale(self) -> float:
@@ -118,6 +129,7 @@ class Case:
         d = asdict(self)
         d["lens_q"], d["lens_k"] = list(self.lens_q), list(self.lens_k)
         d["overrides"] = [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.overrides]
+        d["call"] = [[k, v] for k, v in self.call]
         return d
 
     @classmethod
@@ -130,15 +142,48 @@ class Case:
             raise ConfigError("a case needs lens_q (the query length of every document)")
         d = dict(data)
         d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
+        d["call"] = tuple(tuple(x) for x in d.get("call", ()))
         return cls(**d)
 
     def describe(self) -> str:
         lk = "" if self.lens_k == self.lens_q else f" lens_k={list(self.lens_k)}"
         sc = "" if self.softmax_scale == self.headdim**-0.5 else f" softmax_scale={self.softmax_scale:.4g}"
+        call = "".join(f" {k}={v}" for k, v in self.call)
         return (
             f"lens_q={list(self.lens_q)}{lk} heads={self.heads}/{self.heads_k} d={self.headdim}{sc} "
-            f"{'causal' if self.causal else 'full'} {self.distribution} seed={self.seed} {self.dtype}"
+            f"{'causal' if self.causal else 'full'} {self.distribution} seed={self.seed} {self.dtype}{call}"
         )
+
+    def call_option(self, key: str) -> Any:
+        """The value of one :data:`CALL_KEYS` entry of the case (its default when the case leaves it out)."""
+        return dict(self.call).get(key, CALL_KEYS[key][0])
+
+
+#: How a case's tensors may be handed to the kernel, each key with its values (the first is the
+#: default): ``layout`` "contiguous"; "fused" (q, k, v are views into one (T, H + 2 Hk, D) buffer, as
+#: split from a fused QKV projection; k and v from one (T, 2 Hk, D) buffer when the query and key
+#: lengths differ); "transposed" (each a view of (H, T, D) storage, stride (D, T D, 1)); "offset"
+#: (each starts 7 rows into a larger buffer: a nonzero storage offset). ``scale_arg`` "value" or
+#: "none" (``softmax_scale=None``, allowed only when the case's scale is the default headdim^-0.5).
+#: ``max_seqlen_pad``: added to the true ``max_seqlen_q`` and ``max_seqlen_k`` (the convention allows
+#: any upper bound).
+CALL_KEYS: dict[str, tuple[Any, ...]] = {
+    "layout": ("contiguous", "fused", "transposed", "offset"),
+    "scale_arg": ("value", "none"),
+    "max_seqlen_pad": (0,),
+}
+
+
+def _check_call(call: tuple) -> tuple:
+    for key, value in call:
+        if key not in CALL_KEYS:
+            raise ConfigError(f"unknown call option {key!r}; known: {', '.join(CALL_KEYS)}")
+        if key == "max_seqlen_pad":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"call option max_seqlen_pad must be a non-negative integer, got {value!r}")
+        elif value not in CALL_KEYS[key]:
+            raise ConfigError(f"call option {key} must be one of {', '.join(CALL_KEYS[key])}, got {value!r}")
+    return call
 
 
 def _frozen(v):
@@ -169,11 +214,12 @@ class Inputs:
 
     @property
     def max_q(self) -> int:
-        return max(self.case.lens_q, default=0)
+        """max_seqlen_q as the call passes it: the true maximum plus the case's ``max_seqlen_pad``."""
+        return max(self.case.lens_q, default=0) + int(self.case.call_option("max_seqlen_pad"))
 
     @property
     def max_k(self) -> int:
-        return max(self.case.lens_k, default=0)
+        return max(self.case.lens_k, default=0) + int(self.case.call_option("max_seqlen_pad"))
 
     def replace(self, **tensors) -> Inputs:
         return replace(self, **tensors)

@@ -60,6 +60,10 @@ class KernelOutputs:
     dv: torch.Tensor | None = None
     tuple_output: bool = False
     seconds: float = 0.0
+    #: the second item of a tuple output when it has the shape of FlashAttention's log-sum-exp,
+    #: (nheads, total_q); None otherwise. ``second_item`` describes what the second item was.
+    lse: torch.Tensor | None = None
+    second_item: str = ""
     # the tensors the kernel received (fresh copies of the inputs), to detect in-place writes
     passed: dict | None = None
 
@@ -167,9 +171,7 @@ class KernelHarness:
     # -- the call itself ------------------------------------------------------------------
 
     def _invoke(self, inputs: Inputs, backward: bool, do: torch.Tensor | None):
-        q = inputs.q.detach().clone().requires_grad_(backward)
-        k = inputs.k.detach().clone().requires_grad_(backward)
-        v = inputs.v.detach().clone().requires_grad_(backward)
+        q, k, v, grads_of = lay_out(inputs, backward)
         cu_q, cu_k = inputs.cu_q.clone(), inputs.cu_k.clone()
         original_do = inputs.do if do is None else do
         upstream = original_do.detach().clone()
@@ -184,16 +186,9 @@ class KernelHarness:
         stage = "forward"
         try:
             with torch.enable_grad() if backward else torch.no_grad():
+                scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
                 result = self.fn(
-                    q,
-                    k,
-                    v,
-                    cu_q,
-                    cu_k,
-                    inputs.max_q,
-                    inputs.max_k,
-                    softmax_scale=inputs.case.scale,
-                    causal=inputs.case.causal,
+                    q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=inputs.case.causal
                 )
                 if backward:  # a forward-only call is audited once, below
                     self._audit(inputs.case, "forward", pairs, flagged, backward)
@@ -210,13 +205,17 @@ class KernelHarness:
                         raise _NoBackward("the output has no grad_fn (forward-only kernel)")
                     pairs["do"] = (upstream, original_do)
                     out.backward(upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream)
-                    grads = (_grad_of(q), _grad_of(k), _grad_of(v))
+                    grads = tuple(None if g is None else g.contiguous() for g in grads_of())  # type: ignore[assignment]
             self._audit(inputs.case, stage, pairs, flagged, backward)
             self.audited += 1
             passed = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
             if backward:
                 passed["do"] = upstream
-            return KernelOutputs(out.detach(), *grads, tuple_output=tuple_output, passed=passed), stage
+            lse, second = _second_item(result, inputs) if tuple_output else (None, "")
+            res = KernelOutputs(
+                out.detach(), *grads, tuple_output=tuple_output, passed=passed, lse=lse, second_item=second
+            )
+            return res, stage
         except _NoBackward:
             self.audited += 1
             raise
@@ -327,6 +326,74 @@ class KernelHarness:
                 False, "the backward produced no gradient for q, k or v", cause="no_gradient", case=case
             )
         return both, BackwardSupport(True, case=case)
+
+
+def _second_item(result, inputs: Inputs) -> tuple[torch.Tensor | None, str]:
+    """The log-sum-exp of a tuple output: its second item when that is a tensor of shape
+    (nheads, total_q), FlashAttention's layout; otherwise None and a description of what it was."""
+    if len(result) < 2:
+        return None, ""
+    x = result[1]
+    if not isinstance(x, torch.Tensor):
+        return None, type(x).__name__
+    want = (inputs.case.heads, inputs.case.total_q)
+    if tuple(x.shape) == want and x.is_floating_point():
+        return x.detach(), f"log-sum-exp {tuple(x.shape)} {x.dtype}"
+    return None, f"tensor {tuple(x.shape)} {x.dtype}"
+
+
+def lay_out(inputs: Inputs, backward: bool):
+    """Fresh copies of q, k, v in the layout the case's ``call`` names (see ``CALL_KEYS``): leaves that
+    require grad when ``backward``, or views into such leaves. Returns (q, k, v, grads_of), where
+    ``grads_of()`` reads the gradients of q, k, v after the backward (None where none arrived)."""
+    layout = inputs.case.call_option("layout")
+    q0, k0, v0 = (x.detach() for x in (inputs.q, inputs.k, inputs.v))
+    if layout == "contiguous":
+        q, k, v = (x.clone().requires_grad_(backward) for x in (q0, k0, v0))
+        return q, k, v, lambda: (_grad_of(q), _grad_of(k), _grad_of(v))
+    if layout == "fused":
+        hq, hk = q0.shape[1], k0.shape[1]
+        if q0.shape[0] == k0.shape[0]:  # one (T, H + 2 Hk, D) buffer, as split from a fused QKV projection
+            qkv = torch.cat([q0, k0, v0], dim=1).requires_grad_(backward)
+            views = (qkv[:, :hq], qkv[:, hq : hq + hk], qkv[:, hq + hk :])
+
+            def fused_grads():
+                g = _grad_of(qkv)
+                return (None, None, None) if g is None else (g[:, :hq], g[:, hq : hq + hk], g[:, hq + hk :])
+
+            return (*views, fused_grads)
+        q = q0.clone().requires_grad_(backward)
+        kv = torch.cat([k0, v0], dim=1).requires_grad_(backward)
+
+        def kv_grads():
+            g = _grad_of(kv)
+            return (_grad_of(q), None, None) if g is None else (_grad_of(q), g[:, :hk], g[:, hk:])
+
+        return q, kv[:, :hk], kv[:, hk:], kv_grads
+    if layout == "transposed":  # (H, T, D) storage seen as (T, H, D)
+        bufs = [x.transpose(0, 1).contiguous().requires_grad_(backward) for x in (q0, k0, v0)]
+
+        def t_grads():
+            gs = [_grad_of(b) for b in bufs]
+            return tuple(None if g is None else g.transpose(0, 1) for g in gs)
+
+        return (*(b.transpose(0, 1) for b in bufs), t_grads)
+    # "offset": each tensor starts _OFFSET_ROWS rows into a larger buffer
+    bufs = []
+    for x in (q0, k0, v0):
+        pad = torch.zeros((_OFFSET_ROWS,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        bufs.append(torch.cat([pad, x, pad[:5]]).requires_grad_(backward))
+    lens = (q0.shape[0], k0.shape[0], v0.shape[0])
+
+    def o_grads():
+        gs = [_grad_of(b) for b in bufs]
+        return tuple(None if g is None else g[_OFFSET_ROWS : _OFFSET_ROWS + n] for g, n in zip(gs, lens))
+
+    return (*(b[_OFFSET_ROWS : _OFFSET_ROWS + n] for b, n in zip(bufs, lens)), o_grads)
+
+
+#: rows before the tensor in the "offset" layout's buffer
+_OFFSET_ROWS = 7
 
 
 def inputs_cu(case: Case, side: str) -> list[int]:

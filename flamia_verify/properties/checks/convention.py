@@ -1,0 +1,208 @@
+"""interface: the parts of the calling convention that a call with contiguous tensors never exercises.
+
+    interface.arguments   the same inputs handed over the other ways the convention allows:
+                          q, k, v as views into one fused QKV buffer (k, v into one KV buffer when
+                          the lengths differ), as views of transposed (H, T, D) storage, at a nonzero
+                          storage offset; softmax_scale=None for the default scale; max_seqlen_q and
+                          max_seqlen_k above the true maxima; the other input dtype (bf16 <-> fp16).
+                          Every result within the recipe's a-priori bound; the max_seqlen calls
+                          bitwise equal to the call with the true maxima (max_seqlen is an upper bound
+                          for sizing a launch, never an input of the arithmetic)
+    interface.lse         a kernel returning (out, lse, ...) with lse of FlashAttention's shape
+                          (nheads, total_q): lse within the a-priori bound of the natural-log
+                          log-sum-exp of the scaled scores, for every row that sees a key
+
+The cases use GQA groups of 3 and 5 (odd head counts), an empty document in the middle, documents
+whose key count differs from their query count, and head_dims 64 and 128 (where headdim^-0.5 is exact,
+so that softmax_scale=None means exactly the scale the other calls pass).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from flamia_verify.properties.cases import Case
+from flamia_verify.properties.checks.bound import bound_report, bounds_for
+from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.compare import compare_bitwise, compare_within
+from flamia_verify.properties.harness import KernelCallError
+from flamia_verify.properties.registry import register
+from flamia_verify.settings import DTYPES
+
+__all__ = ["argument_cases", "LAYOUTS", "MAX_SEQLEN_PADS"]
+
+#: the strided layouts of interface.arguments (see ``CALL_KEYS``)
+LAYOUTS = ("fused", "transposed", "offset")
+#: added to max_seqlen_q and max_seqlen_k: a little, and past every tile or split threshold
+MAX_SEQLEN_PADS = (5, 3000)
+
+
+def argument_cases(ctx) -> list[Case]:
+    """Two packings: equal lengths with 6:2 GQA (group 3) and an empty document, head_dim 64 (q, k, v
+    fused into one QKV buffer); Lq != Lk with 5:1 GQA, head_dim 128 (k, v fused into one KV buffer)."""
+    return [
+        ctx.case((37, 0, 64, 90), heads=6, heads_k=2, headdim=64, causal=True, seed_offset=601),
+        ctx.case(
+            (50, 1, 77),
+            (64, 3, 40),
+            heads=5,
+            heads_k=1,
+            headdim=128,
+            causal=True,
+            distribution="shifted",
+            seed_offset=602,
+        ),
+    ]
+
+
+def _other_dtype(name: str) -> str:
+    return "fp16" if name != "fp16" else "bf16"
+
+
+@register(
+    "interface.arguments",
+    "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None "
+    "and with max_seqlen above the true maximum, and in the other input dtype: within the recipe's "
+    "bound, and bitwise unchanged by max_seqlen",
+    defaults=lambda recipe, dtype: {"violations": 0, "max_seqlen_mismatches": 0, "failed_calls": 0},
+    cost=1.5,
+)
+def arguments(ctx):
+    tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+    violations, seqlen_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0
+    first, declined = None, ""
+    notes: list[str] = []
+    bases = argument_cases(ctx)
+    jobs = [(base, (("layout", lay),)) for base in bases for lay in LAYOUTS]
+    jobs += [(base, (("scale_arg", "none"),)) for base in bases]
+    jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
+    for n, (base, call) in enumerate(jobs):
+        case = base.with_(call=call)
+        calls += 1
+        try:
+            res = ctx.run(case)
+        except KernelCallError as err:
+            failed += 1
+            if first is None:
+                first = case_record(
+                    case, call=dict(call), summary=f"the kernel raised on {case.describe()}: {err.summary}"
+                )
+            continue
+        ref_run = ctx.run(base)
+        key = call[0][0]
+        if key == "max_seqlen_pad":
+            for t, x in res.tensors().items():
+                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} with max_seqlen + {call[0][1]}")
+                if not m.ok:
+                    seqlen_mismatches += m.mismatched
+                    if first is None:
+                        first = case_record(case, tensor=t, mismatch=m.to_dict(), summary=m.summary())
+        else:
+            for t, x in res.tensors().items():
+                if not compare_bitwise(x, ref_run.tensors()[t]).ok:
+                    layout_mismatches += 1
+                    notes.append(f"{dict(call)} changes the bits of {t}")
+        metrics, worst, _, _ = bound_report(ctx, [case], tensors)
+        violations += metrics["violations"]
+        if worst is not None and first is None:
+            first = dict(worst, call=dict(call))
+        ctx.progress((n + 1) / (len(jobs) + 1))
+    # the other input dtype: judged by the recipe's bound for that dtype; declining it is allowed
+    other = _other_dtype(ctx.dtype_str)
+    other_ctx = replace(ctx, dtype=DTYPES[other])
+    for base in bases:
+        case = base.with_(dtype=other)
+        calls += 1
+        try:
+            res = other_ctx.run(case)
+        except KernelCallError as err:
+            declined = f"the kernel declines {other} inputs ({err.summary})"
+            break
+        bad_dtype = res.out.dtype not in (DTYPES[other], torch.float32)
+        if bad_dtype and first is None:
+            first = case_record(case, summary=f"{other} inputs gave out of dtype {res.out.dtype}")
+        metrics, worst, _, _ = bound_report(other_ctx, [case], tensors)
+        violations += metrics["violations"] + int(bad_dtype)
+        if worst is not None and first is None:
+            first = dict(worst, dtype=other)
+    ctx.progress(1.0)
+    metrics = {
+        "violations": violations,
+        "max_seqlen_mismatches": seqlen_mismatches,
+        "failed_calls": failed,
+        "strided_bitwise_changes": layout_mismatches,
+        "calls": calls,
+    }
+    ok = (
+        f"{calls} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
+        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, {other}) within the bound; max_seqlen changes no bit"
+    )
+    if declined:
+        ok += f"; {declined}"
+    if layout_mismatches:
+        ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
+    failures = [first["summary"]] if first and (violations or seqlen_mismatches or failed) else []
+    return ctx.judged(metrics, ok_message=ok, worst_case=first or {}, extra_failures=failures)
+
+
+@register(
+    "interface.lse",
+    "a returned log-sum-exp (the second item of a tuple output, shape (nheads, total_q)) within the "
+    "a-priori bound of the natural-log log-sum-exp of the scaled scores",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    cost=0.3,
+)
+def lse(ctx):
+    cases = ctx.base_cases()[:3] + argument_cases(ctx)
+    seen, violations, rows, first, worst_ratio = "", 0, 0, None, 0.0
+    for n, case in enumerate(cases):
+        res = ctx.run(case)
+        ctx.progress((n + 1) / len(cases))
+        if res.lse is None:
+            seen = seen or res.second_item
+            if res.second_item.startswith("tensor") and _transposed(res.second_item, case):
+                msg = (
+                    f"the second output item has shape (total_q, nheads) = ({case.total_q}, {case.heads}); "
+                    "FlashAttention's log-sum-exp is (nheads, total_q)"
+                )
+                return ctx.judged(
+                    {"violations": case.total_q * case.heads},
+                    ok_message="",
+                    worst_case=case_record(case, summary=msg),
+                    extra_failures=[msg],
+                )
+            continue
+        ref = ctx.reference(case)
+        bound = bounds_for(ctx, case, grads=ctx.has_backward).lse
+        x = res.lse.double().to(ref.lse.device).T  # (total_q, H) as the reference
+        finite_bound = torch.isfinite(bound)
+        r = torch.where(finite_bound, ref.lse, torch.zeros_like(ref.lse))
+        b = torch.where(finite_bound, bound, torch.full_like(bound, math.inf))
+        xx = torch.where(finite_bound, x, torch.zeros_like(x))
+        m = compare_within(xx, r, b, what="|lse - reference lse|", rule="within the a-priori bound")
+        rows += int(finite_bound.sum())
+        err = (xx - r).abs()
+        ratio = torch.where(finite_bound, torch.nan_to_num(err / b.clamp_min(1e-300), nan=math.inf), 0.0)
+        if ratio.numel():
+            worst_ratio = max(worst_ratio, float(ratio.max()))
+        if not m.ok:
+            violations += m.mismatched
+            if first is None:
+                first = case_record(case, tensor="lse", mismatch=m.to_dict(), summary=m.summary())
+    if not rows:
+        what = f" (its second item: {seen})" if seen else ""
+        return ctx.skip(f"the kernel returns no log-sum-exp of shape (nheads, total_q){what}")
+    return ctx.judged(
+        {"violations": violations, "tightness": worst_ratio, "rows": rows},
+        ok_message=f"lse of {rows} rows within the bound (natural log); tightness {worst_ratio:.3g}",
+        worst_case=first or {},
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+def _transposed(description: str, case: Case) -> bool:
+    """A second item described as a (total_q, nheads) tensor (and the two differ)."""
+    return case.total_q != case.heads and description.startswith(f"tensor ({case.total_q}, {case.heads})")
