@@ -189,6 +189,11 @@ class SuiteSettings:
     long_len: int = 512
     #: draws of every MX rounding probe (bound.rounding; each draw is one 64-token call per probe)
     rounding_seeds: int = 1
+    #: documents of isolation.layout's pack (0 to 96 queries each, plus empty ones and one long one);
+    #: the pack is also repeated by determinism.repeat
+    layout_docs: int = 24
+    #: queries and keys of the pack's long document (longer than every tile of the built-in kernels)
+    layout_long: int = 300
 
 
 _QUICK = SuiteSettings(
@@ -237,6 +242,8 @@ _STANDARD = SuiteSettings(
     repeats=3,
     long_len=1024,
     rounding_seeds=2,
+    layout_docs=56,
+    layout_long=1100,
 )
 
 _FULL = SuiteSettings(
@@ -261,6 +268,8 @@ _FULL = SuiteSettings(
     heads=4,
     long_len=2048,
     rounding_seeds=4,
+    layout_docs=96,
+    layout_long=2048,
 )
 
 _BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
@@ -275,6 +284,8 @@ SETTING_KEYS = {
     "special_cases": int,
     "long_len": int,
     "rounding_seeds": int,
+    "layout_docs": int,
+    "layout_long": int,
 }
 
 

@@ -365,7 +365,10 @@ def probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, s
         m = mb.amax(dim=-1)  # (H, Lq)
         ids = _block_ids(Lk, block, s2.device)
         exp = mb[..., ids] - P_POW2_OFFSET - m[..., None]
-        p_used = torch.where(elem > 0, elem * _pow2(torch.nan_to_num(exp, neginf=-1000.0)), elem.new_zeros(()))
+        # elem != 0 and nan=nan: a NaN score (a NaN in q or k) makes its row NaN, as in the reference
+        p_used = torch.where(
+            elem != 0, elem * _pow2(torch.nan_to_num(exp, nan=math.nan, neginf=-1000.0)), elem.new_zeros(())
+        )
         l = p_used.sum(dim=-1)
         return p_used, l, m
     m = s2.amax(dim=-1)
@@ -388,20 +391,22 @@ def pow2_block_elements(s2: torch.Tensor, block: int):
     mb = torch.ceil(padded.view(H, Lq, nblk, block).amax(dim=-1))  # (H, Lq, nblk), -inf if fully masked
     ids = _block_ids(Lk, block, s2.device)
     mb_k = mb[..., ids]
-    arg = torch.where(torch.isfinite(mb_k), s2 - mb_k + P_POW2_OFFSET, torch.full_like(s2, -math.inf))
+    # fully masked blocks (M_b = -inf) give 0; a NaN block maximum (NaN scores) gives NaN
+    arg = torch.where(mb_k != -math.inf, s2 - mb_k + P_POW2_OFFSET, torch.full_like(s2, -math.inf))
     elem = round_to_format(torch.exp2(arg), E4M3, saturate=True)
     return elem, mb
 
 
 def recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
     """Backward probabilities A = P / l rebuilt from the recomputed scores and the saved lse (log2)."""
-    finite = torch.isfinite(lse2)
+    finite = lse2 != -math.inf  # rows that saw a key; a NaN lse (NaN scores) stays NaN
     lse_safe = torch.where(finite, lse2, torch.zeros_like(lse2))
     if design.p_mode == "pow2-blocks":
         block = design.p_quant.block
         elem, mb = pow2_block_elements(s2, block)
         ids = _block_ids(s2.shape[-1], block, s2.device)
-        scale = torch.exp2(torch.nan_to_num(mb[..., ids], neginf=-1000.0) - P_POW2_OFFSET - lse_safe[..., None])
+        mb_k = torch.nan_to_num(mb[..., ids], nan=math.nan, neginf=-1000.0)
+        scale = torch.exp2(mb_k - P_POW2_OFFSET - lse_safe[..., None])
         a = elem * scale
     else:
         a = torch.exp2(s2 - lse_safe[..., None])
@@ -444,7 +449,7 @@ def _scores(q_hd, k_hd, groups: int, vis: torch.Tensor, qk_scale: float, design:
 
 def _lse2(l: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """log2 of the row normalizer, m + log2(l); -inf for rows that saw nothing (l == 0)."""
-    ok = l > 0
+    ok = l != 0  # a NaN row sum (NaN scores) gives a NaN lse
     return torch.where(ok, m + torch.log2(torch.where(ok, l, torch.ones_like(l))), l.new_full((), -math.inf))
 
 
@@ -481,7 +486,7 @@ def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
             fallback_mask(design, design.v_seq, vis, causal),
         )
-        ok = l > 0
+        ok = l != 0  # rows that saw no key output 0; a NaN row sum stays NaN
         o = torch.where(ok[..., None], acc / torch.where(ok, l, torch.ones_like(l))[..., None], acc.new_zeros(()))
         out[q0:q1] = o.permute(1, 0, 2)
         lse2[q0:q1] = _lse2(l, m).T
@@ -656,7 +661,7 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     s2 = _scores(q_hd, k_hd, groups, vis, qk_scale, design)
     p_used, l, m = probabilities(s2, vis, design, 0, dtype)
     if not backward:
-        ok = (l > 0)[..., None]
+        ok = (l != 0)[..., None]
         return torch.where(
             ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(())
         )

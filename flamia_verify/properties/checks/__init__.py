@@ -10,6 +10,8 @@ from flamia_verify.properties.checks import (
     error,
     interface,
     isolation,
+    layout,
+    nonfinite,
     rounding,
     special,
 )
@@ -29,6 +31,8 @@ __all__ = [
     "fuzzpass",
     "interface",
     "isolation",
+    "layout",
+    "nonfinite",
     "rounding",
     "special",
 ]
