@@ -242,8 +242,8 @@ _STANDARD = SuiteSettings(
     repeats=3,
     long_len=1024,
     rounding_seeds=2,
-    layout_docs=56,
-    layout_long=1100,
+    layout_docs=64,
+    layout_long=1700,
 )
 
 _FULL = SuiteSettings(

@@ -18,7 +18,7 @@ import torch
 
 from flamia_verify.kernels.bounds import attention_bounds
 from flamia_verify.kernels.operands import Operand
-from flamia_verify.properties.cases import cu_from_lens
+from flamia_verify.properties.cases import Case, cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
@@ -270,6 +270,41 @@ def bound_grad(ctx):
     metrics["exact_weight_tightness"] = exact_tight
     msg += f"; exact-weight dS/dS^T cases tightness {exact_tight:.3g}"
     first = first or exact_first
+    return ctx.judged(
+        metrics,
+        ok_message=msg,
+        worst_case=first or {},
+        details=details,
+        extra_failures=[first["summary"]] if first else [],
+    )
+
+
+def shape_cases(ctx) -> list[Case]:
+    """The shapes the base packings do not reach: GQA groups of 3, 5, 6 and 7 (odd head counts),
+    head_dims 80, 96, 192 and 256 (not multiples of 64; 80 and 96 not of 32 either, so an MX block
+    straddles the end of a row), and one causal document longer than every tile (``layout_long``)."""
+    long_len = ctx.settings.layout_long
+    return [
+        ctx.case((37, 64), heads=6, heads_k=2, headdim=80, causal=True, seed_offset=1101),
+        ctx.case(
+            (45, 20), (50, 20), heads=5, heads_k=1, headdim=96, causal=True, distribution="shifted", seed_offset=1102
+        ),
+        ctx.case((33, 9), heads=7, heads_k=1, headdim=192, causal=False, seed_offset=1103),
+        ctx.case((30, 21), heads=12, heads_k=2, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
+        ctx.case((long_len,), heads=3, heads_k=1, headdim=128, causal=True, seed_offset=1105),
+    ]
+
+
+@register(
+    "bound.shapes",
+    "every element of O, dQ, dK, dV within the recipe's bound on the shapes the base packings do not reach: "
+    "GQA groups of 3, 5, 6 and 7, head_dims 80, 96, 192 and 256, a causal document longer than every tile",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    cost=1.0,
+)
+def bound_shapes(ctx):
+    tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+    metrics, first, details, msg = bound_report(ctx, shape_cases(ctx), tensors, inputs_label="shape cases")
     return ctx.judged(
         metrics,
         ok_message=msg,

@@ -1,7 +1,8 @@
 """determinism: repeated runs on the same inputs give bitwise identical outputs and gradients.
 
-The cases: the first three base cases and two long documents (``long_len`` keys, 512 in the quick
-suite): a kernel whose summation order changes between calls only once a row holds more key tiles
+The cases: the first three base cases, two long documents (``long_len`` keys, 512 in the quick
+suite) and the many-document pack of isolation.layout (dozens of documents, one of ``layout_long``
+tokens; about 4K tokens in the standard suite): a kernel whose summation order changes between calls only once a row holds more key tiles
 than a short case has (split-K, atomics over key tiles, a tile schedule that depends on timing) is
 repeatable on short rows and not on these. Such a change is an fp32 rounding difference, seen only
 where it crosses a rounding boundary of the BF16/FP16 output: with MX operands most fp32 sums are
@@ -60,7 +61,30 @@ def repeat(ctx):
                             case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary()
                         )
         ctx.progress((n + 1) / len(cases))
-    metrics = {"mismatched_elements": mismatched, "repeats": repeats, "cases": len(cases)}
+    # the many-document pack of isolation.layout (about 4K tokens in the standard suite, one document
+    # longer than every tile): where split-K, atomics and per-launch schedules engage
+    from flamia_verify.properties.checks.layout import layout_docs, pack_docs
+
+    docs = layout_docs(ctx)
+    pack = pack_docs(ctx, docs, heads=4, heads_k=2, causal=True)
+    first_run = ctx.memo(("layout-base", True, tuple(docs)), lambda: ctx.run(pack))
+    for _ in range(repeats - 1):
+        again = ctx.run(pack)
+        runs += 1
+        for name, x in again.tensors().items():
+            m = compare_bitwise(x, first_run.tensors()[name], what=f"{name}, run vs first run")
+            if not m.ok:
+                mismatched += m.mismatched
+                if first is None:
+                    first = case_record(
+                        pack.case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary()
+                    )
+    metrics = {
+        "mismatched_elements": mismatched,
+        "repeats": repeats,
+        "cases": len(cases) + 1,
+        "pack_tokens": pack.case.total_q,
+    }
     if mismatched and ctx.opt.get("warn_only"):
         return ctx.result(
             "pass",
