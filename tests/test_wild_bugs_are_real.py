@@ -83,3 +83,19 @@ def test_correct_kernel_agrees(name, case_name):
     fn = CORRECT_WILD[name]
     assert fn.recipe in _TOL and fn.description
     _agrees(fn, _strided_cases()[case_name], _TOL[fn.recipe])
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CORRECT_WILD if CORRECT_WILD[n].recipe == "bf16"))
+def test_correct_kernel_keeps_masked_nonfinite_out(name):
+    """inf in V at a key that only later rows see, NaN in K at another: NaN/inf exactly where float64 has them."""
+    case = make_case([6, 5], h=4, hk=2, d=32, causal=True, seed=13)
+    v, k = case["v"].detach().clone(), case["k"].detach().clone()
+    v[4, 1, 3] = float("inf")
+    k[3, 0, 2] = float("nan")
+    case = dict(case, v=v.requires_grad_(), k=k.requires_grad_())
+    out = run_case(CORRECT_WILD[name], case)[0].detach().double()
+    ref = run_reference(case)[0].detach()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert float((out - ref)[finite].abs().max()) <= 0.02

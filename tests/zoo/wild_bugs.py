@@ -47,13 +47,13 @@ def _documents(cu_q, cu_k):
     return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
 
 
-def _visible(lq: int, lk: int, causal: bool, offset: int | None = None) -> torch.Tensor:
+def _visible(lq: int, lk: int, causal: bool, offset: int | None = None, device=None) -> torch.Tensor:
     """(lq, lk) bool: key j visible to query i; causal is bottom-right aligned unless offset is given."""
     if not causal:
-        return torch.ones(lq, lk, dtype=torch.bool)
+        return torch.ones(lq, lk, dtype=torch.bool, device=device)
     off = lk - lq if offset is None else offset
-    i = torch.arange(lq)[:, None]
-    j = torch.arange(lk)[None, :]
+    i = torch.arange(lq, device=device)[:, None]
+    j = torch.arange(lk, device=device)[None, :]
     return j <= i + off
 
 
@@ -128,7 +128,7 @@ def _doc_attention(
     s = s * scale
     s = s.masked_fill(~vis[None], mask_value)
     if no_max:
-        m = torch.zeros(s.shape[:-1] + (1,), dtype=s.dtype)
+        m = torch.zeros(s.shape[:-1] + (1,), dtype=s.dtype, device=s.device)
         p = torch.exp(s.clamp(max=80.0))
     else:
         if rowmax_heads:
@@ -177,9 +177,10 @@ def _attend(
     """
     total_q, h, d = q.shape
     total_k, hk = k.shape[0], k.shape[1]
-    out = torch.zeros(total_q, h, d, dtype=work)
-    lse = torch.full((h, total_q), -_INF, dtype=work)
-    kv_idx = (kv_map or _kv_divide)(h, hk)
+    dev = q.device
+    out = torch.zeros(total_q, h, d, dtype=work, device=dev)
+    lse = torch.full((h, total_q), -_INF, dtype=work, device=dev)
+    kv_idx = (kv_map or _kv_divide)(h, hk).to(dev)
     for b, (q0, q1, k0, k1) in enumerate(_documents(cu_q, cu_k)):
         lq, lk = q1 - q0, k1 - k0
         if lq <= 0:
@@ -194,14 +195,14 @@ def _attend(
                 out[q0:q1] = math.nan
             continue
         qd = q[q0:q1].to(work)
-        vis = _visible(lq, lk, causal, None if offset_fn is None else offset_fn(lq, lk))
+        vis = _visible(lq, lk, causal, None if offset_fn is None else offset_fn(lq, lk), device=dev)
         read1 = k1
         if tile_overread is not None:
             read1 = min(k0 + -(-lk // tile_overread) * tile_overread, total_k)
         kd = k[k0:read1].to(work)
         vd = v[k0:read1].to(work)
         if read1 > k1:
-            vis = torch.cat([vis, torch.zeros(lq, read1 - k1, dtype=torch.bool)], dim=1)
+            vis = torch.cat([vis, torch.zeros(lq, read1 - k1, dtype=torch.bool, device=dev)], dim=1)
         if expand is not None:
             kd, vd = expand(kd, h), expand(vd, h)
         else:
@@ -210,7 +211,7 @@ def _attend(
             pad = pad_keys_to - lk
             kd = torch.cat([kd, kd.new_zeros(pad, h, d)])
             vd = torch.cat([vd, vd.new_zeros(pad, h, d)])
-            vis = torch.ones(lq, pad_keys_to, dtype=torch.bool)
+            vis = torch.ones(lq, pad_keys_to, dtype=torch.bool, device=dev)
         fn = doc_fn or _doc_attention
         o, ls = fn(qd, kd, vd, scale, vis, **doc_kwargs)
         out[q0:q1] = o
@@ -271,9 +272,9 @@ def _doc_tiled(qd, kd, vd, scale, vis, *, tile=128, rescale_acc=True):
     """Online softmax over key tiles of ``tile`` (FlashAttention's forward loop)."""
     h, lq, d = qd.shape[1], qd.shape[0], qd.shape[2]
     lk = kd.shape[0]
-    m = torch.full((h, lq, 1), -_INF, dtype=qd.dtype)
-    lsum = torch.zeros(h, lq, 1, dtype=qd.dtype)
-    acc = torch.zeros(h, lq, d, dtype=qd.dtype)
+    m = torch.full((h, lq, 1), -_INF, dtype=qd.dtype, device=qd.device)
+    lsum = torch.zeros(h, lq, 1, dtype=qd.dtype, device=qd.device)
+    acc = torch.zeros(h, lq, d, dtype=qd.dtype, device=qd.device)
     for t0 in range(0, lk, tile):
         t1 = min(t0 + tile, lk)
         s = torch.einsum("qhd,khd->hqk", qd, kd[t0:t1]) * scale
@@ -303,7 +304,7 @@ def _doc_splitkv(qd, kd, vd, scale, vis, *, n_keys, split=256, empty_lse_zero=Tr
             # a split past the document's end does no work; its lse slot keeps its initial value
             fill = 0.0 if empty_lse_zero else -_INF
             outs.append(torch.zeros_like(qd).transpose(0, 1))
-            lses.append(torch.full((qd.shape[1], qd.shape[0]), fill, dtype=qd.dtype))
+            lses.append(torch.full((qd.shape[1], qd.shape[0]), fill, dtype=qd.dtype, device=qd.device))
             continue
         o, ls = _doc_attention(qd, kd[a:b], vd[a:b], scale, vis[:, a:b])
         outs.append(o.transpose(0, 1))
@@ -332,7 +333,7 @@ class _ManualDoc(torch.autograd.Function):
         p = torch.exp(s - m)
         lsum = p.sum(-1, keepdim=True)
         a = p / torch.where(lsum != 0, lsum, torch.ones((), dtype=lsum.dtype))
-        o = torch.einsum("hqk,khd->qhd", a, vd)
+        o = _pv(a, vd, vis, plain=False).transpose(0, 1)
         ctx.save_for_backward(qd, kd, vd, a, o)
         ctx.scale, ctx.shuffle = scale, shuffle
         return o
@@ -359,7 +360,7 @@ class _ManualDoc(torch.autograd.Function):
 def _doc_manual(qd, kd, vd, scale, vis, *, shuffle_from=None):
     shuffle = shuffle_from is not None and kd.shape[0] >= shuffle_from
     o = _ManualDoc.apply(qd, kd, vd, scale, vis, shuffle)
-    return o, torch.zeros(qd.shape[1], qd.shape[0], dtype=qd.dtype)
+    return o, torch.zeros(qd.shape[1], qd.shape[0], dtype=qd.dtype, device=qd.device)
 
 
 class _ExpandPairs(torch.autograd.Function):
@@ -567,11 +568,11 @@ def _lse_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, ca
     out, lse = _base_lse(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
     h, total_q = lse.shape
     docs = _documents(cu_q, cu_k)
-    buf = torch.zeros(h, max(1, len(docs)) * int(max_q), dtype=lse.dtype)
+    buf = torch.zeros(h, max(1, len(docs)) * int(max_q), dtype=lse.dtype, device=lse.device)
     for b, (q0, q1, _, _) in enumerate(docs):
         buf[:, b * int(max_q) : b * int(max_q) + q1 - q0] = lse[:, q0:q1]
     if buf.shape[1] < total_q:
-        buf = torch.cat([buf, torch.zeros(h, total_q - buf.shape[1], dtype=lse.dtype)], dim=1)
+        buf = torch.cat([buf, torch.zeros(h, total_q - buf.shape[1], dtype=lse.dtype, device=lse.device)], dim=1)
     return out, buf[:, :total_q]
 
 
@@ -1051,7 +1052,7 @@ def _mxfp8_v_blocks_packed(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None
     nblocks = int(block.max()) + 1 if tokens else 0
     lo = torch.full((nblocks,), tokens, dtype=torch.long).scatter_reduce(0, block, doc_of, "amin")
     hi = torch.zeros(nblocks, dtype=torch.long).scatter_reduce(0, block, doc_of, "amax")
-    straddles = (lo != hi)[block]
+    straddles = (lo != hi)[block].to(v.device)
     if bool(straddles.any()):
         vq = mx_fake_quantize(v.detach().float(), axis=0, block_size=32, elem=E4M3, rule=ScaleRule.RCEIL)
         v = _ste(v, torch.where(straddles[:, None, None], vq, v.detach().float()))
@@ -1124,9 +1125,17 @@ def _sdpa_enable_gqa(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, caus
         if lq == 0 or lk == 0:
             continue
         qd, kd, vd = (x.transpose(0, 1) for x in (q[q0:q1], k[k0:k1], v[k0:k1]))
-        vis = _visible(lq, lk, causal)
+        vis = _visible(lq, lk, causal, device=q.device)
+        if not bool(torch.isfinite(vd).all()):
+            # SDPA's math path would multiply masked inf/NaN values by 0; use the fp32 path for this document
+            kv_idx = _kv_divide(q.shape[1], k.shape[1]).to(q.device)
+            o, _ = _doc_attention(
+                q[q0:q1].float(), k[k0:k1, kv_idx].float(), v[k0:k1, kv_idx].float(), _scale_of(q, softmax_scale), vis
+            )
+            pieces.append((q0, q1, o.to(q.dtype)))
+            continue
         seen = vis.any(-1)
-        mask = vis | (~seen[:, None] & (torch.arange(lk)[None] == 0))
+        mask = vis | (~seen[:, None] & (torch.arange(lk, device=q.device)[None] == 0))
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=softmax_scale, enable_gqa=True)
         o = o * seen[None, :, None].to(o.dtype)
         pieces.append((q0, q1, o.transpose(0, 1)))
@@ -1193,12 +1202,12 @@ def _padded_batch_expand(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, 
     qp = q.new_zeros(nb, lq_max, h, d, dtype=torch.float32)
     kp = k.new_zeros(nb, lk_max, hk, d, dtype=torch.float32)
     vp = v.new_zeros(nb, lk_max, hk, d, dtype=torch.float32)
-    mask = torch.zeros(nb, lq_max, lk_max, dtype=torch.bool)
+    mask = torch.zeros(nb, lq_max, lk_max, dtype=torch.bool, device=q.device)
     for b, (q0, q1, k0, k1) in enumerate(docs):
         qp[b, : q1 - q0] = q[q0:q1].float()
         kp[b, : k1 - k0] = k[k0:k1].float()
         vp[b, : k1 - k0] = v[k0:k1].float()
-        mask[b, : q1 - q0, : k1 - k0] = _visible(q1 - q0, k1 - k0, causal)
+        mask[b, : q1 - q0, : k1 - k0] = _visible(q1 - q0, k1 - k0, causal, device=q.device)
     g = h // hk
     ke = kp.unsqueeze(3).expand(nb, lk_max, hk, g, d).reshape(nb, lk_max, h, d)
     ve = vp.unsqueeze(3).expand(nb, lk_max, hk, g, d).reshape(nb, lk_max, h, d)
@@ -1208,11 +1217,12 @@ def _padded_batch_expand(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, 
     m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype))
     p = torch.exp(s - m)
     lsum = p.sum(-1, keepdim=True)
-    a = p / torch.where(lsum > 0, lsum, torch.ones((), dtype=lsum.dtype))
-    o = torch.einsum("bhqk,bkhd->bqhd", a, ve)
-    out = torch.zeros(total_q, h, d, dtype=torch.float32)
+    a = p / torch.where(lsum != 0, lsum, torch.ones((), dtype=lsum.dtype))
+    out = torch.zeros(total_q, h, d, dtype=torch.float32, device=q.device)
     for b, (q0, q1, _, _) in enumerate(docs):
-        out[q0:q1] = o[b, : q1 - q0]
+        # padding and masked keys get weight 0 and never reach the output, even with inf/NaN values
+        o = _pv(a[b], ve[b], mask[b], plain=False).transpose(0, 1)
+        out[q0:q1] = o[: q1 - q0]
     return out.to(q.dtype)
 
 
