@@ -224,7 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--html", help="write the HTML report to this file (instead of printing the summary)")
     r.add_argument("--md", help="write the Markdown report to this file (instead of printing the summary)")
 
-    sub.add_parser("list", help="built-in kernels, recipes and checks")
+    p_list = sub.add_parser("list", help="built-in kernels, recipes and checks")
+    p_list.add_argument(
+        "--coverage",
+        action="store_true",
+        help="the coverage model instead: every input dimension and invariance, and the checks that exercise it",
+    )
 
     from flamia_verify.mutation.cli import add_parser as add_mutate_parser
 
@@ -687,6 +692,8 @@ def _cmd_list(args) -> int:
     from flamia_verify.reports.terminal import print_table
 
     console = _console()  # a rich table on a terminal; plain, full lines in a log or a pipe
+    if getattr(args, "coverage", False):
+        return _print_coverage(console)
     kernels = [
         [name, k.recipe or "", "built-in", _cuda_path(k), k.description] for name, k in builtin_kernels().items()
     ]
@@ -697,6 +704,28 @@ def _cmd_list(args) -> int:
         [spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description] for spec in list_checks("full")
     ]
     print_table(console, "checks (suite: full)", ["check", "suites", "question"], checks)
+    return EXIT_PASS
+
+
+def _print_coverage(console) -> int:
+    from flamia_verify.properties import list_checks
+    from flamia_verify.properties.coverage import INVARIANCES, MODEL
+    from flamia_verify.reports.terminal import print_table
+
+    suites = {spec.name: spec.suites for spec in list_checks("full")}
+
+    def where(checks) -> str:
+        return ", ".join(f"{c} ({'/'.join(s[0] for s in suites.get(c, ()))})" for c in checks)
+
+    rows = [[r.dimension, r.value, r.meaning, where(r.checks)] for r in MODEL]
+    print_table(
+        console,
+        "input dimensions (checks: q quick, s standard, f full)",
+        ["dimension", "value", "meaning", "exercised by"],
+        rows,
+    )
+    rows = [[r.value, r.meaning, where(r.checks)] for r in INVARIANCES]
+    print_table(console, "invariances", ["invariance", "statement", "stated by"], rows)
     return EXIT_PASS
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +142,8 @@ class KernelHarness:
         self.seconds = 0.0
         self.audited = 0  # calls whose inputs were compared after the kernel returned
         self.modifications: list[Modification] = []
+        #: called with the inputs of every call (the coverage model records what each check exercises)
+        self.recorder: Callable[[Inputs], None] | None = None
 
     # -- in-place writes ------------------------------------------------------------------
 
@@ -228,6 +231,8 @@ class KernelHarness:
     def call(self, inputs: Inputs, *, backward: bool = True, do: torch.Tensor | None = None) -> KernelOutputs:
         """Run the kernel; raise :class:`KernelCallError` if it raises or exceeds the timeout."""
         t0 = time.perf_counter()
+        if self.recorder is not None:
+            self.recorder(inputs)
         try:
             res = self._dispatch(inputs, backward, do)
         except KernelCallError as err:

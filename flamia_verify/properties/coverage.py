@@ -1,0 +1,251 @@
+"""The coverage model: every dimension of a call (arguments, layouts, shapes, lengths, values) and
+every invariance of attention, with the checks that exercise it.
+
+Each row of :data:`MODEL` is one value of one input dimension and the checks of the standard suite
+that make a kernel call with it; :func:`features` reads those values off a call, so the table is
+measured, not only declared: :func:`observe` runs a suite with a recording harness and returns what
+each check's calls exercised (tests/test_coverage_model.py holds the two together, and requires
+every row to be exercised by at least one check of the standard suite). :data:`INVARIANCES` lists
+the properties of attention the checks state, each with the checks that state it.
+
+``flamia-verify list --coverage`` prints both tables; docs/checks.md shows them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flamia_verify.properties.cases import Inputs
+
+__all__ = ["Row", "MODEL", "INVARIANCES", "features", "observe", "BIG_PACK_TOKENS"]
+
+#: the total token count of a call that counts as a realistic pack (tiles, splits and atomics engage)
+BIG_PACK_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Row:
+    dimension: str
+    value: str
+    meaning: str
+    checks: tuple[str, ...]
+
+    @property
+    def feature(self) -> str:
+        return f"{self.dimension}={self.value}"
+
+
+_ARG = "interface.arguments"
+_BASE = ("error.out", "bound.out", "determinism.repeat")
+
+#: every value of every input dimension and the checks (standard suite) whose calls exercise it
+MODEL: tuple[Row, ...] = (
+    Row("softmax_scale", "default", "the default headdim^-0.5, passed", _BASE),
+    Row("softmax_scale", "other", "a scale other than the default", ("error.out", "bound.out", "bound.grad")),
+    Row("softmax_scale", "none", "softmax_scale=None (the kernel must use headdim^-0.5)", (_ARG,)),
+    Row("layout", "contiguous", "contiguous q, k, v", _BASE),
+    Row("layout", "fused", "views into one fused QKV (or KV) buffer", (_ARG,)),
+    Row("layout", "transposed", "views of (H, T, D) storage", (_ARG,)),
+    Row("layout", "offset", "views at a nonzero storage offset", (_ARG,)),
+    Row("max_seqlen", "exact", "max_seqlen_q/k the true maxima", _BASE),
+    Row("max_seqlen", "above", "max_seqlen_q/k above the true maxima", (_ARG, "isolation.layout")),
+    Row("dtype", "bf16", "bf16 inputs", _BASE),
+    Row("dtype", "fp16", "fp16 inputs", (_ARG,)),
+    Row("causal", "true", "causal, bottom-right aligned", _BASE + ("causal.forward",)),
+    Row("causal", "false", "not causal", ("error.out", "bound.out", "isolation.layout", "bound.shapes")),
+    *(
+        Row("gqa_group", str(g), f"{g} query heads per kv head", checks)
+        for g, checks in (
+            (1, ("error.out", "bound.out")),
+            (2, ("error.out", "isolation.neighbours")),
+            (3, (_ARG, "isolation.heads", "bound.shapes", "special.nonfinite")),
+            (4, ("error.out", "isolation.fuzz")),
+            (5, (_ARG, "bound.shapes")),
+            (6, ("bound.shapes",)),
+            (7, ("isolation.heads", "bound.shapes")),
+        )
+    ),
+    Row("heads", "odd", "an odd number of query heads", (_ARG, "isolation.heads", "bound.shapes")),
+    *(
+        Row("headdim", str(d), f"head_dim {d}", checks)
+        for d, checks in (
+            (32, ("isolation.fuzz",)),
+            (64, _BASE),
+            (80, ("bound.shapes",)),
+            (96, ("bound.shapes",)),
+            (128, ("error.out", "causal.forward", "bound.shapes", _ARG)),
+            (192, ("bound.shapes",)),
+            (256, ("bound.shapes",)),
+        )
+    ),
+    Row("documents", "1", "one document", ("error.out", "determinism.repeat")),
+    Row("documents", "few", "2 to 9 documents", _BASE),
+    Row("documents", "many", "10 to 23 documents", ("error.out",)),
+    Row("documents", "dozens", "24 documents or more", ("isolation.layout", "determinism.repeat")),
+    Row("empty_document", "start", "an empty document first", ("isolation.layout",)),
+    Row("empty_document", "middle", "an empty document between others", ("isolation.layout", _ARG, "error.out")),
+    Row("empty_document", "end", "an empty document last", ("isolation.layout",)),
+    Row("document_length", "1", "a document of one query", ("error.out", "isolation.layout")),
+    Row(
+        "document_length",
+        "block_edge",
+        "a length at 31/32/33, 63/64/65 or 127/128/129",
+        ("error.out", "isolation.layout"),
+    ),
+    Row(
+        "lengths",
+        "lq<lk",
+        "a document with more keys than queries",
+        ("error.out", "isolation.offset", "isolation.layout"),
+    ),
+    Row("lengths", "lq>lk", "a document with more queries than keys", ("error.out", "special.short_documents")),
+    Row(
+        "long_document", "yes", "a document longer than 512 tokens (every tile)", ("determinism.repeat", "bound.shapes")
+    ),
+    Row("tokens", ">=4096", f"a call of {BIG_PACK_TOKENS} tokens or more", ("isolation.layout", "determinism.repeat")),
+    *(
+        Row("distribution", d, f"{d} values", checks)
+        for d, checks in (
+            ("gaussian", _BASE),
+            ("shifted", ("error.out", "bound.out")),
+            ("heavy_tail", ("error.out", "bound.shapes")),
+            ("outliers", ("error.out", "determinism.repeat")),
+            ("sink", ("special.attention_sink",)),
+            ("low_rank", ("error.out",)),
+            ("peaked", ("error.out", "determinism.repeat")),
+        )
+    ),
+    Row("values", "nonfinite", "a NaN or Inf in q, k, v or dO", ("special.nonfinite", "isolation.nan", "causal.nan")),
+    Row("values", "huge", "elements of 1e4 or more", ("isolation.neighbours", "special.magnitudes")),
+)
+
+#: the invariances of attention the checks state, each with the checks that state it
+INVARIANCES: tuple[Row, ...] = (
+    Row(
+        "invariance",
+        "causality",
+        "no output or gradient depends on a position it must not see",
+        ("causal.forward", "causal.dq", "causal.dk_dv", "causal.nan", "causal.diagonal"),
+    ),
+    Row(
+        "invariance",
+        "document_isolation",
+        "a document's results do not depend on other documents' values",
+        ("isolation.neighbours", "isolation.nan"),
+    ),
+    Row(
+        "invariance",
+        "batch_layout",
+        "nor on their order, number, lengths, offsets or max_seqlen",
+        ("isolation.offset", "isolation.layout"),
+    ),
+    Row(
+        "invariance", "head_independence", "a head's results do not depend on other heads' values", ("isolation.heads",)
+    ),
+    Row(
+        "invariance",
+        "head_permutation",
+        "permuting heads (inside a group, or kv groups) permutes the results",
+        ("isolation.heads",),
+    ),
+    Row("invariance", "nonfinite_reach", "a NaN or Inf reaches exactly what depends on it", ("special.nonfinite",)),
+    Row(
+        "invariance",
+        "shift_invariance",
+        "adding a constant to a row's scores changes nothing (sum of dK = 0)",
+        ("consistency.shift_invariance",),
+    ),
+    Row(
+        "invariance",
+        "probability_conservation",
+        "weights sum to one in the forward and the backward",
+        ("consistency.conservation_forward", "consistency.conservation_backward"),
+    ),
+    Row(
+        "invariance",
+        "forward_backward",
+        "the backward differentiates the forward that ran",
+        ("consistency.weights", "consistency.grad_forward_ratio"),
+    ),
+    Row(
+        "invariance", "determinism", "repeated calls are bitwise equal, also at 4K-token packs", ("determinism.repeat",)
+    ),
+    Row(
+        "invariance",
+        "calling_convention",
+        "equivalent calls (views, defaults, upper bounds) agree",
+        ("interface.arguments",),
+    ),
+    Row("invariance", "returned_lse", "a returned log-sum-exp is that of the scores", ("interface.lse",)),
+    Row("invariance", "inputs_unmodified", "the kernel never writes into its inputs", ("interface.inputs_unmodified",)),
+)
+
+
+def _scale_value(inputs: Inputs) -> str:
+    c = inputs.case
+    if c.call_option("scale_arg") == "none":
+        return "none"
+    return "default" if c.softmax_scale == c.headdim**-0.5 else "other"
+
+
+def features(inputs: Inputs) -> set[str]:
+    """The ``dimension=value`` features of one call (the rows of :data:`MODEL` it exercises)."""
+    c = inputs.case
+    lq, lk = c.lens_q, c.lens_k
+    out = {
+        f"softmax_scale={_scale_value(inputs)}",
+        f"layout={c.call_option('layout')}",
+        f"max_seqlen={'above' if c.call_option('max_seqlen_pad') else 'exact'}",
+        f"dtype={c.dtype}",
+        f"causal={'true' if c.causal else 'false'}",
+        f"gqa_group={c.heads // c.heads_k}",
+        f"headdim={c.headdim}",
+        f"distribution={c.distribution}",
+    }
+    if c.heads % 2:
+        out.add("heads=odd")
+    n = len(lq)
+    out.add("documents=" + ("1" if n == 1 else "few" if n < 10 else "dozens" if n >= 24 else "many"))
+    sizes = [a + b for a, b in zip(lq, lk)]
+    if n > 1 and sizes[0] == 0:
+        out.add("empty_document=start")
+    if n > 1 and sizes[-1] == 0:
+        out.add("empty_document=end")
+    if any(s == 0 for s in sizes[1:-1]):
+        out.add("empty_document=middle")
+    if 1 in lq:
+        out.add("document_length=1")
+    if any(x % 32 in (31, 0, 1) and x > 1 for x in lq):
+        out.add("document_length=block_edge")
+    if any(a < b for a, b in zip(lq, lk)):
+        out.add("lengths=lq<lk")
+    if any(a > b for a, b in zip(lq, lk)):
+        out.add("lengths=lq>lk")
+    if max(list(lq) + list(lk) + [0]) > 512:
+        out.add("long_document=yes")
+    if c.total_q >= BIG_PACK_TOKENS:
+        out.add("tokens=>=4096")
+    tensors = [inputs.q, inputs.k, inputs.v, inputs.do]
+    if any(t.numel() and not bool(torch.isfinite(t).all()) for t in tensors):
+        out.add("values=nonfinite")
+    if any(t.numel() and float(torch.nan_to_num(t.float(), nan=0.0).abs().max()) >= 1e4 for t in tensors):
+        out.add("values=huge")
+    return out
+
+
+def observe(kernel, *, suite: str = "standard", seed: int = 0, recipe: str | None = None) -> dict[str, set[str]]:
+    """Run ``suite`` on ``kernel`` and return, for every check, the features of the kernel calls it made."""
+    from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
+
+    loaded, chosen = resolve_kernel(kernel, recipe)
+    ctx = build_context(
+        loaded, chosen, suite=suite, device="cpu", dtype=torch.bfloat16, seed=seed, thresholds=None, case_timeout_s=None
+    )
+    seen: dict[str, set[str]] = {}
+    for spec in list_checks(suite):
+        bucket = seen.setdefault(spec.name, set())
+        ctx.harness.recorder = lambda inputs, bucket=bucket: bucket.update(features(inputs))
+        run_one(ctx, spec)
+    return seen

@@ -1,0 +1,115 @@
+"""The coverage model against what the checks do, and each new check against a kernel with its bug.
+
+The model (flamia_verify/properties/coverage.py) declares, for every value of every input dimension,
+the checks that exercise it; a standard run with a recording harness must show each declared check
+making a call with that value, and every row exercised by at least one check of the standard suite.
+Every invariance names checks that exist and run in the standard suite.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo.convention_bugs import CONVENTION_BUGS
+from zoo.correct import sdpa_bf16
+
+from flamia_verify.cli import main
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.emulation import make_kernel
+from flamia_verify.properties import list_checks, run_checks
+from flamia_verify.properties.cases import Case, make_inputs
+from flamia_verify.properties.coverage import INVARIANCES, MODEL, features, observe
+from flamia_verify.properties.harness import KernelHarness
+
+NEW_CHECKS = [
+    "interface.arguments",
+    "interface.lse",
+    "isolation.heads",
+    "isolation.layout",
+    "special.nonfinite",
+    "bound.shapes",
+]
+
+
+@pytest.fixture(scope="module")
+def observed():
+    return observe(make_kernel(DESIGNS["bf16"]), suite="standard", recipe="bf16")
+
+
+def test_every_row_is_exercised_by_its_declared_checks_in_standard(observed):
+    standard = {s.name for s in list_checks("standard")}
+    for row in MODEL:
+        assert set(row.checks) <= standard, f"{row.feature}: {set(row.checks) - standard} not in standard"
+        missing = [c for c in row.checks if row.feature not in observed.get(c, set())]
+        assert not missing, f"{row.feature} declared for {missing}, which made no call with it"
+        assert any(row.feature in f for f in observed.values())
+
+
+def test_every_feature_a_call_can_have_is_a_row(observed):
+    rows = {r.feature for r in MODEL}
+    seen = set().union(*observed.values())
+    assert seen <= rows, f"features without a row of the model: {sorted(seen - rows)}"
+
+
+def test_every_invariance_is_stated_by_a_standard_check():
+    standard = {s.name for s in list_checks("standard")}
+    for row in INVARIANCES:
+        assert row.checks and set(row.checks) <= standard, row
+
+
+def test_features_read_the_call():
+    c = Case(
+        (0, 33, 0, 1, 0), (0, 40, 0, 1, 0), heads=6, heads_k=2, headdim=96, call=(("layout", "fused"), ("max_seqlen_pad", 3))
+    )
+    f = features(make_inputs(c))
+    assert {"layout=fused", "max_seqlen=above", "gqa_group=3", "headdim=96", "empty_document=start"} <= f
+    assert {
+        "empty_document=middle",
+        "empty_document=end",
+        "document_length=1",
+        "lengths=lq<lk",
+        "document_length=block_edge",
+    } <= f
+    assert "heads=odd" not in f and "tokens=>=4096" not in f
+
+
+@pytest.mark.parametrize("layout", ["fused", "transposed", "offset"])
+@pytest.mark.parametrize("lk", [None, (50, 3)])
+def test_strided_layouts_pass_the_same_values_and_gradients(layout, lk):
+    h = KernelHarness(make_kernel(DESIGNS["flamia-mxfp8"]))
+    base = Case((40, 7), lk, heads=6, heads_k=2, seed=3)
+    a = h.call(make_inputs(base))
+    inp = make_inputs(base.with_(call=(("layout", layout),)))
+    b = h.call(inp)
+    assert not inp.case.call_option("layout") == "contiguous"
+    for t in ("out", "dq", "dk", "dv"):
+        assert torch.equal(getattr(a, t), getattr(b, t)), t
+    assert not h.modifications
+
+
+@pytest.mark.parametrize("name", sorted(CONVENTION_BUGS))
+def test_each_new_check_fails_on_a_kernel_with_its_bug(name):
+    kernel = CONVENTION_BUGS[name]
+    report = run_checks(kernel, suite="quick", only=[kernel.catches])
+    (res,) = report.checks
+    assert res.status == "fail", f"{name}: {res.name} {res.status}: {res.message}"
+
+
+@pytest.mark.parametrize("kernel", ["flamia-mxfp8", "flamia-nvfp4", "fp8", "bf16", "sdpa"])
+def test_correct_kernels_pass_the_new_checks(kernel):
+    fn = sdpa_bf16 if kernel == "sdpa" else make_kernel(DESIGNS[kernel])
+    recipe = "bf16" if kernel == "sdpa" else DESIGNS[kernel].recipe
+    report = run_checks(fn, recipe=recipe, suite="quick", only=NEW_CHECKS)
+    bad = [(c.name, c.message) for c in report.checks if c.status not in ("pass", "skip")]
+    assert not bad, bad
+
+
+def test_per_tensor_scaling_fails_head_and_batch_invariance():
+    report = run_checks("fp8-tensor", suite="quick", only=["isolation.heads", "isolation.layout"])
+    assert [c.status for c in report.checks] == ["fail", "fail"]
+
+
+def test_list_coverage_prints_both_tables(capsys):
+    assert main(["list", "--coverage"]) == 0
+    out = capsys.readouterr().out
+    assert "layout" in out and "transposed" in out and "head_independence" in out and "interface.arguments" in out

@@ -1,0 +1,125 @@
+"""Kernels with one defect each in a part of the calling convention or an invariance that the
+contiguous, scale-passing, few-document calls of the older checks never reach. Each wraps the
+emulated flamia-mxfp8 kernel (or torch SDPA from zoo/correct.py) and changes one thing; the tests
+show that the check named in ``catches`` fails on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.emulation import make_kernel
+from zoo.correct import sdpa_bf16
+
+__all__ = ["CONVENTION_BUGS"]
+
+_GOOD = make_kernel(DESIGNS["flamia-mxfp8"])
+
+
+def _bug(catches: str, recipe: str = "mxfp8"):
+    def deco(fn):
+        fn.recipe = recipe
+        fn.catches = catches
+        return fn
+
+    return deco
+
+
+@_bug("interface.arguments")
+def scale_none_as_one(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """softmax_scale=None read as 1.0 (a wrapper whose default is no scaling)."""
+    return _GOOD(
+        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=1.0 if softmax_scale is None else softmax_scale, causal=causal
+    )
+
+
+@_bug("interface.arguments")
+def assumes_contiguous(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Reads each input's storage as if it were contiguous (a pointer handed to a kernel without strides)."""
+
+    def raw(x):
+        flat = x.as_strided((x.numel(),), (1,), x.storage_offset())
+        return flat.view(x.shape)
+
+    return _GOOD(raw(q), raw(k), raw(v), cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+@_bug("interface.arguments")
+def fp16_through_bf16(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """fp16 inputs scaled by 2^-14 on the way in (a stale fp16 loss-scale folded into the cast), not back."""
+    if q.dtype == torch.float16:
+        q = q * 2.0**-7
+        k = k * 2.0**-7
+    return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+@_bug("isolation.layout")
+def split_by_max_seqlen(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Above max_seqlen_k = 1024 a split-KV path whose partial results are added in bf16 (a dispatch on
+    the max_seqlen argument, not on the data)."""
+    out = _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    if max_k > 1024:
+        out = (out.float() * (1 + 2.0**-8)).to(out.dtype)
+    return out
+
+
+@_bug("isolation.heads")
+def amax_over_heads(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """q pre-rounded to E4M3 with one fp32 scale amax/448 over every head of the tensor (a per-tensor
+    scale where the design has one per head)."""
+    from flamia_verify.formats import E4M3, round_to_format
+
+    s = float(q.detach().abs().max()) / 448.0
+    qq = round_to_format(q.float() / s, E4M3, saturate=True) * s
+    q = q + (qq.to(q.dtype) - q).detach()
+    return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+@_bug("special.nonfinite", recipe="bf16")
+def nan_to_num_output(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """torch SDPA with nan_to_num on its output (a guard that hides a diverging run)."""
+    out = sdpa_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return torch.nan_to_num(out)
+
+
+@_bug("interface.lse", recipe="bf16")
+def lse_in_log2(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Returns (out, lse) with the log-sum-exp in log2 units (the kernel's internal base)."""
+    from flamia_verify.reference import attention_forward
+
+    s = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out = sdpa_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=s, causal=causal)
+    _, lse = attention_forward(
+        q.detach().double(), k.detach().double(), v.detach().double(), cu_q, cu_k, softmax_scale=s, causal=causal
+    )
+    return out, (lse / math.log(2.0)).T.float()
+
+
+@_bug("bound.shapes")
+def gqa_modulo(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Query head h reads kv head (h // group) for groups of 1, 2 and 4, and h % heads_k otherwise (an
+    index written for power-of-two groups)."""
+    H, Hk = q.shape[1], k.shape[1]
+    g = H // Hk
+    if g in (1, 2, 4):
+        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    idx = torch.tensor([h % Hk for h in range(H)])
+    return _GOOD(q, k[:, idx], v[:, idx], cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+CONVENTION_BUGS = {
+    f.__name__: f
+    for f in (
+        scale_none_as_one,
+        assumes_contiguous,
+        fp16_through_bf16,
+        split_by_max_seqlen,
+        amax_over_heads,
+        nan_to_num_output,
+        lse_in_log2,
+        gqa_modulo,
+    )
+}
