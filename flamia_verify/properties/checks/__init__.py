@@ -5,16 +5,17 @@ from flamia_verify.properties.checks import (
     bound,
     causal,
     consistency,
-    convention,
     determinism,
     error,
     interface,
     isolation,
-    layout,
-    nonfinite,
     rounding,
     special,
 )
+
+# isort: split
+# the checks of the calling convention and of attention's invariances after each family's first checks
+from flamia_verify.properties.checks import convention, layout, nonfinite
 
 # isort: split
 # fuzzpass last: its check runs after its family's fixed checks
