@@ -190,8 +190,9 @@ class SuiteSettings:
     #: draws of every MX rounding probe (bound.rounding; each draw is one 64-token call per probe)
     rounding_seeds: int = 1
     #: documents of isolation.layout's pack (0 to 96 queries each, plus empty ones and one long one);
-    #: the pack is also repeated by determinism.repeat
-    layout_docs: int = 24
+    #: the pack is also repeated by determinism.repeat. Past 64 documents (quick) and 128 (standard):
+    #: the batch sizes at which launch grids and per-batch metadata buffers are commonly cut
+    layout_docs: int = 70
     #: queries and keys of the pack's long document (longer than every tile of the built-in kernels)
     layout_long: int = 300
 
@@ -242,7 +243,7 @@ _STANDARD = SuiteSettings(
     repeats=3,
     long_len=1024,
     rounding_seeds=2,
-    layout_docs=64,
+    layout_docs=136,
     layout_long=1700,
 )
 
@@ -268,7 +269,7 @@ _FULL = SuiteSettings(
     heads=4,
     long_len=2048,
     rounding_seeds=4,
-    layout_docs=96,
+    layout_docs=272,
     layout_long=2048,
 )
 

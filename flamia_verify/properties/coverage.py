@@ -83,6 +83,7 @@ MODEL: tuple[Row, ...] = (
     Row("documents", "1", "one document", ("error.out", "determinism.repeat")),
     Row("documents", "few", "2 to 9 documents", _BASE),
     Row("documents", "many", "10 to 23 documents", ("error.out",)),
+    Row("decode", "yes", "one query per document against several keys (max_seqlen_q = 1)", (_ARG,)),
     Row("documents", "dozens", "24 documents or more", ("isolation.layout", "determinism.repeat")),
     Row("empty_document", "start", "an empty document first", ("isolation.layout",)),
     Row("empty_document", "middle", "an empty document between others", ("isolation.layout", _ARG, "error.out")),
@@ -217,6 +218,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("empty_document=middle")
     if 1 in lq:
         out.add("document_length=1")
+    if max(lq, default=0) == 1 and max(lk, default=0) > 1:
+        out.add("decode=yes")
     if any(x % 32 in (31, 0, 1) and x > 1 for x in lq):
         out.add("document_length=block_edge")
     if any(a < b for a, b in zip(lq, lk)):

@@ -12,8 +12,8 @@
                           (nheads, total_q): lse within the a-priori bound of the natural-log
                           log-sum-exp of the scaled scores, for every row that sees a key
 
-The cases use GQA groups of 3 and 5 (odd head counts), an empty document in the middle, documents
-whose key count differs from their query count, and head_dims 64 and 128 (where headdim^-0.5 is exact,
+The cases use GQA groups of 3, 4 and 5 (odd head counts), an empty document in the middle, documents
+whose key count differs from their query count, a decode pack (one query per document), and head_dims 64 and 128 (where headdim^-0.5 is exact,
 so that softmax_scale=None means exactly the scale the other calls pass).
 """
 
@@ -41,8 +41,9 @@ MAX_SEQLEN_PADS = (5, 3000)
 
 
 def argument_cases(ctx) -> list[Case]:
-    """Two packings: equal lengths with 6:2 GQA (group 3) and an empty document, head_dim 64 (q, k, v
-    fused into one QKV buffer); Lq != Lk with 5:1 GQA, head_dim 128 (k, v fused into one KV buffer)."""
+    """Three packings: equal lengths with 6:2 GQA (group 3) and an empty document, head_dim 64 (q, k, v
+    fused into one QKV buffer); Lq != Lk with 5:1 GQA, head_dim 128 (k, v fused into one KV buffer);
+    decode, one query per document against up to 64 keys (max_seqlen_q = 1), 4:1 GQA."""
     return [
         ctx.case((37, 0, 64, 90), heads=6, heads_k=2, headdim=64, causal=True, seed_offset=601),
         ctx.case(
@@ -55,6 +56,8 @@ def argument_cases(ctx) -> list[Case]:
             distribution="shifted",
             seed_offset=602,
         ),
+        # decode: one query per document (max_seqlen_q = 1) against many keys, an empty document
+        ctx.case((1, 1, 0, 1, 1), (40, 7, 5, 1, 64), heads=4, heads_k=1, headdim=64, causal=True, seed_offset=603),
     ]
 
 

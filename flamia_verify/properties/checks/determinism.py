@@ -2,7 +2,7 @@
 
 The cases: the first three base cases, two long documents (``long_len`` keys, 512 in the quick
 suite) and the many-document pack of isolation.layout (dozens of documents, one of ``layout_long``
-tokens; about 4K tokens in the standard suite): a kernel whose summation order changes between calls only once a row holds more key tiles
+tokens; about 3K tokens in quick, 7-8K in standard): a kernel whose summation order changes between calls only once a row holds more key tiles
 than a short case has (split-K, atomics over key tiles, a tile schedule that depends on timing) is
 repeatable on short rows and not on these. Such a change is an fp32 rounding difference, seen only
 where it crosses a rounding boundary of the BF16/FP16 output: with MX operands most fp32 sums are
@@ -61,7 +61,7 @@ def repeat(ctx):
                             case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary()
                         )
         ctx.progress((n + 1) / len(cases))
-    # the many-document pack of isolation.layout (about 4K tokens in the standard suite, one document
+    # the many-document pack of isolation.layout (7-8K tokens in the standard suite, one document
     # longer than every tile): where split-K, atomics and per-launch schedules engage
     from flamia_verify.properties.checks.layout import layout_docs, pack_docs
 
