@@ -65,9 +65,11 @@ MODEL: tuple[Row, ...] = (
             (5, (_ARG, "bound.shapes")),
             (6, ("bound.shapes",)),
             (7, ("isolation.heads", "bound.shapes")),
+            (8, ("bound.shapes",)),
         )
     ),
     Row("heads", "odd", "an odd number of query heads", (_ARG, "isolation.heads", "bound.shapes")),
+    Row("heads", "over_8", "more than 8 query heads", ("bound.shapes",)),
     *(
         Row("headdim", str(d), f"head_dim {d}", checks)
         for d, checks in (
@@ -207,6 +209,8 @@ def features(inputs: Inputs) -> set[str]:
     }
     if c.heads % 2:
         out.add("heads=odd")
+    if c.heads > 8:
+        out.add("heads=over_8")
     n = len(lq)
     out.add("documents=" + ("1" if n == 1 else "few" if n < 10 else "dozens" if n >= 24 else "many"))
     sizes = [a + b for a, b in zip(lq, lk)]

@@ -177,7 +177,7 @@ class KernelHarness:
         q, k, v, grads_of = lay_out(inputs, backward)
         cu_q, cu_k = inputs.cu_q.clone(), inputs.cu_k.clone()
         original_do = inputs.do if do is None else do
-        upstream = original_do.detach().clone()
+        upstream = _laid_out_like(original_do.detach(), inputs.case.call_option("layout"))
         pairs = {
             "q": (q, inputs.q),
             "k": (k, inputs.k),
@@ -395,6 +395,19 @@ def lay_out(inputs: Inputs, backward: bool):
         return tuple(None if g is None else g[_OFFSET_ROWS : _OFFSET_ROWS + n] for g, n in zip(gs, lens))
 
     return (*(b[_OFFSET_ROWS : _OFFSET_ROWS + n] for b, n in zip(bufs, lens)), o_grads)
+
+
+def _laid_out_like(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """A fresh copy of the upstream gradient in the case's layout: contiguous, a view into a buffer
+    twice as wide (as dO arrives from a fused output projection), of transposed storage, or offset."""
+    if layout == "contiguous":
+        return x.clone()
+    if layout == "fused":
+        return torch.cat([x, torch.zeros_like(x)], dim=1)[:, : x.shape[1]]
+    if layout == "transposed":
+        return x.transpose(0, 1).contiguous().transpose(0, 1)
+    pad = torch.zeros((_OFFSET_ROWS,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x])[_OFFSET_ROWS:]
 
 
 #: rows before the tensor in the "offset" layout's buffer

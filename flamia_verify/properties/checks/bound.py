@@ -280,7 +280,8 @@ def bound_grad(ctx):
 
 
 def shape_cases(ctx) -> list[Case]:
-    """The shapes the base packings do not reach: GQA groups of 3, 5, 6 and 7 (odd head counts),
+    """The shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8 (odd head counts; 16
+    query heads, more than one tile of 8 heads),
     head_dims 80, 96, 192 and 256 (not multiples of 64; 80 and 96 not of 32 either, so an MX block
     straddles the end of a row), and one causal document longer than every tile (``layout_long``)."""
     long_len = ctx.settings.layout_long
@@ -292,6 +293,7 @@ def shape_cases(ctx) -> list[Case]:
         ctx.case((33, 9), heads=7, heads_k=1, headdim=192, causal=False, seed_offset=1103),
         ctx.case((30, 21), heads=12, heads_k=2, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
         ctx.case((long_len,), heads=3, heads_k=1, headdim=128, causal=True, seed_offset=1105),
+        ctx.case((24, 9), heads=16, heads_k=2, headdim=64, causal=True, seed_offset=1106),
     ]
 
 
