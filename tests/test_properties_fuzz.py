@@ -15,6 +15,8 @@ from flamia_verify.properties import FuzzResult, fuzz, replay_case
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.strategies import (
     BOUNDARY_LENGTHS,
+    GQA_RATIOS,
+    HEADDIMS,
     attention_cases,
     document_lengths,
     head_configs,
@@ -29,7 +31,7 @@ from flamia_verify.results import Report
 def test_generated_cases_are_valid_and_buildable(case):
     assert isinstance(case, Case)
     assert sum(case.lens_q) <= 200 and sum(case.lens_k) <= 200
-    assert case.heads % case.heads_k == 0 and case.headdim in (32, 64, 128)
+    assert case.heads % case.heads_k == 0 and case.headdim in HEADDIMS and case.heads // case.heads_k in GQA_RATIOS
     inp = make_inputs(case)
     assert inp.q.shape == (case.total_q, case.heads, case.headdim)
     assert inp.cu_q[-1] == case.total_q and inp.cu_k[-1] == case.total_k

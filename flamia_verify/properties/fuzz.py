@@ -50,12 +50,21 @@ from flamia_verify.properties.strategies import attention_cases
 from flamia_verify.results import CheckResult, Report
 from flamia_verify.settings import DTYPES, dtype_name, resolve_device, resolve_dtype
 
-__all__ = ["FuzzResult", "fuzz", "replay_case", "search", "Search", "PROPERTIES"]
+__all__ = ["FuzzResult", "fuzz", "fuzz_sizes", "replay_case", "search", "Search", "PROPERTIES"]
 
 #: tokens of an ordinary example (queries and keys, all documents); a long document (rare) may hold
 #: up to LONG_TOKENS
 MAX_TOKENS = 256
 LONG_TOKENS = 1024
+#: the same on a GPU, where the fused kernels' tiles, splits and atomics engage only on longer rows
+CUDA_MAX_TOKENS = 1024
+CUDA_LONG_TOKENS = 8192
+
+
+def fuzz_sizes(device: str) -> tuple[int, int]:
+    """(max_tokens, long_tokens) of the examples on ``device``: CPU sizes, or the GPU's."""
+    return (CUDA_MAX_TOKENS, CUDA_LONG_TOKENS) if str(device).startswith("cuda") else (MAX_TOKENS, LONG_TOKENS)
+
 
 #: property -> the check name it is reported under
 PROPERTIES = {
@@ -344,7 +353,9 @@ def search(
         document = document % max(1, len(case.lens_q))
         key = (case, document, t, kind)
         state["n"] += 1
-        if key in seen:
+        if key in seen:  # a repeated draw: its answer is known, and it counts toward the progress
+            if on_example is not None:
+                on_example(state["n"])
             return seen[key]
         if shrink_limit is not None and state["failed"] and state["distinct"] - state["failed_at"] >= shrink_limit:
             state["stopped"] = True
@@ -397,8 +408,8 @@ def fuzz(
     device: str = "cpu",
     dtype: torch.dtype | str = torch.bfloat16,
     on_progress: Callable[[ProgressEvent], None] | None = None,
-    max_tokens: int = MAX_TOKENS,
-    long_tokens: int = LONG_TOKENS,
+    max_tokens: int | None = None,
+    long_tokens: int | None = None,
     forward_only: bool = False,
 ) -> FuzzResult:
     """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``).
@@ -409,7 +420,8 @@ def fuzz(
 
     Examples hold at most ``max_tokens`` tokens; one packing in
     :data:`~flamia_verify.properties.strategies.LONG_ODDS` holds a document of up to ``long_tokens``
-    (at most two heads)."""
+    (at most two heads); by default :func:`fuzz_sizes` of the device (256 and 1024 tokens on the
+    CPU, 1024 and 8192 on a GPU)."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ConfigError(f"examples must be a positive integer, got {examples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -417,6 +429,9 @@ def fuzz(
     loaded, recipe = resolve_kernel(kernel, recipe)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
+    default_max, default_long = fuzz_sizes(device)
+    max_tokens = default_max if max_tokens is None else max_tokens
+    long_tokens = default_long if long_tokens is None else long_tokens
     ctx = build_context(
         loaded,
         recipe,

@@ -9,11 +9,13 @@ value and the fix. Sizes default to what a CPU runs in a fraction of a second.
                          seqlen_q != seqlen_k; with ``long_tokens``, rarely (1 draw in LONG_ODDS) one
                          document longer than ``max_tokens`` between short neighbours
     head_configs()       (heads, heads_k) with GQA / MQA ratios (1 < heads_k < heads included)
+    call_options()       how the tensors are passed: strided views (fused QKV, transposed, offset),
+                         softmax_scale=None for the default scale, max_seqlen above the maxima
     value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked
     attention_cases()    a complete :class:`~flamia_verify.properties.cases.Case`
 
 Everything shrinks toward the simple end: shorter and fewer documents, no long document, Lq = Lk,
-one head, the smallest headdim, Gaussian values, seed 0.
+one head, the smallest headdim, Gaussian values, seed 0, contiguous tensors with the scale passed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from flamia_verify.settings import DTYPES
 __all__ = [
     "BOUNDARY_LENGTHS",
     "attention_cases",
+    "call_options",
+    "GQA_RATIOS",
+    "HEADDIMS",
     "document_lengths",
     "head_configs",
     "packings",
@@ -41,6 +46,13 @@ T = TypeVar("T")
 
 #: lengths where tiles and 32-element scale blocks begin and end (and the degenerate 0, 1, 2)
 BOUNDARY_LENGTHS = (0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+
+#: query heads per kv head that the cases draw: the powers of two and the groups of real models
+#: (12:4, 28:4, 14:2 and the like), which an index written for powers of two gets wrong
+GQA_RATIOS = (1, 2, 3, 4, 5, 6, 7)
+
+#: head_dims the cases draw: 80 and 96 are not multiples of 32 (an MX block straddles a row's end)
+HEADDIMS = (32, 64, 80, 96, 128, 192, 256)
 
 #: one packing draw in LONG_ODDS holds a document longer than ``max_tokens`` (when ``long_tokens``
 #: allows one): rare, so that most examples stay small and cheap
@@ -164,6 +176,25 @@ def head_configs(*, max_heads: int = 4, ratios: Sequence[int] = (1, 2, 4)) -> Se
     return st.sampled_from(pairs)
 
 
+def call_options(*, default_scale: bool = True) -> SearchStrategy[tuple[tuple[str, object], ...]]:
+    """How a case's tensors are handed over (``Case.call``): the layout, softmax_scale=None (only with
+    ``default_scale``, when the case's scale is headdim^-0.5) and a max_seqlen above the maxima.
+    Shrinks to contiguous tensors, the scale passed and the true maxima."""
+    from flamia_verify.properties.cases import CALL_KEYS
+
+    layouts = st.sampled_from(CALL_KEYS["layout"])
+    scale_args = st.sampled_from(CALL_KEYS["scale_arg"]) if default_scale else st.just("value")
+    pads = st.sampled_from((0, 7, 1000))
+
+    @st.composite
+    def build(draw):
+        opts = {"layout": draw(layouts), "scale_arg": draw(scale_args), "max_seqlen_pad": draw(pads)}
+        defaults = {k: v[0] for k, v in CALL_KEYS.items()}
+        return tuple((k, v) for k, v in opts.items() if v != defaults[k])
+
+    return build()
+
+
 def value_distributions(*, include: Sequence[str] | None = None) -> SearchStrategy[str]:
     """Names of value distributions (see :mod:`flamia_verify.properties.cases`)."""
     names = tuple(include) if include is not None else DISTRIBUTIONS
@@ -177,7 +208,7 @@ def attention_cases(
     *,
     max_tokens: int = 256,
     long_tokens: int = 0,
-    headdims: Sequence[int] = (32, 64, 128),
+    headdims: Sequence[int] = HEADDIMS,
     heads: SearchStrategy[tuple[int, int]] | tuple[int, int] | None = None,
     causal: bool | SearchStrategy[bool] = st.booleans(),
     dtype: str = "bf16",
@@ -185,12 +216,15 @@ def attention_cases(
     packing: SearchStrategy | None = None,
     seeds: SearchStrategy[int] = st.integers(0, 2**20),
     scale_factors: SearchStrategy[float] | float = st.sampled_from((1.0, 0.5, 2.0)),
+    calls: bool = True,
 ) -> SearchStrategy[Case]:
     """Complete cases: packing, heads, headdim, causal, dtype, distribution, seed and softmax_scale.
 
     ``long_tokens`` > ``max_tokens`` lets the default packing draw, rarely, a document longer than
     ``max_tokens`` (see :func:`packings`); such a case keeps at most :data:`LONG_MAX_HEADS` heads
-    (GQA 2:1 included) so that it stays cheap. Head dims default to 32, 64 and 128.
+    (GQA 2:1 included) so that it stays cheap. Head dims default to :data:`HEADDIMS`, head
+    configurations to up to 8 query heads in groups of :data:`GQA_RATIOS`. With ``calls`` the case
+    also draws how its tensors are passed (:func:`call_options`).
 
     ``softmax_scale`` is ``factor * headdim^-0.5`` with ``factor`` drawn from ``scale_factors``
     (default 1, 1/2 or 2; shrinking goes to 1, the conventional scale), so a kernel that ignores
@@ -205,7 +239,7 @@ def attention_cases(
         raise InvalidArgument(f"dtype={dtype!r} is not one of {tuple(DTYPES)}")
     _check_int("long_tokens", long_tokens)
     pk = packing if packing is not None else packings(max_tokens=max_tokens, long_tokens=long_tokens)
-    hs = _strategy(heads, "heads") if heads is not None else head_configs()
+    hs = _strategy(heads, "heads") if heads is not None else head_configs(max_heads=8, ratios=GQA_RATIOS)
     hs_long = _strategy(heads, "heads") if heads is not None else head_configs(max_heads=LONG_MAX_HEADS)
     ds = _strategy(distributions, "distributions") if distributions is not None else value_distributions()
 
@@ -217,6 +251,8 @@ def attention_cases(
         factor = draw(_strategy(scale_factors, "scale_factors"))
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
             raise InvalidArgument(f"scale_factors must give positive numbers, got {factor!r}")
+        # a third of the cases pass their tensors another way than contiguous with the scale
+        call = draw(st.one_of(st.just(()), st.just(()), call_options(default_scale=factor == 1.0))) if calls else ()
         return Case(
             lens_q,
             lens_k,
@@ -228,6 +264,7 @@ def attention_cases(
             seed=draw(seeds),
             dtype=dtype,
             softmax_scale=float(factor) * headdim**-0.5,
+            call=call,
         )
 
     return build()

@@ -79,7 +79,9 @@ def arguments(ctx):
     first, declined = None, ""
     notes: list[str] = []
     bases = argument_cases(ctx)
-    jobs = [(base, (("layout", lay),)) for base in bases for lay in LAYOUTS]
+    jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
+        (base, (("layout", lay),)) for base in bases for lay in LAYOUTS
+    ]
     jobs += [(base, (("scale_arg", "none"),)) for base in bases]
     jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
     for n, (base, call) in enumerate(jobs):

@@ -47,7 +47,9 @@ SHRINK_LIMIT = {"standard": 40, "full": 120}
 )
 def fuzz_pass(ctx):
     # imported here: the fuzzer imports the causal checks, whose package imports this module
-    from flamia_verify.properties.fuzz import LONG_TOKENS, MAX_TOKENS, PROPERTIES, search
+    from flamia_verify.properties.fuzz import PROPERTIES, fuzz_sizes, search
+
+    max_tokens, long_tokens = fuzz_sizes(ctx.device)
 
     suite = ctx.settings.name
     examples = FUZZ_EXAMPLES.get(suite, FUZZ_EXAMPLES["standard"])
@@ -56,8 +58,8 @@ def fuzz_pass(ctx):
         ctx,
         examples=examples,
         seed=ctx.seed,
-        max_tokens=MAX_TOKENS,
-        long_tokens=LONG_TOKENS,
+        max_tokens=max_tokens,
+        long_tokens=long_tokens,
         shrink_limit=shrink,
         on_example=lambda n: ctx.progress(n / examples),
     )
@@ -67,14 +69,14 @@ def fuzz_pass(ctx):
         "examples": res.examples,
         "distinct_examples": res.distinct,
         **{f"failing_{p}": n for p, n in res.counts.items() if n},
-        **res.coverage(MAX_TOKENS),
+        **res.coverage(max_tokens),
     }
     search_info = {
         "seed": ctx.seed,
         "examples": examples,
         "shrink_limit": shrink,
-        "max_tokens": MAX_TOKENS,
-        "long_tokens": LONG_TOKENS,
+        "max_tokens": max_tokens,
+        "long_tokens": long_tokens,
         "shrink_stopped": res.shrink_stopped,
     }
     if res.finding is None:
