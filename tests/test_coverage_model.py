@@ -59,7 +59,12 @@ def test_every_invariance_is_stated_by_a_standard_check():
 
 def test_features_read_the_call():
     c = Case(
-        (0, 33, 0, 1, 0), (0, 40, 0, 1, 0), heads=6, heads_k=2, headdim=96, call=(("layout", "fused"), ("max_seqlen_pad", 3))
+        (0, 33, 0, 1, 0),
+        (0, 40, 0, 1, 0),
+        heads=6,
+        heads_k=2,
+        headdim=96,
+        call=(("layout", "fused"), ("max_seqlen_pad", 3)),
     )
     f = features(make_inputs(c))
     assert {"layout=fused", "max_seqlen=above", "gqa_group=3", "headdim=96", "empty_document=start"} <= f

@@ -17,6 +17,7 @@ import torch
 from zoo import fuzz_bugs as FB
 from zoo import kernels as Z
 from zoo import targeted as T
+from zoo.convention_bugs import CONVENTION_BUGS
 from zoo.verdicts import assert_caught_and_quiet
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
@@ -33,8 +34,10 @@ def _run(kernel, only, **kw):
 def test_every_check_has_a_planted_bug_that_must_fail_it():
     """The standard: no check without a kernel that a test asserts it fails on."""
     every = {s.name for s in list_checks("full")}
-    assert len(every) == 35
+    assert len(every) == 41
     covered = {c for k in list(Z.BUGS.values()) + list(T.TARGETED.values()) for c in k.catches}
+    # the convention and invariance checks, asserted in test_coverage_model.py
+    covered |= {k.catches for k in CONVENTION_BUGS.values()}
     covered |= set(FB.STANDARD)  # standard-suite-only checks, asserted in test_fuzz_coverage.py
     assert covered <= every, f"catches names unknown checks: {sorted(covered - every)}"
     assert every <= covered, f"checks that no planted bug is asserted to fail: {sorted(every - covered)}"
@@ -193,7 +196,7 @@ def test_a_13_bit_accumulator_is_inside_the_random_input_bound_but_not_the_exact
     has few bits), so it passes them. Not a threshold: the bounds derive from the formats; this pins
     down what each resolves."""
     got = {
-        name: _run(kernel, ["bound"])
+        name: _run(kernel, ["bound.out", "bound.grad", "bound.rounding", "bound.accumulation"])
         for name, kernel in (
             ("e4m3_mma", T.e4m3_mma_accumulation),
             ("bf16", T.bf16_accumulation),

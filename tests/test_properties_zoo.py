@@ -27,10 +27,21 @@ def test_zoo_kernel_fails_its_check(name):
 
 # Each zoo kernel differs from FLAMIA MXFP8 in one place: the checks of the other families stay quiet
 # where the bug cannot reach them (so a failure above is the intended family's doing).
+_SPECIAL = [
+    "special.zero_blocks",
+    "special.magnitudes",
+    "special.outlier_channels",
+    "special.attention_sink",
+    "special.constant_rows",
+    "special.negative_scores",
+    "special.short_documents",
+    "special.nonfinite",
+]
 QUIET = {
     "v_scale_leak": ["isolation", "consistency.conservation_forward", "consistency.weights", "bound", "special"],
     "backward_leak": ["causal.forward", "isolation", "consistency", "bound"],
-    "document_leak": ["consistency", "bound.out", "special"],
+    # special.nonfinite is reached: a NaN in one document crosses the block into the next
+    "document_leak": ["consistency", "bound.out"] + [c for c in _SPECIAL if c != "special.nonfinite"],
     "fwd_bwd_mismatch": ["causal", "isolation", "consistency.conservation_forward", "bound.out"],
     "one_token_wrong": ["causal", "isolation", "consistency.weights"],
     "nondeterministic": ["causal.forward", "consistency.conservation_forward", "bound.out"],

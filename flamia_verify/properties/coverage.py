@@ -61,7 +61,7 @@ MODEL: tuple[Row, ...] = (
             (1, ("error.out", "bound.out")),
             (2, ("error.out", "isolation.neighbours")),
             (3, (_ARG, "isolation.heads", "bound.shapes", "special.nonfinite")),
-            (4, ("error.out", "isolation.fuzz")),
+            (4, ("error.out",)),
             (5, (_ARG, "bound.shapes")),
             (6, ("bound.shapes",)),
             (7, ("isolation.heads", "bound.shapes")),

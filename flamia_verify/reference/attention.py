@@ -464,16 +464,19 @@ def reference_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    softmax_scale: float,
-    causal: bool,
+    softmax_scale: float | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """The float64 reference in the kernel calling convention.
+    """The float64 reference in the kernel calling convention (``softmax_scale=None``: headdim^-0.5,
+    as FlashAttention's default).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32
     (batch + 1,). Returns out: float64 (total_q, nheads, headdim); gradients reach q, k, v in
     their own dtypes through the analytic backward. Raises InputError on a convention breach.
     """
     validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
     _check_scale(softmax_scale)
     _check_causal(causal)
     out: torch.Tensor = ReferenceAttention.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped

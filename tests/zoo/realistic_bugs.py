@@ -147,7 +147,8 @@ gqa_repeat = _tag(
     ),
     "mxfp8",
     ("error.out", "error.dq", "error.dk", "error.dv"),
-    ("causal", "isolation", "determinism"),
+    # isolation.heads is reached: a query head reads another group's kv head
+    ("causal", "isolation.neighbours", "isolation.nan", "isolation.offset", "isolation.layout", "determinism"),
     "FLAMIA MXFP8 that expands the kv heads with repeat (k0 k1 k0 k1) instead of repeat_interleave (k0 k0 k1 k1)",
 )
 
@@ -174,7 +175,16 @@ long_row_tile_order = _tag(
     ),
     "mxfp8",
     ("determinism.repeat",),
-    ("error", "causal", "isolation", "consistency.conservation_forward"),
+    # isolation.layout compares two calls bitwise over a 300-token document: a random order is seen there too
+    (
+        "error",
+        "causal",
+        "isolation.neighbours",
+        "isolation.nan",
+        "isolation.offset",
+        "isolation.heads",
+        "consistency.conservation_forward",
+    ),
     "FLAMIA MXFP8 whose GEMMs over more than 256 keys (or queries) add their 64-wide tile partial sums in "
     "a random order on every call",
 )

@@ -7,9 +7,10 @@ element that depends on it). The kernel must then
 
   * not hide it: every dependent element comes out NaN or Inf (a kernel that applies nan_to_num,
     clamps, or masks NaN turns a diverging training run into a silent one), and
-  * not spread it to another document or another head: every element of the other documents and of
-    the heads the poisoned element does not feed is bitwise the value of the run without it (a NaN
-    that reaches them through a shared scale or a wrong index is a leak). Inside its own document and
+  * not spread it to another document or another head: no element of the other documents or of the
+    heads the poisoned element does not feed becomes NaN or Inf (a NaN that reaches them through a
+    shared scale or a wrong index is a leak; whether their finite values move is isolation's
+    question, asked bitwise by isolation.nan and isolation.heads). Inside its own document and
     head a NaN or Inf may reach elements that do not depend on it: every FlashAttention-style kernel
     multiplies the masked (zero) weights of a tile by the tile's values, and 0 x Inf is NaN; those
     elements are counted (``spread_in_document``), not failed. Whether a non-finite future key
@@ -95,16 +96,17 @@ def nonfinite(ctx):
         for t, x in new.tensors().items():
             d = dep[t].to(x.device)
             bad_hidden = d & torch.isfinite(x)
-            same = _same_bits(x, clean.tensors()[t])
+            # reached: non-finite where the run without the poison was finite
+            reached = ~torch.isfinite(x) & torch.isfinite(clean.tensors()[t])
             near = _own_document_and_head(case, tensor, where, t).to(x.device)
-            bad_spread = ~d & ~same & ~near
+            bad_spread = ~d & reached & ~near
             nh, ns = int(bad_hidden.sum()), int(bad_spread.sum())
-            in_doc += int((~d & ~same & near).sum())
+            in_doc += int((~d & reached & near).sum())
             hidden += nh
             spread += ns
             if (nh or ns) and first is None:
                 idx = torch.nonzero(bad_hidden if nh else bad_spread)[0].tolist()
-                kind = "finite where it depends on" if nh else "changed where it does not depend on"
+                kind = "finite where it depends on" if nh else "non-finite where it does not depend on"
                 summary = (
                     f"{t}[{idx[0]}, {idx[1]}, {idx[2]}] is {kind} {tensor}[{where[0]}, {where[1]}, {where[2]}] = "
                     f"{value} ({nh} elements hidden, {ns} spread)"
@@ -122,7 +124,7 @@ def nonfinite(ctx):
         {"hidden_elements": hidden, "spread_elements": spread, "spread_in_document": in_doc, "poisoned_runs": runs},
         ok_message=(
             f"NaN and Inf reach every element that depends on them and nothing in other documents or heads "
-            f"({runs} poisoned runs; {in_doc} non-dependent elements of their own document and head changed)"
+            f"({runs} poisoned runs; {in_doc} non-dependent elements of their own document and head became non-finite)"
         ),
         worst_case=first or {},
         extra_failures=[first["summary"]] if first else [],
@@ -152,8 +154,3 @@ def _own_document_and_head(case: Case, tensor: str, where: tuple[int, int, int],
     for h in hs:
         mask[r0 : r0 + rows[doc], h] = True
     return mask
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise: the same value (NaN equal to NaN, -0.0 to +0.0)."""
-    return (a == b) | (torch.isnan(a) & torch.isnan(b))
