@@ -321,6 +321,16 @@ def _report_names() -> tuple[str, ...]:
     return tuple(REPORT_FILES.values())
 
 
+def _kernel_spec(flag: str | None, configured: str | None) -> str:
+    """The kernel a check runs: --kernel, else the config's, else the built-in example. An empty name
+    (``--kernel "$KERNEL"`` with the variable unset, ``kernel = ""``) is a usage error, never the
+    built-in: a CI job must not go green on the wrong kernel."""
+    for value, where in ((flag, "--kernel"), (configured, "kernel in the config")):
+        if value is not None and not value.strip():
+            raise UsageError(f"{where} is empty; name a kernel (built-in name, module:function or file.py:function)")
+    return flag or configured or DEFAULT_KERNEL
+
+
 def _cmd_check(args) -> int:
     from flamia_verify.config import load_config
     from flamia_verify.kernels import load_kernel
@@ -328,7 +338,13 @@ def _cmd_check(args) -> int:
     from flamia_verify.reports import render_terminal, write_reports
 
     cfg = load_config(args.config)
-    spec = args.kernel or cfg.kernel or DEFAULT_KERNEL
+    spec = _kernel_spec(args.kernel, cfg.kernel)
+    if not (args.kernel or cfg.kernel) and os.environ.get("CI"):
+        print(
+            f"flamia-verify: note: no kernel named (--kernel or kernel = in the config): checking the built-in "
+            f"example {DEFAULT_KERNEL}",
+            file=sys.stderr,
+        )
     suite = args.suite or cfg.suite
     recipe, device, dtype, seed, forward_only, out_dir = _run_options(args, cfg)
     only = args.only or cfg.only

@@ -523,3 +523,24 @@ def test_fuzz_prints_the_rerun_hint_and_report_paths_on_whole_lines(tmp_path, ca
     case = out / "fuzz-case.json"
     assert f"rerun it with: flamia-verify fuzz --kernel mxfp8-naive --replay {case}" in lines
     assert f"  markdown {out / 'report.md'}" in lines and f"  json     {out / 'report.json'}" in lines
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_an_empty_kernel_name_is_a_usage_error_not_the_builtin(tmp_path, capsys, where):
+    """`--kernel "$KERNEL"` with the variable unset must not check the built-in and pass."""
+    if where == "flag":
+        code = main(["check", "--kernel", "", "--out", str(tmp_path / "r")])
+    else:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text('[tool.flamia-verify]\nkernel = ""\n')
+        code = main(["check", "--config", str(cfg), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "empty" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_a_ci_run_without_a_kernel_says_it_checks_the_builtin(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    code = main(["check", "--only", "interface.output", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 0 and "checking the built-in example flamia-mxfp8" in err, err
