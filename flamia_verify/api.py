@@ -6,7 +6,7 @@
 
 # in a test suite, for your own kernel:
 >>> report = flamia_verify.check(my_varlen_attention, recipe="mxfp8", only=["causal", "isolation"])
->>> assert report.passed, report.summary()["failed_checks"]
+>>> assert report.passed, (report.summary()["failed_checks"], report.summary()["errored_checks"])
 """
 
 from __future__ import annotations

@@ -213,7 +213,9 @@ class Report:
             "total": len(self.checks),
             **counts,
             "passed": self.passed,
-            "failed_checks": [c.name for c in self.checks if c.status in ("fail", "error")],
+            # a check that failed its property, apart from one that could not be evaluated (error)
+            "failed_checks": [c.name for c in self.checks if c.status == "fail"],
+            "errored_checks": [c.name for c in self.checks if c.status == "error"],
             "complete": self.complete,
             "status": self.status,
         }

@@ -39,7 +39,9 @@ def test_table_has_every_check_with_status_key_metric_and_message():
 def test_verdict_lines():
     text = _render(example_report())
     assert "FAIL  11 checks: 7 passed, 2 failed, 1 error, 1 skipped" in text
-    assert "failed: error.backward, causal.forward, causal.backward" in text
+    # a failed property and a check that could not be evaluated are told apart
+    assert "failed: error.backward, causal.forward" in text and "errored: causal.backward" in text
+    assert "failed: error.backward, causal.forward, causal.backward" not in text
     ok = _render(passing_report())
     assert "PASS  4 checks: 3 passed, 1 skipped" in ok and "failed:" not in ok
 

@@ -137,9 +137,10 @@ def _print_verdict(report: Report, console: Console) -> None:
     _print_line(
         console, Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report))
     )
-    failed = [c.name for c in report.checks if c.status in ("fail", "error")]
-    if failed:
-        _print_line(console, Text.assemble(("failed: ", "dim"), printable(", ".join(failed))))
+    for status, label in (("fail", "failed: "), ("error", "errored: ")):
+        names = [c.name for c in report.checks if c.status == status]
+        if names:
+            _print_line(console, Text.assemble((label, "dim"), printable(", ".join(names))))
     for note in run_notes(report):
         _print_line(console, Text(printable(note), "bold yellow"))
 
