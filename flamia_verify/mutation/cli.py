@@ -1,4 +1,9 @@
-"""``flamia-verify mutate``: the kill rate of a suite over the mutant table, and its false alarms.
+"""``flamia-verify mutate``: the kill rate of a suite over the mutant tables, and its false alarms.
+
+Two families of mutants, reported side by side: ``arithmetic`` (the emulation's own steps edited,
+:mod:`flamia_verify.mutation.table`) and ``wrapper`` (bugs of the code around a correct kernel in the
+varlen calling convention, :mod:`flamia_verify.mutation.wrapper`). ``--family`` takes either name, or
+the name of a narrower family (``mask``, ``wrapper.gqa``, ...).
 
     flamia-verify mutate [--suite quick|standard|full] [--family F ...] [--mutant NAME ...]
                          [--sample N] [--jobs N] [--seed N] [--device cpu|cuda|cuda:N|auto]
@@ -24,21 +29,30 @@ def add_parser(sub) -> None:
 
     m = sub.add_parser(
         "mutate",
-        help="kill rate of a suite over systematic mutants of the FLAMIA MXFP8 emulation",
-        description="Run a suite on every mutant of the table (one realistic bug each: masks and block "
-        "boundaries off by k, cu_seqlens swaps, GQA head layouts, operand formats and rounding, "
-        "per-tile normalisation, nondeterministic reductions, in-place writes) and on the correct "
-        "alternative designs of the table. A bug is killed when a check fails or errors; a correct "
-        "design must pass every check.",
+        help="kill rate of a suite over systematic mutants of the FLAMIA MXFP8 emulation and of its wrapper",
+        description="Run a suite on every mutant of two families and on their correct alternatives. "
+        "arithmetic: the emulation with one realistic bug each (masks and block boundaries off by k, "
+        "cu_seqlens swaps, GQA head layouts, operand formats and rounding, per-tile normalisation, "
+        "nondeterministic reductions, in-place writes). wrapper: a correct kernel behind a wrapper with "
+        "one bug of the calling convention (softmax_scale=None, GQA index arithmetic, cu_seqlens "
+        "arithmetic, dispatch by size, reductions over the batch, NaN guards, the lse tuple, strides, "
+        "dtypes, nondeterminism, heads, positions). A bug is killed when a check fails or errors; a "
+        "correct design must pass every check.",
     )
     m.add_argument("--suite", choices=SUITES, default="quick", help="the suite to measure (default quick)")
-    m.add_argument("--family", nargs="+", metavar="FAMILY", help="only mutants of these families (see --list)")
+    m.add_argument(
+        "--family",
+        nargs="+",
+        metavar="FAMILY",
+        help="only mutants of these families: arithmetic, wrapper, or a narrower one (see --list)",
+    )
     m.add_argument("--mutant", nargs="+", metavar="NAME", help="only these mutants (see --list)")
     m.add_argument(
         "--sample",
         type=int,
         default=0,
-        help="a fixed, spread sample of N bugs (every k-th of the table) plus every correct design; 0 = all",
+        help="a fixed, spread sample of N bugs of each family (every k-th of its table) plus every correct "
+        "design; 0 = all",
     )
     m.add_argument("--no-correct", action="store_true", help="skip the correct designs (no false-alarm measurement)")
     m.add_argument(
@@ -68,40 +82,80 @@ def add_parser(sub) -> None:
     m.add_argument("--list", action="store_true", help="print the mutant table and exit")
 
 
+KINDS = ("arithmetic", "wrapper")
+
+
 def _select(args):
     from flamia_verify.errors import UsageError
     from flamia_verify.mutation.table import BUGS, CORRECT, FAMILIES, MUTANTS, by_name, ci_sample
+    from flamia_verify.mutation.wrapper import (
+        WRAPPER_BUGS,
+        WRAPPER_CORRECT,
+        WRAPPER_FAMILIES,
+        WRAPPER_MUTANTS,
+        kind_of,
+    )
 
+    wrappers = {m.name: m for m in WRAPPER_MUTANTS}
+    table: list = list(MUTANTS) + list(WRAPPER_MUTANTS)
     if args.mutant:
-        chosen = [by_name(n) for n in args.mutant]
+        chosen = [wrappers[n] if n in wrappers else by_name(n) for n in args.mutant]
     else:
         if args.sample < 0:
             raise UsageError(f"--sample must be >= 0, got {args.sample}")
-        bugs = list(ci_sample(args.sample)) if args.sample else list(BUGS)
-        chosen = bugs + ([] if args.no_correct else list(CORRECT))
-        chosen = [m for m in MUTANTS if m in chosen]  # table order
+        bugs: list = list(BUGS) + list(WRAPPER_BUGS)
+        if args.sample:
+            step = max(1, len(WRAPPER_BUGS) // args.sample)
+            bugs = list(ci_sample(args.sample)) + list(WRAPPER_BUGS[::step][: args.sample])
+        chosen = bugs + ([] if args.no_correct else list(CORRECT) + list(WRAPPER_CORRECT))
+        chosen = [m for m in table if m in chosen]  # table order
     if args.family:
-        unknown = sorted(set(args.family) - set(FAMILIES))
+        known = KINDS + FAMILIES + WRAPPER_FAMILIES
+        unknown = sorted(set(args.family) - set(known))
         if unknown:
-            raise UsageError(f"unknown mutant family {', '.join(unknown)}; families: {', '.join(FAMILIES)}")
-        chosen = [m for m in chosen if m.family in args.family]
+            raise UsageError(f"unknown mutant family {', '.join(unknown)}; families: {', '.join(known)}")
+        chosen = [m for m in chosen if m.family in args.family or kind_of(m.family) in args.family]
     if not chosen:
         raise UsageError("no mutant selected")
     return chosen
 
 
+_KIND_TITLES = {
+    "arithmetic": "Arithmetic mutants (the emulation's own steps)",
+    "wrapper": "Wrapper mutants (the calling convention around a correct kernel)",
+}
+
+
 def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
+    from flamia_verify.mutation.wrapper import kind_of
+
     lines = [f"# Mutation testing: suite `{suite}`", ""]
     lines.append(
         f"**{summary['killed']} of {summary['mutants']} bugs killed ({100 * summary['kill_rate']:.1f} %)**; "
         f"false alarms on correct designs: {len(summary['false_alarms'])} of {summary['correct_designs']}."
     )
-    lines += ["", "| family | bugs | killed | crashed | kill rate | survivors |", "|---|---:|---:|---:|---:|---|"]
-    for fam, f in summary["families"].items():
-        surv = ", ".join(f"`{n}`" for n in f["survived"]) or "-"
-        lines.append(
-            f"| {fam} | {f['mutants']} | {f['killed']} | {f['crashed']} | {100 * f['kill_rate']:.0f} % | {surv} |"
-        )
+    kinds = summary.get("kinds", {})
+    if kinds:
+        names = [k for k in KINDS if k in kinds]
+        lines += ["", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for label, cell in (
+            ("bugs", lambda k: str(k["mutants"])),
+            ("killed", lambda k: str(k["killed"])),
+            ("kill rate", lambda k: f"{100 * k['kill_rate']:.1f} %" if k["mutants"] else "-"),
+            ("false alarms", lambda k: f"{len(k['false_alarms'])} of {k['correct_designs']}"),
+        ):
+            lines.append(f"| {label} | " + " | ".join(cell(kinds[n]) for n in names) + " |")
+    for kind in KINDS:
+        fams = {n: f for n, f in summary["families"].items() if kind_of(n) == kind}
+        if not fams:
+            continue
+        lines += ["", f"## {_KIND_TITLES[kind]}", ""]
+        lines += ["| family | bugs | killed | crashed | kill rate | survivors |", "|---|---:|---:|---:|---:|---|"]
+        for fam, f in fams.items():
+            surv = ", ".join(f"`{n}`" for n in f["survived"]) or "-"
+            lines.append(
+                f"| {fam} | {f['mutants']} | {f['killed']} | {f['crashed']} | {100 * f['kill_rate']:.0f} % | {surv} |"
+            )
     if summary["false_alarms"]:
         lines += ["", "## False alarms", ""]
         lines += [f"- `{a['name']}`: {', '.join(a['failing'])}" for a in summary["false_alarms"]]
@@ -130,7 +184,7 @@ def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
 def _print_table(mutants) -> None:
     for m in mutants:
         tag = "correct" if m.correct else "bug"
-        print(f"{m.name:44s} {m.family:14s} {tag:8s} {m.why}")
+        print(f"{m.name:44s} {m.family:20s} {tag:8s} {m.why}")
 
 
 def run(args) -> int:
@@ -177,6 +231,9 @@ def run(args) -> int:
         json.dumps({"schema": "flamia-verify/mutation/v1", "summary": summary, "results": rows}, indent=1) + "\n",
     )
     atomic_write_text(out / "mutation.md", render_markdown(summary, rows, suite=args.suite))
+    for kind, k in summary["kinds"].items():
+        if k["mutants"]:
+            print(f"  {kind}: {k['killed']}/{k['mutants']} = {100 * k['kill_rate']:.1f} %", flush=True)
     print(
         f"kill rate {summary['killed']}/{summary['mutants']} = {100 * summary['kill_rate']:.1f} %; "
         f"false alarms {len(summary['false_alarms'])}/{summary['correct_designs']}; "

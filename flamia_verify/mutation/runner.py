@@ -7,6 +7,10 @@ pass every check; any failing check on it is a *false alarm*.
 Every mutant in the table is shown to be observable (:func:`distinguishes`): on a fixed set of probe
 calls its outputs, gradients or inputs differ from the original's, or two of its runs differ. So a
 survivor is a bug the suite does not see, never a mutant that changes nothing.
+
+Two kinds of mutants run here alike: the arithmetic table's (:class:`Mutant`, edits of the emulation)
+and the wrapper family's (:class:`~flamia_verify.mutation.wrapper.WrapperMutant`, bugs of the code
+around a correct kernel); :func:`summarize` reports the kill rate of each kind apart.
 """
 
 from __future__ import annotations
@@ -20,10 +24,30 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from flamia_verify.mutation.build import Mutant, mutant_kernel
+from flamia_verify.mutation.wrapper import WrapperMutant, kind_of
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.harness import same_bits
 
-__all__ = ["MutantResult", "FAMILY_ORDER", "run_mutant", "run_mutants", "distinguishes", "PROBES", "summarize"]
+__all__ = [
+    "AnyMutant",
+    "MutantResult",
+    "FAMILY_ORDER",
+    "kernel_of",
+    "run_mutant",
+    "run_mutants",
+    "distinguishes",
+    "PROBES",
+    "summarize",
+]
+
+#: a row of either family: an edit of the emulation's arithmetic, or a bug of the wrapper around it
+AnyMutant = Mutant | WrapperMutant
+
+
+def kernel_of(mutant: AnyMutant):
+    """The mutant as a kernel in the varlen calling convention."""
+    return mutant.kernel() if isinstance(mutant, WrapperMutant) else mutant_kernel(mutant)
+
 
 #: the probe calls: off-grid packed documents, Lq != Lk both ways, GQA 4:2 and 6:2 at head_dim 64
 #: and 128, rows longer than 256 keys, causal and not
@@ -81,9 +105,15 @@ def _call(kernel, inp, *, backward: bool = True):
     return [out.detach()] + [g.detach() for g in grads], inputs_changed
 
 
-def distinguishes(mutant: Mutant, device: str = "cpu") -> str | None:
-    """How the mutant shows on the probe calls (a one-line description), or None if it never does."""
+def distinguishes(mutant: AnyMutant, device: str = "cpu") -> str | None:
+    """How the mutant shows on the probe calls (a one-line description), or None if it never does.
+    A wrapper mutant is probed on the wrapper family's own calls (:mod:`flamia_verify.mutation.wrapper`)."""
     from flamia_verify.kernels.loader import load_kernel
+
+    if isinstance(mutant, WrapperMutant):
+        from flamia_verify.mutation.wrapper import distinguishes as wrapper_distinguishes
+
+        return wrapper_distinguishes(mutant, device)
 
     original = load_kernel(mutant.base).fn
     kernel = mutant_kernel(mutant)
@@ -114,7 +144,7 @@ FAMILY_ORDER = ("interface", "error", "bound", "consistency", "bias", "special",
 
 
 def run_mutant(
-    mutant: Mutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu", first_kill: bool = True
+    mutant: AnyMutant, *, suite: str = "quick", seed: int = 0, device: str = "cpu", first_kill: bool = True
 ) -> MutantResult:
     """Run ``suite`` on one mutant and classify the outcome.
 
@@ -126,7 +156,7 @@ def run_mutant(
     from flamia_verify.properties import run_checks
 
     start = time.perf_counter()
-    kernel = mutant_kernel(mutant)
+    kernel = kernel_of(mutant)
     groups = [list(FAMILY_ORDER)] if (mutant.correct or not first_kill) else [[f] for f in FAMILY_ORDER]
     failing: list[str] = []
     crashed = False
@@ -148,13 +178,13 @@ def run_mutant(
     )
 
 
-def _worker(mutant: Mutant, suite: str, seed: int, device: str, first_kill: bool) -> MutantResult:
+def _worker(mutant: AnyMutant, suite: str, seed: int, device: str, first_kill: bool) -> MutantResult:
     torch.set_num_threads(1)
     return run_mutant(mutant, suite=suite, seed=seed, device=device, first_kill=first_kill)
 
 
 def run_mutants(
-    mutants: Iterable[Mutant],
+    mutants: Iterable[AnyMutant],
     *,
     suite: str = "quick",
     seed: int = 0,
@@ -185,7 +215,8 @@ def run_mutants(
 
 
 def summarize(results: list[MutantResult]) -> dict:
-    """Kill rate overall and per family; false alarms; survivors by name."""
+    """Kill rate overall, per kind (``arithmetic``, ``wrapper``) and per family; false alarms;
+    survivors by name."""
     bugs = [r for r in results if not r.correct]
     correct = [r for r in results if r.correct]
     fams: dict[str, dict] = {}
@@ -201,11 +232,28 @@ def summarize(results: list[MutantResult]) -> dict:
     for f in fams.values():
         f["kill_rate"] = f["killed"] / f["mutants"]
     killed = sum(f["killed"] for f in fams.values())
+    kinds: dict[str, dict] = {}
+    for r in results:
+        k = kinds.setdefault(
+            kind_of(r.family), {"mutants": 0, "killed": 0, "survivors": [], "correct_designs": 0, "false_alarms": []}
+        )
+        if r.correct:
+            k["correct_designs"] += 1
+            if r.outcome == "false-alarm":
+                k["false_alarms"].append(r.name)
+            continue
+        k["mutants"] += 1
+        k["killed"] += r.outcome in ("killed", "crashed")
+        if r.outcome == "survived":
+            k["survivors"].append(r.name)
+    for k in kinds.values():
+        k["kill_rate"] = k["killed"] / k["mutants"] if k["mutants"] else 1.0
     return {
         "mutants": len(bugs),
         "killed": killed,
         "kill_rate": killed / len(bugs) if bugs else 1.0,
         "families": fams,
+        "kinds": kinds,
         "survivors": [r.name for r in bugs if r.outcome == "survived"],
         "correct_designs": len(correct),
         "false_alarms": [{"name": r.name, "failing": r.failing} for r in correct if r.outcome == "false-alarm"],
