@@ -229,18 +229,20 @@ def _p_rows(s2, lse, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P_POW2: tl.co
     """Backward probabilities A = P / l of an (M, N) score tile (keys along axis 1), log2 units.
 
     Power-of-two P: E4M3(2^(s - M_b + 8)) * 2^((M_b - 8) - lse); FlashAttention P: 2^(s - lse).
-    lse must be finite (callers zero the rows whose lse is -inf).
+    lse must not be -inf (callers zero the rows that saw no key); a NaN lse (a row with NaN scores)
+    gives NaN weights, as in ``emulation.recomputed_probabilities``. Fully masked blocks (M_b = -inf)
+    give 0; the comparisons are ``!= -inf``, not ``> -inf``, so that a NaN block maximum stays NaN.
     """
     if P_POW2 and BLOCK_N == P_BLOCK:  # one block per row: no 3-d view
         mb = tl.ceil(tl.max(s2, axis=1))
-        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        mb = tl.where(mb != NEG_INF, mb, -1000.0)
         elem = round_e4m3(tl.exp2((s2 - mb[:, None]) + P_POW2_OFFSET))
         return elem * tl.exp2((mb - P_POW2_OFFSET) - lse)[:, None]
     elif P_POW2:
         NB: tl.constexpr = BLOCK_N // P_BLOCK
         s3 = tl.reshape(s2, (BLOCK_M, NB, P_BLOCK))
         mb = tl.ceil(tl.max(s3, axis=2))
-        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        mb = tl.where(mb != NEG_INF, mb, -1000.0)
         elem = round_e4m3(tl.exp2((s3 - mb[:, :, None]) + P_POW2_OFFSET))
         scale = tl.exp2((mb - P_POW2_OFFSET) - lse[:, None])
         return tl.reshape(elem * scale[:, :, None], (BLOCK_M, BLOCK_N))
@@ -253,14 +255,14 @@ def _p_cols(sT, lse, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, P_POW2: tl.co
     """``_p_rows`` of a transposed (N keys, M queries) score tile: key blocks along axis 0."""
     if P_POW2 and BLOCK_N == P_BLOCK:
         mb = tl.ceil(tl.max(sT, axis=0))
-        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        mb = tl.where(mb != NEG_INF, mb, -1000.0)
         elem = round_e4m3(tl.exp2((sT - mb[None, :]) + P_POW2_OFFSET))
         return elem * tl.exp2((mb - P_POW2_OFFSET) - lse)[None, :]
     elif P_POW2:
         NB: tl.constexpr = BLOCK_N // P_BLOCK
         s3 = tl.reshape(sT, (NB, P_BLOCK, BLOCK_M))
         mb = tl.ceil(tl.max(s3, axis=1))
-        mb = tl.where(mb > NEG_INF, mb, -1000.0)
+        mb = tl.where(mb != NEG_INF, mb, -1000.0)
         elem = round_e4m3(tl.exp2((s3 - mb[:, None, :]) + P_POW2_OFFSET))
         scale = tl.exp2((mb - P_POW2_OFFSET) - lse[None, :])
         return tl.reshape(elem * scale[:, None, :], (BLOCK_N, BLOCK_M))
@@ -340,7 +342,7 @@ def _attn_fwd_tile(
         # FLAMIA P, one block per tile row: M_b = ceil(max s); E4M3(2^(s - M_b + 8)) * 2^(M_b - 8 - m)
         mb = tl.ceil(tl.max(s2, axis=1))
         m_new = tl.maximum(m_i, mb)
-        live = mb > NEG_INF
+        live = mb != NEG_INF  # fully masked blocks give 0; a NaN block maximum stays NaN (the emulation's rule)
         mb_s = tl.where(live, mb, 0.0)
         m_new_s = tl.where(m_new > NEG_INF, m_new, 0.0)
         elem = round_e4m3(tl.exp2((s2 - mb_s[:, None]) + P_POW2_OFFSET))
@@ -354,7 +356,7 @@ def _attn_fwd_tile(
         s3 = tl.reshape(s2, (BLOCK_M, NB, P_BLOCK))
         mb = tl.ceil(tl.max(s3, axis=2))
         m_new = tl.maximum(m_i, tl.max(mb, axis=1))
-        live = mb > NEG_INF
+        live = mb != NEG_INF
         mb_s = tl.where(live, mb, 0.0)
         m_new_s = tl.where(m_new > NEG_INF, m_new, 0.0)
         elem = round_e4m3(tl.exp2((s3 - mb_s[:, :, None]) + P_POW2_OFFSET))
@@ -560,7 +562,7 @@ def _attn_fwd(
             IS_FP16,
             INTERPRET,
         )
-    ok = l_i > 0
+    ok = l_i != 0  # rows that saw no key output 0 (lse -inf); a NaN row sum (NaN scores) stays NaN
     l_s = tl.where(ok, l_i, 1.0)
     o = tl.math.div_rn(acc, tl.broadcast_to(l_s[:, None], (BLOCK_M, HEAD_DIM)))
     o = tl.where(ok[:, None], o, 0.0)
@@ -719,7 +721,7 @@ def _attn_bwd_dkdv_tile(
         if CAUSAL:
             vis = vis & (offs_n[:, None] <= offs_m[None, :] + off)
         sT = tl.where(vis, sT, NEG_INF)
-    lse_ok = lse > NEG_INF
+    lse_ok = lse != NEG_INF  # rows that saw a key; a NaN lse (NaN scores) gives NaN weights
     aT = _p_cols(sT, tl.where(lse_ok, lse, 0.0), BLOCK_N, BLOCK_M, P_POW2, P_BLOCK)
     aT = tl.where(lse_ok[None, :], aT, 0.0)
     if MASKED:
@@ -1291,7 +1293,7 @@ def _attn_bwd_dq_tile(
         if CAUSAL:
             vis = vis & (offs_n[None, :] <= offs_m[:, None] + off)
         s2 = tl.where(vis, s2, NEG_INF)
-    lse_ok = lse > NEG_INF
+    lse_ok = lse != NEG_INF  # rows that saw a key; a NaN lse (NaN scores) gives NaN weights
     a = _p_rows(s2, tl.where(lse_ok, lse, 0.0), BLOCK_M, BLOCK_N, P_POW2, P_BLOCK)
     a = tl.where(lse_ok[:, None], a, 0.0)
     if MASKED:
