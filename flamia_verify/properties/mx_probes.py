@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flamia_verify.formats import E4M3, ScaleRule, mx_fake_quantize
 from flamia_verify.kernels.operands import Operand, describe_operands
 
 __all__ = [
@@ -63,6 +64,12 @@ __all__ = [
     "PROBE_DIM",
     "PROBE_SCALE",
     "parse_probe",
+    "SCALE_SITES",
+    "SCALE_PROBES",
+    "SCALE_SIG",
+    "SCALE_GRID_M",
+    "TINY_AMAX",
+    "scale_probes",
 ]
 
 PROBE_LEN = 64
@@ -105,13 +112,40 @@ VARIANT_WHAT = {
     "grid": "probes on E4M3's lowest binades (a block scale one exponent too large or a coarser element "
     "format loses them)",
     "step": "probes a quarter step below an E4M3 value (rounding toward zero, not to nearest, loses them)",
+    "scale": "block maxima on both sides of every boundary of the RCEIL and FLOOR scale rules and of "
+    "their wrong twins, beside probes on the grid of the smallest scale any of them picks (a block "
+    "scale other than the recipe's rounds them differently)",
+    "tiny": "block maxima near the bottom of E8M0's range, where amax / 448 is an fp32 subnormal "
+    "(a scale one exponent too small saturates them)",
 }
+
+#: the sites of the scale-rule probes: the operands blocked along the sequence that are inputs
+SCALE_SITES = ("v_seq", "do_seq", "k_seq", "q_seq")
+#: block-maximum significands m (amax = m 2^E, m in [1, 2)) on both sides of every boundary where an
+#: exponent rule changes its mind: 1 (FLOOR, ceil(log2 amax)), sqrt 2 (round(log2 amax)),
+#: 1.75 / sqrt 2 (round(log2(amax / 448))), 1.75 (RCEIL, floor(log2(amax / 448)): amax = 448 2^k
+#: exactly and one BF16 ulp either side); 2 - 2^-7 is one ulp below the next power of two. Every one
+#: has at most 8 significant bits (exact in BF16 and FP16).
+SCALE_SIG = (1.0, 1.0 + 2.0**-7, 1.234375, 1.2421875, 1.4140625, 1.421875, 1.7421875, 1.75, 1.7578125, 2.0 - 2.0**-7)
+#: grid probes m 2^-9 X_lo beside a block maximum m_A 2^E, X_lo = 2^(E - 9) the smallest scale any rule
+#: considered picks: exact under X_lo; under 2 X_lo the odd m lose a unit (RNE: 1 -> 0, 5 -> 4, ...);
+#: under 4 X_lo m = 2 mod 4 lose two more (2 -> 0, 10 -> 8). Every change lowers the sum.
+SCALE_GRID_M = (1, 2, 5, 9, 10, 13)
+#: block maxima of the tiny probe (BF16 only: below FP16's range): amax / 448 is an fp32 subnormal for
+#: all but the last. RCEIL picks 2^-126 for the first three (2^-127 is one too small: the maximum, above
+#: 448 2^-127, saturates to 224 2^-126, where RNE gives 384, 256 (a tie) and 320 times 2^-126),
+#: 2^-127 for the next two (the bottom of E8M0: amax = 448 2^-127 exactly, and one whose exponent
+#: -128 is clamped), 2^-125 for the last; FLOOR picks 2^(floor(log2 amax) - 8), clamped for the fifth.
+TINY_AMAX = (1.5 * 2.0**-118, 1.9375 * 2.0**-119, 1.25 * 2.0**-118, 1.75 * 2.0**-119, 1.5 * 2.0**-120, 1.5 * 2.0**-117)
+#: the exponents E of the scale probes' block maxima (grid unit 2^(E - 18) >= 2^-12, maximum < 2^11:
+#: exact in FP16)
+SCALE_EXP = (6, 10)
 
 
 @dataclass(frozen=True)
 class Probe:
     site: str
-    variant: str  # "grid" or "step"
+    variant: str  # "grid", "step", "scale" or "tiny"
 
     @property
     def observed(self) -> tuple[str, ...]:
@@ -130,16 +164,30 @@ class Probe:
 
 
 PROBES = tuple(Probe(s, "grid") for s in SITES) + tuple(Probe(s, "step") for s in STEP_SITES)
+#: the scale-rule probes (:func:`scale_probes` picks those an input dtype can carry)
+SCALE_PROBES = tuple(Probe(s, "scale") for s in SCALE_SITES) + (Probe("v_seq", "tiny"),)
+
+
+def scale_probes(dtype: torch.dtype) -> tuple[Probe, ...]:
+    """The scale-rule probes whose inputs ``dtype`` represents exactly (``tiny`` needs BF16's or
+    fp32's exponent range)."""
+    return tuple(p for p in SCALE_PROBES if p.variant != "tiny" or dtype != torch.float16)
 
 
 def parse_probe(tag: str) -> Probe:
     from flamia_verify.errors import ConfigError
 
     site, _, variant = str(tag).partition(":")
-    if site not in SITES or variant not in ("grid", "step") or (variant == "step" and site not in STEP_SITES):
+    ok = site in SITES and (
+        variant == "grid"
+        or (variant == "step" and site in STEP_SITES)
+        or (variant == "scale" and site in SCALE_SITES)
+        or (variant == "tiny" and site == "v_seq")
+    )
+    if not ok:
         raise ConfigError(
             f"unknown rounding probe {tag!r}; sites {', '.join(SITES)} with :grid, "
-            f"{', '.join(STEP_SITES)} also with :step"
+            f"{', '.join(STEP_SITES)} also with :step, {', '.join(SCALE_SITES)} with :scale, v_seq with :tiny"
         )
     return Probe(site, variant)
 
@@ -213,6 +261,38 @@ def _seq_column(rng: _Rng, variant: str, weights: torch.Tensor | None, scale: fl
     return x * scale, r * scale
 
 
+def _scale_column(rng: _Rng, weights: torch.Tensor | None, index: int) -> torch.Tensor:
+    """One column along the sequence for the scale probe: per 32-block a +A / -A pair (equal weights:
+    their products cancel whatever A rounds to), A = m 2^E with m = ``SCALE_SIG[index % 10]`` and E
+    random, the same in both blocks (so that a scale per 64 positions or per column picks the block
+    scale: the probe is about the rule, not the block length); the other 30 positions of a block hold
+    grid probes m' 2^(E - 18), m' from :data:`SCALE_GRID_M`, signed so that their products with
+    ``weights`` are positive. Returns the (L,) float64 input (the rounding depends on the rule)."""
+    x = torch.zeros(PROBE_LEN, dtype=torch.float64)
+    w = torch.ones(PROBE_LEN, dtype=torch.float64) if weights is None else weights
+    pairs = _pair_positions(rng, weights)
+    e = int(torch.randint(SCALE_EXP[0], SCALE_EXP[1] + 1, (1,), generator=rng.g))
+    a = SCALE_SIG[index % len(SCALE_SIG)] * 2.0**e
+    for b, (p0, p1) in enumerate(pairs):
+        x[p0], x[p1] = a, -a
+        rest = [p for p in range(b * BLOCK, (b + 1) * BLOCK) if p not in (p0, p1)]
+        m = torch.tensor(rng.choice(SCALE_GRID_M, len(rest)), dtype=torch.float64)
+        idx = torch.tensor(rest)
+        x[idx] = m * 2.0 ** (e - 18) * w[idx]
+    return x
+
+
+def _tiny_column(rng: _Rng, index: int) -> torch.Tensor:
+    """One column along the sequence for the tiny probe: one element per 32-block, of magnitude
+    ``TINY_AMAX[index % 6]`` in both blocks and a random sign (nothing cancels it: its rounding is what
+    O sees)."""
+    x = torch.zeros(PROBE_LEN, dtype=torch.float64)
+    for b in range(PROBE_LEN // BLOCK):
+        pos = b * BLOCK + rng.perm(BLOCK)[0]
+        x[pos] = float(rng.signs(1)[0]) * TINY_AMAX[index % len(TINY_AMAX)]
+    return x
+
+
 def _head_rows(
     rng: _Rng, variant: str, first: int, signs: torch.Tensor, scale_exp: tuple[int, int], *, fixed: bool = False
 ):
@@ -246,18 +326,31 @@ def _head_rows(
     return x, r, pattern
 
 
-def probe_tensors(probe: Probe | str, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def probe_tensors(
+    probe: Probe | str, seed: int, rule: ScaleRule = ScaleRule.RCEIL
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs, rounded): q, k, v, do as float64 (64, 1, 64) tensors, and the same with every probe
-    replaced by the value the recipe's rounding gives it. Every value is exact in BF16 and FP16.
+    replaced by the value the recipe's rounding gives it. Every value is exact in BF16, and but for the
+    ``tiny`` probe's in FP16. The grid and step probes round alike under both scale rules; the scale
+    and tiny probes are rounded by ``rule`` (the recipe's; the inputs do not depend on it).
     Fresh copies of a cached draw (the construction loops in Python; a suite asks for each twice)."""
     p = parse_probe(probe) if isinstance(probe, str) else probe
-    inputs, rounded = _probe_tensors(p, int(seed))
+    if p.variant not in ("scale", "tiny"):
+        rule = ScaleRule.RCEIL
+    inputs, rounded = _probe_tensors(p, int(seed), rule)
     return {n: x.clone() for n, x in inputs.items()}, {n: x.clone() for n, x in rounded.items()}
 
 
+#: the tensor each scale-probe site puts its columns in (blocked along the sequence, axis 0)
+SCALE_TENSOR = {"v_seq": "v", "do_seq": "do", "k_seq": "k", "q_seq": "q"}
+
+
 @functools.lru_cache(maxsize=256)
-def _probe_tensors(p: Probe, seed: int):
-    rng = _Rng(seed * 1009 + SITES.index(p.site) * 31 + (p.variant == "step"))
+def _probe_tensors(p: Probe, seed: int, rule: ScaleRule):
+    variant_key = ("grid", "step", "scale", "tiny").index(p.variant)
+    rng = _Rng(seed * 1009 + SITES.index(p.site) * 31 + variant_key)
+    if p.variant in ("scale", "tiny"):
+        return _scale_tensors(rng, p, rule)
     L, D = PROBE_LEN, PROBE_DIM
     z = lambda: torch.zeros(L, D, dtype=torch.float64)  # noqa: E731
     t = {n: z() for n in ("q", "k", "v", "do")}
@@ -329,6 +422,30 @@ def _probe_tensors(p: Probe, seed: int):
     out = {n: v[:, None, :].clone() for n, v in t.items()}
     rounded = {n: v[:, None, :].clone() for n, v in r.items()}
     return out, rounded
+
+
+def _scale_tensors(rng: _Rng, p: Probe, rule: ScaleRule):
+    """The scale and tiny probes: the columns of one sequence-blocked input (:func:`_scale_column`,
+    :func:`_tiny_column`), observed as in the grid probe of the same site (uniform weights; for
+    k_seq / q_seq, V = eps e_0 and dO = d e_0 make dS_ij = d_i eps_j / 64). The rounded copy is that
+    input quantized along the sequence by ``rule`` (E4M3, 32-blocks, RNE); the other inputs are +-1
+    or 0, exact under any power-of-two scale the rule gives them."""
+    L, D = PROBE_LEN, PROBE_DIM
+    t = {n: torch.zeros(L, D, dtype=torch.float64) for n in ("q", "k", "v", "do")}
+    weights = None
+    if p.site in ("k_seq", "q_seq"):
+        eps, d = rng.balanced(L), rng.balanced(L)
+        t["v"][:, 0], t["do"][:, 0] = eps, d
+        weights = eps if p.site == "k_seq" else d
+    name = SCALE_TENSOR[p.site]
+    for c in range(D):
+        if p.variant == "tiny":
+            t[name][:, c] = _tiny_column(rng, c)
+        else:
+            t[name][:, c] = _scale_column(rng, weights, c)
+    r = {n: v.clone() for n, v in t.items()}
+    r[name] = mx_fake_quantize(t[name], axis=0, block_size=BLOCK, elem=E4M3, rule=rule).to(torch.float64)
+    return {n: v[:, None, :].clone() for n, v in t.items()}, {n: v[:, None, :].clone() for n, v in r.items()}
 
 
 def _paired_probes(rng: _Rng, zero_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

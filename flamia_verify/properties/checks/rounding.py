@@ -19,6 +19,7 @@ their rounding is not fixed by the recipe.
 
 from __future__ import annotations
 
+from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.bounds import attention_bounds, exact_operands_model
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
@@ -34,10 +35,17 @@ from flamia_verify.properties.mx_probes import (
     SITE_OPERANDS,
     Probe,
     probe_tensors,
+    scale_probes,
 )
 from flamia_verify.properties.registry import register
 
-__all__ = ["probe_case", "mx_sites", "rounding_report"]
+__all__ = ["probe_case", "mx_sites", "recipe_rule", "rounding_report"]
+
+
+def recipe_rule(recipe: str) -> ScaleRule:
+    """The E8M0 scale rule of a recipe's MXFP8 operands: FLOOR for ``mxfp8-floor``, RCEIL for the
+    others (``mxfp8``, and the MX parts of ``nvfp4``)."""
+    return ScaleRule.FLOOR if recipe == "mxfp8-floor" else ScaleRule.RCEIL
 
 
 def mx_sites(recipe: str, dtype) -> tuple[str, ...]:
@@ -96,15 +104,20 @@ class _Tally:
 
 def rounding_report(ctx, probes, seeds: int = 1):
     """Run ``probes`` (``seeds`` draws each); count elements of their observed tensors outside the
-    exact-operand bound around the attention of the rounded inputs."""
+    exact-operand bound around the attention of the rounded inputs (the scale-rule probes rounded by
+    the recipe's rule). ``probe_cases`` counts the grid and step probe cases, ``scale_cases`` the
+    scale-rule ones."""
     model = exact_operands_model(ctx.bound_model)
+    rule = recipe_rule(ctx.recipe)
     tally = _Tally()
+    scale_cases = 0
     jobs = [(p, s) for s in range(seeds) for p in probes]
     for n, (probe, s) in enumerate(jobs):
         case = probe_case(ctx, probe, s)
         res = ctx.run(case)
         inp = ctx.inputs(case)
-        _, rounded = probe_tensors(probe, case.seed)
+        _, rounded = probe_tensors(probe, case.seed, rule)
+        scale_cases += probe.variant in ("scale", "tiny")
         rin = inp.replace(**{k: v.to(inp.q.device) for k, v in rounded.items()})
         ref = ctx.reference(rin)
         B = attention_bounds(
@@ -140,7 +153,10 @@ def rounding_report(ctx, probes, seeds: int = 1):
                 site=probe.describe(),
             )
         ctx.progress((n + 1) / len(jobs))
-    return tally.metrics(), tally.first
+    metrics = tally.metrics()
+    metrics["probe_cases"] -= scale_cases
+    metrics["scale_cases"] = scale_cases
+    return metrics, tally.first
 
 
 @register(
@@ -159,8 +175,9 @@ def bound_rounding(ctx):
             f"the {ctx.recipe} recipe rounds no GEMM operand as MXFP8 (E4M3 32-blocks with an "
             "E8M0 scale rule): no operand's rounding is fixed by the recipe"
         )
-    probes = [p for p in PROBES if p.site in sites and (ctx.has_backward or not p.needs_backward)]
-    left_out = sorted({p.site for p in PROBES if p.site in sites} - {p.site for p in probes})
+    candidates = [p for p in PROBES + scale_probes(ctx.dtype) if p.site in sites]
+    probes = [p for p in candidates if ctx.has_backward or not p.needs_backward]
+    left_out = sorted({p.site for p in candidates} - {p.site for p in probes})
     metrics, first = rounding_report(ctx, probes, seeds=ctx.settings.rounding_seeds)
     not_probed = [s for s in SITE_OPERANDS if s not in sites]
     notes = []
@@ -168,9 +185,12 @@ def bound_rounding(ctx):
         notes.append(f"not MXFP8 in the recipe, not probed: {', '.join(not_probed)}")
     if left_out:
         notes.append(f"no backward, not probed: {', '.join(left_out)}")
+    scaled = sorted({p.site for p in probes if p.variant in ("scale", "tiny")})
     msg = (
         f"every probed operand rounds as the {ctx.recipe} recipe says on {metrics['probe_cases']} probe cases "
-        f"({', '.join(sorted({p.site for p in probes}))}); tightness {metrics['tightness']:.3g}"
+        f"({', '.join(sorted({p.site for p in probes}))}) and {metrics['scale_cases']} scale-rule cases "
+        f"(block maxima either side of every {recipe_rule(ctx.recipe).name} boundary and of its wrong "
+        f"twins: {', '.join(scaled)}); tightness {metrics['tightness']:.3g}"
     )
     if notes:
         msg += "; " + "; ".join(notes)
