@@ -12,7 +12,10 @@ outputs. That residue is bounded rigorously by the bound model with every operan
 (:func:`~flamia_verify.kernels.bounds.exact_operands_model`); no element may leave it.
 
 Probed: each of the recipe's MXFP8 sites (Q, K in S; V in PV; dO, V in dP; dO in dV; dS, K in dQ;
-dS^T, Q in dK) with grid probes, and its input operands with step probes. Sites the recipe does not
+dS^T, Q in dK) with grid probes, and its input operands with step probes. Scale-rule probes
+(``scale``: V, dO, K, Q along the sequence; ``tiny``: V, BF16/fp32 inputs only) put block maxima on
+both sides of every boundary of the recipe's E8M0 rule and of the plausible wrong ones (docs/checks.md);
+the grid probes' maxima, powers of two, cannot tell most of those rules apart. Sites the recipe does not
 round as MXFP8 (BF16; FP8 with a scale of any granularity; NVFP4's P^T, dS, dS^T) are not probed:
 their rounding is not fixed by the recipe.
 """
