@@ -22,6 +22,13 @@ fp32 global scale); alpha: the absolute underflow floor of a format without a sc
 smallest subnormal: FP16 2^-25, BF16 2^-134), for operands rounded to the input dtype. The outputs
 are rounded to the input dtype with the same floor (u_out |x| + alpha_out).
 
+Admitted formats (:class:`Admission`): a recipe may let a correct kernel hold some operands in a
+second format that is wider than the nominal one in one respect; the BF16 recipe admits FP16
+probabilities (P, P^T), finer than BF16 in the normal range but with an absolute floor of 2^-25
+below 2^-14 (docs/checks.md, "FP16 probabilities in a BF16 recipe"). The model's operand models are
+the union of both; ``RecipeBoundModel.nominal()`` is the model without the admission, which the
+checks use only to count and name the elements that the admission alone accepts.
+
 Forward (per document, head; exact S = s Q K^T, a = exp(S - m), A = a / L, L = sum_j a_ij):
 
     Delta_ij = s (rho_Q |K|^T + |Q| rho_K^T + rho_Q rho_K^T)_ij + s gamma_D (|Q|+rho_Q)(|K|+rho_K)^T_ij
@@ -62,6 +69,8 @@ __all__ = [
     "OperandModel",
     "RecipeBoundModel",
     "exact_operands_model",
+    "Admission",
+    "fp16_probabilities",
     "attention_bounds",
     "input_rounding",
     "output_rounding",
@@ -74,6 +83,9 @@ __all__ = [
     "ALPHA_E8M0",
     "U_BF16",
     "ALPHA_BF16",
+    "U_FP16",
+    "ALPHA_FP16",
+    "FP16_MIN_NORMAL",
     "U_E4M3",
     "U_E4M3_FLOOR",
     "U_E2M1",
@@ -104,6 +116,11 @@ ALPHA_E8M0 = 2.0**-137
 # bf16 rounding of fp32 inputs in a BF16 GEMM: unit roundoff, and half the smallest subnormal 2^-133
 U_BF16 = 2.0**-8
 ALPHA_BF16 = 2.0**-134
+# FP16 rounding without a scale: unit roundoff; below the smallest normal 2^-14 (6.1e-5) the spacing is the
+# smallest subnormal 2^-24, so RNE moves an element by at most half of it, 2^-25 (3.0e-8), whatever its size
+U_FP16 = 2.0**-11
+ALPHA_FP16 = 2.0**-25
+FP16_MIN_NORMAL = 2.0**-14
 # relative fp32 rounding of the elementwise steps (products, the difference dP - D, the division by l)
 REL32 = 8 * U32
 
@@ -166,6 +183,49 @@ EXACT = OperandModel()
 
 
 @dataclass(frozen=True)
+class Admission:
+    """A second format that a correct kernel of a recipe may use for some operands, wider than the
+    nominal format in one respect (FP16 probabilities in the BF16 recipe: an absolute underflow floor
+    that BF16 does not have). The recipe's model already contains it (its operand models cover both
+    formats); ``nominal`` holds the nominal format's models of the same operands, so that a check can
+    count the elements that only the admission accepts and name it in the report.
+
+    ``what``: the admission in a user's words, ``nominal_name`` the nominal format's, ``floor``: its absolute error per operand element (in
+    the operand's own units: P <= 1), ``unit``: the size below which an element loses relative
+    precision (FP16's smallest normal)."""
+
+    what: str
+    nominal: Mapping[Operand, OperandModel]
+    #: the nominal format in a user's words ("all-BF16")
+    nominal_name: str = "nominal"
+    floor: float = 0.0
+    unit: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "nominal", MappingProxyType(dict(self.nominal)))
+
+
+def fp16_probabilities(nominal: OperandModel) -> tuple[OperandModel, Admission | None]:
+    """The BF16 recipe's model of the probability operands P and P^T, which a correct kernel may hold
+    in BF16 (``nominal``) or in FP16: (the model that covers both, the admission; None when FP16 adds
+    nothing, e.g. on FP16 inputs where ``nominal`` is FP16 already).
+
+    P and P^T are dimensionless and bounded by 1 (P = exp(S^ - running max) <= 1 in the forward,
+    A = exp(S - lse) <= 1 in the backward), so FP16's underflow floor 2^-25 is a fixed fraction of
+    their natural unit whatever the magnitudes of q, k, v and dO: |fl16(p) - p| <= 2^-11 p + 2^-25 <=
+    u_nominal p + 2^-25 for u_nominal >= 2^-11. dS has no such unit (it scales with dO), so an
+    unscaled FP16 dS is not admitted: it would flush every gradient of a small dO."""
+    u = max(nominal.u, U_FP16)
+    alpha = max(nominal.alpha, ALPHA_FP16)
+    if u == nominal.u and alpha == nominal.alpha:
+        return nominal, None
+    wide = replace(nominal, u=u, alpha=alpha)
+    what = "P and P^T held in FP16 (probabilities below its normal range 6.1e-5 keep an absolute precision of 3.0e-8)"
+    ops = {Operand.P: nominal, Operand.PT: nominal}
+    return wide, Admission(what, ops, nominal_name="all-BF16", floor=ALPHA_FP16, unit=FP16_MIN_NORMAL)
+
+
+@dataclass(frozen=True)
 class RecipeBoundModel:
     """The rounding model of every GEMM operand of a recipe, for one input dtype.
 
@@ -181,6 +241,8 @@ class RecipeBoundModel:
     #: |products| and rounded to fp32, the slices added in fp32 (Hopper's E4M3 tensor cores)
     acc_slice: int = 0
     u_slice: float = 0.0
+    #: second formats the recipe admits for some operands (:class:`Admission`), already in ``operands``
+    admissions: tuple[Admission, ...] = ()
 
     def __post_init__(self):
         missing = [op.name for op in Operand if op not in self.operands]
@@ -192,8 +254,18 @@ class RecipeBoundModel:
         return self.operands[op]
 
     def with_operands(self, changes: Mapping[Operand, OperandModel], **fields) -> RecipeBoundModel:
-        """The model with the operand models in ``changes`` (and the other ``fields``) replaced."""
+        """The model with the operand models in ``changes`` (and the other ``fields``) replaced; an
+        admission of a replaced operand no longer describes the model and is dropped."""
+        kept = tuple(a for a in self.admissions if not set(a.nominal) & set(changes))
+        fields.setdefault("admissions", kept)
         return replace(self, operands={**self.operands, **changes}, **fields)
+
+    def nominal(self) -> RecipeBoundModel:
+        """The model without its admissions: every operand in the recipe's nominal format."""
+        changes: dict[Operand, OperandModel] = {}
+        for a in self.admissions:
+            changes.update(a.nominal)
+        return self.with_operands(changes, admissions=())
 
     def gamma(self, n: int) -> float:
         """The relative error of an n-long dot product's accumulation, against the sum of |products|:

@@ -40,8 +40,10 @@ from flamia_verify.kernels.bounds import (
     U_E2M1,
     U_E4M3,
     U_E4M3_FLOOR,
+    Admission,
     OperandModel,
     RecipeBoundModel,
+    fp16_probabilities,
     input_rounding,
     output_rounding,
 )
@@ -65,6 +67,11 @@ class Recipe:
     #: else the slice length and the relative error of one slice's sum
     acc_slice: int = 0
     u_slice: float = 0.0
+    #: second formats the recipe admits for some operands, for inputs of a dtype (already part of
+    #: ``operand_models``; :class:`~flamia_verify.kernels.bounds.Admission`)
+    admissions: Callable[[torch.dtype], tuple[Admission, ...]] = field(
+        default=lambda dtype: (), repr=False, compare=False
+    )
 
     def bound_model(self, dtype: torch.dtype) -> RecipeBoundModel:
         """The rounding model of every GEMM operand and of the outputs, for inputs of ``dtype``."""
@@ -76,6 +83,7 @@ class Recipe:
             alpha_out=alpha_out,
             acc_slice=self.acc_slice,
             u_slice=self.u_slice,
+            admissions=self.admissions(dtype),
         )
 
 
@@ -85,14 +93,26 @@ class Recipe:
 MMA_U_SLICE = MMA_GROUP * 2.0**-MMA_FRACTION_BITS
 
 
-def _bf16(dtype: torch.dtype) -> dict[Operand, OperandModel]:
-    """BF16 GEMMs: on BF16/FP16 inputs only the computed operands (P, P^T, dS, dS^T) are rounded (to
-    the input dtype); on fp32 inputs every operand is rounded to BF16."""
+def _bf16_nominal(dtype: torch.dtype) -> tuple[OperandModel, OperandModel]:
+    """(inputs, computed) of BF16 GEMMs: on BF16/FP16 inputs only the computed operands (P, P^T, dS,
+    dS^T) are rounded (to the input dtype); on fp32 inputs every operand is rounded to BF16."""
     if dtype in (torch.bfloat16, torch.float16):
-        inputs, computed = EXACT, input_rounding(dtype)
-    else:
-        inputs = computed = OperandModel(U_BF16, alpha=ALPHA_BF16)
-    return {op: computed if op.computed else inputs for op in Operand}
+        return EXACT, input_rounding(dtype)
+    bf16 = OperandModel(U_BF16, alpha=ALPHA_BF16)
+    return bf16, bf16
+
+
+def _bf16(dtype: torch.dtype) -> dict[Operand, OperandModel]:
+    """BF16 GEMMs (:func:`_bf16_nominal`), with the probabilities P and P^T in BF16 or FP16
+    (:func:`~flamia_verify.kernels.bounds.fp16_probabilities`)."""
+    inputs, computed = _bf16_nominal(dtype)
+    probs, _ = fp16_probabilities(computed)
+    return {op: (probs if op in (Operand.P, Operand.PT) else computed) if op.computed else inputs for op in Operand}
+
+
+def _bf16_admissions(dtype: torch.dtype) -> tuple[Admission, ...]:
+    _, admission = fp16_probabilities(_bf16_nominal(dtype)[1])
+    return (admission,) if admission else ()
 
 
 def _fp8(dtype: torch.dtype) -> dict[Operand, OperandModel]:
@@ -132,8 +152,9 @@ def _nvfp4(dtype: torch.dtype) -> dict[Operand, OperandModel]:
 RECIPES: dict[str, Recipe] = {
     "bf16": Recipe(
         "bf16",
-        "all GEMM operands BF16, fp32 accumulation (the FlashAttention baseline)",
+        "all GEMM operands BF16 (P and P^T may be FP16), fp32 accumulation (the FlashAttention baseline)",
         _bf16,
+        admissions=_bf16_admissions,
     ),
     "fp8": Recipe(
         "fp8",

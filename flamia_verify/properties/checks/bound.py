@@ -7,6 +7,11 @@ exceed it; no violation is allowed. ``tightness`` = max |error| / bound says how
 kernel uses (the forward of a BF16 kernel uses about half; FP8 kernels a few percent: the bound
 assumes every score error at its worst at once). The cases include inputs whose q and k lie on the
 MX-exact E4M3 grid: with exact scores the bound is tight on the rounding of V, P and dO.
+
+A recipe that admits a second format for some operands (the BF16 recipe: P and P^T in FP16, whose
+underflow floor BF16 does not have) is judged under the model that covers both; the elements that
+only the admission accepts are counted against the nominal model and named in the report
+(``admitted_elements``, :func:`admission_summary`; docs/checks.md, "FP16 probabilities in a BF16 recipe").
 """
 
 from __future__ import annotations
@@ -32,19 +37,23 @@ __all__ = [
     "uniform_keys_case",
     "uniform_queries_case",
     "exact_weight_model",
+    "admission_summary",
 ]
 
 LN2 = math.log(2.0)
 
 
-def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
+def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False, nominal: bool = False):
     """The bound of a case (cached), with gradients when asked and the kernel has a backward;
-    ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are exact, such as uniform rows)."""
+    ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are exact, such as uniform rows);
+    ``nominal``: under the recipe's nominal model, without its admissions (what they add is reported, never judged)."""
 
     def compute():
         inp = ctx.inputs(case)
         ref = ctx.reference(case)
         model = ctx.bound_model
+        if nominal:
+            model = model.nominal()
         if exact_weights:
             model = exact_weight_model(model)
         return attention_bounds(
@@ -62,7 +71,7 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False):
         )
 
     # how the tensors are passed (``case.call``) does not change the bound
-    return ctx.memo(("bound", replace(case, call=()), exact_weights), compute)
+    return ctx.memo(("bound", replace(case, call=()), exact_weights, nominal), compute)
 
 
 def exact_weight_model(model):
@@ -86,16 +95,57 @@ def bound_ratio(x: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> torc
     return torch.nan_to_num(ratio, nan=float("inf"))
 
 
+#: the token axis of each tensor (one, several), as the admission summary names it
+_TOKENS = {"out": ("query", "queries"), "dq": ("query", "queries"), "dk": ("key", "keys"), "dv": ("key", "keys")}
+
+
+def admission_summary(admissions, counts: dict) -> str:
+    """The elements that only ``admissions`` accept, in a user's words: ``counts`` maps a tensor name
+    to (elements, tokens, largest |error| among them, that error over the tensor's RMS)."""
+    what = " and ".join(a.what for a in admissions)
+    parts = [
+        f"{n} element{'s' * (n != 1)} of {t} on {tok} {_TOKENS.get(t, ('token', 'tokens'))[tok != 1]} "
+        f"(|error| up to {mx:.2g}, {share:.2g} of {t}'s RMS)"
+        for t, (n, tok, mx, share) in counts.items()
+        if n
+    ]
+    if not parts:
+        return f"admitted {what}: no element needed it"
+    nominal = "/".join(a.nominal_name for a in admissions)
+    return f"admitted {what}: " + ", ".join(parts) + f" outside the {nominal} bound, inside this one"
+
+
+def _admitted(x: torch.Tensor, r: torch.Tensor, within: torch.Tensor, nominal_bound: torch.Tensor):
+    """(elements, tokens, max |error|, max |error| / RMS of the reference) of the elements inside the
+    bound (``within``) but outside ``nominal_bound``."""
+    err = (x.detach().double().to(r.device) - r).abs()
+    adm = within & (err > nominal_bound) & (err > 0)
+    n = int(adm.sum())
+    if not n:
+        return 0, 0, 0.0, 0.0
+    mx = float(err[adm].max())
+    rms = float(r.double().pow(2).mean().sqrt()) if r.numel() else 0.0
+    return n, int(adm.flatten(1).any(1).sum()), mx, mx / rms if rms > 0 else math.inf
+
+
 def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact_weights: bool = False):
-    """Count violations of the bound over ``cases`` for ``tensors``; metrics, worst case, details."""
+    """Count violations of the bound over ``cases`` for ``tensors``; metrics, worst case, details.
+
+    Under a recipe with admissions (and not ``exact_weights``, whose model changes P) the elements
+    that only the admissions accept are counted: metrics ``admitted_elements``, ``admitted_max_abs``,
+    ``admitted_rms_share``, and the ok message says where they are."""
     violations, tight, first = 0, 0.0, None
     per_tensor = {t: 0 for t in tensors}
     tight_t = {t: 0.0 for t in tensors}
+    admissions = () if exact_weights else ctx.bound_model.admissions
+    admitted = {t: (0, 0, 0.0, 0.0) for t in tensors}
     series = None
     for n, case in enumerate(cases):
         res = ctx.run(case)
         ref = ctx.reference(case)
-        B = bounds_for(ctx, case, grads=any(t != "out" for t in tensors), exact_weights=exact_weights)
+        grads = any(t != "out" for t in tensors)
+        B = bounds_for(ctx, case, grads=grads, exact_weights=exact_weights)
+        B0 = bounds_for(ctx, case, grads=grads, nominal=True) if admissions else None
         for t in tensors:
             x = getattr(res, t)
             if x is None:
@@ -105,6 +155,10 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact
             cu = cu_from_lens(case.lens_q if t in ("out", "dq") else case.lens_k).tolist()
             m = compare_within(x, r, b, what=f"|{t} - reference|", rule="within the a-priori bound", cu_seqlens=cu)
             ratio = bound_ratio(x, r, b)
+            if B0 is not None:
+                got = _admitted(x, r, ratio <= 1, getattr(B0, t))
+                n0, tok0, mx0, share0 = admitted[t]
+                admitted[t] = (n0 + got[0], tok0 + got[1], max(mx0, got[2]), max(share0, got[3]))
             mx = float(ratio.max()) if ratio.numel() else 0.0
             if mx > tight_t[t]:
                 tight_t[t] = mx
@@ -131,6 +185,12 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact
         metrics[f"violations_{t}"] = per_tensor[t]
     details = {"series": [series]} if series else {}
     msg = f"no element outside the {ctx.recipe} bound on {len(cases)} {inputs_label}; tightness {tight:.3g}"
+    if admissions:
+        metrics["admitted_elements"] = sum(a[0] for a in admitted.values())
+        metrics["admitted_max_abs"] = max(a[2] for a in admitted.values())
+        metrics["admitted_rms_share"] = max(a[3] for a in admitted.values())
+        if metrics["admitted_elements"]:
+            msg += "; " + admission_summary(admissions, admitted)
     return metrics, first, details, msg
 
 

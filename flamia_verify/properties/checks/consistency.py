@@ -380,15 +380,9 @@ def weights(ctx):
         ctx.case((L_long,), heads=2, heads_k=2, causal=True, seed_offset=44),
     ]
     model = ctx.bound_model
-    m_pt = model[Operand.PT]
-    u_pt, eta, eta_g, u_out = m_pt.u, m_pt.eta, m_pt.eta_g, model.u_out
-    # absolute underflow floors (FP16: 2^-25 each): P^T in the backward, then the forward's P
-    # (unnormalized, <= 1, divided by l >= 1) and O's rounding to the output dtype
-    alpha = m_pt.alpha / (1 - u_pt) + model[Operand.P].alpha + model.alpha_out / (1 - u_out)
-    # and dV's own rounding to the output dtype: a P^T element below FP16's normal range (2^-14; the
-    # long document's small weights reach it) need not be an FP16 number, so dV moves it by up to
-    # half the smallest subnormal (2^-25; 2^-134 for BF16)
-    alpha = alpha + model.alpha_out
+    # the recipe's nominal model, for counting the elements that only an admitted format accepts
+    nominal = model.nominal() if model.admissions else None
+    admitted, admitted_max, admitted_pairs = 0, 0.0, 0
     worst, rec = 0.0, None
     for n, case in enumerate(cases):
         tables = _weight_tables(ctx, case)
@@ -396,11 +390,16 @@ def weights(ctx):
             return _missing_gradient(ctx, "dv")
         for b, W, B in tables:
             lq, lk = W.shape[1], W.shape[2]
-            colmax = B.abs().amax(1, keepdim=True)
-            tol = (u_pt / (1 - u_pt)) * B.abs() + (u_out / (1 - u_out) + u_out) * W.abs()
-            tol = tol + (eta * colmax + eta_g) / (1 - u_pt) + alpha + 2.0**-20 * (W.abs() + B.abs())
+            tol = _weight_tolerance(model, W, B)
             ratio = torch.where((B - W).abs() == 0, torch.zeros_like(W), (B - W).abs() / tol.clamp_min(1e-300))
             ratio = torch.nan_to_num(ratio, nan=math.inf)
+            if nominal is not None:
+                diff = (B - W).abs()
+                adm = (ratio <= 1) & (diff > _weight_tolerance(nominal, W, B))
+                if bool(adm.any()):
+                    admitted += int(adm.sum())
+                    admitted_pairs += int(adm.any(1).sum())  # (head, key) columns
+                    admitted_max = max(admitted_max, float(diff[adm].max()))
             r = float(ratio.max())
             if r > worst:
                 worst = r
@@ -423,11 +422,36 @@ def weights(ctx):
                     tolerance=float(tol[h, i, j]),
                 )
         ctx.progress((n + 1) / len(cases))
-    return ctx.judged(
-        {"weight_mismatch": worst},
-        ok_message=f"backward weights match the forward's within {worst:.3g} of the P^T rounding",
-        worst_case=rec or {},
-    )
+    metrics = {"weight_mismatch": worst}
+    msg = f"backward weights match the forward's within {worst:.3g} of the P^T rounding"
+    if nominal is not None:
+        metrics["admitted_elements"] = admitted
+        metrics["admitted_max_abs"] = admitted_max
+        if admitted:
+            what = " and ".join(a.what for a in model.admissions)
+            msg += (
+                f"; admitted {what}: {admitted} weights of {admitted_pairs} keys differ by up to "
+                f"{admitted_max:.2g} (the weights are <= 1), outside the "
+                f"{'/'.join(a.nominal_name for a in model.admissions)} tolerance, inside this one"
+            )
+    return ctx.judged(metrics, ok_message=msg, worst_case=rec or {})
+
+
+def _weight_tolerance(model, W: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """The elementwise tolerance of |B - W| (backward weights B from dV, forward weights W from O) under
+    ``model`` (the module docstring; docs/checks.md, "consistency.weights")."""
+    m_pt = model[Operand.PT]
+    u_pt, eta, eta_g, u_out = m_pt.u, m_pt.eta, m_pt.eta_g, model.u_out
+    # absolute underflow floors (FP16: 2^-25 each): P^T in the backward, then the forward's P
+    # (unnormalized, <= 1, divided by l >= 1) and O's rounding to the output dtype
+    alpha = m_pt.alpha / (1 - u_pt) + model[Operand.P].alpha + model.alpha_out / (1 - u_out)
+    # and dV's own rounding to the output dtype: a P^T element below FP16's normal range (2^-14; the
+    # long document's small weights reach it) need not be an FP16 number, so dV moves it by up to
+    # half the smallest subnormal (2^-25; 2^-134 for BF16)
+    alpha = alpha + model.alpha_out
+    colmax = B.abs().amax(1, keepdim=True)
+    tol = (u_pt / (1 - u_pt)) * B.abs() + (u_out / (1 - u_out) + u_out) * W.abs()
+    return tol + (eta * colmax + eta_g) / (1 - u_pt) + alpha + 2.0**-20 * (W.abs() + B.abs())
 
 
 @register(

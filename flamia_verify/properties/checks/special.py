@@ -99,6 +99,8 @@ def _special(ctx, cases, *, label: str, extra_metrics=None):
         "tightness": metrics["tightness"],
         "cases": len(cases),
     }
+    # elements that only an admitted format accepts (the BF16 recipe's FP16 probabilities), reported
+    out.update({k: v for k, v in metrics.items() if k.startswith("admitted_")})
     out.update(extra_metrics or {})
     extra = []
     if first:
