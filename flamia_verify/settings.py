@@ -194,7 +194,7 @@ class SuiteSettings:
     #: the batch sizes at which launch grids and per-batch metadata buffers are commonly cut
     layout_docs: int = 70
     #: queries and keys of the pack's long document (longer than every tile of the built-in kernels)
-    layout_long: int = 300
+    layout_long: int = 640
 
 
 _QUICK = SuiteSettings(

@@ -118,3 +118,22 @@ def test_list_coverage_prints_both_tables(capsys):
     assert main(["list", "--coverage"]) == 0
     out = capsys.readouterr().out
     assert "layout" in out and "transposed" in out and "head_independence" in out and "interface.arguments" in out
+
+
+def test_a_correct_lse_in_the_padded_layout_passes():
+    from flamia_verify.reference import attention_forward
+
+    def padded_lse(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+        s = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        out = sdpa_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=s, causal=causal)
+        _, lse = attention_forward(
+            q.detach().double(), k.detach().double(), v.detach().double(), cu_q, cu_k, softmax_scale=s, causal=causal
+        )
+        cq = cu_q.tolist()
+        padded = torch.full((len(cq) - 1, q.shape[1], max_q), float("inf"))
+        for b in range(len(cq) - 1):
+            padded[b, :, : cq[b + 1] - cq[b]] = lse[cq[b] : cq[b + 1]].T.float()
+        return out, padded
+
+    report = run_checks(padded_lse, recipe="bf16", suite="quick", only=["interface.lse"])
+    assert report.checks[0].status == "pass", report.checks[0].message

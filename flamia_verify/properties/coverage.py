@@ -70,12 +70,13 @@ MODEL: tuple[Row, ...] = (
     ),
     Row("heads", "odd", "an odd number of query heads", (_ARG, "isolation.heads", "bound.shapes")),
     Row("heads", "over_8", "more than 8 query heads", ("bound.shapes",)),
+    Row("heads_k", "odd_over_1", "an odd number of kv heads above one", ("bound.shapes",)),
     *(
         Row("headdim", str(d), f"head_dim {d}", checks)
         for d, checks in (
             (32, ("isolation.fuzz",)),
             (64, _BASE),
-            (80, ("bound.shapes",)),
+            (80, ("bound.shapes", _ARG)),
             (96, ("bound.shapes",)),
             (128, ("error.out", "causal.forward", "bound.shapes", _ARG)),
             (192, ("bound.shapes",)),
@@ -211,6 +212,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("heads=odd")
     if c.heads > 8:
         out.add("heads=over_8")
+    if c.heads_k > 1 and c.heads_k % 2:
+        out.add("heads_k=odd_over_1")
     n = len(lq)
     out.add("documents=" + ("1" if n == 1 else "few" if n < 10 else "dozens" if n >= 24 else "many"))
     sizes = [a + b for a, b in zip(lq, lk)]

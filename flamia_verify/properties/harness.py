@@ -335,15 +335,22 @@ class KernelHarness:
 
 def _second_item(result, inputs: Inputs) -> tuple[torch.Tensor | None, str]:
     """The log-sum-exp of a tuple output: its second item when that is a tensor of shape
-    (nheads, total_q), FlashAttention's layout; otherwise None and a description of what it was."""
+    (nheads, total_q), FlashAttention's layout, or (batch, nheads, max_seqlen_q), the older padded
+    layout (read back into the packed one); otherwise None and a description of what it was."""
     if len(result) < 2:
         return None, ""
     x = result[1]
     if not isinstance(x, torch.Tensor):
         return None, type(x).__name__
-    want = (inputs.case.heads, inputs.case.total_q)
+    c = inputs.case
+    want = (c.heads, c.total_q)
     if tuple(x.shape) == want and x.is_floating_point():
         return x.detach(), f"log-sum-exp {tuple(x.shape)} {x.dtype}"
+    padded = (len(c.lens_q), c.heads, inputs.max_q)
+    if tuple(x.shape) == padded and x.is_floating_point():  # FlashAttention 2's older varlen layout
+        rows = [x.detach()[b, :, :n] for b, n in enumerate(c.lens_q)]
+        packed = torch.cat(rows, dim=1) if rows else x.new_zeros((c.heads, 0))
+        return packed, f"log-sum-exp {tuple(x.shape)} {x.dtype} (padded: batch, nheads, max_seqlen_q)"
     return None, f"tensor {tuple(x.shape)} {x.dtype}"
 
 

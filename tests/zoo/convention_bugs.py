@@ -123,3 +123,25 @@ CONVENTION_BUGS = {
         gqa_modulo,
     )
 }
+
+
+@_bug("interface.lse", recipe="bf16")
+def lse_padded_wrong_rows(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Returns the log-sum-exp in the padded (batch, nheads, max_seqlen_q) layout with each document's
+    rows shifted by one (its first row written from the previous document's last)."""
+    from flamia_verify.reference import attention_forward
+
+    s = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out = sdpa_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=s, causal=causal)
+    _, lse = attention_forward(
+        q.detach().double(), k.detach().double(), v.detach().double(), cu_q, cu_k, softmax_scale=s, causal=causal
+    )
+    lse = torch.roll(lse, 1, dims=0)
+    cq = cu_q.tolist()
+    padded = torch.zeros(len(cq) - 1, q.shape[1], max_q, dtype=torch.float32)
+    for b in range(len(cq) - 1):
+        padded[b, :, : cq[b + 1] - cq[b]] = lse[cq[b] : cq[b + 1]].T.float()
+    return out, padded
+
+
+CONVENTION_BUGS[lse_padded_wrong_rows.__name__] = lse_padded_wrong_rows

@@ -340,18 +340,19 @@ def bound_grad(ctx):
 
 
 def shape_cases(ctx) -> list[Case]:
-    """The shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8 (odd head counts; 16
-    query heads, more than one tile of 8 heads),
+    """The shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8 (odd head counts, an
+    odd number of kv heads above one; 16 query heads, more than one tile of 8 heads), a non-default
+    softmax_scale at a head_dim other than 64 and 128,
     head_dims 80, 96, 192 and 256 (not multiples of 64; 80 and 96 not of 32 either, so an MX block
     straddles the end of a row), and one causal document longer than every tile (``layout_long``)."""
     long_len = ctx.settings.layout_long
     return [
-        ctx.case((37, 64), heads=6, heads_k=2, headdim=80, causal=True, seed_offset=1101),
+        ctx.case((37, 64), heads=12, heads_k=2, headdim=80, causal=True, seed_offset=1101, softmax_scale=OFF_DEFAULT_SCALE),
         ctx.case(
             (45, 20), (50, 20), heads=5, heads_k=1, headdim=96, causal=True, distribution="shifted", seed_offset=1102
         ),
         ctx.case((33, 9), heads=7, heads_k=1, headdim=192, causal=False, seed_offset=1103),
-        ctx.case((30, 21), heads=12, heads_k=2, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
+        ctx.case((30, 21), heads=9, heads_k=3, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
         ctx.case((long_len,), heads=3, heads_k=1, headdim=128, causal=True, seed_offset=1105),
         ctx.case((24, 9), heads=16, heads_k=2, headdim=64, causal=True, seed_offset=1106),
     ]
