@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 if [ "$mode" != speed ] && [ "$mode" != standard ]; then
 step gpu_tests 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
     tests/test_triton_attention.py tests/test_kernels_emulation.py tests/test_formats_blocks.py \
-    tests/test_reference_properties.py tests/test_rounding_probes.py tests/test_fp8_mma.py
+    tests/test_reference_properties.py tests/test_rounding_probes.py tests/test_fp8_mma.py tests/test_triton_nonfinite.py
 step software_e4m3 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
     "tests/test_triton_quant.py::test_software_e4m3_rounding_matches_formats_bit_for_bit_on_gpu"
 step headdim_256 150 python3 - <<'EOF'
