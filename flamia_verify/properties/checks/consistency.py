@@ -26,7 +26,8 @@ first-order (docs/checks.md "consistency" derives each):
         forward's weights appear in O (O_ij = A~_ij) and the backward's in dV (dV_ji = A^_ij,
         rounded once as the P^T operand). Elementwise |dV_ji - O_ij| <= u_PT/(1-u_PT)|dV_ji| +
         (u_out/(1-u_out) + u_in)|O_ij| + eta_PT colmax + eta_g + alpha (FP16 underflow of P, P^T
-        and O: 2^-25 each): threshold 1. q x 4 spreads the
+        and O: 2^-25 each; P and P^T also under the BF16 recipe, which admits FP16 probabilities,
+        the weights only that accepts counted as ``admitted_elements``): threshold 1. q x 4 spreads the
         scores, so a backward that rebuilds P from other operands differs by e^{dS} - 1 >> u.
     consistency.grad_forward_ratio     the gradient's normalized error (error family: error over the
         rounding model's prediction on the same inputs) over the forward's: a backward that does not
