@@ -55,7 +55,7 @@ sys.exit(1 if bad else 0)
 EOF
 for spec in ${QUICK:-fp8:bf16 fp8-mma:bf16 flamia-nvfp4:bf16 flamia-mxfp8:fp16}; do  # QUICK="kernel:dtype ..."
     set -- ${spec/:/ }
-    step "check_quick_$1_$2" 90 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+    step "check_quick_$1_$2" 200 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel "$1" --dtype "$2" --suite quick --device cuda --out "$out/quick_$1_$2"
 done
 fi
@@ -64,7 +64,7 @@ if [ "$mode" != tests ]; then
 export TRITON_CACHE_DIR="$out/triton-cache"
 rm -rf "$TRITON_CACHE_DIR"
 for i in 1 2; do
-    step "check_standard_$i" 200 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
+    step "check_standard_$i" 300 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \
         check --kernel flamia-mxfp8 --suite standard --device cuda --out "$out/check_$i"
 done
 python3 -c "import json, sys; e = json.load(open(sys.argv[1]))['environment']; print('kernel_paths', e.get('kernel_paths'))" \
