@@ -27,6 +27,7 @@ from flamia_verify.properties.cases import Case, cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
+from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
 from flamia_verify.settings import OFF_DEFAULT_SCALE
 
 __all__ = [
@@ -347,7 +348,9 @@ def shape_cases(ctx) -> list[Case]:
     straddles the end of a row), and one causal document longer than every tile (``layout_long``)."""
     long_len = ctx.settings.layout_long
     return [
-        ctx.case((37, 64), heads=12, heads_k=2, headdim=80, causal=True, seed_offset=1101, softmax_scale=OFF_DEFAULT_SCALE),
+        ctx.case(
+            (37, 64), heads=12, heads_k=2, headdim=80, causal=True, seed_offset=1101, softmax_scale=OFF_DEFAULT_SCALE
+        ),
         ctx.case(
             (45, 20), (50, 20), heads=5, heads_k=1, headdim=96, causal=True, distribution="shifted", seed_offset=1102
         ),
@@ -360,18 +363,42 @@ def shape_cases(ctx) -> list[Case]:
 
 @register(
     "bound.shapes",
-    "every element of O, dQ, dK, dV within the recipe's bound on the shapes the base packings do not reach: "
-    "GQA groups of 3, 5, 6 and 7, head_dims 80, 96, 192 and 256, a causal document longer than every tile",
-    defaults=lambda recipe, dtype: {"violations": 0},
+    "every element of O, dQ, dK, dV within the recipe's bound, and their error within the recipe's error "
+    "model, on the shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8, odd kv heads, "
+    "head_dims 80, 96, 192 and 256, a causal document longer than every tile",
+    defaults=lambda recipe, dtype: {"violations": 0, "normalized_error": ERROR_MODEL_FACTOR},
     cost=1.0,
 )
 def bound_shapes(ctx):
+    from flamia_verify.properties.checks.error import normalized_error
+    from flamia_verify.properties.metrics import error_stats
+
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
-    metrics, first, details, msg = bound_report(ctx, shape_cases(ctx), tensors, inputs_label="shape cases")
+    cases = shape_cases(ctx)
+    metrics, first, details, msg = bound_report(ctx, cases, tensors, inputs_label="shape cases")
+    # the rigorous bound takes every rounding at its worst and is loose; the error model (the error
+    # family's test, on these shapes) resolves what it leaves, e.g. a scale dropped at one head_dim
+    worst_norm, worst_at = 0.0, None
+    for case in cases:
+        res, ref = ctx.run(case), ctx.reference(case)
+        for t in tensors:
+            x = getattr(res, t)
+            if x is None:
+                continue
+            norm = normalized_error(ctx, case, t, error_stats(x, getattr(ref, t))["rel_rmse"])
+            if norm > worst_norm or worst_at is None:
+                worst_norm, worst_at = norm, (case, t)
+    metrics["normalized_error"] = worst_norm
+    failures = [first["summary"]] if first else []
+    if worst_at is not None and worst_norm > ctx.th.get("normalized_error", math.inf):
+        case, t = worst_at
+        summary = f"{t} on {case.describe()}: error {worst_norm:.3g} times the recipe's model"
+        first = first or case_record(case, tensor=t, normalized_error=worst_norm, summary=summary)
+    msg += f"; error {worst_norm:.3g} of the recipe's model at worst"
     return ctx.judged(
         metrics,
         ok_message=msg,
         worst_case=first or {},
         details=details,
-        extra_failures=[first["summary"]] if first else [],
+        extra_failures=failures,
     )

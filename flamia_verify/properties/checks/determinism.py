@@ -25,12 +25,13 @@ __all__ = ["long_cases"]
 
 
 def long_cases(ctx):
-    """Two documents of ``long_len`` queries and keys: causal with outlier channels and 4:2 GQA, and
+    """Two documents of ``long_len`` queries and keys: causal with outlier channels and 6:2 GQA (groups
+    of three: a sum over a group's heads in another order changes bits, two heads commute), and
     non-causal with peaked rows (q x 4). Both widen the dynamic range inside a row's sums, so that an
     fp32 sum in another order rounds differently more often (see the module docstring)."""
     L = ctx.settings.long_len
     return [
-        ctx.case((L,), heads=4, heads_k=2, causal=True, distribution="outliers", seed_offset=51),
+        ctx.case((L,), heads=6, heads_k=2, causal=True, distribution="outliers", seed_offset=51),
         ctx.case((L,), heads=4, heads_k=4, causal=False, distribution="peaked", seed_offset=52),
     ]
 
