@@ -229,8 +229,9 @@ def _mx_byte0_as_zero(block: torch.Tensor, axis: int) -> torch.Tensor:
 e8m0_byte0_zero = _tag(
     _v_quant_kernel(_mx_byte0_as_zero),
     "mxfp8",
-    ("special.magnitudes",),
-    ("error", "bound", "consistency", "isolation"),
+    # bound.rounding's tiny V probe puts block maxima at the bottom of E8M0's range: it reaches the bug too
+    ("special.magnitudes", "bound.rounding"),
+    ("error", "bound.out", "bound.grad", "bound.accumulation", "bound.shapes", "consistency", "isolation"),
     "MXFP8 whose V block scale is decoded from its E8M0 byte with an exponent shift: byte 0 (2^-127, an fp32 "
     "subnormal) reads as 0, so blocks with amax below 448 * 2^-127 vanish",
 )
