@@ -756,7 +756,13 @@ WRAPPER_MUTANTS: tuple[WrapperMutant, ...] = (
     _m("lse", "log2", "returns (out, lse) with lse in log2 units", _lse_log2, base="bf16"),
     _m("lse", "transposed", "returns (out, lse) with lse laid out (total_q, nheads)", _lse_transposed),
     _m("lse", "unscaled", "returns (out, lse) with the lse of q.k without softmax_scale", _lse_unscaled),
-    _m("lse", "padded", "returns (out, lse) with lse padded (batch, nheads, max_seqlen_q)", _lse_padded),
+    _m(
+        "lse",
+        "padded",
+        "returns (out, lse) with lse padded (batch, nheads, max_seqlen_q), FlashAttention's older varlen layout (correct)",
+        _lse_padded,
+        correct=True,
+    ),
     # strides
     _m(
         "stride",
