@@ -195,6 +195,8 @@ class SuiteSettings:
     layout_docs: int = 70
     #: queries and keys of the pack's long document (longer than every tile of the built-in kernels)
     layout_long: int = 640
+    #: the longest of the pack's other documents (33 in quick: the block edges 31/32/33 and below)
+    layout_max_len: int = 33
 
 
 _QUICK = SuiteSettings(
@@ -245,6 +247,7 @@ _STANDARD = SuiteSettings(
     rounding_seeds=2,
     layout_docs=136,
     layout_long=1700,
+    layout_max_len=96,
 )
 
 _FULL = SuiteSettings(
@@ -271,6 +274,7 @@ _FULL = SuiteSettings(
     rounding_seeds=4,
     layout_docs=272,
     layout_long=2048,
+    layout_max_len=96,
 )
 
 _BY_NAME = {s.name: s for s in (_QUICK, _STANDARD, _FULL)}
@@ -287,6 +291,7 @@ SETTING_KEYS = {
     "rounding_seeds": int,
     "layout_docs": int,
     "layout_long": int,
+    "layout_max_len": int,
 }
 
 
