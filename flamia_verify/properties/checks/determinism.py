@@ -17,6 +17,10 @@ stay in the metrics).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.registry import register
@@ -45,13 +49,26 @@ def long_cases(ctx):
     cost=1.0,
 )
 def repeat(ctx):
+    # the many-document pack of isolation.layout (7-8K tokens in the standard suite, one document
+    # longer than every tile): where split-K, atomics and per-launch schedules engage
+    from flamia_verify.properties.checks.layout import layout_docs, pack_docs
+
     cases = ctx.base_cases()[:3] + long_cases(ctx)
+    docs = layout_docs(ctx)
+    pack = pack_docs(ctx, docs, heads=4, heads_k=2, causal=True)
+    # (case, its first run, its inputs): the pack's first run is isolation.layout's base when it ran
+    jobs: list[tuple[Any, Callable[[], Any], Any]] = [
+        (case, functools.partial(ctx.run, case), ctx.inputs(case)) for case in cases
+    ]
+    jobs.append(
+        (pack.case, functools.partial(ctx.memo, ("layout-base", True, tuple(docs)), lambda: ctx.run(pack)), pack)
+    )
     repeats = max(2, ctx.settings.repeats)
     mismatched, first, runs = 0, None, 0
-    for n, case in enumerate(cases):
-        first_run = ctx.run(case)
+    for n, (case, first_call, inputs) in enumerate(jobs):
+        first_run = first_call()
         for _ in range(repeats - 1):
-            again = ctx.run(ctx.inputs(case))
+            again = ctx.run(inputs)
             runs += 1
             for name, x in again.tensors().items():
                 m = compare_bitwise(x, first_run.tensors()[name], what=f"{name}, run vs first run")
@@ -61,25 +78,7 @@ def repeat(ctx):
                         first = case_record(
                             case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary()
                         )
-        ctx.progress((n + 1) / len(cases))
-    # the many-document pack of isolation.layout (7-8K tokens in the standard suite, one document
-    # longer than every tile): where split-K, atomics and per-launch schedules engage
-    from flamia_verify.properties.checks.layout import layout_docs, pack_docs
-
-    docs = layout_docs(ctx)
-    pack = pack_docs(ctx, docs, heads=4, heads_k=2, causal=True)
-    first_run = ctx.memo(("layout-base", True, tuple(docs)), lambda: ctx.run(pack))
-    for _ in range(repeats - 1):
-        again = ctx.run(pack)
-        runs += 1
-        for name, x in again.tensors().items():
-            m = compare_bitwise(x, first_run.tensors()[name], what=f"{name}, run vs first run")
-            if not m.ok:
-                mismatched += m.mismatched
-                if first is None:
-                    first = case_record(
-                        pack.case, tensor=name, repeats=repeats, mismatch=m.to_dict(), summary=m.summary()
-                    )
+        ctx.progress((n + 1) / len(jobs))
     metrics = {
         "mismatched_elements": mismatched,
         "repeats": repeats,
@@ -96,7 +95,7 @@ def repeat(ctx):
         )
     return ctx.judged(
         metrics,
-        ok_message=f"bitwise identical over {repeats} runs of {len(cases)} cases",
+        ok_message=f"bitwise identical over {repeats} runs of {len(cases)} cases and a {pack.case.total_q}-token pack",
         worst_case=first or {},
         extra_failures=[first["summary"]] if first else [],
     )
