@@ -61,7 +61,7 @@ def test_plain_summary_has_one_unwrapped_line_per_check():
         if key is not None:
             assert f" {key.label} " in line, (key.label, line)  # whole, not cut at the column edge
         assert line.endswith(check.message), line
-    assert len(lines) == 1 + len(report.checks) + 2  # header, checks, verdict, failed list
+    assert len(lines) == 1 + len(report.checks) + 3  # header, checks, verdict, failed list, errored list
     assert "FAIL  11 checks: 7 passed, 2 failed, 1 error, 1 skipped" in lines
     assert not any(ch in buffer.getvalue() for ch in "│┃━─…")
 
