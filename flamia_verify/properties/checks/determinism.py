@@ -51,18 +51,16 @@ def long_cases(ctx):
 def repeat(ctx):
     # the many-document pack of isolation.layout (7-8K tokens in the standard suite, one document
     # longer than every tile): where split-K, atomics and per-launch schedules engage
-    from flamia_verify.properties.checks.layout import layout_docs, pack_docs
+    from flamia_verify.properties.checks.layout import LAYOUT_HEADS, layout_base_run, layout_docs, pack_docs
 
     cases = ctx.base_cases()[:3] + long_cases(ctx)
     docs = layout_docs(ctx)
-    pack = pack_docs(ctx, docs, heads=4, heads_k=2, causal=True)
+    pack = pack_docs(ctx, docs, heads=LAYOUT_HEADS[0], heads_k=LAYOUT_HEADS[1], causal=True)
     # (case, its first run, its inputs): the pack's first run is isolation.layout's base when it ran
     jobs: list[tuple[Any, Callable[[], Any], Any]] = [
         (case, functools.partial(ctx.run, case), ctx.inputs(case)) for case in cases
     ]
-    jobs.append(
-        (pack.case, functools.partial(ctx.memo, ("layout-base", True, tuple(docs)), lambda: ctx.run(pack)), pack)
-    )
+    jobs.append((pack.case, functools.partial(layout_base_run, ctx, docs, True), pack))
     repeats = max(2, ctx.settings.repeats)
     mismatched, first, runs = 0, None, 0
     for n, (case, first_call, inputs) in enumerate(jobs):

@@ -30,7 +30,7 @@ from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.registry import register
 
-__all__ = ["Doc", "pack_docs", "layout_docs", "head_cases"]
+__all__ = ["Doc", "LAYOUT_HEADS", "pack_docs", "layout_base_run", "layout_docs", "head_cases"]
 
 _SLICE = {"out": "q", "dq": "q", "dk": "k", "dv": "k"}
 
@@ -217,6 +217,19 @@ def _device_factor(ctx) -> int:
     return GPU_LONG_FACTOR if str(ctx.device).startswith("cuda") else 1
 
 
+#: (heads, heads_k) of the many-document pack
+LAYOUT_HEADS = (4, 2)
+
+
+def layout_base_run(ctx, docs: list[Doc], causal: bool):
+    """The kernel's run on the suite's pack (shared by isolation.layout and determinism.repeat)."""
+    heads, heads_k = LAYOUT_HEADS
+    return ctx.memo(
+        ("layout-base", causal, tuple(docs)),
+        lambda: ctx.run(pack_docs(ctx, docs, heads=heads, heads_k=heads_k, causal=causal)),
+    )
+
+
 def _variants(ctx, docs: list[Doc]) -> list[tuple[str, list[Doc], int]]:
     """(what changed, documents, max_seqlen pad) of the packs compared with the suite's pack."""
     longest = max(max(d.lq, d.lk) for d in docs)
@@ -240,19 +253,18 @@ def _variants(ctx, docs: list[Doc]) -> list[tuple[str, list[Doc], int]]:
     cost=2.0,
 )
 def layout(ctx):
-    heads, heads_k = 4, 2
+    heads, heads_k = LAYOUT_HEADS
     docs = layout_docs(ctx)
     changed, first, packs, compared = 0, None, 0, 0
     variants = _variants(ctx, docs)
     # every variant causal; the order and the number of documents not causal too
     jobs = [(True, v) for v in variants] + [(False, v) for v in variants[:2]]
+    where_base = _positions(docs)
     for n, (causal, (what, other, pad)) in enumerate(jobs):
-        base_inp = pack_docs(ctx, docs, heads=heads, heads_k=heads_k, causal=causal)
-        base = ctx.memo(("layout-base", causal, tuple(docs)), lambda: ctx.run(base_inp))  # noqa: B023 (ctx.memo calls it at once)
+        base = layout_base_run(ctx, docs, causal)
         new_inp = pack_docs(ctx, other, heads=heads, heads_k=heads_k, causal=causal, pad=pad)
         new = ctx.run(new_inp)
         packs += 1
-        where_base = _positions(docs)
         where_new = _positions(other)
         for d, (bq, bk) in where_base.items():
             if d not in where_new or (d.lq == 0 and d.lk == 0):
