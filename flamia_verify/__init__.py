@@ -3,31 +3,35 @@
 Runs a candidate attention kernel (FlashAttention varlen calling convention) beside a float64
 reference and checks the properties low precision breaks: causal and cross-document leakage,
 forward/backward consistency, error bounds, special values, determinism.
+
+The public API: ``check`` and ``fuzz`` (the command line's ``check`` and ``fuzz``, from Python),
+``load_kernel`` (a kernel spec to a callable) and ``Report`` (what ``check`` returns).
 """
 
 from __future__ import annotations
+
+import importlib
 
 from flamia_verify._version import __version__
 
 __all__ = ["__version__", "check", "fuzz", "load_kernel", "Report"]
 
+#: the public names loaded on first use, and the module each comes from: `import flamia_verify`
+#: stays cheap and imports neither torch nor Triton
+_LAZY = {
+    "check": "flamia_verify.api",
+    "fuzz": "flamia_verify.api",
+    "load_kernel": "flamia_verify.kernels.loader",
+    "Report": "flamia_verify.results",
+}
+
 
 def __getattr__(name: str):
-    # Lazy: `import flamia_verify` stays cheap and never imports Triton.
-    if name == "Report":
-        from flamia_verify.results import Report
-
-        return Report
-    if name == "load_kernel":
-        from flamia_verify.kernels.loader import load_kernel
-
-        return load_kernel
-    if name == "check":
-        from flamia_verify.api import check
-
-        return check
-    if name == "fuzz":
-        from flamia_verify.api import fuzz
-
-        return fuzz
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'flamia_verify' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy names too, without loading them (tab completion, help(), dir())
+    return sorted(set(globals()) | set(__all__))

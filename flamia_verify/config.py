@@ -26,8 +26,12 @@ A file given with ``--config`` may hold the same keys either under ``[tool.flami
 top level. An unknown key or a value of the wrong type is a configuration error (exit 2) that names it
 and the file; threshold tables are checked against the registered checks when the file is read
 (`flamia_verify.properties.thresholds.validate_overrides`, by the rules of
-`flamia_verify.settings.validate_thresholds`). `flamia-verify list` shows every check; docs/checks.md
-its threshold keys and options.
+`flamia_verify.settings.validate_thresholds`). A threshold key that is a check's contract rather than a
+tolerance (``causal.forward`` ``leaked_elements``: any leak fails) cannot be set: the file is refused
+naming the key and the check's adjustable thresholds, so no accepted key is ignored. Every accepted
+override is recorded in the reports with its default and this file as its source. `flamia-verify
+list` shows every check; docs/checks.md its threshold keys ("Which threshold keys a config may set")
+and options.
 
 `check` reads every key but train_parity and compare_factor; `fuzz` reads kernel, recipe, device,
 dtype, seed, out and forward_only (its examples are judged against the rigorous bound and bitwise, so

@@ -1,6 +1,7 @@
 """The result model and the verdict rule: what a run found, in the shape of report.json (schema flamia-verify/report/v1).
 
     {"schema": "flamia-verify/report/v1", "kernel": ..., "recipe": ..., "suite": ..., "seed": ...,
+     "threshold_overrides": [{"scope", "key", "kind", "value", "default", "source"}, ...],
      "environment": {...},
      "checks": [{"name", "family", "status", "metrics", "thresholds", "worst_case", ...}],
      "summary": {...}}
@@ -9,6 +10,13 @@
 Metrics and thresholds are flat dicts of JSON numbers, strings or booleans; `worst_case` carries enough
 to reproduce a finding (seed, packing, shapes, location, values). Extra fields per check: `message`
 (one line a person reads), `duration_s`, `details` (free-form data for plots, e.g. error per position).
+`seed` is the run's seed, from which every case seed is derived; a worst case carries its own case seed
+(``worst_case["case"]["seed"]``, or ``worst_case["seed"]`` in a fuzz reproducer).
+
+`threshold_overrides` (added within v1; absent in older reports, read as none) lists every threshold,
+option and suite setting the run did not take at its default: the check (or ``"suite"``) as `scope`,
+the `key`, its `kind` (threshold, option or suite), the `value` used, the `default` it replaced and the
+`source` (the config file, or the Python API). Every renderer shows them beside the verdict.
 
 A run that did not finish (interrupted, crashed mid-run, reports written while it was still going) is
 ``complete = False`` with an ``incomplete_reason``; it never passes. The summary carries
@@ -43,6 +51,7 @@ from typing import Any, cast
 from flamia_verify.errors import ReportSchemaError
 
 __all__ = [
+    "API_SOURCE",
     "SCHEMA",
     "STATUSES",
     "FAMILIES",
@@ -57,6 +66,8 @@ __all__ = [
 ]
 
 SCHEMA = "flamia-verify/report/v1"
+#: the ``source`` of a threshold override passed to the Python API rather than read from a config file
+API_SOURCE = "the thresholds argument (Python API)"
 STATUSES = ("pass", "fail", "error", "skip")
 FAMILIES = (
     "error",
@@ -183,6 +194,8 @@ class Report:
     schema: str = SCHEMA
     complete: bool = True
     incomplete_reason: str | None = None
+    #: every override of a default threshold, option or suite setting (see the module docstring)
+    threshold_overrides: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -241,6 +254,7 @@ class Report:
             "recipe": self.recipe,
             "suite": self.suite,
             "seed": self.seed,
+            "threshold_overrides": jsonable(self.threshold_overrides),
             "environment": jsonable(self.environment),
             "checks": [c.to_dict() for c in self.checks],
             "summary": self.summary(),
@@ -262,7 +276,11 @@ class Report:
         if not isinstance(complete, bool):
             raise ReportSchemaError(f"report field 'summary.complete' must be a boolean, got {complete!r}")
         reason = summary.get("incomplete_reason")
+        overrides = data.get("threshold_overrides", [])
+        if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
+            raise ReportSchemaError("report field 'threshold_overrides' must be a list of objects")
         return cls(
+            threshold_overrides=[dict(o) for o in overrides],
             complete=complete,
             incomplete_reason=None if complete else (str(reason) if reason is not None else None),
             kernel=str(data["kernel"]),

@@ -24,14 +24,14 @@ long names ``bfloat16``, ``float16``, ``float32`` and the torch dtypes; :func:`r
 Threshold overrides have the shape ``{check_name: {key: value}}`` plus an optional ``"suite"`` entry
 of suite settings (:data:`SETTING_KEYS`); :func:`validate_thresholds` holds their rules, given the
 keys and options the registered checks know (``flamia_verify.properties.thresholds.validate_overrides``
-supplies those).
+supplies those), and which threshold keys are a check's contract (fixed: an override is refused).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -343,11 +343,17 @@ def validate_thresholds(
     thresholds: Mapping[str, Mapping[str, Any]],
     options: Mapping[str, Mapping[str, Any]],
     where: str | None = None,
+    fixed: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, Any]:
     """Check ``overrides`` (``{check_name: {key: value}}`` and ``"suite"``) against the known checks:
     ``thresholds`` and ``options`` map every check name to its threshold keys and its options, each
     with a default of the kind its value must have. Returns the overrides with numbers as floats.
-    ``where`` (a file and table) starts every message; without it the messages name the mapping."""
+    ``where`` (a file and table) starts every message; without it the messages name the mapping.
+
+    ``fixed`` maps a check name to its threshold keys that are its contract, not a tolerance (a count
+    of leaked elements, bound violations, bitwise mismatches: any finding fails the check whatever the
+    number). The check never reads an override of one, so setting one is refused: the message names
+    the key and lists the keys of that check that can be set. No key is accepted and then ignored."""
     at = _prefix(where)
     if not isinstance(overrides, Mapping):
         raise ConfigError(
@@ -364,15 +370,28 @@ def validate_thresholds(
             raise ConfigError(at(f"thresholds[{name!r}] must be a mapping of threshold keys to values"))
         checked = {}
         here = at(f"thresholds[{name!r}]")
+        contract = set((fixed or {}).get(name, ()))
+        settable = sorted([k for k in thresholds[name] if k not in contract] + list(options[name]))
         for key, value in entries.items():
+            if key in contract:
+                adjustable = [k for k in thresholds[name] if k not in contract]
+                switches = f"; its options: {', '.join(options[name])}" if options[name] else ""
+                raise ConfigError(
+                    f"{here}: {key!r} cannot be overridden: it is the contract of {name}, fixed at "
+                    f"{thresholds[name][key]!r} (any finding fails the check); the thresholds of {name} "
+                    f"are: {', '.join(adjustable) if adjustable else '(none)'}{switches}"
+                )
             if key in thresholds[name]:
                 checked[key] = threshold_value(here, key, value, thresholds[name][key])
             elif key in options[name]:
                 checked[key] = threshold_value(here, key, value, options[name][key])
             else:
-                known = sorted(list(thresholds[name]) + list(options[name]))
+                fixed_note = f"; fixed (not settable): {', '.join(sorted(contract))}" if contract else ""
                 raise ConfigError(
-                    at(f"unknown key {key!r} for check {name!r}; known keys: {', '.join(known) if known else '(none)'}")
+                    at(
+                        f"unknown key {key!r} for check {name!r}; known keys: "
+                        f"{', '.join(settable) if settable else '(none)'}{fixed_note}"
+                    )
                 )
         out[name] = checked
     return out

@@ -61,7 +61,12 @@ def test_plain_summary_has_one_unwrapped_line_per_check():
         if key is not None:
             assert f" {key.label} " in line, (key.label, line)  # whole, not cut at the column edge
         assert line.endswith(check.message), line
-    assert len(lines) == 1 + len(report.checks) + 3  # header, checks, verdict, failed list, errored list
+    # header, checks, verdict, failed list, errored list, the case seeds of the worst cases
+    assert len(lines) == 1 + len(report.checks) + 4
+    assert lines[-1] == (
+        "worst cases: error.backward case seed 1301, causal.forward case seed 1377, causal.backward case seed "
+        f"{report.check('causal.backward').worst_case['seed']} (run seed 1234; each case in report.json)"
+    )
     assert "FAIL  11 checks: 7 passed, 2 failed, 1 error, 1 skipped" in lines
     assert not any(ch in buffer.getvalue() for ch in "│┃━─…")
 

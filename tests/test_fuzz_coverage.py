@@ -196,7 +196,8 @@ def test_fuzz_pass_fails_planted_causal_and_isolation_bugs(name):
 def test_fuzz_pass_passes_correct_kernels(kernel):
     res = _pass(kernel)
     assert res.status == "pass", res.message
-    assert res.metrics["failing_examples"] == 0 and res.metrics["examples"] >= 16
+    assert res.metrics["failing_examples"] == 0 and res.metrics["examples_requested"] == 16
+    assert res.metrics["examples_drawn"] >= 16 and res.metrics["examples_shrinking"] == 0
 
 
 def test_standard_only_checks_have_planted_bugs_here():

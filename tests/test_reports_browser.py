@@ -138,3 +138,25 @@ def test_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="headless Chromium not found at /nonexistent/chromium"):
         require_chromium()
+
+
+def test_the_checks_table_fits_an_800_pixel_window(browser, tmp_path):
+    """At 800 px the checks table used to be 857 px wide (977 px for a standard-suite report): the page
+    scrolled sideways. Long check and metric names break after their dots and underscores now."""
+    paths = write_reports(example_report(), tmp_path)
+    session, record = browser.open(paths["html"].as_uri(), width=800)
+    try:
+        _assert_clean(record, paths["html"].as_uri())
+        page = browser.evaluate(session, "[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert page[0] <= page[1], f"the page is {page[0]} px wide in an {page[1]} px window"
+        table = browser.evaluate(
+            session, "(t => [t.scrollWidth, t.parentElement.clientWidth])(document.querySelector('table.checks'))"
+        )
+        assert table[0] <= table[1], f"the checks table is {table[0]} px wide in {table[1]} px"
+        # names still read whole: a break opportunity is not a character
+        names = browser.evaluate(
+            session, "Array.from(document.querySelectorAll('table.checks td:first-child')).map(td => td.innerText)"
+        )
+        assert [n.replace("\n", "") for n in names] == [c.name for c in example_report().checks]
+    finally:
+        browser.close_page(session)

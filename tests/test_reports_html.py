@@ -127,7 +127,7 @@ def test_failure_section_has_metrics_message_and_reproducer(page_text):
     assert "dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal" in plain
     assert "rel_err_vs_bf16_dK9.7≤ 4above" in plain
     assert "max_abs_err_dVnan" in plain
-    assert "Run seed1234Case seed1301" in plain
+    assert "Run seed1234 (--seed of the re-run command)Case seed1301 (the worst case's own seed)" in plain
     assert "flamia-verify check --kernel mxfp8-naive --recipe mxfp8 --suite quick --seed 1234 --only error" in plain
     worst = json.loads(re.search(r"Worst case:(\{.*?\n\})", plain, re.S).group(1))
     assert worst == example_report().check("error.backward").worst_case

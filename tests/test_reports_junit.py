@@ -60,7 +60,7 @@ def test_failure_carries_message_metrics_and_worst_case(root):
     text = failure.text
     assert "rel_err_vs_bf16_dK = 9.7  (threshold: at most 4: OUTSIDE)" in text
     assert "max_abs_err_dV = nan" in text
-    assert "reproduce: run seed 1234, case seed 1301" in text
+    assert "reproduce: run seed 1234 (--seed of the command below), case seed 1301 (the worst case's own seed)" in text
     assert "flamia-verify check --kernel mxfp8-naive --recipe mxfp8 --suite quick --seed 1234 --only error" in text
     worst = json.loads(text.split("worst case:\n", 1)[1])
     assert worst == example_report().check("error.backward").worst_case

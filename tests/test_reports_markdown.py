@@ -69,7 +69,10 @@ def test_each_failure_gets_a_collapsed_reproducer(md):
     )
     assert "**Message:** dK error 9.7x BF16 (limit 4x): K quantized across the causal diagonal" in body
     assert "| rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 | **outside** |" in body
-    assert "**Reproduce:** run seed 1234, case seed 1301." in body
+    assert (
+        "**Reproduce:** run seed 1234 (--seed of the re-run below), case seed 1301 (the worst case's own seed, in its JSON)."
+        in body
+    )
     assert _json_blocks(body) == [example_report().check("error.backward").worst_case]
     assert "flamia-verify check --kernel mxfp8-naive --recipe mxfp8 --suite quick --seed 1234 --only error" in body
 

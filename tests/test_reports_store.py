@@ -38,7 +38,18 @@ def test_round_trip_is_equal(tmp_path):
 def test_round_trip_keeps_key_order_and_summary(tmp_path):
     report = _without_nan(example_report())
     data = json.loads(write_reports(report, tmp_path)["json"].read_text())
-    assert list(data) == ["schema", "kernel", "recipe", "suite", "seed", "environment", "checks", "summary"]
+    assert list(data) == [
+        "schema",
+        "kernel",
+        "recipe",
+        "suite",
+        "seed",
+        "threshold_overrides",
+        "environment",
+        "checks",
+        "summary",
+    ]
+    assert data["threshold_overrides"] == []
     assert data["schema"] == SCHEMA
     check = data["checks"][1]
     assert list(check["thresholds"]) == ["rel_err_vs_bf16_dQ", "rel_err_vs_bf16_dK", "rel_err_vs_bf16_dV"]

@@ -60,8 +60,29 @@ def _from_module(spec: str) -> LoadedKernel:
     except (Exception, SystemExit) as exc:  # an import error (or sys.exit) inside the user's module is a load failure
         raise KernelLoadError(
             f"cannot import module {mod_name!r} for kernel {spec!r}: {type(exc).__name__}: {exc}"
+            f"{_file_here_hint(mod_name, attr, exc)}"
         ) from exc
     return _attr(module, attr, spec, "module")
+
+
+def _file_here_hint(mod_name: str, attr: str, exc: BaseException) -> str:
+    """When the module that was not found is a file (or package) in the current directory: the
+    console script does not put the current directory on ``sys.path`` (``python -m`` does), so say
+    so, and name the ``file.py:function`` spec that loads it."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or not (mod_name == missing or mod_name.startswith(missing + ".")):
+        return ""
+    parts = mod_name.split(".")
+    here = Path.cwd()
+    file = Path(*parts).with_suffix(".py")
+    if (here / file).is_file():
+        return (
+            f"; {file.as_posix()} is in the current directory, which is not on sys.path: "
+            f"use --kernel {file.as_posix()}:{attr} (or run with PYTHONPATH=.)"
+        )
+    if (here / parts[0] / "__init__.py").is_file():
+        return f"; the package {parts[0]}/ is in the current directory, which is not on sys.path: run with PYTHONPATH=."
+    return ""
 
 
 def _from_file(spec: str) -> LoadedKernel:

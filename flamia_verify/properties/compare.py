@@ -2,8 +2,10 @@
 
 Every comparison returns a :class:`Mismatch`: how many elements were compared and how many break
 the rule, the non-finite elements, the first few offending positions with both values, the worst
-position, and the largest absolute and relative differences among the violations. Positions are
-named (token, head, channel) and, when the packing is known, (document, position in document).
+position, and the largest absolute and relative differences among the violations (relative only
+where the reference is not 0; the violations at a zero reference are counted apart, with their
+largest absolute difference). Positions are named (token, head, channel) and, when the packing is
+known, (document, position in document).
 
 Front ends:
 
@@ -80,7 +82,11 @@ class Mismatch:
     mismatched: int = 0
     nonfinite: int = 0  # positions where actual is NaN/Inf and expected is finite
     max_abs_diff: float = 0.0
-    max_rel_diff: float = 0.0
+    #: among the violations where the reference is not 0; None when it is 0 at every one
+    max_rel_diff: float | None = 0.0
+    #: violations where the reference is 0 (no relative difference there), and their largest |actual|
+    zero_reference: int = 0
+    max_abs_diff_zero_reference: float = 0.0
     first: list[dict] = field(default_factory=list)
     worst: dict | None = None
     mask: torch.Tensor | None = None  # bool, True where the rule breaks (same shape as the inputs)
@@ -98,8 +104,17 @@ class Mismatch:
             return f"{self.what}: {self.total} elements {self.rule}"
         text = (
             f"{self.what}: Mismatched elements: {self.mismatched} / {self.total} ({100 * self.fraction:.3g}%)"
-            f", max abs diff {self.max_abs_diff:.4g}, max rel diff {self.max_rel_diff:.4g}"
+            f", max abs diff {self.max_abs_diff:.4g}"
         )
+        if self.max_rel_diff is not None:
+            text += f", max rel diff {self.max_rel_diff:.4g}"
+        if self.zero_reference == self.mismatched:
+            text += " (the reference is 0 at every mismatch: no relative difference)"
+        elif self.zero_reference:
+            text += (
+                f" ({self.zero_reference} where the reference is 0: max abs diff there "
+                f"{self.max_abs_diff_zero_reference:.4g})"
+            )
         if self.nonfinite:
             text += f", {self.nonfinite} non-finite where the reference is finite"
         if self.worst is not None:
@@ -119,7 +134,9 @@ class Mismatch:
             "mismatch_percent": 100 * self.fraction,
             "nonfinite": self.nonfinite,
             "max_abs_diff": json_number(self.max_abs_diff),
-            "max_rel_diff": json_number(self.max_rel_diff),
+            "max_rel_diff": None if self.max_rel_diff is None else json_number(self.max_rel_diff),
+            "zero_reference": self.zero_reference,
+            "max_abs_diff_zero_reference": json_number(self.max_abs_diff_zero_reference),
             "first": self.first,
             "worst": self.worst,
         }
@@ -139,8 +156,18 @@ def _finish(what, rule, actual, expected, bad, cu, extra: torch.Tensor | None = 
     d_bad = torch.where(bad, diff, torch.zeros_like(diff))
     d_bad = torch.nan_to_num(d_bad, nan=float("inf"))
     m.max_abs_diff = float(d_bad.max())
-    rel = d_bad / e64.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    m.max_rel_diff = float(torch.where(bad, rel, torch.zeros_like(rel)).max())
+    # relative to a reference of 0 there is no relative difference (dividing by the smallest normal
+    # printed 1e+307): those violations are counted, with their absolute difference, apart
+    at_zero = bad & (e64 == 0)
+    m.zero_reference = int(at_zero.sum())
+    if m.zero_reference:
+        m.max_abs_diff_zero_reference = float(torch.where(at_zero, d_bad, torch.zeros_like(d_bad)).max())
+    relative = bad & ~at_zero
+    if m.zero_reference == n_bad:
+        m.max_rel_diff = None
+    else:
+        rel = d_bad / torch.where(relative, e64.abs(), torch.ones_like(e64))
+        m.max_rel_diff = float(torch.where(relative, rel, torch.zeros_like(rel)).max())
     flat_bad = torch.nonzero(bad.reshape(-1)).flatten()
     shape = tuple(actual.shape)
     for i in flat_bad[:FIRST_FEW].tolist():

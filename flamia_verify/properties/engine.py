@@ -5,7 +5,8 @@ Failure handling:
 
 * the kernel cannot run the smallest case -> :class:`KernelCrashError` (nothing else could run);
 * the kernel raises or hangs on one case -> that check is ``error`` (the exception type and text in
-  its message, the case in ``worst_case``), and the other checks still run;
+  its message, the case and the exception's full traceback in ``worst_case``), and the other checks
+  still run;
 * a kernel declared forward-only (``forward_only=True``) -> its backward is never called; every
   gradient-only check is ``skip`` and the report says that gradients were not checked;
 * an undeclared kernel whose backward is missing (no grad_fn) or raises on the smallest case ->
@@ -42,8 +43,8 @@ from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec, all_specs
-from flamia_verify.properties.thresholds import resolve_thresholds
-from flamia_verify.results import FAMILIES, CheckResult, Report
+from flamia_verify.properties.thresholds import override_records, resolve_thresholds
+from flamia_verify.results import API_SOURCE, FAMILIES, CheckResult, Report
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
 
 __all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks"]
@@ -176,7 +177,12 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
             "error",
             {},
             message=f"the kernel failed ({err.stage}): {err.summary}",
-            worst_case={"case": err.case.to_dict(), "stage": err.stage, "exception": err.summary},
+            worst_case={
+                "case": err.case.to_dict(),
+                "stage": err.stage,
+                "exception": err.summary,
+                "traceback": err.traceback,
+            },
         )
     except FlamiaVerifyError:
         raise
@@ -202,7 +208,12 @@ def _without_gradients(ctx: CheckContext) -> CheckResult:
         {},
         message=f"gradients not checked: {b.reason} on the smallest case; a kernel without a working backward "
         "fails unless declared forward-only (--forward-only, forward_only = true)",
-        worst_case={"case": b.case.to_dict(), "stage": "backward", "exception": b.reason} if b.case else {},
+        worst_case=(
+            {"case": b.case.to_dict(), "stage": "backward", "exception": b.reason}
+            | ({"traceback": b.traceback} if b.traceback else {})
+            if b.case
+            else {}
+        ),
     )
 
 
@@ -247,6 +258,7 @@ def run_checks(
     case_timeout_s: float | None = None,
     forward_only: bool = False,
     on_report: Callable[[Report], None] | None = None,
+    threshold_source: str | None = None,
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -259,6 +271,8 @@ def run_checks(
     a backward (its gradient checks skip; undeclared, a backward that cannot run fails the run).
     on_report receives the report after each finished check, marked incomplete (``complete`` False)
     until the run ends. A run that stops early raises with ``partial_report`` set on the exception.
+    threshold_source names where ``thresholds`` came from (the config file; default: the Python API);
+    every override is recorded in the report's ``threshold_overrides`` with its default and source.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -279,6 +293,7 @@ def run_checks(
         forward_only=forward_only,
     )
     report = Report(kernel=loaded.name, recipe=recipe, suite=suite, seed=seed, environment=environment(device))
+    report.threshold_overrides = override_records(recipe, dtype, suite, thresholds, threshold_source or API_SOURCE)
     report.environment.update(
         dtype=dtype_name(dtype),
         backward=ctx.has_backward,

@@ -14,6 +14,13 @@ perturbation, and checks on every example, in this order:
     isolation   (2+ documents) the target document bitwise unchanged when every other document is
                 replaced (huge / tiny / NaN)
 
+A leak is usually outside the bound as well, and the bound is checked first; so an example that
+fails finite or bound is also tested for causal and isolation (on its target document and on the
+documents where the violations are), and is reported under the leak when there is one, with the
+bound failure noted beside it (``detail["also_failed"]``). Shrinking keeps the kind of the first
+failure (a leak stays a leak); after hypothesis's shrinking, empty documents the failure does not
+need are dropped.
+
 A kernel that raises on a valid case breaks the calling convention ("crash"); so does one whose
 output has no grad_fn on a case whose reference gradients are not all zero, when its backward works
 elsewhere. On a case with nothing to differentiate (every reference gradient exactly 0, e.g. every
@@ -82,9 +89,12 @@ _CASE_FIELDS = set(Case.__dataclass_fields__)
 class FuzzResult:
     """What a fuzzing run found.
 
-    passed: no example failed. examples: examples run (including shrinking). reproducer: the minimal
-    failing example (JSON-able, see the module docstring) or None. report: a Report with one check
-    per property (``causal.fuzz``, ...). message: one line for a person.
+    passed: no example failed. requested: the examples asked for (``fuzz(examples=...)``, the command's
+    ``--examples``). examples: every example drawn, ``requested`` or fewer until the first failure
+    plus ``shrinking``, those drawn while shrinking it (so it can exceed ``requested``). reproducer:
+    the minimal failing example (JSON-able, see the module docstring) or None. report: a Report with
+    one check per property (``causal.fuzz``, ...). message: one line for a person. counts: per
+    property, the distinct examples that failed it.
     """
 
     passed: bool
@@ -95,11 +105,15 @@ class FuzzResult:
     message: str = ""
     seconds: float = 0.0
     counts: dict = field(default_factory=dict)
+    requested: int = 0
+    shrinking: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
+            "examples_requested": self.requested,
             "examples": self.examples,
+            "examples_shrinking": self.shrinking,
             "seed": self.seed,
             "reproducer": self.reproducer,
             "message": self.message,
@@ -111,9 +125,34 @@ class FuzzResult:
 
 @dataclass
 class _Finding:
+    """One failing property of an example. ``document`` and ``perturbation``: the target document and
+    the perturbation the finding was seen with, when they are not the example's own (an attributed
+    failure, see :func:`_evaluate`); ``rows``: the token rows of ``detail["tensor"]`` that broke a
+    finite or bound rule (where to look for a leak)."""
+
     prop: str
     message: str
     detail: dict
+    document: int | None = None
+    perturbation: str | None = None
+    rows: tuple[int, ...] = ()
+
+    def example(self, document: int, perturbation: str) -> tuple[int, str]:
+        """(document, perturbation) of the example that reproduces this finding."""
+        return (
+            document if self.document is None else self.document,
+            perturbation if self.perturbation is None else self.perturbation,
+        )
+
+
+#: properties whose failure may be the visible symptom of a leak: a failing example is also tested
+#: for ATTRIBUTABLE_TO, and a leak found there names the failure
+SYMPTOMS = ("finite", "bound")
+ATTRIBUTABLE_TO = ("causal", "isolation")
+
+#: documents tested for a leak behind a finite or bound failure: the example's target and the first
+#: ones holding a violating row (each costs up to three kernel calls, spent only on failing examples)
+ATTRIBUTION_DOCUMENTS = 3
 
 
 def _doc_slices(case: Case, b: int):
@@ -158,17 +197,57 @@ def _zero_grads(res: KernelOutputs, inp: Inputs) -> KernelOutputs:
 def evaluate_example(
     ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None = None
 ) -> _Finding | None:
-    """Check one example; the first failing property (or ``only`` that one). A kernel that raises,
-    on the case or on one of its perturbed copies, is a "crash" finding."""
+    """Check one example; the failing property it is attributed to (see :func:`_evaluate`), or only
+    ``only``. A kernel that raises, on the case or on one of its perturbed copies, is a "crash" finding."""
     try:
         return _evaluate(ctx, case, document=document, t=t, perturbation=perturbation, only=only)
     except KernelCallError as err:
         return _Finding(
-            "crash", f"the kernel raised on a valid case: {err.summary}", {"exception": err.summary, "stage": err.stage}
+            "crash",
+            f"the kernel raised on a valid case: {err.summary}",
+            {"exception": err.summary, "stage": err.stage, "traceback": err.traceback},
         )
 
 
+def _traceback_of(finding: _Finding | None) -> dict:
+    """``{"traceback": ...}`` for a finding of a kernel that raised, else nothing."""
+    trace = finding.detail.get("traceback") if finding is not None else None
+    return {"traceback": trace} if trace else {}
+
+
+def _bad_rows(mask: torch.Tensor | None) -> tuple[int, ...]:
+    if mask is None:
+        return ()
+    return tuple(int(i) for i in mask.flatten(1).any(dim=1).nonzero().flatten().tolist())
+
+
+def _documents_of(case: Case, tensor: str, rows: tuple[int, ...]) -> list[int]:
+    """The documents holding ``rows`` of ``tensor`` (query rows for out and dq, key rows for dk and dv),
+    in row order, each once."""
+    lens = case.lens_q if tensor in ("out", "dq") else case.lens_k
+    ends, total = [], 0
+    for n in lens:
+        total += n
+        ends.append(total)
+    docs: list[int] = []
+    b = 0
+    for r in rows:
+        while b < len(ends) and r >= ends[b]:
+            b += 1
+        if b < len(ends) and b not in docs:
+            docs.append(b)
+    return docs
+
+
 def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only: str | None) -> _Finding | None:
+    """The properties in order: finite, bound, causal, isolation. The first causal or isolation failure
+    is the finding. A finite or bound failure is a symptom that a leak shows too (a kernel that attends
+    across documents, or ignores the causal flag, is outside the bound long before anything else), so
+    the example is then also tested for causal and isolation failures, on its target document and on
+    the documents where the violations are (with huge values as well when its perturbation is NaN,
+    which the causal test puts only in q and dO); a leak found there names the failure, with the
+    symptom recorded beside it (``detail["also_failed"]``). Without one, the finite or bound failure
+    stands."""
     inp = make_inputs(case, ctx.device)
     res, gradless = _call(ctx, inp)
     ref = ctx.reference(inp)
@@ -188,95 +267,142 @@ def _evaluate(ctx, case: Case, *, document: int, t: int, perturbation: str, only
         return _zero_grads(out, new_inp) if no_grad and ctx.has_backward else out
 
     names = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
-
-    def want(p):
-        return only is None or only == p
-
-    if want("finite"):
-        for n in names:
-            x, r = getattr(res, n), getattr(ref, n)
-            if x is None:
+    symptom = None
+    if only in (None, "finite"):
+        symptom = _finite(res, ref, names)
+    if symptom is None and only in (None, "bound"):
+        symptom = _bound(ctx, case, inp, res, ref, names)
+    if symptom is not None and only is not None:
+        return symptom
+    targets = [(document, perturbation)]
+    if symptom is not None:
+        rows_docs = _documents_of(case, symptom.detail.get("tensor", "out"), symptom.rows)
+        targets += [(b, perturbation) for b in rows_docs if b != document][: ATTRIBUTION_DOCUMENTS - 1]
+        if perturbation == "nan":
+            targets += [(b, "huge") for b, _ in targets]
+    for b, kind in targets:
+        for prop in ATTRIBUTABLE_TO:
+            if only not in (None, prop):
                 continue
-            bad = ~torch.isfinite(x) & torch.isfinite(r.to(x.device))
-            if bool(bad.any()):
-                return _Finding(
-                    "finite",
-                    f"{int(bad.sum())} non-finite {n} elements where the reference is finite",
-                    {"tensor": n, "nonfinite": int(bad.sum())},
+            test = _causal if prop == "causal" else _isolation
+            leak = test(ctx, case, inp, res, run, document=b, t=t, perturbation=kind)
+            if leak is None:
+                continue
+            if b != document:
+                leak.document = b
+            if kind != perturbation:
+                leak.perturbation = kind
+            if symptom is not None:
+                leak.detail["also_failed"] = {symptom.prop: symptom.message}
+                leak.message += (
+                    f" (the example is {'outside the bound' if symptom.prop == 'bound' else 'non-finite'} "
+                    f"too: {symptom.prop} fails on {symptom.detail.get('tensor', 'out')}, a consequence of the leak)"
                 )
-    if want("bound"):
-        B = attention_bounds(
-            inp.q,
-            inp.k,
-            inp.v,
-            inp.do,
-            inp.cu_q.tolist(),
-            inp.cu_k.tolist(),
-            scale=case.scale,
-            causal=case.causal,
-            model=ctx.bound_model,
-            ref_out=ref.out,
-            ref_grads=(ref.dq, ref.dk, ref.dv),
-        )
-        for n in names:
-            x = getattr(res, n)
-            if x is None:
-                continue
-            m = compare_within(x, getattr(ref, n), getattr(B, n), what=f"|{n} - reference|", rule="within the bound")
-            if not m.ok:
-                return _Finding("bound", m.summary(), {"tensor": n, "mismatch": m.to_dict()})
-    lq = case.lens_q[document] if document < len(case.lens_q) else 0
-    if want("causal") and case.causal and lq >= 2:
-        tt = min(t, lq - 2)
-        tensors = ("q", "do") if perturbation == "nan" else ("q", "k", "v", "do")
-        new = run(_future_inputs(inp, document, tt, perturbation, seed=case.seed + 1, tensors=tensors))
-        q0, q1, k0, k1 = _doc_slices(case, document)
-        region = torch.zeros(res.out.shape[0], 1, 1, dtype=torch.bool, device=res.out.device)
-        region[q0 : q0 + tt + 1] = True
-        for n in ("out", "dq"):
-            a, b_ = getattr(new, n), getattr(res, n)
-            if a is None or b_ is None:
-                continue
-            m = compare_bitwise(a, b_, what=f"{n} at/before t={tt} of document {document}", region=region)
-            if not m.ok:
-                return _Finding("causal", m.summary(), {"tensor": n, "t": tt, "mismatch": m.to_dict()})
-        # dK, dV of keys j >= t + offset see only queries i >= t: replace q and dO before t
-        td = min(max(t, 1), lq - 1)
-        lo = k0 + max(0, td + (k1 - k0) - lq)
-        if ctx.has_backward and perturbation != "nan" and lo < k1:
-            g = torch.Generator().manual_seed(case.seed + 3)
-            rows = slice(q0, q0 + td)
-            new = run(
-                inp.replace(
-                    q=perturb_rows(inp.q, rows, perturbation, g), do=perturb_rows(inp.do, rows, perturbation, g)
-                )
+            return leak
+    return symptom
+
+
+def _finite(res: KernelOutputs, ref, names) -> _Finding | None:
+    for n in names:
+        x, r = getattr(res, n), getattr(ref, n)
+        if x is None:
+            continue
+        bad = ~torch.isfinite(x) & torch.isfinite(r.to(x.device))
+        if bool(bad.any()):
+            return _Finding(
+                "finite",
+                f"{int(bad.sum())} non-finite {n} elements where the reference is finite",
+                {"tensor": n, "nonfinite": int(bad.sum())},
+                rows=_bad_rows(bad),
             )
-            region = torch.zeros(res.dk.shape[0], 1, 1, dtype=torch.bool, device=res.dk.device)  # type: ignore[union-attr]
-            region[lo:k1] = True
-            for n in ("dk", "dv"):
-                a, b_ = getattr(new, n), getattr(res, n)
-                if a is None or b_ is None:
-                    continue
-                m = compare_bitwise(
-                    a,
-                    b_,
-                    what=f"{n} at/after key {lo - k0} of document {document} (q, dO before t={td} replaced)",
-                    region=region,
-                )
-                if not m.ok:
-                    return _Finding("causal", m.summary(), {"tensor": n, "t": td, "mismatch": m.to_dict()})
-    nonempty = [b for b, (a, c) in enumerate(zip(case.lens_q, case.lens_k)) if a or c]
-    if want("isolation") and len(nonempty) >= 2 and lq > 0:
-        new = run(_replace_others(inp, document, perturbation, seed=case.seed + 2))
-        q0, q1, k0, k1 = _doc_slices(case, document)
-        for n in ("out", "dq", "dk", "dv"):
+    return None
+
+
+def _bound(ctx, case: Case, inp: Inputs, res: KernelOutputs, ref, names) -> _Finding | None:
+    B = attention_bounds(
+        inp.q,
+        inp.k,
+        inp.v,
+        inp.do,
+        inp.cu_q.tolist(),
+        inp.cu_k.tolist(),
+        scale=case.scale,
+        causal=case.causal,
+        model=ctx.bound_model,
+        ref_out=ref.out,
+        ref_grads=(ref.dq, ref.dk, ref.dv),
+    )
+    for n in names:
+        x = getattr(res, n)
+        if x is None:
+            continue
+        m = compare_within(x, getattr(ref, n), getattr(B, n), what=f"|{n} - reference|", rule="within the bound")
+        if not m.ok:
+            return _Finding("bound", m.summary(), {"tensor": n, "mismatch": m.to_dict()}, rows=_bad_rows(m.mask))
+    return None
+
+
+def _causal(ctx, case: Case, inp: Inputs, res: KernelOutputs, run, *, document: int, t: int, perturbation: str):
+    """(causal cases) out and dQ of ``document`` at or before t unchanged when everything after t is
+    replaced; then dK and dV of its keys at or after t + offset unchanged when q and dO before t are."""
+    lq = case.lens_q[document] if document < len(case.lens_q) else 0
+    if not case.causal or lq < 2:
+        return None
+    tt = min(t, lq - 2)
+    tensors = ("q", "do") if perturbation == "nan" else ("q", "k", "v", "do")
+    new = run(_future_inputs(inp, document, tt, perturbation, seed=case.seed + 1, tensors=tensors))
+    q0, q1, k0, k1 = _doc_slices(case, document)
+    region = torch.zeros(res.out.shape[0], 1, 1, dtype=torch.bool, device=res.out.device)
+    region[q0 : q0 + tt + 1] = True
+    for n in ("out", "dq"):
+        a, b_ = getattr(new, n), getattr(res, n)
+        if a is None or b_ is None:
+            continue
+        m = compare_bitwise(a, b_, what=f"{n} at/before t={tt} of document {document}", region=region)
+        if not m.ok:
+            return _Finding("causal", m.summary(), {"tensor": n, "t": tt, "mismatch": m.to_dict()})
+    # dK, dV of keys j >= t + offset see only queries i >= t: replace q and dO before t
+    td = min(max(t, 1), lq - 1)
+    lo = k0 + max(0, td + (k1 - k0) - lq)
+    if ctx.has_backward and perturbation != "nan" and lo < k1:
+        g = torch.Generator().manual_seed(case.seed + 3)
+        rows = slice(q0, q0 + td)
+        new = run(
+            inp.replace(q=perturb_rows(inp.q, rows, perturbation, g), do=perturb_rows(inp.do, rows, perturbation, g))
+        )
+        region = torch.zeros(res.dk.shape[0], 1, 1, dtype=torch.bool, device=res.dk.device)  # type: ignore[union-attr]
+        region[lo:k1] = True
+        for n in ("dk", "dv"):
             a, b_ = getattr(new, n), getattr(res, n)
             if a is None or b_ is None:
                 continue
-            lo, hi = (q0, q1) if n in ("out", "dq") else (k0, k1)
-            m = compare_bitwise(a[lo:hi], b_[lo:hi], what=f"{n} of document {document} (others: {perturbation})")
+            m = compare_bitwise(
+                a,
+                b_,
+                what=f"{n} at/after key {lo - k0} of document {document} (q, dO before t={td} replaced)",
+                region=region,
+            )
             if not m.ok:
-                return _Finding("isolation", m.summary(), {"tensor": n, "mismatch": m.to_dict()})
+                return _Finding("causal", m.summary(), {"tensor": n, "t": td, "mismatch": m.to_dict()})
+    return None
+
+
+def _isolation(ctx, case: Case, inp: Inputs, res: KernelOutputs, run, *, document: int, t: int, perturbation: str):
+    """(2+ documents) ``document`` bitwise unchanged when every other document is replaced."""
+    lq = case.lens_q[document] if document < len(case.lens_q) else 0
+    nonempty = [b for b, (a, c) in enumerate(zip(case.lens_q, case.lens_k)) if a or c]
+    if len(nonempty) < 2 or lq == 0:
+        return None
+    new = run(_replace_others(inp, document, perturbation, seed=case.seed + 2))
+    q0, q1, k0, k1 = _doc_slices(case, document)
+    for n in ("out", "dq", "dk", "dv"):
+        a, b_ = getattr(new, n), getattr(res, n)
+        if a is None or b_ is None:
+            continue
+        lo, hi = (q0, q1) if n in ("out", "dq") else (k0, k1)
+        m = compare_bitwise(a[lo:hi], b_[lo:hi], what=f"{n} of document {document} (others: {perturbation})")
+        if not m.ok:
+            return _Finding("isolation", m.summary(), {"tensor": n, "mismatch": m.to_dict()})
     return None
 
 
@@ -284,6 +410,7 @@ def _reproducer(
     case: Case, document: int, t: int, perturbation: str, finding: _Finding, recipe: str, kernel: str
 ) -> dict:
     rep = case.to_dict()
+    document, perturbation = finding.example(document, perturbation)
     rep.update(
         property=finding.prop,
         document=document,
@@ -296,12 +423,22 @@ def _reproducer(
     return rep
 
 
+def _without_document(case: Case, b: int) -> Case:
+    return case.with_(lens_q=case.lens_q[:b] + case.lens_q[b + 1 :], lens_k=case.lens_k[:b] + case.lens_k[b + 1 :])
+
+
 @dataclass
 class Search:
-    """What one hypothesis search found: ``examples`` drawn (generation and shrinking), of which
-    ``distinct`` were evaluated (a repeated example is answered from the first evaluation),
-    ``counts`` of failing evaluations per property, and the minimal failing example (``finding``
-    with its ``reproducer``) or None; ``shrink_stopped``: the shrinking budget ran out."""
+    """What one hypothesis search found.
+
+    ``requested``: the examples asked for (hypothesis's ``max_examples``); ``generated``: examples
+    drawn before the search stopped (at its first failure, or after ``requested``); ``shrinking``:
+    examples drawn after the first failure to shrink it (hypothesis's shrinker, then the attempts to
+    drop empty documents); ``examples`` = generated + shrinking, every example drawn; ``distinct``:
+    of those, the ones run on the kernel (a repeated example is answered from its first run);
+    ``counts``: per property, the distinct examples that failed it; the minimal failing example
+    (``finding`` with its ``reproducer``) or None; ``shrink_stopped``: the shrinking budget ran out.
+    """
 
     examples: int
     counts: dict
@@ -310,6 +447,9 @@ class Search:
     shrink_stopped: bool = False
     distinct: int = 0
     cases: list = field(default_factory=list)
+    requested: int = 0
+    generated: int = 0
+    shrinking: int = 0
 
     def coverage(self, max_tokens: int = MAX_TOKENS) -> dict[str, int]:
         """How many evaluated examples reached each shape the strategies aim at."""
@@ -321,6 +461,14 @@ class Search:
             "lq_ne_lk_examples": sum(c.lens_q != c.lens_k for c in cs),
             "causal_examples": sum(c.causal for c in cs),
         }
+
+    def counts_text(self) -> str:
+        """The numbers of the search in words, e.g. "30 examples asked for; 92 drawn: 12 until the first
+        failure and 80 while shrinking it; 61 distinct ones run on the kernel"."""
+        text = f"{self.requested} examples asked for; {self.examples} drawn"
+        if self.shrinking:
+            text += f": {self.generated} until the first failure and {self.shrinking} while shrinking it"
+        return text + f"; {self.distinct} distinct ones run on the kernel"
 
 
 def search(
@@ -335,11 +483,18 @@ def search(
 ) -> Search:
     """Draw ``examples`` hypothesis examples (deterministic in ``seed``), evaluate each on ``ctx``'s
     kernel and shrink the first failure. ``shrink_limit`` bounds the kernel evaluations spent on
-    shrinking (None: hypothesis's own limit); past it, the smallest failing example so far stands."""
+    shrinking (None: hypothesis's own limit); past it, the smallest failing example so far stands (the
+    attempts to drop its empty documents, one evaluation each, come on top).
+
+    Shrinking keeps the kind of the first failure (:func:`_keeps`): a smaller example that fails
+    another property, such as a leak that shrinks into a mere bound violation, is counted but not
+    taken. After hypothesis's shrinking, each empty document (no queries or no keys) is dropped in
+    turn, kept out when the failure persists: hypothesis cannot remove one itself when the target
+    document's index would move, nor once the shrinking budget is spent."""
     counts = {p: 0 for p in PROPERTIES}
-    state: dict[str, Any] = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False}
+    state: dict[str, Any] = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False, "prop": None}
     cases: list[Case] = []  # the distinct examples' cases, in evaluation order
-    seen: dict = {}  # example -> failed: a repeated example is not rerun, and hypothesis sees one answer
+    seen: dict = {}  # example -> its finding (None: passed); a repeated example is not rerun
 
     strategy = st.tuples(
         attention_cases(max_tokens=max_tokens, long_tokens=long_tokens, dtype=dtype_name(ctx.dtype)),
@@ -348,16 +503,23 @@ def search(
         st.sampled_from(_KINDS),
     )
 
-    def fails(example) -> bool:
-        case, document, t, kind = example
-        document = document % max(1, len(case.lens_q))
+    def budget_spent() -> bool:
+        return (
+            shrink_limit is not None
+            and bool(state["failed"])
+            and state["distinct"] - state["failed_at"] >= shrink_limit
+        )
+
+    def evaluate(case: Case, document: int, t: int, kind: str, budgeted: bool = True) -> _Finding | None | bool:
+        """The finding of one example (None: it passes); False when the shrinking budget is spent (and
+        ``budgeted``)."""
         key = (case, document, t, kind)
         state["n"] += 1
         if key in seen:  # a repeated draw: its answer is known, and it counts toward the progress
             if on_example is not None:
                 on_example(state["n"])
             return seen[key]
-        if shrink_limit is not None and state["failed"] and state["distinct"] - state["failed_at"] >= shrink_limit:
+        if budgeted and budget_spent():
             state["stopped"] = True
             return False  # shrinking budget spent: an unevaluated example is not known to fail
         state["distinct"] += 1
@@ -365,13 +527,25 @@ def search(
         f = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
         if on_example is not None:
             on_example(state["n"])
-        seen[key] = f is not None
-        if f is None:
+        seen[key] = f
+        if f is not None:
+            counts[f.prop] += 1
+            if not state["failed"]:
+                state["failed_at"] = state["distinct"]
+                state["generated"] = state["n"]
+                state["prop"] = f.prop
+            state["failed"] += 1
+        return f
+
+    def unbudgeted(case: Case, document: int, t: int, kind: str) -> _Finding | None | bool:
+        return evaluate(case, document, t, kind, budgeted=False)
+
+    def fails(example) -> bool:
+        case, document, t, kind = example
+        document = document % max(1, len(case.lens_q))
+        f = evaluate(case, document, t, kind)
+        if not f or not _keeps(state["prop"], f.prop):  # type: ignore[union-attr]  # f is a finding here
             return False
-        counts[f.prop] += 1
-        if not state["failed"]:
-            state["failed_at"] = state["distinct"]
-        state["failed"] += 1
         state["last"] = (case, document, t, kind, f)
         return True
 
@@ -390,13 +564,59 @@ def search(
     reproducer, found = None, None
     if state["last"] is not None:
         case, document, t, kind, f = state["last"]
+        document, kind = f.example(document, kind)
+        # past the shrinking budget too: at most one evaluation per empty document (8 at most)
+        case, document = _drop_empty_documents(case, document, t, kind, unbudgeted, f.prop)
         # hypothesis ends on the minimal example; rerun it to make sure it fails deterministically
         again = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
         if again is not None:
             f = again
         reproducer = _reproducer(case, document, t, kind, f, ctx.recipe, ctx.kernel_name)
         found = f
-    return Search(state["n"], counts, found, reproducer, state["stopped"], state["distinct"], cases)
+    generated = state.get("generated", state["n"])
+    return Search(
+        state["n"],
+        counts,
+        found,
+        reproducer,
+        state["stopped"],
+        state["distinct"],
+        cases,
+        requested=examples,
+        generated=generated,
+        shrinking=state["n"] - generated,
+    )
+
+
+def _keeps(first: str, prop: str) -> bool:
+    """Whether a smaller example failing ``prop`` reproduces a failure of ``first`` while shrinking: the
+    same property; or a leak for a leak (causal for isolation and back: the smaller example is named
+    by what it fails); or a leak for a finite or bound failure (the more specific finding). A leak
+    never shrinks into a mere bound violation, nor anything into a crash or out of one."""
+    return prop == first or (prop in ATTRIBUTABLE_TO and first in ATTRIBUTABLE_TO + SYMPTOMS)
+
+
+def _drop_empty_documents(case: Case, document: int, t: int, kind: str, evaluate, prop: str):
+    """(case, document) of the failing example (case, document, t, kind) with every empty document (no
+    queries or no keys) that the failure does not need removed: each is dropped in turn, last first,
+    and stays out when the example still fails ``prop`` (or what :func:`_keeps` lets stand for it;
+    ``evaluate`` gives an example's finding). ``document``, the target, follows its document."""
+    b = len(case.lens_q) - 1
+    while b >= 0:
+        if len(case.lens_q) > 1 and (case.lens_q[b] == 0 or case.lens_k[b] == 0):
+            if b != document:
+                target = document - (b < document)
+            elif prop in ATTRIBUTABLE_TO:  # the failure was seen on this document: it is needed
+                b -= 1
+                continue
+            else:  # the target of a bound, finite or crash failure only matters for attribution
+                target = min(b, len(case.lens_q) - 2)
+            smaller = _without_document(case, b)
+            g = evaluate(smaller, target, t, kind)
+            if g and _keeps(prop, g.prop) and g.example(target, kind) == (target, kind):
+                case, document = smaller, target
+        b -= 1
+    return case, document
 
 
 def fuzz(
@@ -459,7 +679,10 @@ def fuzz(
         raise
     found, reproducer, n, counts = res.finding, res.reproducer, res.examples, res.counts
     report = Report(kernel=loaded.name, recipe=recipe, suite="fuzz", seed=seed, environment=environment(device))
-    report.environment.update(dtype=dtype_name(dtype), backward=ctx.has_backward, examples=n)
+    report.environment.update(
+        dtype=dtype_name(dtype), backward=ctx.has_backward, examples_requested=examples, examples_drawn=n
+    )
+    numbers = res.counts_text()
     for prop, name in PROPERTIES.items():
         family = name.partition(".")[0]
         shrunk = found is not None and found.prop == prop
@@ -469,19 +692,26 @@ def fuzz(
             # the search shrinks only its first failure; this property failed on other examples too
             first = f", a {found.prop} one" if found is not None else ""
             message = (
-                f"{prop}: failed on {counts[prop]} of {n} examples (not shrunk: the search shrinks only "
-                f"its first failure{first})"
+                f"{prop}: failed on {counts[prop]} of the {res.distinct} distinct examples run (not shrunk: the "
+                f"search shrinks only its first failure{first}); {numbers}"
             )
         else:
-            message = f"{prop}: no failure in {n} examples ({res.distinct} distinct)"
+            message = f"{prop}: no failure; {numbers}"
         report.checks.append(
             CheckResult(
                 name=name,
                 family=family,
                 status="fail" if shrunk or counts[prop] else "pass",
-                metrics={"examples": n, "distinct_examples": res.distinct, "failing_examples": counts[prop]},
+                metrics={
+                    "failing_examples": counts[prop],
+                    "examples_requested": res.requested,
+                    "examples_drawn": n,
+                    "examples_shrinking": res.shrinking,
+                    "distinct_examples": res.distinct,
+                },
                 thresholds={"failing_examples": 0},
-                worst_case=dict(reproducer) if shrunk else {},  # type: ignore[arg-type]  # set with found
+                # the reproducer, and the full traceback of a crash (report.json only, not fuzz-case.json)
+                worst_case={**reproducer, **_traceback_of(found)} if shrunk else {},  # type: ignore[dict-item]
                 message=message,
                 duration_s=0.0,
             )
@@ -512,12 +742,21 @@ def fuzz(
     msg = (
         f"{found.prop} failed; minimal case {reproducer['lens_q']} / {reproducer['lens_k']}: {found.message}"  # type: ignore[index]
         if found
-        else f"no failure in {n} examples"
+        else f"no failure; {numbers}"
     )
     if not support.available and not support.declared:
         msg = f"the backward cannot run ({support.reason}); " + msg
     return FuzzResult(
-        found is None and (support.available or support.declared), n, seed, reproducer, report, msg, seconds, counts
+        found is None and (support.available or support.declared),
+        n,
+        seed,
+        reproducer,
+        report,
+        msg,
+        seconds,
+        counts,
+        requested=examples,
+        shrinking=res.shrinking,
     )
 
 
@@ -528,6 +767,13 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
     ``worst_case["recipe"]`` says which ran (and ``worst_case["kernel"]`` which kernel)."""
     if not isinstance(case, dict):
         raise ConfigError(f"a reproducer must be a JSON object, got {type(case).__name__}")
+    if "lens_q" not in case and isinstance(case.get("case"), dict):  # a check's worst case, not a reproducer
+        raise ConfigError(
+            f"this is the worst case of a `flamia-verify check` run (case seed {case['case'].get('seed')!r}), "
+            "not a fuzz reproducer: re-run it with the command its report prints (flamia-verify check ... "
+            "--seed RUN_SEED --only FAMILY draws the same case again); Case.from_dict(worst_case['case']) "
+            "and make_inputs rebuild its tensors"
+        )
     prop = case.get("property", "bound")
     if prop not in PROPERTIES:
         raise ConfigError(f"unknown property {prop!r} in the reproducer; known: {', '.join(PROPERTIES)}")
@@ -548,7 +794,7 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
     try:
         f = evaluate_example(ctx, c, only=None if prop == "crash" else prop, **kw)
     except KernelCallError as err:
-        f = _Finding("crash", err.summary, {})
+        f = _Finding("crash", err.summary, {"traceback": err.traceback})
     status = "pass" if f is None else ("error" if f.prop == "crash" and prop != "crash" else "fail")
     return CheckResult(
         name=name,
@@ -561,7 +807,8 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
             "recipe": recipe,
             "kernel": loaded.name,
             "replayed": True,
-            **({"detail": f.detail} if f else {}),
+            **({"detail": {k: v for k, v in f.detail.items() if k != "traceback"}} if f else {}),
+            **_traceback_of(f),
         },
         message=f"replayed {prop} on {c.describe()}: " + ("passes" if f is None else f.message),
         duration_s=time.perf_counter() - t0,

@@ -39,6 +39,7 @@ __all__ = [
     "BackwardSupport",
     "Modification",
     "is_leaf_inplace_error",
+    "kernel_traceback",
     "same_bits",
 ]
 
@@ -77,8 +78,19 @@ class KernelOutputs:
         return d
 
 
+def kernel_traceback(exc: BaseException) -> str:
+    """The full traceback text of an exception the kernel raised, from the first frame outside this
+    module (the kernel's call, or autograd's backward) down, with its chained causes."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_globals.get("__name__") == __name__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 class KernelCallError(Exception):
-    """The kernel raised (or hung) on one case; the check that called it reports ``error``."""
+    """The kernel raised (or hung) on one case; the check that called it reports ``error``.
+
+    summary: the exception's type and first line; traceback: its full traceback text."""
 
     def __init__(self, case: Case, exc: BaseException, stage: str):
         self.case = case
@@ -86,6 +98,7 @@ class KernelCallError(Exception):
         self.stage = stage
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         self.summary = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        self.traceback = kernel_traceback(exc)
         super().__init__(f"kernel {stage} failed on {case.describe()}: {self.summary}")
 
 
@@ -97,6 +110,7 @@ class BackwardSupport:
     kernel forward-only (its backward is never called). cause: "declared", "no_grad_fn", "raised",
     "no_gradient" (the backward gave no gradient for q, k or v) or "inplace" (the forward writes into
     an input in place, which autograd rejects on leaf inputs that require grad). case: the probe case.
+    traceback: the full traceback of what the backward raised (cause "raised"; else empty).
     """
 
     available: bool
@@ -104,6 +118,7 @@ class BackwardSupport:
     declared: bool = False
     cause: str = ""
     case: Case | None = None
+    traceback: str = ""
 
 
 @dataclass
@@ -314,7 +329,9 @@ class KernelHarness:
             return fwd, BackwardSupport(False, str(nb), cause="no_grad_fn", case=case)
         except KernelCallError as err:
             if err.stage == "backward":
-                return fwd, BackwardSupport(False, f"the backward raised {err.summary}", cause="raised", case=case)
+                return fwd, BackwardSupport(
+                    False, f"the backward raised {err.summary}", cause="raised", case=case, traceback=err.traceback
+                )
             if is_leaf_inplace_error(err.exc):
                 return fwd, BackwardSupport(
                     False,

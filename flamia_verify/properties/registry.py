@@ -3,7 +3,14 @@
 A check is a function ``fn(ctx) -> CheckResult`` registered with :func:`register`. Its spec says
 which suites run it, whether it needs the kernel's backward (gradient-only checks are skipped with
 the reason for a forward-only kernel), its default thresholds (a function of the recipe and the
-input dtype, derived in docs/checks.md) and its options (switches that are not thresholds).
+input dtype, derived in docs/checks.md), which of those a user may override (``adjustable``: the
+tolerances), and its options (switches that are not thresholds).
+
+A threshold key that is not adjustable is the check's contract: a count of bitwise changes, rigorous
+bound violations or convention breaches where any finding fails the check whatever the number
+(``causal.forward`` allows no leaked element). Its value is shown in the reports but an override is
+refused when the thresholds are validated (a ConfigError naming the key and the check's adjustable
+keys), so that no accepted key is ever ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ class CheckSpec:
     fn: Callable | None = field(default=None, repr=False, compare=False)
     defaults: Callable | None = field(default=None, repr=False, compare=False)  # (recipe, dtype) -> dict
     options: dict = field(default_factory=dict, compare=False)  # switch -> default (bool)
+    #: threshold keys a user may override (tolerances the verdict is judged against); the others are
+    #: the check's contract, fixed at their default
+    adjustable: tuple[str, ...] = field(default=(), compare=False)
 
     def default_thresholds(self, recipe: str, dtype) -> dict:
         return dict(self.defaults(recipe, dtype)) if self.defaults is not None else {}
@@ -48,14 +58,27 @@ def register(
     cost: float = 1.0,
     defaults: Callable | None = None,
     options: dict | None = None,
+    adjustable: tuple[str, ...] = (),
 ):
+    """Register ``fn(ctx) -> CheckResult`` as check ``name`` (see :class:`CheckSpec` for the fields).
+    ``adjustable`` names the threshold keys of ``defaults`` a user may override; every other key is
+    the check's contract, fixed (a threshold a finding fails regardless of its value)."""
     family = name.partition(".")[0]
     if family not in FAMILIES:
         raise ValueError(f"check {name!r}: family {family!r} is not one of {FAMILIES}")
 
     def deco(fn):
         _REGISTRY[name] = CheckSpec(
-            name, family, description, tuple(suites), needs_backward, cost, fn, defaults, dict(options or {})
+            name,
+            family,
+            description,
+            tuple(suites),
+            needs_backward,
+            cost,
+            fn,
+            defaults,
+            dict(options or {}),
+            tuple(adjustable),
         )
         return fn
 

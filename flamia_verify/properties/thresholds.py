@@ -11,11 +11,14 @@ Every default is derived (docs/checks.md gives each derivation):
 * from the null distribution of a statistic (bias z-scores).
 
 Overrides have the shape ``{check_name: {key: value}}`` plus an optional ``"suite"`` entry with
-suite settings (see :mod:`flamia_verify.settings`). A key is a threshold (a number; inf
+suite settings (see :mod:`flamia_verify.settings`). A key is an adjustable threshold (a number; inf
 switches it off) or a check's option (``causal.nan`` ``require_nan_keys``, ``determinism.repeat``
 ``warn_only``: true or false). Unknown names, keys and values of the wrong kind raise
 :class:`ConfigError` naming them (and the file they came from, when the config loader validates a
-file's thresholds with :func:`validate_overrides`).
+file's thresholds with :func:`validate_overrides`). So does a fixed key (:func:`fixed_keys`): a
+threshold that is the check's contract (no leaked element, no bound violation, no bitwise
+mismatch: any finding fails the check), shown in the reports but never read from an override.
+Every accepted override is recorded in the report (:func:`override_records`).
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.kernels.operands import OPERANDS_REACHING
 from flamia_verify.kernels.recipes import RECIPES, get_recipe
-from flamia_verify.settings import validate_thresholds
+from flamia_verify.settings import suite_settings, validate_thresholds
 
 __all__ = [
     "default_thresholds",
     "predicted_rel_rmse",
     "resolve_thresholds",
     "validate_overrides",
+    "fixed_keys",
+    "override_records",
     "ERROR_MODEL_FACTOR",
     "BIAS_Z",
     "input_unit_roundoff",
@@ -77,22 +82,58 @@ def default_thresholds(recipe: str, dtype: torch.dtype = torch.bfloat16) -> dict
     return {s.name: s.default_thresholds(recipe, dtype) for s in all_specs()}
 
 
-def _known_keys(specs) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Every check's threshold keys and options with the kind of their defaults. The keys are the same
-    for every recipe and dtype (only the values differ), so any recipe serves to list them."""
+def _known_keys(specs) -> tuple[dict[str, dict], dict[str, dict], dict[str, list[str]]]:
+    """Every check's threshold keys and options with the kind of their defaults, and its fixed keys (the
+    threshold keys that are its contract, not ``adjustable``). The keys are the same for every recipe
+    and dtype (only the values differ), so any recipe serves to list them."""
     thresholds = {n: s.default_thresholds("bf16", torch.bfloat16) for n, s in specs.items()}
     options = {n: dict(s.options) for n, s in specs.items()}
-    return thresholds, options
+    fixed = {n: [k for k in thresholds[n] if k not in s.adjustable] for n, s in specs.items()}
+    return thresholds, options, fixed
+
+
+def fixed_keys() -> dict[str, list[str]]:
+    """``{check_name: [threshold keys that cannot be overridden]}``: each check's contract (docs/checks.md)."""
+    from flamia_verify.properties.registry import all_specs
+
+    return _known_keys({s.name: s for s in all_specs()})[2]
 
 
 def validate_overrides(overrides, where: str | None = None) -> dict:
     """Check ``overrides`` against the registered checks without a recipe: check names, keys, kinds of
-    value and suite settings. Returns them with numbers as floats. ``where`` (a file and table) starts
-    every message; without it the messages name the mapping."""
+    value, fixed keys (refused) and suite settings. Returns them with numbers as floats. ``where`` (a
+    file and table) starts every message; without it the messages name the mapping."""
     from flamia_verify.properties.registry import all_specs
 
-    thresholds, options = _known_keys({s.name: s for s in all_specs()})
-    return validate_thresholds(overrides, thresholds, options, where)
+    thresholds, options, fixed = _known_keys({s.name: s for s in all_specs()})
+    return validate_thresholds(overrides, thresholds, options, where, fixed=fixed)
+
+
+def override_records(recipe: str, dtype: torch.dtype, suite: str, overrides: dict | None, source: str) -> list[dict]:
+    """One record per overridden key, for report.json's ``threshold_overrides`` and every renderer:
+    ``{"scope": check name or "suite", "key", "kind": threshold | option | suite, "value", "default",
+    "source"}``. The default is what the run would have used without the override (the recipe's and
+    dtype's derived threshold, the option's default, the suite's setting); ``source`` names where the
+    override came from (a config file, or the Python API)."""
+    if not overrides:
+        return []
+    from flamia_verify.properties.registry import all_specs
+
+    specs = {s.name: s for s in all_specs()}
+    base = suite_settings(suite)
+    records = []
+    for scope, entries in validate_overrides(overrides).items():
+        for key, value in entries.items():
+            if scope == "suite":
+                kind, default = "suite", getattr(base, key)
+            elif key in specs[scope].options:
+                kind, default = "option", specs[scope].options[key]
+            else:
+                kind, default = "threshold", specs[scope].default_thresholds(recipe, dtype)[key]
+            records.append(
+                {"scope": scope, "key": key, "kind": kind, "value": value, "default": default, "source": source}
+            )
+    return records
 
 
 def resolve_thresholds(

@@ -56,7 +56,9 @@ pass by losing coverage: a check that passed (or skipped) in the baseline and is
 report regresses to ``missing`` (``allow_missing=True``, ``--allow-missing`` on the command line, turns
 that off for a deliberately narrower run), and a check new in the new report that fails or errors
 regresses from ``absent``. The comparison
-also notes when kernel, recipe, suite or seed differ, because the metrics then come from other cases.
+also notes when kernel, recipe, suite or seed differ, because the metrics then come from other cases,
+and every threshold override that only one of the runs had (its verdicts were judged against other
+limits).
 ``Comparison.exit_code`` is 1 when there is any regression, else 0.
 """
 
@@ -72,7 +74,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flamia_verify.reports.metrics import as_number, format_value, higher_is_better
-from flamia_verify.reports.wording import STATUS_MARK, printable
+from flamia_verify.reports.wording import STATUS_MARK, override_line, printable
 from flamia_verify.results import CheckResult, Report
 from flamia_verify.settings import compare_factor
 
@@ -245,6 +247,16 @@ def compare_reports(
     ):
         if a != b:
             cmp.context_notes.append(f"{label} differs: {a!r} in base, {b!r} in new")
+
+    # a gate loosened (or tightened) in one run only: its verdicts were judged against other limits
+    def setting(entry: dict[str, Any]) -> tuple[str, str, str]:  # what was set, wherever it was read from
+        return str(entry.get("scope")), str(entry.get("key")), format_value(entry.get("value"))
+
+    for which, ours, theirs in (("new", new, base), ("base", base, new)):
+        others = {setting(e) for e in theirs.threshold_overrides or []}
+        for entry in ours.threshold_overrides or []:
+            if setting(entry) not in others:
+                cmp.context_notes.append(f"threshold override only in {which}: {override_line(entry)}")
 
     # a run that did not finish is never a green gate, whatever it did finish (and --allow-missing
     # does not excuse it: its missing checks were not deselected, they never ran)

@@ -5,10 +5,12 @@ The page needs nothing but itself: the CSS is inline, plots are inline SVG drawn
 and a Content-Security-Policy (``default-src 'none'``) forbids the browser from fetching or running
 anything, so the file can be archived as a CI artifact and opened anywhere.
 
-Layout, top to bottom: the verdict; the run (kernel, recipe, suite, seed, environment); links to the
-failed checks; a table of all checks with their key metric (rule in `flamia_verify.reports.metrics`);
-then one section per check (failed and errored ones first) with its message, every metric against its
-threshold, the worst case, the reproducer of a failure (seed, case as JSON, command) and its plots.
+Layout, top to bottom: the verdict; every threshold override (check, key, value, default, source);
+links to the failed checks; a table of all checks with their key metric (rule in
+`flamia_verify.reports.metrics`); the run (kernel, recipe, suite, seed, environment); then one section
+per check (failed and errored ones first) with its message, every metric against its threshold, the
+worst case, the reproducer of a failure (the run seed the re-run command takes, the worst case's own
+case seed, the case as JSON, the command) and its plots.
 
 Every string that comes from a kernel, a check or the command line is escaped with ``html.escape``.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from flamia_verify._version import __version__
 from flamia_verify.reports.metrics import (
+    format_seconds,
     format_threshold,
     format_value,
     higher_is_better,
@@ -41,6 +44,8 @@ from flamia_verify.reports.wording import (
     STATUS_MARK,
     case_seed,
     counts_line,
+    override_line,
+    overrides_heading,
     printable,
     rerun_command,
     run_notes,
@@ -79,6 +84,9 @@ table { border-collapse: collapse; width: 100%; margin: 6px 0 12px; }
 th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: var(--bg-soft); font-weight: 600; white-space: nowrap; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+td { overflow-wrap: break-word; }
+table.checks th { white-space: normal; }
+table.checks td.msg { overflow-wrap: anywhere; }
 tbody tr:hover { background: #fafbfc; }
 dl.run { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0 0 8px; }
 dl.run dt { font-weight: 600; } dl.run dd { margin: 0; word-break: break-all; }
@@ -123,6 +131,11 @@ def _anchors(report: Report) -> dict[str, str]:
         used.add(anchor)
         out[check.name] = anchor
     return out
+
+
+def _breakable(value: Any) -> str:
+    """Escaped text that may wrap after each ``.`` and ``_`` (check and metric names in a narrow table)."""
+    return re.sub(r"([._])", r"\1<wbr>", _e(value))
 
 
 def _badge(status: str) -> str:
@@ -209,22 +222,40 @@ def _plots(check: CheckResult, anchor: str) -> str:
     return html
 
 
+def _case_seed(report: Report, check: CheckResult) -> str:
+    """The worst case's own seed, the one that rebuilds it (never the run's seed)."""
+    seed = case_seed(report, check)
+    if seed is None:
+        return '<span class="muted">not recorded (the worst case holds no case)</span>'
+    return f'<span class="mono">{_e(seed)}</span> <span class="muted">(the worst case\'s own seed)</span>'
+
+
+def _overrides(report: Report) -> str:
+    """Every threshold override (check, key, value, default, source) under the verdict ("" for none)."""
+    heading = overrides_heading(report)
+    if not heading:
+        return ""
+    items = "".join(f'<li class="mono">{_e(override_line(entry))}</li>' for entry in report.threshold_overrides)
+    return f'<div class="note" id="threshold-overrides"><p><strong>{_e(heading)}</strong></p><ul>{items}</ul></div>'
+
+
 def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
     parts = [
         f'<section class="check {_e(check.status)}" id="{_e(anchor)}">',
         f'<h3>{_badge(check.status)}<span class="mono">{_e(check.name)}</span>'
-        f'<span class="muted">{_e(format_value(check.duration_s))} s</span></h3>',
+        f'<span class="muted">{_e(format_seconds(check.duration_s))}</span></h3>',
     ]
     if check.message:
         parts.append(f'<p class="message">{_e(check.message)}</p>')
     parts.append(_metrics_table(check))
     if check.status in ("fail", "error"):
+        command = rerun_command(report, check)
+        seed_note = ' <span class="muted">(--seed of the re-run command)</span>' if command else ""
         parts.append("<h4>Reproduce</h4>")
         parts.append(
-            f'<dl class="run"><dt>Run seed</dt><dd class="mono">{_e(report.seed)}</dd>'
-            f'<dt>Case seed</dt><dd class="mono">{_e(case_seed(report, check))}</dd></dl>'
+            f'<dl class="run"><dt>Run seed</dt><dd><span class="mono">{_e(report.seed)}</span>{seed_note}</dd>'
+            f"<dt>Case seed</dt><dd>{_case_seed(report, check)}</dd></dl>"
         )
-        command = rerun_command(report, check)
         if command:
             parts.append(f"<pre>{_e(command)}</pre>")
         if check.worst_case:
@@ -277,17 +308,17 @@ def _checks_table(report: Report, anchors: dict[str, str]) -> str:
             threshold = format_threshold(key.name, key.threshold)
             value_class = {True: "num within", False: "num over", None: "num"}.get(key.within, "num")
         rows.append(
-            f'<tr><td class="mono"><a href="#{_e(anchors[check.name])}">{_e(check.name)}</a></td>'
+            f'<tr><td class="mono"><a href="#{_e(anchors[check.name])}">{_breakable(check.name)}</a></td>'
             f"<td>{_badge(check.status)}</td>"
-            f'<td class="mono">{_e(label)}</td><td class="{value_class}">{_e(value)}</td>'
-            f'<td class="num">{_e(threshold)}</td><td class="num">{_e(format_value(check.duration_s))}</td>'
-            f"<td>{_e(check.message)}</td></tr>"
+            f'<td class="mono">{_breakable(label)}</td><td class="{value_class}">{_e(value)}</td>'
+            f'<td class="num">{_e(threshold)}</td><td class="num">{_e(format_seconds(check.duration_s))}</td>'
+            f'<td class="msg">{_e(check.message)}</td></tr>'
         )
     if not rows:
         return '<h2>Checks</h2><p class="muted">No checks ran.</p>'
     return (
-        "<h2>Checks</h2><table><thead><tr><th>Check</th><th>Status</th><th>Key metric</th><th>Value</th>"
-        f"<th>Threshold</th><th>Time (s)</th><th>Message</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        '<h2>Checks</h2><table class="checks"><thead><tr><th>Check</th><th>Status</th><th>Key metric</th>'
+        f"<th>Value</th><th>Threshold</th><th>Time</th><th>Message</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -332,6 +363,7 @@ def render_html(report: Report) -> str:
 <div class="muted">{run_line}</div>
 <div class="verdict {word.lower()}" id="verdict"><span class="word">{word}</span><span>{counts}</span></div>
 {"".join(f'<p class="note"><strong>{_e(note)}</strong></p>' for note in run_notes(report))}
+{_overrides(report)}
 {failed_links}
 {_checks_table(report, anchors)}
 {_run_summary(report)}

@@ -11,7 +11,9 @@ One ``<testsuite>`` (inside a ``<testsuites>`` root, which every common viewer r
 
 A run that did not finish gets one more testcase, ``flamia-verify.run`` / ``run.complete``, with an
 ``<error type="incomplete">`` that gives the reason, so that a viewer never shows an interrupted run as
-green; ``run_notes`` (incomplete run, gradients not checked) are also properties ``note.N``.
+green; ``run_notes`` (incomplete run, gradients not checked) are also properties ``note.N``, and every
+threshold override a property ``threshold_override.CHECK.KEY`` (``suite.KEY`` for a suite setting) whose
+value reads ``VALUE (default D) from SOURCE``.
 
 The tree is built with ``xml.etree`` (which escapes markup); characters that XML 1.0 cannot hold at all
 (terminal colour codes, NUL) are written as visible ``\\x1b``-style escapes so the file always parses.
@@ -56,8 +58,12 @@ def _failure_text(report: Report, check: CheckResult) -> str:
                 verdict = {True: "within", False: "OUTSIDE", None: "not comparable"}.get(ok, "not comparable")
                 line += f"  (threshold: {limit} {format_value(thresholds[name])}: {verdict})"
             lines.append(line)
-    lines.append(f"reproduce: run seed {report.seed}, case seed {case_seed(report, check)}")
+    seed = case_seed(report, check)
     command = rerun_command(report, check)
+    lines.append(
+        f"reproduce: run seed {report.seed}{' (--seed of the command below)' if command else ''}, "
+        + (f"case seed {seed} (the worst case's own seed)" if seed is not None else "no case seed recorded")
+    )
     if command:
         lines.append(f"  {command}")
     if check.worst_case:
@@ -95,6 +101,15 @@ def render_junit(report: Report) -> str:
     ]
     run += [("complete", "true" if not incomplete else "false")]
     run += [(f"note.{i}", note) for i, note in enumerate(run_notes(report), 1)]
+    # every threshold override: threshold_override.CHECK.KEY = "VALUE (default D) from SOURCE"
+    run += [
+        (
+            f"threshold_override.{entry.get('scope')}.{entry.get('key')}",
+            f"{format_value(entry.get('value'))} (default {format_value(entry.get('default'))}) from "
+            f"{entry.get('source') or 'an unknown source'}",
+        )
+        for entry in report.threshold_overrides or []
+    ]
     for name, value in run:
         ET.SubElement(props, "property", {"name": _x(name), "value": _x(value)})
     if incomplete:

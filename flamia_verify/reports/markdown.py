@@ -1,9 +1,11 @@
 """report.md: the report as a pull-request comment (GitHub-flavoured Markdown).
 
-A verdict line, one table row per check (status marker, key metric against its threshold; the key metric
-rule is in `flamia_verify.reports.metrics`), then a collapsed ``<details>`` block per failed or errored check
-with its message, its metrics and the reproducer: run seed, case seed, the worst case as JSON and the
-command that re-runs the check's family.
+A verdict line, the run, every threshold override (check, key, value, default, source) when there is
+one, one table row per check (status marker, key metric against its threshold; the key metric rule is in
+`flamia_verify.reports.metrics`), then a collapsed ``<details>`` block per failed or errored check with
+its message, its metrics and the reproducer: the run seed (what the re-run command takes), the worst
+case's own case seed (what rebuilds it), the worst case as JSON and the command that re-runs the check's
+family.
 
 Text from kernels, checks and the command line is escaped for Markdown and HTML (GitHub renders inline
 HTML), so a kernel named ``<script>`` or ``a|b`` cannot break the table or the page. JSON blocks write
@@ -22,6 +24,8 @@ from flamia_verify.reports.wording import (
     STATUS_MARK,
     case_seed,
     counts_line,
+    override_line,
+    overrides_heading,
     printable,
     rerun_command,
     run_line,
@@ -71,6 +75,26 @@ def _json(value: Any) -> str:
     return _fence(text, "json")
 
 
+def _seeds(report: Report, check: CheckResult) -> str:
+    """The run seed (what the re-run command takes) and the worst case's own seed (what rebuilds it)."""
+    seed = case_seed(report, check)
+    run = f"run seed {report.seed}" + (" (--seed of the re-run below)" if rerun_command(report, check) else "")
+    if seed is None:
+        return f"{run}; the worst case records no case seed"
+    return f"{run}, case seed {seed} (the worst case's own seed, in its JSON)"
+
+
+def _overrides(report: Report) -> list[str]:
+    """Every threshold override, as a quoted block under the run line ([] when there is none)."""
+    heading = overrides_heading(report)
+    if not heading:
+        return []
+    head, _, rest = heading.partition(":")
+    lines = [f"> **{md_escape(head)}:** {md_escape(rest.strip())}", ">"]
+    lines += [f"> - {md_escape(override_line(entry))}" for entry in report.threshold_overrides]
+    return lines + [""]
+
+
 def _failure_block(report: Report, check: CheckResult) -> str:
     # <summary> is raw HTML to GitHub: Markdown escapes would show literally there.
     summary = f"<b>{_html_line(check.name)}</b> {STATUS_MARK[check.status]}"
@@ -91,7 +115,7 @@ def _failure_block(report: Report, check: CheckResult) -> str:
             cells = [md_escape(name), md_escape(format_value(value)), md_escape(limit) or "—", mark]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append(f"**Reproduce:** run seed {md_escape(report.seed)}, case seed {md_escape(case_seed(report, check))}.")
+    lines.append(f"**Reproduce:** {md_escape(_seeds(report, check))}.")
     lines.append("")
     if check.worst_case:
         lines += ["Worst case:", "", _json(check.worst_case), ""]
@@ -120,6 +144,7 @@ def render_markdown(report: Report) -> str:
     for note in run_notes(report):
         head, _, rest = note.partition(":")
         out += [f"> **{md_escape(head)}:** {md_escape(rest.strip())}", ""]
+    out += _overrides(report)
     if report.checks:
         out += ["| Check | Status | Key metric | Value | Threshold |", "|---|---|---|---:|---:|"]
         for check in report.checks:

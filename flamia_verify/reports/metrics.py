@@ -30,6 +30,7 @@ from flamia_verify.results import CheckResult, as_number, higher_is_better, json
 __all__ = [
     "KeyMetric",
     "as_number",
+    "format_seconds",
     "format_threshold",
     "format_value",
     "higher_is_better",
@@ -61,6 +62,22 @@ def format_value(value: Any) -> str:
     if number is not None and not isinstance(value, str):
         return format_value(number)
     return printable(value)
+
+
+def format_seconds(value: Any) -> str:
+    """A duration for a person: ``0.05 s``, ``1.2 s``, ``2 min 05 s``; the absent mark for a missing or
+    non-numeric one."""
+    seconds = as_number(value) if not isinstance(value, bool) else None
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return ABSENT if seconds is None else format_value(value)
+    if seconds < 0.005:
+        return "< 0.01 s" if seconds > 0 else "0 s"
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
 
 
 def format_threshold(metric: str, threshold: Any) -> str:

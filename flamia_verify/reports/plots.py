@@ -35,7 +35,11 @@ How the data is drawn, so that a reader can trust what is *not* on a plot:
   non-finite heatmap cells are drawn in magenta, and the title says how many there are.
 - Heatmaps wider or taller than `MAX_HEATMAP_SIDE` cells are max-pooled by absolute value (the sign of the
   largest magnitude is kept), so one leaking cell stays visible.
-- A log axis with no positive value falls back to linear, and the title says so.
+- A log axis with no positive value falls back to linear, and the title says so. On a log y axis, the
+  points of a line at or below 0 (an exact zero error) are drawn as triangles on the bottom edge, the
+  axis floor ("≤ 0, at the axis floor" in the legend), and the title says how many; points at x ≤ 0 on
+  a log x axis, and histogram bins of count 0 on a log y axis, cannot be drawn, and the title says how
+  many were left out.
 - A heatmap whose every cell is exactly 0 (a leakage map where nothing leaked) is not drawn: a map of one
   colour says nothing. `blank_heatmap` finds it and the HTML report states it in one line instead (its
   title, the shape, and that every cell is 0). A map with any non-zero or non-finite cell is drawn.
@@ -62,6 +66,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_FLOOR_MARKERS",
     "MAX_HEATMAP_SIDE",
     "MAX_LINE_POINTS",
     "PLOT_KINDS",
@@ -237,6 +242,15 @@ def _set_log(ax: Any, axis: str, values: np.ndarray, notes: list[str]) -> None:
         notes.append(f"linear {axis}: no positive values")
 
 
+#: Most markers drawn for the points of a line at or below 0 on a log y axis (evenly picked; the
+#: title gives the full count).
+MAX_FLOOR_MARKERS = 500
+
+
+def _nonpositive(values: np.ndarray) -> np.ndarray:
+    return np.asarray(np.isfinite(values) & (values <= 0), dtype=bool)
+
+
 def _draw_series(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
     notes: list[str] = []
     ys = _labelled(spec, "ys", where, None)
@@ -256,16 +270,26 @@ def _draw_series(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
 
     ax = fig.add_subplot()
     bad_x: list[np.ndarray] = []
+    colours: dict[str, Any] = {}
     for label, y in ys.items():
         xd, yd = _decimate(x, y, MAX_LINE_POINTS)
-        ax.plot(xd, yd, linewidth=1.2, label=_legend_label(label))
+        (line,) = ax.plot(xd, yd, linewidth=1.2, label=_legend_label(label))
+        colours[label] = line.get_color()
         bad_x.append(x[~np.isfinite(y)])
     for label, value in lines.items():
         ax.axhline(value, linestyle="--", linewidth=1.0, color="0.35", label=_legend_label(label))
+    floor = 0
     if log_y:
         _set_log(ax, "y", np.concatenate([*ys.values(), np.array(list(lines.values()))]), notes)
+        if ax.get_yscale() == "log":
+            floor = _floor_markers(ax, x, ys, colours)
+            if floor:
+                notes.append(f"{floor} point(s) ≤ 0 drawn at the axis floor")
     if log_x:
         _set_log(ax, "x", x, notes)
+        dropped = int(np.sum(_nonpositive(x))) * len(ys)
+        if ax.get_xscale() == "log" and dropped:
+            notes.append(f"{dropped} point(s) at x ≤ 0 not drawn on the log x axis")
     bad = np.concatenate(bad_x)
     if len(bad):
         ax.plot(
@@ -283,9 +307,36 @@ def _draw_series(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
     ax.set_xlabel(_mpl_text(_text(spec, "x_label", where)))
     ax.set_ylabel(_mpl_text(_text(spec, "y_label", where)))
     ax.grid(True, linewidth=0.4, alpha=0.5)
-    if len(ys) + len(lines) + bool(len(bad)) > 1:
+    if len(ys) + len(lines) + bool(len(bad)) + bool(floor) > 1:
         ax.legend(fontsize="small", loc="best")
     return notes
+
+
+def _floor_markers(ax: Any, x: np.ndarray, ys: dict[str, np.ndarray], colours: dict[str, Any]) -> int:
+    """Triangles on the bottom edge of a log y axis where a line is at or below 0 (which the log scale
+    cannot place); returns how many points that is."""
+    count = 0
+    labelled = False
+    for label, y in ys.items():
+        at = x[_nonpositive(y)]
+        count += len(at)
+        if not len(at):
+            continue
+        if len(at) > MAX_FLOOR_MARKERS:
+            at = at[np.linspace(0, len(at) - 1, MAX_FLOOR_MARKERS).round().astype(int)]
+        ax.plot(
+            at,
+            np.full(len(at), 0.02),  # axes fraction: just above the bottom edge, wholly inside
+            linestyle="none",
+            marker="v",
+            markersize=4,
+            color=colours[label],
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+            label=None if labelled else "≤ 0, at the axis floor",
+        )
+        labelled = True
+    return count
 
 
 def _draw_histogram(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
@@ -303,6 +354,9 @@ def _draw_histogram(fig: Any, spec: dict[str, Any], where: str) -> list[str]:
         ax.stairs(np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0), edges, linewidth=1.4, label=_legend_label(label))
     if log_y:
         _set_log(ax, "y", np.concatenate(list(counts.values())), notes)
+        empty = sum(int(np.sum(_nonpositive(c))) for c in counts.values())
+        if ax.get_yscale() == "log" and empty:
+            notes.append(f"{empty} bin(s) of count 0 not drawn on the log y axis")
     if log_x:
         _set_log(ax, "x", edges, notes)
     ax.set_xlabel(_mpl_text(_text(spec, "x_label", where)))

@@ -1,7 +1,9 @@
 """The terminal summary printed at the end of `flamia-verify check`: a rich table and the verdict.
 
 One row per check: name, status (coloured), key metric, its value and threshold (key metric rule in
-`flamia_verify.reports.metrics`), and the message. Every string is placed as a `rich.text.Text`, never
+`flamia_verify.reports.metrics`), and the message. Under the verdict: the failed and errored checks, the
+case seed of each one's worst case (the seed that rebuilds it; the run seed re-runs them all), the run's
+notes and every threshold override (check, key, value, default, source). Every string is placed as a `rich.text.Text`, never
 parsed as console markup, so a kernel or message holding ``[bold]`` prints literally, and control
 characters (terminal escape codes) are shown as ``\\x1b``-style text. The `Console` is
 injectable: tests pass ``Console(file=StringIO(), width=...)``.
@@ -10,9 +12,17 @@ Off an interactive terminal (a CI log, ``| tee``, a file) tables wrap their cell
 console's assumed 80 columns. There the command line asks for plain output instead (`is_plain`):
 `render_terminal(..., plain=True)` writes one full line per check, `check_line` is the line printed as
 each check finishes, and `print_table` writes a table as aligned lines that are never wrapped or cut.
+A check can run for minutes (bound.shapes and isolation.layout take about 50 s each on a 2-core CPU
+in the standard suite); `Heartbeat` prints a ``still running`` line when no line has appeared for
+`HEARTBEAT_S` seconds, so that a log never looks hung.
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -20,10 +30,28 @@ from rich.table import Table
 from rich.text import Text
 
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric
-from flamia_verify.reports.wording import STATUS_MARK, counts_line, printable, run_notes, verdict
+from flamia_verify.reports.wording import (
+    STATUS_MARK,
+    case_seeds_line,
+    counts_line,
+    override_line,
+    overrides_heading,
+    printable,
+    run_notes,
+    verdict,
+)
 from flamia_verify.results import CheckResult, Report
 
-__all__ = ["STATUS_STYLE", "WIDE_CONSOLE", "check_line", "is_plain", "print_table", "render_terminal"]
+__all__ = [
+    "HEARTBEAT_S",
+    "STATUS_STYLE",
+    "WIDE_CONSOLE",
+    "Heartbeat",
+    "check_line",
+    "is_plain",
+    "print_table",
+    "render_terminal",
+]
 
 #: Rich style of each status.
 STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta", "skip": "dim"}
@@ -82,6 +110,88 @@ def check_line(
     return Text.assemble(*parts)
 
 
+#: Longest silence of a plain log while a check runs: past it, `Heartbeat` prints a line.
+HEARTBEAT_S = 30.0
+
+
+class Heartbeat:
+    """``still running`` lines for a plain log (see `is_plain`) while a long check runs.
+
+    Feed it the run's progress events (``update``: anything with ``check``, ``index``, ``total`` and
+    ``fraction``, such as `flamia_verify.properties.ProgressEvent`); a new check index counts as a
+    printed line (its predecessor's line was printed as it finished). Inside ``with heartbeat:`` a
+    daemon thread calls `poll` every second or so; `poll` prints, when `interval` seconds have passed
+    since the last line, e.g.::
+
+        [12/41] ...   bound.shapes                       still running: 30 s in this check, 45% done  (run 96.1 s)
+    """
+
+    def __init__(
+        self, console: Console, *, interval: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.console = console
+        self.interval = HEARTBEAT_S if interval is None else float(interval)
+        self.clock = clock
+        self._started = clock()
+        self._last_line = self._started
+        self._check_started = self._started
+        self._event: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def update(self, event: Any) -> None:
+        """Note where the run stands; a new check resets the silence (its predecessor's line printed)."""
+        with self._lock:
+            now = self.clock()
+            if self._event is None or getattr(event, "index", 0) != getattr(self._event, "index", 0):
+                self._last_line = self._check_started = now
+            self._event = event
+
+    def printed(self) -> None:
+        """A line was just printed."""
+        with self._lock:
+            self._last_line = self.clock()
+
+    def poll(self) -> bool:
+        """Print a ``still running`` line if the log has been silent for `interval` seconds."""
+        with self._lock:
+            now = self.clock()
+            event = self._event
+            if event is None or now - self._last_line < self.interval:
+                return False
+            self._last_line = now
+            index, total = getattr(event, "index", 0) + 1, getattr(event, "total", None)
+            width = len(str(total)) if total else 1
+            fraction = getattr(event, "fraction", None)
+            done = f", {100 * fraction:.0f}% done" if fraction else ""
+            line = (f"[{index:>{width}}/{total}] ...   " if total else "... ") + (
+                f"{printable(getattr(event, 'check', '') or ''):<{NAME_WIDTH}} still running: "
+                f"{now - self._check_started:.0f} s in this check{done}  (run {now - self._started:.1f} s)"
+            )
+        _print_line(self.console, line)
+        return True
+
+    def _run(self) -> None:
+        tick = min(1.0, self.interval / 4)
+        while not self._stop.wait(tick):
+            self.poll()
+
+    def __enter__(self) -> Heartbeat:
+        with self._lock:
+            self._started = self._last_line = self._check_started = self.clock()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="flamia-verify-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 def _print_line(console: Console, text: Text | str) -> None:
     """Print one line that is never wrapped, cropped or read as markup."""
     console.print(text if isinstance(text, Text) else Text(text), soft_wrap=True, overflow="ignore", crop=False)
@@ -132,7 +242,7 @@ def _render_plain(report: Report, console: Console) -> None:
     _print_verdict(report, console)
 
 
-def _print_verdict(report: Report, console: Console) -> None:
+def _print_verdict(report: Report, console: Console, plain: bool = True) -> None:
     word = verdict(report)
     _print_line(
         console, Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report))
@@ -141,8 +251,24 @@ def _print_verdict(report: Report, console: Console) -> None:
         names = [c.name for c in report.checks if c.status == status]
         if names:
             _print_line(console, Text.assemble((label, "dim"), printable(", ".join(names))))
+
+    # the long lines below wrap at the console's width on a terminal; a log keeps each on one line
+    def long_line(text: Text) -> None:
+        if plain:
+            _print_line(console, text)
+        else:
+            console.print(text)
+
+    seeds = case_seeds_line(report)
+    if seeds:  # the worst cases' own seeds: what rebuilds each (the run seed re-runs them all)
+        long_line(Text(printable(seeds), "dim"))
     for note in run_notes(report):
         _print_line(console, Text(printable(note), "bold yellow"))
+    heading = overrides_heading(report)
+    if heading:  # a loosened (or tightened) gate is part of the verdict: never only a cell of the table
+        long_line(Text(printable(heading), "bold yellow"))
+        for entry in report.threshold_overrides:
+            long_line(Text("  " + printable(override_line(entry)), "yellow"))
 
 
 def render_terminal(report: Report, console: Console | None = None, *, plain: bool = False) -> None:
@@ -211,4 +337,4 @@ def render_terminal(report: Report, console: Console | None = None, *, plain: bo
                         (printable(check.name), STATUS_STYLE.get(check.status, "")), ": ", printable(check.message)
                     )
                 )
-    _print_verdict(report, console)
+    _print_verdict(report, console, plain=False)

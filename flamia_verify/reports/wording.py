@@ -9,10 +9,22 @@ import re
 import shlex
 from typing import Any
 
-from flamia_verify.results import CheckResult, Report, run_notes
-from flamia_verify.settings import SUITES
+from flamia_verify.results import API_SOURCE, CheckResult, Report, run_notes
+from flamia_verify.settings import CLI_DTYPES, SUITES
 
-__all__ = ["STATUS_MARK", "printable", "case_seed", "counts_line", "rerun_command", "run_line", "run_notes", "verdict"]
+__all__ = [
+    "STATUS_MARK",
+    "printable",
+    "case_seed",
+    "case_seeds_line",
+    "counts_line",
+    "override_line",
+    "overrides_heading",
+    "rerun_command",
+    "run_line",
+    "run_notes",
+    "verdict",
+]
 
 #: Emoji-free markers of a check's status, for every renderer.
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
@@ -75,17 +87,71 @@ def run_line(report: Report) -> str:
 
 
 def case_seed(report: Report, check: CheckResult) -> Any:
-    """The seed that reproduces the check's worst case: its own ``worst_case["seed"]``, else the run's seed."""
+    """The seed of the check's worst case, the one that rebuilds it: the seed of the case it records
+    (``worst_case["case"]["seed"]``: ``Case.from_dict(worst_case["case"])`` and ``make_inputs`` rebuild
+    its tensors), else its own ``worst_case["seed"]`` (a fuzz reproducer, whose case fields are at its
+    top level), else None: a worst case that records no case has no case seed. Never the run's seed,
+    which every case seed is derived from but which rebuilds no case by itself."""
     worst = check.worst_case or {}
-    return worst.get("seed", report.seed)
+    case = worst.get("case")
+    if isinstance(case, dict) and "seed" in case:
+        return case["seed"]
+    return worst.get("seed")
+
+
+def case_seeds_line(report: Report) -> str:
+    """E.g. ``worst cases: causal.forward case seed 11, error.out case seed 1000 (run seed 0; each
+    case in report.json)``: the case seed of every failed or errored check that records one ("" when
+    none does)."""
+    seeds = [
+        f"{c.name} case seed {case_seed(report, c)}"
+        for c in report.checks
+        if c.status in ("fail", "error") and case_seed(report, c) is not None
+    ]
+    if not seeds:
+        return ""
+    return f"worst cases: {', '.join(seeds)} (run seed {report.seed}; each case in report.json)"
+
+
+def override_line(entry: dict[str, Any]) -> str:
+    """One threshold override as text, e.g. ``error.out normalized_error = inf (default 2) from
+    pyproject.toml``."""
+    from flamia_verify.reports.metrics import format_value  # metrics imports this module
+
+    return (
+        f"{entry.get('scope')} {entry.get('key')} = {format_value(entry.get('value'))} "
+        f"(default {format_value(entry.get('default'))}) from {entry.get('source') or 'an unknown source'}"
+    )
+
+
+def overrides_heading(report: Report) -> str:
+    """The sentence above the list of overrides ("" when the run used every default)."""
+    n = len(report.threshold_overrides or [])
+    if not n:
+        return ""
+    return (
+        f"{n} threshold override{'s' if n != 1 else ''}: the checks were judged against "
+        f"{'these values' if n != 1 else 'this value'}, not the defaults"
+    )
+
+
+def _config_source(report: Report) -> str | None:
+    """The config file the run's overrides came from (None: no override, or only from the Python API)."""
+    for entry in report.threshold_overrides or []:
+        source = entry.get("source")
+        if isinstance(source, str) and source and source != API_SOURCE:
+            return source
+    return None
 
 
 def rerun_command(report: Report, check: CheckResult) -> str | None:
-    """The command that re-runs the check's family with the run's kernel, recipe, suite and seed, or None
-    when the report does not come from a `flamia-verify check` suite.
+    """The command that re-runs the check's family with the run's kernel, recipe, suite, seed and input
+    dtype (and the config file its threshold overrides came from, whose suite settings shape the
+    cases), or None when the report does not come from a `flamia-verify check` suite.
 
-    Arguments are quoted for a POSIX shell. The check engine derives each case from the run seed, so the
-    same command reproduces the same cases; ``worst_case`` pins the single worst one.
+    Arguments are quoted for a POSIX shell. The check engine derives each case from the run seed
+    (``--seed`` takes the run seed, never a case seed), so the same command draws the same cases again,
+    the worst case among them; ``worst_case`` pins the single worst one and its case seed.
     """
     if report.suite not in SUITES:  # a report of another suite (a fuzz run) gets no rerun command
         return None
@@ -100,7 +166,12 @@ def rerun_command(report: Report, check: CheckResult) -> str | None:
         report.suite,
         "--seed",
         str(report.seed),
-        "--only",
-        check.family,
     ]
+    dtype = (report.environment or {}).get("dtype")
+    if dtype in CLI_DTYPES:  # a run of another dtype (fp32 from the Python API) has no --dtype for it
+        args += ["--dtype", dtype]
+    config = _config_source(report)
+    if config is not None:
+        args += ["--config", config]
+    args += ["--only", check.family]
     return " ".join(shlex.quote(a) for a in args)

@@ -9,6 +9,10 @@
                         differentiate (not a bug: the gradients are 0)
     detached_when_gap   flamia-mxfp8, but any document without keys makes the kernel return a detached
                         output: every gradient of the batch is lost
+    attends_across_documents  torch SDPA (bf16) over the whole pack as one document: cu_seqlens are
+                        ignored, every query attends to the keys of every document (a cross-document leak)
+    ignores_causal      torch SDPA (bf16) per document, always without the causal mask (the causal flag
+                        is dropped on the way in)
 
 ``STANDARD`` maps the checks that run only in the standard and full suites to a kernel that must
 fail them there (the quick-suite audit in test_properties_every_check.py cannot select them).
@@ -22,6 +26,7 @@ import torch
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, make_kernel
+from zoo.correct import sdpa_bf16
 from zoo.kernels import _split_kernel
 from zoo.targeted import packed_tiles_skip_head
 
@@ -68,7 +73,38 @@ detached_when_gap = _tag(
     _detached_when_gap, "mxfp8", "flamia-mxfp8 returning a detached output when a document has no keys"
 )
 
+
+def _attends_across_documents(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    whole_q = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    whole_k = torch.tensor([0, k.shape[0]], dtype=torch.int32, device=k.device)
+    return sdpa_bf16(q, k, v, whole_q, whole_k, q.shape[0], k.shape[0], softmax_scale=softmax_scale, causal=causal)
+
+
+attends_across_documents = _tag(
+    _attends_across_documents, "bf16", "torch SDPA over the whole pack as one document (cu_seqlens ignored)"
+)
+
+
+def _ignores_causal(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    return sdpa_bf16(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=False
+    )
+
+
+ignores_causal = _tag(_ignores_causal, "bf16", "torch SDPA per document, never causal (the causal flag dropped)")
+
 #: standard-suite-only check -> a planted kernel that must fail it there
 STANDARD = {"isolation.fuzz": packed_tiles_skip_head}
 
-__all__ = ["STANDARD", "dkdv_leak", "zeros_when_empty", "detached_when_gap"]
+__all__ = [
+    "STANDARD",
+    "attends_across_documents",
+    "dkdv_leak",
+    "zeros_when_empty",
+    "detached_when_gap",
+    "ignores_causal",
+]

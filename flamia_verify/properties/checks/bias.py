@@ -143,6 +143,7 @@ def _gain_defaults(recipe, dtype):
     "systematic gain of O, dQ, dK, dV along the reference (<x - r, r> / <r, r>): shrinkage from "
     "truncation, saturation or mass lost from the numerator",
     defaults=_gain_defaults,
+    adjustable=tuple(f"gain_error_{t}" for t in ("out", "dq", "dk", "dv")),
     cost=1.5,
 )
 def gain(ctx):
@@ -169,6 +170,7 @@ def gain(ctx):
     "bias.mean",
     "mean signed error relative to the RMS error of O, dQ, dK, dV (a constant offset), on inputs with a common sign",
     defaults=lambda recipe, dtype: {"significant_mean_share": MEAN_SHARE},
+    adjustable=("significant_mean_share",),
     cost=0.2,
 )
 def mean(ctx):

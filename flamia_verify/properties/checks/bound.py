@@ -367,6 +367,7 @@ def shape_cases(ctx) -> list[Case]:
     "model, on the shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8, odd kv heads, "
     "head_dims 80, 96, 192 and 256, a causal document longer than every tile",
     defaults=lambda recipe, dtype: {"violations": 0, "normalized_error": ERROR_MODEL_FACTOR},
+    adjustable=("normalized_error",),
     cost=1.0,
 )
 def bound_shapes(ctx):

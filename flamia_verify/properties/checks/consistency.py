@@ -132,6 +132,7 @@ def _visible_rows(case: Case) -> torch.Tensor:
     "probability conservation in the forward: with V = c in every row, O must equal c (the forward's "
     "weights sum to one; rounded P normalized by an unrounded sum does not)",
     defaults=lambda recipe, dtype: {"max_rel_dev": conservation_tolerance(dtype)},
+    adjustable=("max_rel_dev",),
     cost=1.0,
 )
 def conservation_forward(ctx):
@@ -172,6 +173,7 @@ def conservation_forward(ctx):
         "dq_key_shift": conservation_tolerance(dtype),
         "dk_sum": conservation_tolerance(dtype),
     },
+    adjustable=("dq_key_shift", "dk_sum"),
     needs_backward=True,
     cost=0.5,
 )
@@ -242,6 +244,7 @@ def _doc_weights(inp: Inputs, ref_lse: torch.Tensor, b: int):
     "probability conservation in the backward: sum_j dV_j = sum_i dO_i per document, head and channel, "
     "within the rigorous rounding budget of the dV GEMM",
     defaults=lambda recipe, dtype: {"budget_ratio": 1.0},
+    adjustable=("budget_ratio",),
     needs_backward=True,
     cost=0.5,
 )
@@ -365,6 +368,7 @@ def _weight_tables(ctx, case: Case):
     "the backward rebuilds the forward's attention weights: read the forward's from O (one-hot V) and "
     "the backward's from dV (one-hot dO), elementwise within the rounding of P^T",
     defaults=lambda recipe, dtype: {"weight_mismatch": 1.0},
+    adjustable=("weight_mismatch",),
     needs_backward=True,
     cost=0.5,
 )
@@ -460,6 +464,7 @@ def _weight_tolerance(model, W: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     "gradient error over forward error, relative to what the recipe's RMS model predicts, compared with "
     "the BF16 baseline's same ratio",
     defaults=lambda recipe, dtype: {"normalized_ratio": ERROR_MODEL_FACTOR**2},
+    adjustable=("normalized_ratio",),
     needs_backward=True,
     cost=0.2,
 )

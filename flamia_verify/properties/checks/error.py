@@ -159,6 +159,7 @@ def _key(row) -> float:
     "error.out",
     "relative RMSE, max abs, cosine and SQNR of O against the float64 reference; ratio to a BF16 run",
     defaults=_defaults("out"),
+    adjustable=("normalized_error",),
     cost=2.0,
 )
 def error_out(ctx):
@@ -169,6 +170,7 @@ def error_out(ctx):
     "error.dq",
     "the error statistics of dQ (ratio to a BF16 run on the same inputs)",
     defaults=_defaults("dq"),
+    adjustable=("normalized_error",),
     needs_backward=True,
     cost=0.5,
 )
@@ -180,6 +182,7 @@ def error_dq(ctx):
     "error.dk",
     "the error statistics of dK (ratio to a BF16 run on the same inputs)",
     defaults=_defaults("dk"),
+    adjustable=("normalized_error",),
     needs_backward=True,
     cost=0.5,
 )
@@ -191,6 +194,7 @@ def error_dk(ctx):
     "error.dv",
     "the error statistics of dV (ratio to a BF16 run on the same inputs)",
     defaults=_defaults("dv"),
+    adjustable=("normalized_error",),
     needs_backward=True,
     cost=0.5,
 )

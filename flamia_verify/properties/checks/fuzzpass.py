@@ -15,7 +15,11 @@ plus a target document, a position t and a perturbation. It must not raise, must
 inside the recipe's bound, and the target document must be causal (out, dQ before t; dK, dV after
 t + offset) and isolated from the others, bitwise. The first failure is shrunk (within the budget);
 ``worst_case`` is the reproducer that ``flamia-verify fuzz --replay`` reruns, with ``property``
-naming what failed (``causal``, ``isolation``, ``bound``, ``finite``, ``crash``).
+naming what failed (``causal``, ``isolation``, ``bound``, ``finite``, ``crash``): an example outside
+the bound is also tested for a causal or cross-document leak, and named after the leak when it has one
+(see :mod:`flamia_verify.properties.fuzz`). The metrics count the examples asked for
+(``examples_requested``), drawn (``examples_drawn``, of which ``examples_shrinking`` after the first
+failure) and run on the kernel (``distinct_examples``).
 
 Why one check in the isolation family: what the pass varies is the packing (where documents start,
 how long they are, their key counts), the isolation family's subject; the search stops at its first
@@ -66,7 +70,9 @@ def fuzz_pass(ctx):
     failing = sum(res.counts.values())
     metrics = {
         "failing_examples": failing,
-        "examples": res.examples,
+        "examples_requested": res.requested,
+        "examples_drawn": res.examples,
+        "examples_shrinking": res.shrinking,
         "distinct_examples": res.distinct,
         **{f"failing_{p}": n for p, n in res.counts.items() if n},
         **res.coverage(max_tokens),
@@ -82,8 +88,8 @@ def fuzz_pass(ctx):
     if res.finding is None:
         return ctx.judged(
             metrics,
-            ok_message=f"no failure in {res.examples} random packings ({res.distinct} distinct; "
-            f"{metrics['long_document_examples']} with a long document, "
+            ok_message=f"no failure in random packings: {res.counts_text()} "
+            f"({metrics['long_document_examples']} with a long document, "
             f"{metrics['headdim_128_examples']} at head_dim 128)",
             details={"search": search_info},
         )
@@ -102,7 +108,7 @@ def fuzz_pass(ctx):
     summary = (
         f"{f.prop} failed on the minimal case lens_q={list(rep['lens_q'])} lens_k={list(rep['lens_k'])} "
         f"heads={rep['heads']}/{rep['heads_k']} d={rep['headdim']} document {rep['document']} t={rep['t']} "
-        f"({rep['perturbation']}): {f.message}"
+        f"({rep['perturbation']}): {f.message}; {res.counts_text()}"
     )
     return ctx.judged(
         metrics, ok_message="", worst_case=worst, details={"search": search_info}, extra_failures=[summary]

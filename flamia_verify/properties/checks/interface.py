@@ -142,6 +142,8 @@ def backward(ctx):
             else "; a kernel without a backward must be declared forward-only (--forward-only, forward_only = true)"
         )
         worst = case_record(b.case, problem=problem, cause=b.cause) if b.case is not None else {"problem": problem}
+        if b.traceback:  # what the backward raised, in full
+            worst["traceback"] = b.traceback
         return ctx.judged({"bad_gradients": 1, "cases": 1}, ok_message="", worst_case=worst, extra_failures=[problem])
     problems = []
     cases = _cases(ctx)

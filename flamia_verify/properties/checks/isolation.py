@@ -221,6 +221,7 @@ def _offset_defaults(recipe, dtype):
     "a document gives bitwise the same out, dQ, dK, dV alone and packed at other offsets among other "
     "neighbours (the difference relative to its RMS is reported against the error tolerance)",
     defaults=_offset_defaults,
+    adjustable=("bitwise_mismatches", "rel_diff"),
     cost=2.0,
 )
 def offset(ctx):
