@@ -2,11 +2,12 @@
 
     flamia-verify check  [--kernel SPEC] [--recipe NAME] [--suite quick|standard|full] [--device auto|cpu|cuda]
                          [--dtype bf16|fp16] [--seed N] [--out DIR] [--config FILE] [--only FAMILY ...]
+                         [--traceback]
     flamia-verify fuzz   --kernel SPEC [--recipe NAME] [--examples N] [--seed N] [--out DIR] [--replay CASE.json]
-                         [--device auto|cpu|cuda] [--dtype bf16|fp16] [--config FILE]
+                         [--device auto|cpu|cuda] [--dtype bf16|fp16] [--config FILE] [--traceback]
     flamia-verify bench  [--kernel SPEC ...] [--device cuda]
     flamia-verify compare BASE.json NEW.json
-    flamia-verify report REPORT.json [--html FILE] [--md FILE]
+    flamia-verify report REPORT.json [--html FILE] [--md FILE] [--junit FILE]
     flamia-verify list
     flamia-verify mutate [--suite NAME] [--family F ...] [--mutant NAME ...] [--sample N] [--jobs N]
     flamia-verify train-parity --kernel SPEC [SPEC ...] [--preset tiny|small] [--steps N] [--out DIR]
@@ -16,17 +17,21 @@ here or ``--config FILE``); a flag wins over the file (flamia_verify.config says
 
 Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
 (interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
-3 the kernel could not be loaded or crashed. Errors print one line to stderr. The reports of a run that
-did not complete say INCOMPLETE (report.json: summary.complete false, summary.status "incomplete").
+3 the kernel could not be loaded or crashed. Errors print one line to stderr (--traceback adds the
+kernel's own tracebacks). The reports of a run that did not complete say INCOMPLETE (report.json:
+summary.complete false, summary.status "incomplete"). ``report`` exits 0 once it has rendered, whatever
+the verdict of the report it renders.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,9 +43,11 @@ from flamia_verify.errors import (
     KernelLoadError,
     UsageError,
 )
-from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device, compare_factor
 
-__all__ = ["main", "build_parser", "device_arg", "DEVICE_METAVAR"]
+# flamia_verify.settings imports torch: read where needed, so that a Ctrl-C while torch imports (seconds,
+# on a cold start) is caught by main() as any interruption (one line, exit 1), not a traceback
+
+__all__ = ["main", "build_parser", "device_arg", "DEVICE_METAVAR"]  # noqa: F822 (DEVICE_METAVAR: __getattr__)
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_KERNEL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader closed the pipe
@@ -72,6 +79,12 @@ exit codes: 0 every check passed; 1 a check failed or errored, or the run is inc
 incomplete run say INCOMPLETE and keep the checks that finished."""
 
 
+TRACEBACK_HELP = (
+    "print the full traceback of each exception the kernel raised to stderr (report.json keeps it "
+    "in the worst case of the check either way)"
+)
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an interruption so that the finished checks are written, marked incomplete."""
 
@@ -80,13 +93,24 @@ def _on_sigterm(signum, frame):
     raise _Terminated("SIGTERM")
 
 
-#: how --device shows its values in --help
-DEVICE_METAVAR = "{" + ",".join(DEVICES) + "}"
+def _device_metavar() -> str:
+    """How --device shows its values in --help (``DEVICE_METAVAR``)."""
+    from flamia_verify.settings import DEVICES
+
+    return "{" + ",".join(DEVICES) + "}"
+
+
+def __getattr__(name: str) -> str:
+    if name == "DEVICE_METAVAR":
+        return _device_metavar()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def device_arg(text: str) -> str:
     """argparse type of ``--device``: a name of :data:`flamia_verify.settings.DEVICES`, checked here
     (exit 2 naming the accepted values) and resolved against the machine's devices when the command runs."""
+    from flamia_verify.settings import check_device
+
     try:
         return check_device(text)
     except ConfigError as exc:
@@ -99,6 +123,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from flamia_verify.kernels import RECIPES, builtin_kernels
+    from flamia_verify.settings import CLI_DTYPES, SUITES
+
+    DEVICE_METAVAR = _device_metavar()
+    # the built-in kernels and recipes as the registry has them, so that --help never drifts from it
+    builtins, recipes = ", ".join(builtin_kernels()), ", ".join(RECIPES)
     p = _Parser(prog="flamia-verify", description="Verify low-precision attention kernels against a float64 reference.")
     p.add_argument("--version", action="version", version=f"flamia-verify {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -110,11 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=CHECK_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    c.add_argument("--kernel", help=f"built-in name, module:function or file.py:function (default {DEFAULT_KERNEL})")
+    c.add_argument(
+        "--kernel",
+        help=f"built-in name ({builtins}), module:function or file.py:function (default {DEFAULT_KERNEL})",
+    )
     c.add_argument(
         "--recipe",
-        help="the precision recipe the kernel claims (bf16, fp8, mxfp8, mxfp8-floor, nvfp4); "
-        "built-in kernels carry their own",
+        help=f"the precision recipe the kernel claims ({recipes}); built-in kernels carry their own",
     )
     c.add_argument("--suite", choices=SUITES, help="how many and how large the cases are (see above; default quick)")
     c.add_argument(
@@ -144,12 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
         "skip and the reports say gradients were not checked (config: forward_only = true). "
         "Without it, a kernel whose backward is missing or raises fails",
     )
+    c.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
 
     f = sub.add_parser("fuzz", help="fuzz a kernel over odd variable-length packings")
     f.add_argument(
-        "--kernel", help="built-in name, module:function or file.py:function (required here or as kernel in the config)"
+        "--kernel",
+        help=f"built-in name ({builtins}), module:function or file.py:function (required here or as kernel "
+        "in the config)",
     )
-    f.add_argument("--recipe", help="the precision recipe the kernel claims (built-in kernels carry their own)")
+    f.add_argument(
+        "--recipe", help=f"the precision recipe the kernel claims ({recipes}); built-in kernels carry their own"
+    )
     f.add_argument("--examples", type=int, default=100, help="how many packings to draw (default 100)")
     f.add_argument("--seed", type=int, help="seed of the search; the same seed draws the same packings (default 0)")
     f.add_argument(
@@ -176,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the kernel has no backward: fuzz the forward and say that gradients were not checked "
         "(config: forward_only = true; without it, a missing or raising backward fails the run)",
     )
+    f.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
 
     b = sub.add_parser("bench", help="speed of kernels beside torch SDPA (needs CUDA)")
     b.add_argument(
@@ -219,10 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not fail when a check of BASE is missing from NEW (a deliberately narrower run)",
     )
 
-    r = sub.add_parser("report", help="render a report.json again")
+    r = sub.add_parser(
+        "report",
+        help="render a report.json again",
+        description="Render a report.json again. Exit 0 once rendered, whatever the report's verdict "
+        "(the run that wrote it gave that exit code); 2 when the file cannot be read or written.",
+    )
     r.add_argument("report", help="the report.json to read (validated against the report schema)")
     r.add_argument("--html", help="write the HTML report to this file (instead of printing the summary)")
     r.add_argument("--md", help="write the Markdown report to this file (instead of printing the summary)")
+    r.add_argument("--junit", help="write the JUnit XML report to this file (instead of printing the summary)")
 
     p_list = sub.add_parser("list", help="built-in kernels, recipes and checks")
     p_list.add_argument(
@@ -237,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flamia_verify.training.cli import add_parser as add_train_parity_parser
 
     add_train_parity_parser(sub)
+    from flamia_verify.sweep.cli import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
     return p
 
 
@@ -263,6 +310,41 @@ def _plain(console) -> bool:
 def _fail(message: str, code: int) -> int:
     sys.stderr.write(f"flamia-verify: {message}\n")
     return code
+
+
+#: the directories _prepare_out created, outermost first: main() removes those still empty when the
+#: command ends, so that a usage error found after --out was prepared (an unknown --only name, a
+#: kernel without a recipe) leaves nothing behind
+_CREATED_OUT: list[Path] = []
+
+
+def _remove_unused_out() -> None:
+    while _CREATED_OUT:
+        try:
+            _CREATED_OUT.pop().rmdir()  # deepest first; a directory the run wrote into is not empty and stays
+        except OSError:
+            pass
+
+
+def _print_tracebacks(args, checks=(), crash: BaseException | None = None) -> None:
+    """--traceback: print to stderr the full traceback of each exception the kernel raised, as the
+    checks' worst cases keep it (once per distinct traceback, naming the checks that met it), and of
+    the one behind a crash."""
+    if not getattr(args, "traceback", False):
+        return
+    where: dict[str, list[str]] = {}
+    for check in checks:
+        trace = (check.worst_case or {}).get("traceback")
+        if isinstance(trace, str) and trace:
+            where.setdefault(trace, []).append(check.name)
+    cause = crash.__cause__ if crash is not None else None
+    if cause is not None:
+        trace = getattr(cause, "traceback", None) or "".join(traceback.format_exception(cause))
+        where.setdefault(trace, []).append("the crash")
+    for trace, names in where.items():
+        sys.stderr.write(f"flamia-verify: the kernel's exception in {', '.join(names)}:\n{trace}")
+        if not trace.endswith("\n"):
+            sys.stderr.write("\n")
 
 
 class _RunOptions(NamedTuple):
@@ -297,10 +379,13 @@ def _prepare_out(out: str) -> Path:
     directory = Path(out)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--out {str(directory)!r} is a file, not a directory")
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create --out directory {str(directory)!r}: {exc.strerror or exc}") from None
+    finally:
+        _CREATED_OUT.extend(reversed(missing))
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--out directory {str(directory)!r} is not writable")
     return directory
@@ -351,7 +436,7 @@ def _cmd_check(args) -> int:
     kernel = load_kernel(spec)
     out = _prepare_out(out_dir)
 
-    from flamia_verify.reports.terminal import check_line
+    from flamia_verify.reports.terminal import Heartbeat, check_line
     from flamia_verify.reports.wording import printable
 
     console = _console()
@@ -397,6 +482,7 @@ def _cmd_check(args) -> int:
         disable=plain,
     )
     task = progress.add_task(f"{kernel.name}: starting", total=total_checks or 1)
+    heartbeat = Heartbeat(console)
 
     def on_progress(event):
         name = getattr(event, "check", None) or getattr(event, "name", "")
@@ -411,6 +497,7 @@ def _cmd_check(args) -> int:
                 crop=False,
             )
         selected["total"] = getattr(event, "total", None) or selected["total"]
+        heartbeat.update(event)
         done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
         progress.update(task, description=f"{kernel.name}: {name}", completed=min(done, total), total=total)
 
@@ -429,7 +516,7 @@ def _cmd_check(args) -> int:
     _remove_stale(out, _report_names())  # an earlier run's reports must not stand in for this one, even if killed
     previous_term = _install(_on_sigterm)
     try:
-        with progress:
+        with progress, heartbeat if plain else contextlib.nullcontext():  # a log: a line at least every 30 s
             report = run_checks(
                 kernel,
                 recipe=recipe,
@@ -439,6 +526,7 @@ def _cmd_check(args) -> int:
                 seed=seed,
                 only=only,
                 thresholds=cfg.thresholds or None,
+                threshold_source=cfg.source,
                 on_progress=on_progress,
                 on_result=on_result,
                 on_report=on_report,
@@ -472,6 +560,7 @@ def _cmd_check(args) -> int:
             if partial is None
             else f" (the {len(partial.checks)} finished checks written to {out}, marked INCOMPLETE)"
         )
+        _print_tracebacks(args, partial.checks if partial is not None else (), crash=exc)
         return _fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
     except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
         return _fail(_write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
@@ -484,6 +573,7 @@ def _cmd_check(args) -> int:
     console.print(f"checked in {time.monotonic() - started:.1f} s; reports:", markup=False)
     for kind, path in paths.items():
         console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
+    _print_tracebacks(args, report.checks)
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
@@ -537,6 +627,7 @@ def _cmd_fuzz(args) -> int:
         out = _prepare_out(out_dir)
         # the recipe: --recipe, else the one the reproducer ran with, else the config's, else the kernel's
         replay_recipe = args.recipe or (None if case.get("recipe") else cfg.recipe)
+        _warn_other_replay(args.replay, case, kernel.name, replay_recipe or case.get("recipe") or kernel.recipe)
         try:
             replayed = replay_case(kernel, case, recipe=replay_recipe, device=device)
         except FlamiaVerifyError:
@@ -558,6 +649,7 @@ def _cmd_fuzz(args) -> int:
         console.print(f"replayed {args.replay} with recipe {report.recipe}; reports:", markup=False, soft_wrap=True)
         for kind, path in paths.items():
             console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
+        _print_tracebacks(args, report.checks)
         return EXIT_PASS if report.passed else EXIT_FAIL
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
@@ -590,7 +682,34 @@ def _cmd_fuzz(args) -> int:
         )
     for kind, path in paths.items():
         console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
+    _print_tracebacks(args, result.report.checks)
     return EXIT_PASS if result.report.passed else EXIT_FAIL
+
+
+def _warn_other_replay(path: str, case: dict, kernel: str, recipe: str | None) -> None:
+    """One line on stderr when a reproducer recorded for another kernel or recipe is replayed (allowed:
+    replaying a failing case on a fixed kernel is how a fix is checked, but it should not go unnoticed)."""
+    recorded_kernel, recorded_recipe = case.get("kernel"), case.get("recipe")
+    other_kernel = isinstance(recorded_kernel, str) and not _same_kernel(recorded_kernel, kernel)
+    other_recipe = isinstance(recorded_recipe, str) and recipe is not None and recipe != recorded_recipe
+    if other_kernel or other_recipe:
+        sys.stderr.write(
+            f"flamia-verify: warning: {path} was recorded for kernel {recorded_kernel or '?'} with recipe "
+            f"{recorded_recipe or '?'}; replaying it on kernel {kernel} with recipe {recipe or '?'}\n"
+        )
+
+
+def _same_kernel(a: str, b: str) -> bool:
+    """Two kernel specs name the same kernel: equal, or the same file.py:function by another path."""
+    if a == b:
+        return True
+    (path_a, _, fn_a), (path_b, _, fn_b) = a.rpartition(":"), b.rpartition(":")
+    if not (fn_a == fn_b and path_a.endswith(".py") and path_b.endswith(".py")):
+        return False
+    try:
+        return Path(path_a).resolve() == Path(path_b).resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def _cmd_bench(args) -> int:
@@ -659,6 +778,8 @@ def _cmd_compare(args) -> int:
 
     cfg = load_config(args.config)
     factor = args.factor if args.factor is not None else cfg.compare_factor
+    from flamia_verify.settings import compare_factor
+
     factor = compare_factor(factor, "--factor")
     base, new = load_report(args.base), load_report(args.new)
     cmp = compare_reports(base, new, factor=factor, allow_missing=args.allow_missing)
@@ -667,14 +788,16 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from flamia_verify.reports import load_report, render_html, render_markdown, render_terminal
+    """Render a report.json again: exit 0 once rendered. A re-render is not a verdict; the run that
+    wrote the report gave that exit code (and ``compare`` gates one report against another)."""
+    from flamia_verify.reports import load_report, render_html, render_junit, render_markdown, render_terminal
     from flamia_verify.reports.store import atomic_write_text
 
     report = load_report(args.report)
-    if not args.html and not args.md:
+    if not args.html and not args.md and not args.junit:
         console = _console()
         render_terminal(report, console, plain=_plain(console))
-    for target, render in ((args.html, render_html), (args.md, render_markdown)):
+    for target, render in ((args.html, render_html), (args.md, render_markdown), (args.junit, render_junit)):
         if not target:
             continue
         if Path(target).is_dir():
@@ -683,7 +806,7 @@ def _cmd_report(args) -> int:
             atomic_write_text(Path(target), render(report))
         except OSError as exc:
             raise UsageError(f"cannot write {target!r}: {exc.strerror or exc}") from None
-    return EXIT_PASS if report.passed else EXIT_FAIL
+    return EXIT_PASS
 
 
 def _cuda_path(kernel) -> str:
@@ -757,6 +880,12 @@ def _cmd_train_parity(args) -> int:
     return run(args)
 
 
+def _cmd_sweep(args) -> int:
+    from flamia_verify.sweep.cli import run
+
+    return run(args)
+
+
 _COMMANDS = {
     "check": _cmd_check,
     "fuzz": _cmd_fuzz,
@@ -766,6 +895,7 @@ _COMMANDS = {
     "list": _cmd_list,
     "mutate": _cmd_mutate,
     "train-parity": _cmd_train_parity,
+    "sweep": _cmd_sweep,
 }
 
 
@@ -783,7 +913,13 @@ def main(argv: list[str] | None = None) -> int:
     its own exit code once stdout and stderr are flushed; called from Python (``argv`` given), it
     returns the code as usual.
     """
-    code = _main(argv)
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt:  # before the command ran (Ctrl-C while torch imports): as any interruption
+        _INTERRUPTED[0] = True
+        code = _fail("interrupted", EXIT_FAIL)
+    finally:
+        _remove_unused_out()
     if argv is None and _INTERRUPTED[0]:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -802,11 +938,13 @@ def _main(argv: list[str] | None) -> int:
     except KernelLoadError as exc:
         return _fail(str(exc), EXIT_KERNEL)
     except KernelCrashError as exc:
+        _print_tracebacks(args, crash=exc)
         return _fail(f"kernel crashed: {exc}", EXIT_KERNEL)
     except FlamiaVerifyError as exc:
         return _fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+    except KeyboardInterrupt:  # an interrupted run: one line, exit 1 (the documented contract)
+        _INTERRUPTED[0] = True
+        return _fail("interrupted", EXIT_FAIL)
     except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as a shell tool does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout must not raise again

@@ -1,0 +1,206 @@
+"""Sweeps: a matrix of `check` runs spread over the GPUs of a machine (a local worker pool) or over a
+Ray cluster, with results stored per case so that an interrupted sweep resumes and an unchanged case
+is never run twice.
+
+    flamia-verify sweep sweep.toml --out sweep-out                 # every GPU here (or every CPU core)
+    flamia-verify sweep sweep.toml --shard 2/4 --out shard-2       # one deterministic quarter
+    flamia-verify sweep merge shard-1 shard-2 shard-3 shard-4 --out all
+    flamia-verify sweep sweep.toml --backend ray --address auto    # an existing Ray cluster
+
+:func:`run_sweep` and :func:`merge_sweeps` are the Python API; :mod:`.matrix` reads the TOML file.
+OUT holds ``cases/<key>.json`` (one result per case), ``sweep.json`` (the matrix and its results in
+matrix order) and ``sweep.md`` / ``sweep.html`` (the verdict matrix, cases x check families).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flamia_verify.errors import ConfigError
+from flamia_verify.sweep.backends import BACKENDS, run_local, run_ray
+from flamia_verify.sweep.matrix import Sweep, SweepCase, case_key, load_sweep, parse_shard, shard_of
+from flamia_verify.sweep.store import CaseStore
+
+__all__ = [
+    "BACKENDS",
+    "SCHEMA",
+    "Sweep",
+    "SweepCase",
+    "SweepOutcome",
+    "load_sweep",
+    "run_sweep",
+    "merge_sweeps",
+    "parse_shard",
+    "comparable",
+    "exit_code",
+]
+
+SCHEMA = "flamia-verify/sweep/v1"
+
+#: fields of a result that say when, where and how fast it ran, not what it found
+_VOLATILE_RESULT = ("elapsed_s", "host", "device")
+_VOLATILE_ENV = (
+    "total_seconds",
+    "kernel_seconds",
+    "torch_threads",
+    "hostname",
+    "started",
+    "finished",
+    "python",
+    "platform",
+)
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep (or a merge) produced: every result of its cases in matrix order."""
+
+    out: Path
+    results: list[dict[str, Any]]
+    ran: int = 0  # cases run by this invocation
+    reused: int = 0  # cases read back from the store
+    missing: list[str] = field(default_factory=list)  # keys of the matrix with no result (merge only)
+    workers: int = 0
+
+    def counts(self) -> dict[str, int]:
+        out = {"pass": 0, "fail": 0, "error": 0, "incomplete": 0}
+        for r in self.results:
+            out[r["status"]] = out.get(r["status"], 0) + 1
+        return out
+
+
+def exit_code(outcome: SweepOutcome) -> int:
+    """0 every case passed; 1 a case failed (or did not finish); 3 no case failed but one produced no
+    verdict (its kernel did not load, its worker crashed or hung); 2 cases of the matrix are missing."""
+    counts = outcome.counts()
+    if counts["fail"] or counts["incomplete"]:
+        return 1
+    if counts["error"]:
+        return 3
+    if outcome.missing:
+        return 2
+    return 0
+
+
+def comparable(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` without what says when, where and how fast it ran (times, host): two runs of a case
+    on the same code, one in a sweep and one in a single process, give equal ``comparable`` objects."""
+    out = {k: v for k, v in result.items() if k not in _VOLATILE_RESULT}
+    report = out.get("report")
+    if isinstance(report, dict):
+        report = dict(report)
+        report["environment"] = {k: v for k, v in report.get("environment", {}).items() if k not in _VOLATILE_ENV}
+        report["checks"] = [{k: v for k, v in c.items() if k != "duration_s"} for c in report.get("checks", [])]
+        out["report"] = report
+    return out
+
+
+def _write_outputs(out: Path, source: str, keys: list[str], results: list[dict[str, Any]], shard: str | None) -> None:
+    from flamia_verify.reports.survey import write_sweep_reports
+
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"schema": SCHEMA, "source": source, "shard": shard, "matrix": keys, "results": results}
+    (out / "sweep.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
+    write_sweep_reports(results, out, title=f"flamia-verify sweep: {source}" + (f" (shard {shard})" if shard else ""))
+
+
+def run_sweep(
+    sweep: Sweep | str | Path,
+    out: str | Path,
+    *,
+    backend: str = "local",
+    workers: int | None = None,
+    shard: str | tuple[int, int] | None = None,
+    address: str | None = None,
+    timeout_s: float | None = None,
+    on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+    on_start: Callable[[int, int, int], None] | None = None,
+) -> SweepOutcome:
+    """Run the cases of ``sweep`` (a :class:`Sweep` or a TOML path) that ``out`` has no result for.
+
+    ``shard`` (``"i/n"`` or ``(i, n)``) keeps the i-th of n deterministic slices. ``on_start(total,
+    reused, to_run)`` is called once, ``on_result(result, done, to_run)`` after each case that ran. A
+    case whose stored result is an ``error`` without a report (a crash, a timeout, a lost node) runs
+    again; every other stored result is reused."""
+    if not isinstance(sweep, Sweep):
+        sweep = load_sweep(sweep)
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown sweep backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if isinstance(shard, str):
+        shard = parse_shard(shard)
+    out = Path(out)
+    store = CaseStore(out)
+    keyed = [(case_key(c), c) for c in sweep.cases]
+    all_keys = [k for k, _ in keyed]
+    if shard is not None:
+        keyed = [(k, c) for k, c in keyed if shard_of(k, shard[1]) == shard[0]]
+    todo, reused = [], 0
+    for key, case in keyed:
+        stored = store.get(key)
+        if stored is not None and not (stored["status"] == "error" and stored.get("report") is None):
+            reused += 1
+        else:
+            todo.append((key, case))
+    if on_start is not None:
+        on_start(len(keyed), reused, len(todo))
+    done = 0
+
+    def record(result: dict[str, Any]) -> None:
+        nonlocal done
+        store.put(result)
+        done += 1
+        if on_result is not None:
+            on_result(result, done, len(todo))
+
+    timeout = timeout_s if timeout_s is not None else sweep.timeout_s
+    device = sweep.cases[0].device if sweep.cases else "auto"
+    used = 0
+    if todo:
+        if backend == "ray":
+            used = run_ray(todo, record, device=device, workers=workers, timeout_s=timeout, address=address)
+        else:
+            used = run_local(todo, record, device=device, workers=workers, timeout_s=timeout)
+    results = [r for r in (store.get(k) for k, _ in keyed) if r is not None]
+    label = f"{shard[0]}/{shard[1]}" if shard else None
+    _write_outputs(out, sweep.source, all_keys, results, label)
+    return SweepOutcome(out=out, results=results, ran=len(todo), reused=reused, workers=used)
+
+
+def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
+    """Join the results of sweeps (typically the shards of one matrix) into ``out``: the results in
+    the matrix's order, and ``missing`` listing the matrix's cases that no shard has."""
+    if not dirs:
+        raise ConfigError("sweep merge needs at least one sweep output directory")
+    by_key: dict[str, dict[str, Any]] = {}
+    matrix: list[str] = []
+    sources = []
+    for d in dirs:
+        path = Path(d) / "sweep.json"
+        try:
+            document = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path} does not exist: is {d} the --out of a sweep?") from None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+        if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+            raise ConfigError(f"{path} is not a sweep result (schema {SCHEMA})")
+        if matrix and document["matrix"] != matrix:
+            raise ConfigError(f"{path} comes from another matrix than {dirs[0]}: merge shards of one sweep")
+        matrix = document["matrix"]
+        sources.append(document.get("source", ""))
+        for result in document["results"]:
+            have = by_key.get(result["key"])
+            if have is None or (have["status"] == "error" and have.get("report") is None):
+                by_key[result["key"]] = result
+    results = [by_key[k] for k in matrix if k in by_key]
+    missing = [k for k in matrix if k not in by_key]
+    out = Path(out)
+    source = sources[0] if len(set(sources)) == 1 else ", ".join(sorted(set(sources)))
+    _write_outputs(out, source, matrix, results, None)
+    return SweepOutcome(out=out, results=results, missing=missing)

@@ -1,0 +1,236 @@
+"""The backends that run a sweep's cases: a local pool of worker processes (one per visible GPU, or
+per CPU core) and Ray (one task per case, on an existing cluster or a local one). Neither schedules
+anything itself beyond handing the next case to a free worker: the local pool is a
+``concurrent.futures`` thread pool whose threads each own one device slot and run each case in a
+fresh ``python -m flamia_verify.sweep.worker`` process pinned to it (a crash or hang there kills one
+process, never the sweep); Ray's own scheduler places its tasks.
+
+Every backend calls ``on_result(result)`` once per case, in completion order, with the worker's
+result or an ``error`` result naming what went wrong (crash with its exit code and last stderr
+line, timeout, lost node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from flamia_verify.errors import ConfigError
+from flamia_verify.sweep.matrix import SweepCase
+from flamia_verify.sweep.worker import error_result, run_case
+
+__all__ = ["BACKENDS", "local_slots", "run_local", "run_ray"]
+
+BACKENDS = ("local", "ray")
+OnResult = Callable[[dict[str, Any]], None]
+
+
+def local_slots(device: str, workers: int | None = None) -> list[dict[str, str]]:
+    """The environment of each local worker: one visible GPU each (``CUDA_VISIBLE_DEVICES``, read
+    through the parent's own mask), or, for a CPU sweep, one CPU core's share of threads each."""
+    gpus: list[str] = []
+    if device in ("auto", "cuda"):
+        import torch
+
+        count = torch.cuda.device_count()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(count)]
+        gpus = names[:count]
+        if device == "cuda" and not gpus:
+            raise ConfigError("the sweep asks for cuda but no CUDA device is visible; use device = cpu or auto")
+    if gpus:
+        if workers is not None:
+            if workers > len(gpus):
+                raise ConfigError(f"--workers {workers} is more than the {len(gpus)} visible GPU(s)")
+            gpus = gpus[:workers]
+        return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
+    cores = os.cpu_count() or 1
+    count = workers or cores
+    threads = max(1, cores // count)
+    return [{"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)} for _ in range(count)]
+
+
+class _Children:
+    """The worker processes running now, so that an interrupted sweep kills them all."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for proc in self.procs:
+                _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _run_in_process(
+    case: SweepCase, key: str, env_overlay: dict[str, str], timeout_s: float | None, children: _Children
+) -> dict[str, Any]:
+    env = {**os.environ, **env_overlay}
+    start = time.perf_counter()
+    request = json.dumps({"case": case.to_dict(), "key": key})
+    with children.lock:
+        if children.stopping:
+            raise KeyboardInterrupt
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flamia_verify.sweep.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            start_new_session=True,  # its own process group: a timeout kills its children too
+        )
+        children.procs.add(proc)
+    try:
+        stdout, stderr = proc.communicate(request, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        proc.communicate()
+        return error_result(case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key)
+    finally:
+        with children.lock:
+            children.procs.discard(proc)
+    elapsed = time.perf_counter() - start
+    line = _last_line(stdout)
+    if proc.returncode == 0 and line.startswith("{"):
+        try:
+            return json.loads(line)
+        except ValueError:
+            pass
+    why = _last_line(stderr) or "no output"
+    code = proc.returncode
+    what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    return error_result(case, f"worker crashed ({what}): {why}", elapsed, key)
+
+
+def run_local(
+    cases: Sequence[tuple[str, SweepCase]],
+    on_result: OnResult,
+    *,
+    device: str,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+) -> int:
+    """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used."""
+    slots = local_slots(device, workers)
+    free: queue.Queue[dict[str, str]] = queue.Queue()
+    for slot in slots:
+        free.put(slot)
+    children = _Children()
+
+    def one(key: str, case: SweepCase) -> dict[str, Any]:
+        slot = free.get()
+        try:
+            return _run_in_process(case, key, slot, timeout_s, children)
+        finally:
+            free.put(slot)
+
+    pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="flamia-sweep")
+    try:
+        futures = [pool.submit(one, key, case) for key, case in cases]
+        for future in as_completed(futures):
+            on_result(future.result())
+    except BaseException:
+        children.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return len(slots)
+
+
+def _ray_case(case_data: dict[str, Any], key: str) -> dict[str, Any]:
+    """The body of one Ray task: the case, run in the Ray worker's process."""
+    return run_case(case_data, key)
+
+
+def run_ray(
+    cases: Sequence[tuple[str, SweepCase]],
+    on_result: OnResult,
+    *,
+    device: str,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+    address: str | None = None,
+) -> int:
+    """Run ``cases`` as Ray tasks (one GPU each on a GPU sweep, one CPU each otherwise), on the
+    cluster at ``address`` or on a local one started here (``workers`` CPUs); returns the number of
+    task slots. At most that many tasks are in flight, so a task's timeout counts from its start."""
+    try:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayError
+    except ImportError:
+        raise ConfigError("the ray backend needs Ray: pip install 'flamia-verify[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        if address:
+            kwargs["address"] = address
+        elif workers:
+            kwargs["num_cpus"] = workers
+        ray.init(**kwargs)
+    try:
+        resources = ray.cluster_resources()
+        use_gpu = device == "cuda" or (device == "auto" and resources.get("GPU", 0) >= 1)
+        if device == "cuda" and resources.get("GPU", 0) < 1:
+            raise ConfigError("the sweep asks for cuda but the Ray cluster has no GPU")
+        slots = int(resources.get("GPU", 0)) if use_gpu else int(resources.get("CPU", 1))
+        if workers:
+            slots = min(slots, workers)
+        slots = max(slots, 1)
+        options: dict[str, Any] = {"num_cpus": 1, "num_gpus": 1 if use_gpu else 0, "max_retries": 0}
+        if not use_gpu:
+            options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+        task = ray.remote(_ray_case).options(**options)
+        pending = list(cases)
+        running: dict[Any, tuple[str, SweepCase, float]] = {}
+        while pending or running:
+            while pending and len(running) < slots:
+                key, case = pending.pop(0)
+                running[task.remote(case.to_dict(), key)] = (key, case, time.perf_counter())
+            done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+            for ref in done:
+                key, case, start = running.pop(ref)
+                try:
+                    on_result(ray.get(ref))
+                except (RayError, GetTimeoutError) as exc:
+                    reason = f"Ray task failed ({type(exc).__name__}): {_last_line(str(exc)) or exc}"
+                    on_result(error_result(case, reason, time.perf_counter() - start, key))
+            if timeout_s is not None:
+                now = time.perf_counter()
+                for ref, (key, case, start) in list(running.items()):
+                    if now - start > timeout_s:
+                        ray.cancel(ref, force=True)
+                        running.pop(ref)
+                        on_result(
+                            error_result(
+                                case, f"timed out after {timeout_s:g} s (Ray task cancelled)", now - start, key
+                            )
+                        )
+        return slots
+    finally:
+        if started_here:
+            ray.shutdown()

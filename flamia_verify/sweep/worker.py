@@ -1,0 +1,78 @@
+"""One sweep case, run where a backend puts it: in a process of the local pool (``python -m
+flamia_verify.sweep.worker``, the case as JSON on stdin, the result as JSON on stdout's last line) or
+inside a Ray task (:func:`run_case`). The result is a JSON object:
+
+    {"key", "case", "status": pass | fail | error | incomplete, "report": report.json's object or null,
+     "error": one line or null, "elapsed_s", "host", "device"}
+
+``status`` ``error`` with no report means the case produced no verdict (the kernel could not be loaded,
+the worker crashed, hung past the sweep's timeout or lost its node); the backends write those, too.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+from flamia_verify.sweep.matrix import SweepCase, case_key
+
+__all__ = ["run_case", "error_result", "main"]
+
+
+def error_result(case: SweepCase, reason: str, elapsed_s: float = 0.0, key: str | None = None) -> dict[str, Any]:
+    """The result of a case that produced no verdict, with the reason in one line."""
+    return {
+        "key": key or case_key(case),
+        "case": case.to_dict(),
+        "status": "error",
+        "report": None,
+        "error": " ".join(str(reason).split())[:2000],
+        "elapsed_s": round(elapsed_s, 3),
+        "host": socket.gethostname(),
+        "device": None,
+    }
+
+
+def run_case(case_data: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    """Run one case in this process and return its result object (never raises for a kernel's fault)."""
+    from flamia_verify.api import check
+    from flamia_verify.errors import FlamiaVerifyError
+
+    case = SweepCase.from_dict(case_data)
+    start = time.perf_counter()
+    try:
+        report = check(case.kernel, **case.check_kwargs())
+    except FlamiaVerifyError as exc:  # a kernel that does not load, a configuration the checks refuse
+        return error_result(case, f"{type(exc).__name__}: {exc}", time.perf_counter() - start, key)
+    except Exception as exc:  # a crash mid-run keeps the finished checks, like `check` does
+        partial = getattr(exc, "partial_report", None)
+        if partial is None:
+            return error_result(case, f"{type(exc).__name__}: {exc}", time.perf_counter() - start, key)
+        report = partial
+    data = report.to_dict()
+    return {
+        "key": key or case_key(case),
+        "case": case.to_dict(),
+        "status": data["summary"]["status"],
+        "report": data,
+        "error": None,
+        "elapsed_s": round(time.perf_counter() - start, 3),
+        "host": socket.gethostname(),
+        "device": data.get("environment", {}).get("device_name") or data.get("environment", {}).get("device"),
+    }
+
+
+def main() -> int:
+    """``python -m flamia_verify.sweep.worker``: a case on stdin, its result as stdout's last line."""
+    request = json.loads(sys.stdin.read())
+    result = run_case(request["case"], request.get("key"))
+    sys.stdout.write("\n" + json.dumps(result, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

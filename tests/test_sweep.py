@@ -1,0 +1,203 @@
+"""Sweeps (flamia_verify.sweep): the matrix file, case keys and shards, the local worker pool (one
+process per case: crashes and hangs become error rows, the sweep goes on), resuming from the store,
+merging shards, Ray, and the `sweep` command. Results of a sweep equal a single-process `check` of the
+same case bit for bit (apart from times and host names), on the emulated kernels."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from flamia_verify.api import check
+from flamia_verify.cli import main
+from flamia_verify.errors import ConfigError
+from flamia_verify.sweep import comparable, load_sweep, merge_sweeps, run_sweep
+from flamia_verify.sweep.matrix import case_key, shard_of
+from flamia_verify.sweep.worker import run_case
+
+pytestmark = pytest.mark.xdist_group("sweep")  # the pool's workers take the machine's cores
+
+# cheap checks of each kind of verdict: a passing one, and one the naive MXFP8 kernel fails
+ONLY = '[["interface.output", "isolation.offset"]]'
+
+
+def _write(tmp_path, body: str, name: str = "sweep.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_the_matrix_is_the_product_in_file_order(tmp_path):
+    path = _write(
+        tmp_path,
+        """
+        [sweep]
+        kernels = ["bf16", {spec = "fp8", recipe = "fp8"}]
+        suites = ["quick", "standard"]
+        only = [["causal"], []]
+        dtypes = ["bf16", "fp16"]
+        seeds = [0, 3]
+        settings = [{}, {causal_len = 128}]
+        device = "cpu"
+        """,
+    )
+    cases = load_sweep(path).cases
+    assert len(cases) == 2 * 2 * 2 * 2 * 2 * 2
+    assert cases[0].label() == "bf16 quick only=causal bf16 seed=0"
+    assert cases[1].seed == 3 and cases[2].settings == {"causal_len": 128}
+    assert cases[-1].kernel == "fp8" and cases[-1].recipe == "fp8" and cases[-1].only == ()
+    assert cases[-1].check_kwargs()["thresholds"] == {"suite": {"causal_len": 128}}
+    assert len({case_key(c) for c in cases}) == len(cases)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('kernels = ["bf16"]\nworkers = 3', "unknown key sweep.workers"),
+        ("kernels = []", "non-empty list"),
+        ('kernels = ["bf16"]\nsuites = ["huge"]', "unknown suite 'huge'"),
+        ('kernels = ["bf16"]\nonly = [["causal.nope"]]', "unknown check or family 'causal.nope'"),
+        ('kernels = ["bf16"]\ndtypes = ["fp32x"]', "unknown dtype"),
+        ('kernels = ["bf16"]\nseeds = [-1]', "non-negative"),
+        ('kernels = ["bf16"]\nsettings = [{nope = 1}]', "nope"),
+        ('kernels = ["bf16"]\ndevice = "cuda:1"', "each worker gets its own GPU"),
+        ('kernels = ["bf16", "bf16"]', "same case twice"),
+        ('kernels = [{spec = "bf16", recipe = 3}]', "spec and recipe"),
+    ],
+)
+def test_a_bad_sweep_file_is_a_config_error_naming_it(tmp_path, body, message):
+    path = _write(tmp_path, "[sweep]\n" + body + "\n")
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(path)
+
+
+def test_a_key_changes_with_the_kernel_source_and_nothing_else(tmp_path):
+    kernel = tmp_path / "attn.py"
+    kernel.write_text("from flamia_verify.reference import reference_attention as attn\n")
+    path = _write(tmp_path, f'[sweep]\nkernels = ["{kernel}:attn"]\ndevice = "cpu"\n')
+    (case,) = load_sweep(path).cases
+    first = case_key(case)
+    assert case_key(load_sweep(path).cases[0]) == first
+    kernel.write_text("from flamia_verify.reference import reference_attention as attn  # edited\n")
+    assert case_key(case) != first
+
+
+def test_shards_partition_the_matrix():
+    keys = [f"{i:032x}" for i in range(0, 10_000, 37)]
+    for n in (1, 2, 3, 7):
+        shards = [[k for k in keys if shard_of(k, n) == i] for i in range(1, n + 1)]
+        assert sorted(sum(shards, [])) == sorted(keys)
+        assert all(shards)
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory):
+    """Two kernels x two seeds of two cheap checks, run once on a pool of two CPU workers."""
+    root = tmp_path_factory.mktemp("sweep")
+    path = _write(
+        root,
+        f"""
+        [sweep]
+        kernels = ["flamia-mxfp8", "mxfp8-naive"]
+        only = {ONLY}
+        seeds = [0, 1]
+        device = "cpu"
+        """,
+    )
+    seen = []
+    outcome = run_sweep(path, root / "out", workers=2, on_result=lambda r, done, total: seen.append(done))
+    return path, root, outcome, seen
+
+
+def test_a_local_sweep_equals_single_process_checks_bit_for_bit(small_sweep):
+    path, _, outcome, seen = small_sweep
+    assert outcome.ran == 4 and outcome.workers == 2 and seen == [1, 2, 3, 4]
+    cases = load_sweep(path).cases
+    assert [r["case"] for r in outcome.results] == [c.to_dict() for c in cases]
+    for case, result in zip(cases, outcome.results):
+        alone = run_case(case.to_dict())
+        assert comparable(result) == comparable(alone), case.label()
+        direct = check(case.kernel, **case.check_kwargs()).to_dict()
+        assert comparable({"report": direct})["report"]["checks"] == comparable(result)["report"]["checks"]
+    assert {r["case"]["kernel"]: r["status"] for r in outcome.results} == {
+        "flamia-mxfp8": "pass",
+        "mxfp8-naive": "fail",
+    }
+
+
+def test_a_rerun_reads_every_case_back_and_writes_the_reports(small_sweep):
+    path, root, outcome, _ = small_sweep
+    again = run_sweep(path, root / "out", workers=2)
+    assert again.ran == 0 and again.reused == 4
+    assert [comparable(r) for r in again.results] == [comparable(r) for r in outcome.results]
+    document = json.loads((root / "out" / "sweep.json").read_text())
+    assert document["schema"] == "flamia-verify/sweep/v1" and len(document["matrix"]) == 4
+    markdown = (root / "out" / "sweep.md").read_text()
+    assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.offset | **FAIL** |" in markdown
+    assert "isolation.offset:" in markdown  # the failing check's one-line reason
+    assert "<table>" in (root / "out" / "sweep.html").read_text()
+
+
+def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
+    path, _, outcome, _ = small_sweep
+    shard_dirs = [tmp_path / f"shard{i}" for i in (1, 2)]
+    for i, d in enumerate(shard_dirs, 1):
+        run_sweep(path, d, workers=2, shard=f"{i}/2")
+    partial = merge_sweeps(shard_dirs[:1], tmp_path / "partial")
+    merged = merge_sweeps(shard_dirs, tmp_path / "merged")
+    assert partial.missing and not merged.missing
+    assert [comparable(r) for r in merged.results] == [comparable(r) for r in outcome.results]
+
+
+def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        textwrap.dedent(
+            """
+            import os, time
+            def crash(*args, **kwargs):
+                os._exit(7)
+            def hang(*args, **kwargs):
+                time.sleep(600)
+            """
+        )
+    )
+    bad = tmp_path / "bad.py"
+    path = _write(
+        tmp_path,
+        f"""
+        [sweep]
+        kernels = [{{spec = "{bad}:crash", recipe = "bf16"}}, {{spec = "{bad}:hang", recipe = "bf16"}}, "bf16"]
+        only = [["interface.output"]]
+        device = "cpu"
+        timeout_s = 15
+        """,
+    )
+    outcome = run_sweep(path, tmp_path / "out", workers=2)
+    status = {r["case"]["kernel"].rpartition(":")[2]: (r["status"], r["error"]) for r in outcome.results}
+    assert status["crash"][0] == "error" and "worker crashed (exit code 7)" in status["crash"][1]
+    assert status["hang"][0] == "error" and "timed out after 15 s" in status["hang"][1]
+    assert status["bf16"] == ("pass", None)
+    assert (
+        main(["sweep", str(path), "--out", str(tmp_path / "out"), "--timeout", "20"]) == 3
+    )  # errors rerun, no verdict
+
+
+def test_the_sweep_command_exit_codes(small_sweep, tmp_path, capsys):
+    path, root, _, _ = small_sweep
+    assert main(["sweep", str(path), "--out", str(root / "out")]) == 1  # read back: mxfp8-naive fails
+    assert "4 case(s), 4 already in the store, 0 to run" in capsys.readouterr().err
+    assert main(["sweep", "merge", str(root / "out"), "--out", str(tmp_path / "m")]) == 1
+    assert main(["sweep", "merge", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m2")]) == 2
+    assert "the --out of a sweep?" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--shard", "3/2"]) == 2
+    assert main(["sweep", str(path), "--address", "auto"]) == 2
+
+
+def test_a_ray_sweep_on_a_local_cluster_of_two_workers_equals_the_local_one(small_sweep, tmp_path):
+    pytest.importorskip("ray")
+    path, _, outcome, _ = small_sweep
+    on_ray = run_sweep(path, tmp_path / "ray", backend="ray", workers=2)
+    assert on_ray.ran == 4 and on_ray.workers == 2
+    assert [comparable(r) for r in on_ray.results] == [comparable(r) for r in outcome.results]
