@@ -57,8 +57,8 @@ def main() -> None:
     print(f"warm-up case: {time.perf_counter() - start:.1f} s", flush=True)
     rows = []
     for backend in args.backends:
-        for workers in args.workers:
-            where = out / f"{backend}-{workers}"
+        for run, workers in enumerate(args.workers):
+            where = out / f"{backend}-{run}-{workers}"  # a fresh store each run: nothing is read back
             start = time.perf_counter()
             outcome = run_sweep(sweep, where, backend=backend, workers=workers)
             wall = time.perf_counter() - start
@@ -78,8 +78,12 @@ def main() -> None:
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
-    base = {r["backend"]: r["wall_s"] for r in rows if r["workers"] == args.workers[0]}
-    for r in rows:
+    base: dict[str, float] = {}
+    for r in rows:  # against the backend's first run with the fewest workers
+        least = min(x["workers"] for x in rows if x["backend"] == r["backend"])
+        base.setdefault(
+            r["backend"], next(x["wall_s"] for x in rows if x["backend"] == r["backend"] and x["workers"] == least)
+        )
         r["speedup"] = round(base[r["backend"]] / r["wall_s"], 3)
     print(
         "\n| backend | workers | cases | wall (s) | speed-up | case time mean (s) | overhead per case (s) | overhead / case |"
