@@ -1,9 +1,9 @@
 """The backends that run a sweep's cases: a local pool of worker processes (one per visible GPU, or
 per CPU core) and Ray (one task per case, on an existing cluster or a local one). Neither schedules
 anything itself beyond handing the next case to a free worker: the local pool is a
-``concurrent.futures`` thread pool whose threads each own one device slot and run each case in a
-fresh ``python -m flamia_verify.sweep.worker`` process pinned to it (a crash or hang there kills one
-process, never the sweep); Ray's own scheduler places its tasks.
+``concurrent.futures`` thread pool whose threads each take a free worker process pinned to one device
+slot and hand it the case (a crash or hang there costs that case and a fresh worker, never the
+sweep); Ray's own scheduler places its tasks.
 
 Every backend calls ``on_result(result)`` once per case, in completion order, with the worker's
 result or an ``error`` result naming what went wrong (crash with its exit code and last stderr
@@ -20,13 +20,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from flamia_verify.errors import ConfigError
 from flamia_verify.sweep.matrix import SweepCase
-from flamia_verify.sweep.worker import error_result, run_case
+from flamia_verify.sweep.worker import RESULT_MARK, error_result, run_case
 
 __all__ = ["BACKENDS", "local_slots", "run_local", "run_ray"]
 
@@ -59,26 +60,106 @@ def local_slots(device: str, workers: int | None = None) -> list[dict[str, str]]
     return [{"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)} for _ in range(count)]
 
 
-class _Children:
-    """The worker processes running now, so that an interrupted sweep kills them all."""
+class _Worker:
+    """One long-lived ``python -m flamia_verify.sweep.worker`` process on one device slot: it serves
+    case after case (the imports, the CUDA context and the compiled kernels are paid once), and is
+    killed and replaced when a case crashes it or runs past the timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, env_overlay: dict[str, str]) -> None:
+        self.env = {**os.environ, **env_overlay}
+        self.proc: subprocess.Popen | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr_tail: deque[str] = deque(maxlen=50)
+        self.stderr_reader: threading.Thread | None = None
         self.lock = threading.Lock()
-        self.procs: set[subprocess.Popen] = set()
-        self.stopping = False
 
-    def kill_all(self) -> None:
+    def _start(self) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flamia_verify.sweep.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # its own process group: a kill takes its children too
+        )
+        self.lines = queue.Queue()
+        self.stderr_tail.clear()
+        threading.Thread(target=_pump, args=(proc.stdout, self.lines.put), daemon=True).start()
+        self.stderr_reader = threading.Thread(target=_pump, args=(proc.stderr, self._keep_stderr), daemon=True)
+        self.stderr_reader.start()
+        return proc
+
+    def _keep_stderr(self, line: str | None) -> None:
+        if line is not None and line.strip():
+            self.stderr_tail.append(line.rstrip())
+
+    def run(self, case: SweepCase, key: str, timeout_s: float | None) -> dict[str, Any]:
         with self.lock:
-            self.stopping = True
-            for proc in self.procs:
-                _kill(proc)
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = self._start()
+            proc = self.proc
+        start = time.perf_counter()
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps({"case": case.to_dict(), "key": key}) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self._crashed(case, key, start)
+        deadline = None if timeout_s is None else start + timeout_s
+        while True:
+            remaining = None if deadline is None else deadline - time.perf_counter()
+            if remaining is not None and remaining <= 0:
+                self.kill()
+                return error_result(
+                    case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key
+                )
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:  # end of its stdout: the worker died
+                return self._crashed(case, key, start)
+            if line.startswith(RESULT_MARK):
+                return json.loads(line[len(RESULT_MARK) :])
 
+    def _crashed(self, case: SweepCase, key: str, start: float) -> dict[str, Any]:
+        proc = self.proc
+        code = proc.wait() if proc is not None else None
+        if self.stderr_reader is not None:
+            self.stderr_reader.join(timeout=5)
+        self.proc = None
+        why = self.stderr_tail[-1] if self.stderr_tail else "no output"
+        what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return error_result(case, f"worker crashed ({what}): {why}", time.perf_counter() - start, key)
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    def kill(self) -> None:
+        with self.lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+
+    def close(self) -> None:
+        """End the worker: close its stdin (it exits after its current case) and wait a little."""
+        with self.lock:
+            proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
 
 
 def _last_line(text: str) -> str:
@@ -86,45 +167,14 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _run_in_process(
-    case: SweepCase, key: str, env_overlay: dict[str, str], timeout_s: float | None, children: _Children
-) -> dict[str, Any]:
-    env = {**os.environ, **env_overlay}
-    start = time.perf_counter()
-    request = json.dumps({"case": case.to_dict(), "key": key})
-    with children.lock:
-        if children.stopping:
-            raise KeyboardInterrupt
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flamia_verify.sweep.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-            start_new_session=True,  # its own process group: a timeout kills its children too
-        )
-        children.procs.add(proc)
+def _pump(stream, put: Callable[[str | None], None]) -> None:
+    """Every line of ``stream`` to ``put``, then None at its end."""
     try:
-        stdout, stderr = proc.communicate(request, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        proc.communicate()
-        return error_result(case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key)
-    finally:
-        with children.lock:
-            children.procs.discard(proc)
-    elapsed = time.perf_counter() - start
-    line = _last_line(stdout)
-    if proc.returncode == 0 and line.startswith("{"):
-        try:
-            return json.loads(line)
-        except ValueError:
-            pass
-    why = _last_line(stderr) or "no output"
-    code = proc.returncode
-    what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-    return error_result(case, f"worker crashed ({what}): {why}", elapsed, key)
+        for line in stream:
+            put(line.rstrip("\n"))
+    except (OSError, ValueError):
+        pass
+    put(None)
 
 
 def run_local(
@@ -137,17 +187,17 @@ def run_local(
 ) -> int:
     """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used."""
     slots = local_slots(device, workers)
-    free: queue.Queue[dict[str, str]] = queue.Queue()
-    for slot in slots:
-        free.put(slot)
-    children = _Children()
+    workers_ = [_Worker(slot) for slot in slots]
+    free: queue.Queue[_Worker] = queue.Queue()
+    for worker in workers_:
+        free.put(worker)
 
     def one(key: str, case: SweepCase) -> dict[str, Any]:
-        slot = free.get()
+        worker = free.get()
         try:
-            return _run_in_process(case, key, slot, timeout_s, children)
+            return worker.run(case, key, timeout_s)
         finally:
-            free.put(slot)
+            free.put(worker)
 
     pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="flamia-sweep")
     try:
@@ -155,9 +205,13 @@ def run_local(
         for future in as_completed(futures):
             on_result(future.result())
     except BaseException:
-        children.kill_all()
+        for worker in workers_:
+            worker.kill()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+    finally:
+        for worker in workers_:
+            worker.close()
     pool.shutdown(wait=True)
     return len(slots)
 

@@ -1,6 +1,8 @@
-"""One sweep case, run where a backend puts it: in a process of the local pool (``python -m
-flamia_verify.sweep.worker``, the case as JSON on stdin, the result as JSON on stdout's last line) or
-inside a Ray task (:func:`run_case`). The result is a JSON object:
+"""One sweep case, run where a backend puts it: in a worker process of the local pool (``python -m
+flamia_verify.sweep.worker``: one request per line on stdin, each result on one stdout line that
+starts with :data:`RESULT_MARK`, so that whatever a kernel prints cannot be mistaken for one; the
+process serves cases until stdin closes) or inside a Ray task (:func:`run_case`). The result is a
+JSON object:
 
     {"key", "case", "status": pass | fail | error | incomplete, "report": report.json's object or null,
      "error": one line or null, "elapsed_s", "host", "device"}
@@ -19,7 +21,10 @@ from typing import Any
 
 from flamia_verify.sweep.matrix import SweepCase, case_key
 
-__all__ = ["run_case", "error_result", "main"]
+__all__ = ["RESULT_MARK", "run_case", "error_result", "main"]
+
+#: the prefix of a result line on a worker's stdout
+RESULT_MARK = "\x1eflamia-sweep-result "
 
 
 def error_result(case: SweepCase, reason: str, elapsed_s: float = 0.0, key: str | None = None) -> dict[str, Any]:
@@ -66,11 +71,14 @@ def run_case(case_data: dict[str, Any], key: str | None = None) -> dict[str, Any
 
 
 def main() -> int:
-    """``python -m flamia_verify.sweep.worker``: a case on stdin, its result as stdout's last line."""
-    request = json.loads(sys.stdin.read())
-    result = run_case(request["case"], request.get("key"))
-    sys.stdout.write("\n" + json.dumps(result, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    """``python -m flamia_verify.sweep.worker``: serve the cases of stdin's lines until it closes."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        result = run_case(request["case"], request.get("key"))
+        sys.stdout.write("\n" + RESULT_MARK + json.dumps(result, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
     return 0
 
 
