@@ -6,6 +6,7 @@ same case bit for bit (apart from times and host names), on the emulated kernels
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -71,6 +72,19 @@ def test_a_bad_sweep_file_is_a_config_error_naming_it(tmp_path, body, message):
     path = _write(tmp_path, "[sweep]\n" + body + "\n")
     with pytest.raises(ConfigError, match=message):
         load_sweep(path)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/sweep.md"])
+def test_the_documented_sweep_files_load(doc, tmp_path):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / doc).read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", text, flags=re.S) if "[sweep]" in b]
+    assert blocks, f"{doc} shows no sweep file"
+    for block in blocks:
+        path = tmp_path / "sweep.toml"
+        path.write_text(block)
+        assert load_sweep(path).cases
 
 
 def test_a_key_changes_with_the_kernel_source_and_nothing_else(tmp_path):

@@ -61,7 +61,7 @@ def local_slots(device: str, workers: int | None = None) -> list[dict[str, str]]
 
 
 class _Worker:
-    """One long-lived ``python -m flamia_verify.sweep.worker`` process on one device slot: it serves
+    """One long-lived worker process (:func:`flamia_verify.sweep.worker.main`) on one device slot: it serves
     case after case (the imports, the CUDA context and the compiled kernels are paid once), and is
     killed and replaced when a case crashes it or runs past the timeout."""
 
@@ -75,7 +75,7 @@ class _Worker:
 
     def _start(self) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flamia_verify.sweep.worker"],
+            [sys.executable, "-c", "import sys; from flamia_verify.sweep.worker import main; sys.exit(main())"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -130,7 +130,9 @@ class _Worker:
         if self.stderr_reader is not None:
             self.stderr_reader.join(timeout=5)
         self.proc = None
-        why = self.stderr_tail[-1] if self.stderr_tail else "no output"
+        why = self.stderr_tail[-1] if self.stderr_tail else "it wrote nothing to stderr"
+        if code == 0:
+            why = f"it exited without a result; {why}"
         what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return error_result(case, f"worker crashed ({what}): {why}", time.perf_counter() - start, key)
 
