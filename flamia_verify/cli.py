@@ -826,6 +826,7 @@ def _cuda_path(kernel) -> str:
 
 def _cmd_list(args) -> int:
     from flamia_verify.kernels import RECIPES, builtin_kernels
+    from flamia_verify.kernels.adapters import ADAPTERS
     from flamia_verify.kernels.loader import entry_point_kernels
     from flamia_verify.properties import list_checks
     from flamia_verify.reports.terminal import print_table
@@ -838,6 +839,8 @@ def _cmd_list(args) -> int:
     ]
     kernels += [[name, "", "entry point", "", ""] for name in sorted(entry_point_kernels())]
     print_table(console, "kernels", ["name", "recipe", "source", "on CUDA", "description"], kernels)
+    adapters = [[a.name, a.recipe, a.unavailable() or "available", a.runs_on, a.description] for a in ADAPTERS.values()]
+    print_table(console, "adapters (library kernels)", ["name", "recipe", "here", "runs on", "description"], adapters)
     print_table(console, "recipes", ["name", "description"], [[name, rec.description] for name, rec in RECIPES.items()])
     checks = [
         [spec.name, ",".join(getattr(spec, "suites", ()) or ()), spec.description] for spec in list_checks("full")

@@ -2,6 +2,7 @@
 
 A kernel spec on the command line is one of:
   * a built-in name (``flamia-verify list`` shows them),
+  * an adapter name (``sdpa-math``, ``flex``, ...: :mod:`flamia_verify.kernels.adapters`),
   * ``package.module:function``,
   * ``path/to/file.py:function``,
   * a name registered by a third-party package in the entry-point group ``flamia_verify.kernels``.
@@ -33,7 +34,7 @@ class LoadedKernel:
     name: str
     fn: Callable
     recipe: str | None  # the recipe the kernel claims; None when the user must say
-    source: str  # "builtin", "module", "file" or "entry-point"
+    source: str  # "builtin", "adapter", "module", "file" or "entry-point"
     description: str = ""
 
     def __call__(self, *args, **kwargs):
@@ -179,6 +180,11 @@ def load_kernel(spec) -> LoadedKernel:
     builtins = builtin_kernels()
     if spec in builtins:
         return builtins[spec]
+    from flamia_verify.kernels.adapters import ADAPTERS  # library kernels wrapped into the convention
+
+    if spec in ADAPTERS:
+        adapter = ADAPTERS[spec]
+        return LoadedKernel(spec, adapter.load(), adapter.recipe, "adapter", adapter.description)
     if ":" in spec:
         path_part = spec.rpartition(":")[0]
         if path_part.endswith(".py") or "/" in path_part or "\\" in path_part:
@@ -192,7 +198,8 @@ def load_kernel(spec) -> LoadedKernel:
             raise KernelLoadError(f"entry point {spec!r} failed to load: {type(exc).__name__}: {exc}") from exc
         loaded = load_kernel(obj)
         return LoadedKernel(spec, loaded.fn, loaded.recipe, "entry-point", loaded.description)
-    known = ", ".join(sorted(builtins) + sorted(eps))
+    known = ", ".join(sorted(builtins) + sorted(ADAPTERS) + sorted(eps))
     raise KernelLoadError(
-        f"unknown kernel {spec!r}; built-in and registered kernels: {known}; or use module:function or file.py:function"
+        f"unknown kernel {spec!r}; built-in, adapter and registered kernels: {known}; "
+        "or use module:function or file.py:function"
     )

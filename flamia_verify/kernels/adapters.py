@@ -1,0 +1,518 @@
+"""Adapters: attention kernels from torch and other libraries, wrapped into the varlen calling convention.
+
+Each adapter is found by name like a built-in kernel (``load_kernel("sdpa-math")``; a built-in of the
+same name would win) and declares its recipe, whether it is forward-only, where it runs and what it
+cannot do. Its availability probe answers None (available here) or a one-line reason; loading an
+unavailable adapter raises :class:`KernelLoadError` with that reason (exit 3 on the command line).
+
+| adapter          | wraps                                                         | runs on     | backward |
+|------------------|---------------------------------------------------------------|-------------|----------|
+| ``sdpa-math``      | ``F.scaled_dot_product_attention``, math backend, per document  | CPU, CUDA   | yes      |
+| ``sdpa-flash``     | the same, FlashAttention-2 backend only                       | CPU, CUDA   | yes      |
+| ``sdpa-efficient`` | the same, memory-efficient backend only                       | CUDA        | yes      |
+| ``sdpa-cudnn``     | the same, cuDNN backend only                                  | CUDA        | yes      |
+| ``flex``           | ``flex_attention`` over the packed batch, document block mask   | CUDA        | yes      |
+| ``flash-attn``     | ``flash_attn.flash_attn_varlen_func`` (when installed)          | CUDA        | yes      |
+| ``sage``           | ``sageattention.sageattn_varlen`` (when installed)              | CUDA        | no       |
+| ``te-fp8``         | not built: needs transformer_engine (the probe says why)      | -           | -        |
+
+The SDPA adapters call torch once per document under ``sdpa_kernel`` with their one backend: kv heads
+are repeated for GQA; a causal document with Lq > Lk gives its first Lq - Lk query rows (which see no
+key) output 0 and calls torch on the last Lk rows with ``is_causal``; Lq == Lk uses ``is_causal``;
+Lq < Lk uses ``causal_lower_right``. A backend that has no kernel for a document raises
+:class:`BackendRefusedError` naming the adapter, the document's shape and torch's reasons: an adapter
+never falls back to another backend. Every adapter reads its inputs only (views and new tensors).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from flamia_verify.convention import validate_varlen_inputs
+from flamia_verify.errors import KernelLoadError
+
+__all__ = ["ADAPTERS", "Adapter", "BackendRefusedError", "adapter_kernel"]
+
+
+class BackendRefusedError(RuntimeError):
+    """A library backend has no kernel for the configuration it was given (the adapter does not fall
+    back to another one)."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One adapter: what it wraps, the recipe it claims, and how to probe and build it."""
+
+    name: str
+    wraps: str  # the library function and how it is called
+    recipe: str
+    forward_only: bool
+    runs_on: str  # "CPU, CUDA" or "CUDA"
+    limits: str  # what it cannot do
+    probe: Callable[[], str | None]  # None: available here; else the reason in one line
+    build: Callable[[], Callable[..., Any]]  # the kernel function (called only when available)
+
+    @property
+    def description(self) -> str:
+        return f"{self.wraps}; {'forward-only; ' if self.forward_only else ''}limits: {self.limits}"
+
+    def unavailable(self) -> str | None:
+        """None when the adapter can be loaded here, else why not (one line)."""
+        try:
+            return self.probe()
+        except Exception as exc:  # a probe that breaks says so instead of breaking `list`
+            return f"probe failed: {type(exc).__name__}: {exc}"
+
+    def load(self) -> Callable[..., Any]:
+        """The kernel function; :class:`KernelLoadError` with the probe's reason when unavailable."""
+        reason = self.unavailable()
+        if reason is not None:
+            raise KernelLoadError(f"adapter {self.name!r} is not available: {reason}")
+        try:
+            fn = self.build()
+        except KernelLoadError:
+            raise
+        except Exception as exc:
+            raise KernelLoadError(f"adapter {self.name!r} failed to load: {type(exc).__name__}: {exc}") from exc
+        fn.recipe = self.recipe  # type: ignore[attr-defined]  # read by the loader (kernels.metadata)
+        fn.forward_only = self.forward_only  # type: ignore[attr-defined]
+        fn.adapter = self.name  # type: ignore[attr-defined]
+        return fn
+
+
+def adapter_kernel(name: str) -> Callable[..., Any]:
+    """The kernel function of adapter ``name`` (KernelLoadError when unknown or unavailable)."""
+    if name not in ADAPTERS:
+        raise KernelLoadError(f"unknown adapter {name!r}; adapters: {', '.join(ADAPTERS)}")
+    return ADAPTERS[name].load()
+
+
+# ------------------------------------------------------------------------------------------------
+# shared pieces
+# ------------------------------------------------------------------------------------------------
+
+
+def _zeros_of(x: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like ``x`` that stay in its autograd graph with a zero gradient, whatever ``x``
+    holds (``0 * x`` would turn an Inf or NaN input into NaN)."""
+    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, x.new_zeros(()))
+
+
+def _no_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output of a pack in which no query sees a key: zeros shaped like ``q``, in the autograd
+    graph of q, k and v with zero gradients (so a backward returns zeros, not None)."""
+    return _zeros_of(q) + (_zeros_of(k).sum() + _zeros_of(v).sum())
+
+
+def _needs_cuda(what: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        return None if torch.cuda.is_available() else f"needs CUDA ({what})"
+
+    return probe
+
+
+def _installed(module: str) -> str | None:
+    """None when ``module`` can be imported (found on the path), else the reason."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"{module} is not installed"
+
+
+def _first_reason(*probes: Callable[[], str | None]) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        for p in probes:
+            reason = p()
+            if reason is not None:
+                return reason
+        return None
+
+    return probe
+
+
+# ------------------------------------------------------------------------------------------------
+# torch SDPA, one backend per adapter
+# ------------------------------------------------------------------------------------------------
+
+_REFUSALS = ("No available kernel", "No viable backend")
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _REFUSALS)
+
+
+#: per adapter, the reasons torch gave at its first refusal (torch warns once per process)
+_FIRST_REASONS: dict[str, str] = {}
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
+
+
+def _backend_reasons(caught: list[warnings.WarningMessage]) -> str:
+    """torch's warnings on why its backends were not used, in one line: the other backends' "runtime
+    disabled" notes, empty headers and source locations left out."""
+    lines: list[str] = []
+    for w in caught:
+        text = " ".join(_TRIGGERED.sub("", str(w.message)).split())
+        if not text or "runtime disabled" in text or text.endswith("because:") or text in lines:
+            continue
+        lines.append(text)
+    return "; ".join(lines)
+
+
+def _calling(run: Callable[[], Any]) -> tuple[Any, list[warnings.WarningMessage], BaseException | None]:
+    """``run()`` with its warnings recorded (torch gives a backend's reasons once per process, so
+    they are caught on the call that fails); on success the warnings are issued again as usual."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result, error = run(), None
+        except RuntimeError as exc:
+            result, error = None, exc
+    if error is None:
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return result, caught, error
+
+
+def _make_sdpa(name: str, backend_name: str, label: str) -> Callable[..., Any]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def call_document(qd, kd, vd, scale, causal, where):
+        # qd: (1, H, Lq, D), kd/vd: (1, H, Lk, D), Lq >= 1, Lk >= 1, and Lq <= Lk when causal
+        lq, lk = qd.shape[2], kd.shape[2]
+        mask = causal_lower_right(lq, lk) if causal and lq < lk else None
+        is_causal = bool(causal and lq == lk)
+
+        def run():
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+        out, caught, error = _calling(run)
+        if error is None:
+            return out
+        if not _refused(error):
+            raise error
+        why = _backend_reasons(caught)
+        if why:
+            _FIRST_REASONS.setdefault(name, why)
+        elif name in _FIRST_REASONS:
+            why = f"torch gives its reasons once per process; at {name}'s first refusal: {_FIRST_REASONS[name]}"
+        else:
+            why = "torch gave no reason"
+        shape = (
+            f"{where}: {lq} queries, {lk} keys, {qd.shape[1]} heads, head_dim {qd.shape[3]}, "
+            f"{str(qd.dtype).removeprefix('torch.')} on {qd.device.type}, "
+            + ("causal, lower-right mask" if mask is not None else "causal" if is_causal else "not causal")
+        )
+        raise BackendRefusedError(
+            f"{name}: torch SDPA's {label} backend has no kernel for {shape} ({why}); "
+            f"{name} never falls back to another backend"
+        ) from error
+
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        causal = bool(causal)
+        scale = None if softmax_scale is None else float(softmax_scale)
+        group = q.shape[1] // k.shape[1]
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        pieces, called = [], False
+        for b in range(len(cq) - 1):
+            q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+            lq, lk = q1 - q0, k1 - k0
+            if lq == 0:
+                continue
+            if lk == 0:  # no key: every row outputs 0
+                pieces.append(_zeros_of(q[q0:q1]))
+                continue
+            if causal and lq > lk:  # the first lq - lk rows see no key; the rest are a square causal block
+                pieces.append(_zeros_of(q[q0 : q1 - lk]))
+                q0 = q1 - lk
+            qd = q[q0:q1].transpose(0, 1).unsqueeze(0)
+            kd = k[k0:k1].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            vd = v[k0:k1].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            o = call_document(qd, kd, vd, scale, causal, f"document {b}")
+            pieces.append(o[0].transpose(0, 1))
+            called = True
+        if not called:
+            return _no_attention(q, k, v)
+        return torch.cat(pieces)
+
+    kernel.__name__ = kernel.__qualname__ = name.replace("-", "_")
+    kernel.__doc__ = f"torch SDPA with only its {label} backend, one call per document, in the varlen convention."
+    return kernel
+
+
+# ------------------------------------------------------------------------------------------------
+# FlexAttention over the packed batch
+# ------------------------------------------------------------------------------------------------
+
+_FLEX_COMPILED: list[Callable[..., Any]] = []
+_FLEX_BLOCK = 128  # FlexAttention's default block
+_FLEX_RECOMPILES = 256  # distinct (shape, heads, head_dim, dtype, mask) compiles before an error
+
+
+def _flex_call(device: torch.device, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """flex_attention compiled once (CUDA; whole graph, a new shape recompiles, and running past the
+    recompile limit raises instead of silently running the unfused eager code), or eager on any other
+    device (the CPU: a forward without gradients in torch 2.13)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention(*args, **kwargs)
+    if not _FLEX_COMPILED:
+        _FLEX_COMPILED.append(torch.compile(flex_attention, dynamic=False, fullgraph=True))
+    config = torch._dynamo.config
+    limits: dict[str, Any] = {"recompile_limit": _FLEX_RECOMPILES, "fail_on_recompile_limit_hit": True}
+    with config.patch({key: value for key, value in limits.items() if hasattr(config, key)}):
+        return _FLEX_COMPILED[0](*args, **kwargs)
+
+
+def _flex_padded(n: int) -> int:
+    """The padded pack length: a power of two of at least one block (so that the many pack lengths
+    of a check run compile a few kernels; padding blocks are empty in the block mask and skipped)."""
+    return max(_FLEX_BLOCK, 1 << (n - 1).bit_length())
+
+
+def _document_ids(cu: torch.Tensor, total: int, padded: int, pad_id: int, device: torch.device) -> torch.Tensor:
+    """Each position's document index; the ``padded - total`` padding positions get ``pad_id``."""
+    lengths = (cu[1:] - cu[:-1]).to(device=device, dtype=torch.long)
+    ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=total)
+    return torch.cat([ids, torch.full((padded - total,), pad_id, dtype=torch.long, device=device)])
+
+
+def _flex_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+    """torch FlexAttention over the whole pack (batch 1) with a block mask from document ids."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    causal = bool(causal)
+    tq, tk, device = q.shape[0], k.shape[0], q.device
+    if tq == 0 or tk == 0:
+        return _no_attention(q, k, v)
+    pq, pk = (_flex_padded(n) for n in (tq, tk))
+    # padding rows belong to documents -1 (queries) and -2 (keys): they see, and are seen by, nothing
+    doc_q = _document_ids(cu_seqlens_q, tq, pq, -1, device)
+    doc_k = _document_ids(cu_seqlens_k, tk, pk, -2, device)
+    cu_q = cu_seqlens_q.to(device=device, dtype=torch.long)
+    cu_k = cu_seqlens_k.to(device=device, dtype=torch.long)
+    end_q = cu_q[1:][doc_q.clamp(min=0)]  # one past the end of each position's document
+    end_k = cu_k[1:][doc_k.clamp(min=0)]
+
+    # bottom-right causal within a document: query i sees key j iff (end_k - j) >= (end_q - i)
+    if causal:
+
+        def mask_mod(b, h, qi, kj):
+            return (doc_q[qi] == doc_k[kj]) & (end_k[kj] - kj >= end_q[qi] - qi)
+    else:
+
+        def mask_mod(b, h, qi, kj):
+            return doc_q[qi] == doc_k[kj]
+
+    block_mask = create_block_mask(mask_mod, None, None, pq, pk, device=device)
+
+    def heads_first(x: torch.Tensor, padded: int) -> torch.Tensor:  # (T, H, D) -> (1, H, padded, D), a copy
+        return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)
+
+    out = _flex_call(
+        device,
+        heads_first(q, pq),
+        heads_first(k, pk),
+        heads_first(v, pk),
+        block_mask=block_mask,
+        scale=None if softmax_scale is None else float(softmax_scale),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    out = out[0, :, :tq].transpose(0, 1)
+    # rows that see no key (a document without keys; causal rows above a document's Lq - Lk): 0
+    lk_of_row = (cu_k[1:] - cu_k[:-1])[doc_q[:tq]]
+    seen = lk_of_row > 0
+    if causal:
+        seen &= (end_q[:tq] - torch.arange(tq, device=device)) <= lk_of_row
+    return torch.where(seen[:, None, None], out, out.new_zeros(()))
+
+
+def _flex_probe() -> str | None:
+    try:
+        importlib.import_module("torch.nn.attention.flex_attention")
+    except ImportError:
+        return f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
+    if not torch.cuda.is_available():
+        return "needs CUDA (torch's FlexAttention has no CPU backward; its CPU forward runs eagerly)"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# libraries that are not part of the install
+# ------------------------------------------------------------------------------------------------
+
+
+def _make_flash_attn() -> Callable[..., Any]:
+    flash_attn = importlib.import_module("flash_attn")
+    varlen = flash_attn.flash_attn_varlen_func
+
+    def flash_attn_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+    ):
+        """flash_attn.flash_attn_varlen_func, called as the convention calls it."""
+        return varlen(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale=softmax_scale,
+            causal=bool(causal),
+        )
+
+    return flash_attn_varlen
+
+
+def _make_sage() -> Callable[..., Any]:
+    sage = importlib.import_module("sageattention")
+    varlen = sage.sageattn_varlen
+
+    def sage_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+    ):
+        """sageattention.sageattn_varlen (INT8 Q K^T, FP8/FP16 P V), forward only."""
+        out = varlen(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            is_causal=bool(causal),
+            sm_scale=softmax_scale,
+        )
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    return sage_varlen
+
+
+def _te_probe() -> str | None:
+    missing = _installed("transformer_engine")
+    if missing is not None:
+        return f"not built: needs transformer_engine ({missing.replace(' installed', ' importable')})"
+    return "not built: flamia-verify has no transformer_engine adapter yet (none was written or tested)"
+
+
+def _not_built() -> Callable[..., Any]:
+    raise KernelLoadError("adapter 'te-fp8' is not built")
+
+
+_SDPA_LIMITS = (
+    "one torch call per document (slow for many documents); GQA by repeating kv heads; "
+    "no fallback when the backend has no kernel for a shape, dtype or mask"
+)
+
+ADAPTERS: dict[str, Adapter] = {
+    a.name: a
+    for a in (
+        Adapter(
+            "sdpa-math",
+            "torch SDPA, math backend only, per document",
+            "bf16",
+            False,
+            "CPU, CUDA",
+            _SDPA_LIMITS + "; materializes each document's scores (memory Lq x Lk per head)",
+            lambda: None,
+            lambda: _make_sdpa("sdpa-math", "MATH", "math"),
+        ),
+        Adapter(
+            "sdpa-flash",
+            "torch SDPA, FlashAttention-2 backend only, per document",
+            "bf16",
+            False,
+            "CPU, CUDA",
+            _SDPA_LIMITS + "; on CUDA fp16/bf16 only (float32 is refused); on the CPU a causal document with "
+            "Lq < Lk passes a materialized lower-right mask",
+            lambda: None,
+            lambda: _make_sdpa("sdpa-flash", "FLASH_ATTENTION", "flash"),
+        ),
+        Adapter(
+            "sdpa-efficient",
+            "torch SDPA, memory-efficient backend only, per document",
+            "bf16",
+            False,
+            "CUDA",
+            _SDPA_LIMITS,
+            _needs_cuda("torch SDPA's memory-efficient backend has no CPU kernel"),
+            lambda: _make_sdpa("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient"),
+        ),
+        Adapter(
+            "sdpa-cudnn",
+            "torch SDPA, cuDNN backend only, per document",
+            "bf16",
+            False,
+            "CUDA",
+            _SDPA_LIMITS + "; refuses a document with one key (cuDNN SDPA has no key length 1) and float32; "
+            "a causal document with Lq < Lk passes a materialized lower-right mask",
+            _first_reason(
+                _needs_cuda("torch SDPA's cuDNN backend has no CPU kernel"),
+                lambda: None if torch.backends.cudnn.is_available() else "cuDNN is not available to torch",
+            ),
+            lambda: _make_sdpa("sdpa-cudnn", "CUDNN_ATTENTION", "cuDNN"),
+        ),
+        Adapter(
+            "flex",
+            "torch FlexAttention over the packed batch (batch 1), block mask from document ids; torch.compile on CUDA",
+            "bf16",
+            False,
+            "CUDA",
+            "the pack is padded to a power of two (at least 128) and compiled once per padded length, heads, "
+            "head_dim, dtype and causal (an H200 spent most of a 280 s quick suite compiling); a block mask "
+            "built per call; documents share 128-token blocks; no CPU backward (its eager CPU forward is tested, "
+            "not offered)",
+            _flex_probe,
+            lambda: _flex_kernel,
+        ),
+        Adapter(
+            "flash-attn",
+            "flash_attn.flash_attn_varlen_func, called unchanged",
+            "bf16",
+            False,
+            "CUDA",
+            "whatever the installed flash_attn supports (fp16/bf16, its head_dim limits); "
+            "not run here: flash_attn was installed on neither the CPU nor the GPU machine",
+            _first_reason(lambda: _installed("flash_attn"), _needs_cuda("flash_attn has only CUDA kernels")),
+            _make_flash_attn,
+        ),
+        Adapter(
+            "sage",
+            "sageattention.sageattn_varlen (INT8 Q K^T, low-precision P V)",
+            "bf16",
+            True,
+            "CUDA",
+            "no backward; GQA, bottom-right causal with Lq != Lk and empty documents as the installed "
+            "version does them; not run here: sageattention was installed on neither machine",
+            _first_reason(lambda: _installed("sageattention"), _needs_cuda("sageattention has only CUDA kernels")),
+            _make_sage,
+        ),
+        Adapter(
+            "te-fp8",
+            "not built: needs transformer_engine",
+            "fp8",
+            False,
+            "-",
+            "no adapter was written: transformer_engine is installed on neither machine to test one against",
+            _te_probe,
+            _not_built,
+        ),
+    )
+}
