@@ -243,10 +243,18 @@ def _digest(*parts: bytes) -> str:
 
 @cache
 def tool_identity() -> str:
-    """A digest of flamia-verify's own source: a change to a check reruns every case."""
+    """A digest of flamia-verify's own source and of the versions of torch and Triton: a change to a
+    check, or a new torch (whose kernels the built-ins, the emulation and the adapters call), reruns
+    every case."""
     root = Path(__file__).resolve().parents[1]
     files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    return _digest(*(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() for p in files))
+    versions = []
+    for dist in ("torch", "triton"):
+        try:
+            versions.append(f"{dist}={importlib.metadata.version(dist)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist}=none".encode())
+    return _digest(*versions, *(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() for p in files))
 
 
 def kernel_identity(spec: str) -> str:
