@@ -1,7 +1,9 @@
 # Two entry points (see README "Quick start"):
 #   make check   set up .venv and run `flamia-verify check` with its defaults
 #   make test    set up .venv, check the formatting and lint (ruff), the import layers
-#                (lint-imports, pyproject.toml), the types (mypy), then run the whole test suite
+#                (lint-imports, pyproject.toml), the types (mypy), then run the fast tier of the tests
+#   make test-slow  the slow tier: the tests listed in tests/slow_tests.txt (measured, 2 s or more each)
+#   make test-all   both tiers (what CI runs, .ci/run)
 #   make format  apply ruff's formatting and its safe lint fixes
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +12,9 @@ BIN    := $(VENV)/bin
 # here keeps pip from pulling a multi-GB CUDA build. The GPU machine ships torch 2.11.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: setup check test format clean
+PYTEST := OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
+
+.PHONY: setup check test test-slow test-all format clean
 
 $(BIN)/flamia-verify: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +33,12 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	$(PYTEST) -m "not slow"
+
+test-slow: setup
+	$(PYTEST) -m slow
+
+test-all: test test-slow
 
 format: setup
 	$(BIN)/ruff format .
