@@ -289,3 +289,15 @@ def test_the_report_says_which_implementation_of_a_builtin_kernel_ran():
     plain = emulated_twin(builtin_kernels()["bf16"].fn)  # an emulated kernel passed as a user callable
     user = run_checks(lambda *a, **kw: plain(*a, **kw), recipe="bf16", only=["interface.output"])
     assert "kernel_paths" not in user.environment
+
+
+def test_a_kernel_that_declares_itself_forward_only_is_treated_as_declared():
+    def declared(*args, **kwargs):
+        return Z.forward_only(*args, **kwargs)
+
+    declared.forward_only = True  # as the sage adapter declares it
+    report = run_checks(declared, recipe="mxfp8", suite="quick", only=["error.dq", "error.out"])
+    assert report.environment["forward_only"] is True
+    assert {c.name: c.status for c in report.checks} == {"error.out": "pass", "error.dq": "skip"}
+    undeclared = run_checks(Z.forward_only, suite="quick", only=["error.dq"])
+    assert undeclared.checks[0].status != "skip"  # without the declaration a missing backward is no skip

@@ -268,7 +268,8 @@ def run_checks(
     ``{check_name: {key: value}}`` (and ``"suite": {setting: value}``). on_progress receives
     :class:`ProgressEvent`s; on_result each finished :class:`CheckResult`. case_timeout_s bounds
     each kernel call (a hung call makes its check ``error``). forward_only declares a kernel without
-    a backward (its gradient checks skip; undeclared, a backward that cannot run fails the run).
+    a backward (its gradient checks skip; undeclared, a backward that cannot run fails the run); a
+    kernel function with the attribute ``forward_only = True`` declares it itself.
     on_report receives the report after each finished check, marked incomplete (``complete`` False)
     until the run ends. A run that stops early raises with ``partial_report`` set on the exception.
     threshold_source names where ``thresholds`` came from (the config file; default: the Python API);
@@ -277,6 +278,8 @@ def run_checks(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     loaded, recipe = resolve_kernel(kernel, recipe)
+    # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
+    forward_only = forward_only or getattr(loaded.fn, "forward_only", False) is True
     paths_before = dict(kernel_paths(loaded.fn) or {})
     specs = select_checks(list_checks(suite), only)
     device = resolve_device(device)
