@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -54,7 +55,16 @@ def _assert_incomplete(out: pathlib.Path):
     return data
 
 
-def test_sigint_mid_run_leaves_incomplete_reports_and_exit_1(capsys, tmp_path):
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt here even when pytest was started with SIGINT ignored (a shell's
+    background job inherits SIG_IGN, and Python keeps it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_sigint_mid_run_leaves_incomplete_reports_and_exit_1(capsys, tmp_path, sigint_raises):
     out = tmp_path / "rep"
     code = main(["check", "--kernel", _kernel(tmp_path, "SIGINT", 12), "--recipe", "bf16", "--out", str(out)])
     cap = capsys.readouterr()
