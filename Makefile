@@ -3,7 +3,7 @@
 #   make test    set up .venv, check the formatting and lint (ruff), the import layers
 #                (lint-imports, pyproject.toml), the types (mypy), then run the fast tier of the tests
 #   make test-slow  the slow tier: the tests listed in tests/slow_tests.txt (measured, 2 s or more each)
-#   make test-all   both tiers (what CI runs, .ci/run)
+#   make test-all   the lint and types, then every test in one run (what CI runs, .ci/run)
 #   make format  apply ruff's formatting and its safe lint fixes
 PYTHON ?= python3
 VENV   := .venv
@@ -14,7 +14,7 @@ TORCH_CPU := torch==2.13.0
 
 PYTEST := OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
-.PHONY: setup check test test-slow test-all format clean
+.PHONY: setup check lint test test-slow test-all format clean
 
 $(BIN)/flamia-verify: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,17 +28,20 @@ setup: $(BIN)/flamia-verify
 check: setup
 	$(BIN)/flamia-verify check
 
-test: setup
+lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+test: lint
 	$(PYTEST) -m "not slow"
 
 test-slow: setup
 	$(PYTEST) -m slow
 
-test-all: test test-slow
+test-all: lint
+	$(PYTEST)
 
 format: setup
 	$(BIN)/ruff format .

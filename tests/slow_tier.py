@@ -28,14 +28,15 @@ def main() -> None:
             match = LINE.match(line.strip())
             if match:
                 total[match.group(2)] += float(match.group(1))
-    print("# Tests of the slow tier (`make test-slow`; `make test` runs every other test). One pytest node id a line.")
+    print("# Tests of the slow tier (`make test-slow`; `make test` runs every other test): seconds and pytest node id.")
     print(
         f"# Measured: every test whose setup, call and teardown took {args.seconds:g} s or more in one run of the whole suite"
     )
     print(f"# (pytest -n 2 --durations=0 on the 2-core CPU machine, {datetime.date.today()}); regenerate with")
     print("# tests/slow_tier.py DURATIONS_OUTPUT > tests/slow_tests.txt. A test missing here runs in the fast tier.")
+    print("# tests/conftest.py also runs the files with the most measured seconds first (the long tests start early).")
     for node in sorted(n for n, s in total.items() if s >= args.seconds):
-        print(node)
+        print(f"{total[node]:.1f} {node}")
 
 
 if __name__ == "__main__":
