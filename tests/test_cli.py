@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import _write, run_cli
 
 from flamia_verify.cli import main
 from flamia_verify.config import load_config
@@ -35,18 +36,6 @@ CRASHING_KERNEL = """
 def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
 """
-
-
-def _write(tmp_path: Path, name: str, text: str) -> Path:
-    p = tmp_path / name
-    p.write_text(text)
-    return p
-
-
-def run_cli(args, capsys):
-    code = main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def test_no_command_is_usage_error(capsys):

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import _write, run_cli
 
-from flamia_verify.cli import build_parser, main
+from flamia_verify.cli import build_parser
 from flamia_verify.reports import write_reports
 from flamia_verify.results import CheckResult, Report
 
@@ -39,18 +40,6 @@ def _launch_the_grid(q):
 def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
     return _launch_the_grid(q)
 """
-
-
-def _write(tmp_path: Path, name: str, text: str) -> Path:
-    p = tmp_path / name
-    p.write_text(text)
-    return p
-
-
-def run_cli(args, capsys):
-    code = main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 # ---------------------------------------------------------------------------------------------
