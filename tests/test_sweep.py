@@ -46,7 +46,7 @@ def test_the_matrix_is_the_product_in_file_order(tmp_path):
     )
     cases = load_sweep(path).cases
     assert len(cases) == 2 * 2 * 2 * 2 * 2 * 2
-    assert cases[0].label() == "bf16 quick only=causal bf16 seed=0"
+    assert cases[0].label() == "bf16 quick bf16 seed=0 only=causal"
     assert cases[1].seed == 3 and cases[2].settings == {"causal_len": 128}
     assert cases[-1].kernel == "fp8" and cases[-1].recipe == "fp8" and cases[-1].only == ()
     assert cases[-1].check_kwargs()["thresholds"] == {"suite": {"causal_len": 128}}

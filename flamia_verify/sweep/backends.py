@@ -140,11 +140,7 @@ class _Worker:
         with self.lock:
             proc, self.proc = self.proc, None
         if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            _kill_group(proc)
 
     def close(self) -> None:
         """End the worker: close its stdin (it exits after its current case) and wait a little."""
@@ -157,11 +153,16 @@ class _Worker:
             proc.stdin.close()
             proc.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a worker's process group (its children too) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def _last_line(text: str) -> str:
@@ -237,7 +238,7 @@ def run_ray(
     task slots. At most that many tasks are in flight, so a task's timeout counts from its start."""
     try:
         import ray
-        from ray.exceptions import GetTimeoutError, RayError
+        from ray.exceptions import RayError
     except ImportError:
         raise ConfigError("the ray backend needs Ray: pip install 'flamia-verify[ray]'") from None
     started_here = not ray.is_initialized()
@@ -272,7 +273,7 @@ def run_ray(
                 key, case, start = running.pop(ref)
                 try:
                     on_result(ray.get(ref))
-                except (RayError, GetTimeoutError) as exc:
+                except RayError as exc:
                     reason = f"Ray task failed ({type(exc).__name__}): {_last_line(str(exc)) or exc}"
                     on_result(error_result(case, reason, time.perf_counter() - start, key))
             if timeout_s is not None:

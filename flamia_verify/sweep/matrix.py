@@ -84,18 +84,10 @@ class SweepCase:
         return cls(**values)
 
     def label(self) -> str:
-        """A short human name: kernel [recipe] suite [only] dtype seed [settings]."""
-        parts = [self.kernel]
-        if self.recipe:
-            parts.append(f"recipe={self.recipe}")
-        parts.append(self.suite)
-        if self.only:
-            parts.append("only=" + ",".join(self.only))
-        parts.append(self.dtype)
-        parts.append(f"seed={self.seed}")
-        if self.settings:
-            parts.append(",".join(f"{k}={v}" for k, v in sorted(self.settings.items())))
-        return " ".join(parts)
+        """A short human name (the one the sweep's reports print): kernel [recipe] suite dtype seed [only] [settings]."""
+        from flamia_verify.reports.survey import case_label
+
+        return case_label(self.to_dict())
 
     def check_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`flamia_verify.api.check` for this case."""
