@@ -33,7 +33,8 @@ sys.path.insert(0, "tests")
 from test_kernels_emulation import make_case, rel_rmse, reference, run
 from flamia_verify.kernels import builtin_kernels
 from flamia_verify.kernels.designs import DESIGNS
-from flamia_verify.kernels.triton.attention import _STAGES_THAT_FIT, fused_attention
+from flamia_verify.kernels.triton.attention import fused_attention
+from flamia_verify.kernels.triton.resources import _STAGES_THAT_FIT
 bad = 0
 from flamia_verify.kernels.triton.config import config_for, head_dim_supported
 for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):

@@ -123,7 +123,8 @@ needs_triton = pytest.mark.skipif(not triton_available(), reason="needs Triton")
 
 @needs_triton
 def test_row_codes_are_exact_e4m3_values_of_the_rounded_operand():
-    from flamia_verify.kernels.triton.attention import e4m3_row_codes, round_operand
+    from flamia_verify.kernels.codes_reference import e4m3_row_codes_reference as e4m3_row_codes
+    from flamia_verify.kernels.triton.attention import round_operand
     from flamia_verify.kernels.triton.config import config_for
 
     cfg = config_for(DESIGNS["fp8-mma"])
@@ -141,7 +142,8 @@ def test_row_codes_are_exact_e4m3_values_of_the_rounded_operand():
 
 @needs_triton
 def test_block_codes_restart_at_each_document_and_are_exact():
-    from flamia_verify.kernels.triton.attention import e4m3_block_codes, round_operand
+    from flamia_verify.kernels.codes_reference import e4m3_block_codes_reference as e4m3_block_codes
+    from flamia_verify.kernels.triton.attention import round_operand
     from flamia_verify.kernels.triton.config import config_for
 
     cfg = config_for(DESIGNS["fp8-mma"])
@@ -176,12 +178,9 @@ def test_fused_fp8_mma_is_the_fused_fp8_kernel_under_the_interpreter(causal):
 @pytest.mark.skipif(not interpreting(), reason="CPU runs need TRITON_INTERPRET=1 (the GPU suite runs it on CUDA)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_one_pass_codes_are_the_pytorch_twins_codes(dtype):
-    from flamia_verify.kernels.triton.attention import (
-        e4m3_block_codes,
-        e4m3_row_codes,
-        round_operand,
-        round_operand_codes,
-    )
+    from flamia_verify.kernels.codes_reference import e4m3_block_codes_reference as e4m3_block_codes
+    from flamia_verify.kernels.codes_reference import e4m3_row_codes_reference as e4m3_row_codes
+    from flamia_verify.kernels.triton.attention import round_operand, round_operand_codes
     from flamia_verify.kernels.triton.config import config_for
 
     cfg = config_for(DESIGNS["fp8-mma"])
