@@ -32,6 +32,8 @@ __all__ = [
     "BASELINES",
     "attention_flops",
     "COLUMNS",
+    "SpeedShape",
+    "measure_speed",
 ]
 
 BASELINES = ("sdpa-cudnn", "sdpa-flash")
@@ -292,6 +294,57 @@ def add_ratios(group: list[dict]) -> list[dict]:
         r["ratio"] = r["fwdbwd_tflops"] / best if ok and best else math.nan
         r["ratio_bf16"] = r["fwdbwd_tflops"] / bf16 if ok and bf16 else math.nan
     return group
+
+
+@dataclass(frozen=True)
+class SpeedShape:
+    """One benchmark shape: ``tokens // seqlen`` documents of ``seqlen`` tokens, ``heads`` heads of
+    ``head_dim``, BF16 inputs; ``rep_ms`` is the timing budget of each measurement."""
+
+    seqlen: int = 8192
+    tokens: int = 32768
+    heads: int = 16
+    head_dim: int = 128
+    causal: bool = True
+    rep_ms: int = 100
+
+    def __post_init__(self):
+        for name in ("seqlen", "tokens", "heads", "head_dim", "rep_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"speed shape: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"speed shape: causal must be true or false, got {self.causal!r}")
+
+    def describe(self) -> str:
+        batch = max(1, self.tokens // self.seqlen)
+        mask = "causal" if self.causal else "no mask"
+        return f"{batch} x {self.seqlen} tokens, H = {self.heads}, D = {self.head_dim}, {mask}, bf16"
+
+
+def measure_speed(spec, shape: SpeedShape, device: str = "cuda") -> dict[str, Any]:
+    """One kernel's forward, backward and forward+backward speed at ``shape`` (a row of
+    ``bench_table`` without the ratios): the row's keys, ``shape`` (its description) and ``error``
+    ("" when measured). A kernel that raises gives its error, not an exception; a forward-only kernel
+    its forward and NaN for the rest. Needs a CUDA device."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        raise RuntimeError("speed is measured on a CUDA device only")
+    rows = _bench_rows(
+        [resolve_kernel(spec)],
+        device,
+        seqlens=(shape.seqlen,),
+        tokens=shape.tokens,
+        heads=shape.heads,
+        head_dim=shape.head_dim,
+        causal=(shape.causal,),
+        baselines=(),
+        rep_ms=shape.rep_ms,
+        progress=None,
+        measure=_measure,
+    )
+    row = {k: v for k, v in rows[0].items() if k not in ("ratio", "ratio_bf16")}
+    row["shape"] = shape.describe()
+    return row
 
 
 def _cell(x, fmt: str) -> str:

@@ -11,6 +11,8 @@
     flamia-verify list
     flamia-verify mutate [--suite NAME] [--family F ...] [--mutant NAME ...] [--sample N] [--jobs N]
     flamia-verify train-parity --kernel SPEC [SPEC ...] [--preset tiny|small] [--steps N] [--out DIR]
+    flamia-verify sweep SWEEP.toml [--out DIR] [--backend local|ray] [--shard I/N]   (docs/sweep.md)
+    flamia-verify survey [--kernel SPEC ...] [--suite NAME] [--device auto|cpu|cuda] [--out DIR]   (docs/survey.md)
 
 ``--device`` also takes ``cuda:N`` (GPU N). check and fuzz read ``[tool.flamia-verify]`` (pyproject.toml
 here or ``--config FILE``); a flag wins over the file (flamia_verify.config says which keys each reads).
@@ -282,8 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parity_parser(sub)
     from flamia_verify.sweep.cli import add_parser as add_sweep_parser
+    from flamia_verify.sweep.cli import add_survey_parser
 
     add_sweep_parser(sub)
+    add_survey_parser(sub)
     return p
 
 
@@ -889,6 +893,12 @@ def _cmd_sweep(args) -> int:
     return run(args)
 
 
+def _cmd_survey(args) -> int:
+    from flamia_verify.sweep.cli import run_survey_command
+
+    return run_survey_command(args)
+
+
 _COMMANDS = {
     "check": _cmd_check,
     "fuzz": _cmd_fuzz,
@@ -899,6 +909,7 @@ _COMMANDS = {
     "mutate": _cmd_mutate,
     "train-parity": _cmd_train_parity,
     "sweep": _cmd_sweep,
+    "survey": _cmd_survey,
 }
 
 

@@ -149,7 +149,7 @@ def test_a_rerun_reads_every_case_back_and_writes_the_reports(small_sweep):
     document = json.loads((root / "out" / "sweep.json").read_text())
     assert document["schema"] == "flamia-verify/sweep/v1" and len(document["matrix"]) == 4
     markdown = (root / "out" / "sweep.md").read_text()
-    assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.offset | **FAIL** |" in markdown
+    assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.offset | mxfp8 | **FAIL** |" in markdown
     assert "isolation.offset:" in markdown  # the failing check's one-line reason
     assert "<table>" in (root / "out" / "sweep.html").read_text()
 

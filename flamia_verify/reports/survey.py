@@ -1,25 +1,54 @@
-"""The verdict matrix of many runs side by side: one row per run (a sweep case), one column per
-check family, each cell the family's verdict with the first failing check and its one-line reason.
-Markdown for a PR comment, one self-contained HTML page with a sortable table for people.
+"""Many runs side by side: the survey report (kernels x check families) and the sweep report (cases x
+check families) are one table, drawn from sweep results.
 
-A row is a sweep result object (flamia_verify.sweep.worker): ``case``, ``status``, ``report`` (a
-report.json object, or None when the run gave no verdict) and ``error``.
+A result is a sweep result object (flamia_verify.sweep.worker): ``case``, ``status``, ``report`` (a
+report.json object, or None when the run gave no verdict), ``error`` and, when the case asked for it,
+``speed`` (a row of :func:`flamia_verify.bench.measure_speed`). :func:`survey_rows` turns results
+into rows, one per run, each with
+
+- the verdict of every check family that ran, with the first failing check and its one-line reason,
+- the error of O and of the gradients (rel. RMSE against the float64 reference) beside the recipe's
+  model of it and a BF16 run's on the same inputs (the ``error`` family's metrics),
+- the speed (forward, backward, forward+backward TFLOP/s) and its ratio to the fastest BF16 SDPA
+  backend of the same table,
+- the path of the run's full report, when one was written.
+
+Rows of kernels that could not run here (``unavailable``) carry their reason only. The Markdown suits
+a PR comment; the HTML is one self-contained page with a sortable table and a plot of error against
+speed; the JSON (:func:`survey_document`) is the rows themselves.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import io
+import math
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flamia_verify.reports.store import atomic_write_text
 from flamia_verify.results import FAMILIES
 
-__all__ = ["family_cells", "render_sweep_markdown", "render_sweep_html", "write_sweep_reports", "case_label"]
+__all__ = [
+    "family_cells",
+    "error_summary",
+    "survey_rows",
+    "render_survey_markdown",
+    "render_survey_html",
+    "render_sweep_markdown",
+    "render_sweep_html",
+    "write_sweep_reports",
+    "case_label",
+    "BASELINE_KERNELS",
+]
 
 #: a family's verdict from its checks' statuses: the worst one wins
 _RANK = {"error": 3, "fail": 4, "pass": 1, "skip": 0}
+#: the tensors of the error family, in the order the tables show them
+_TENSORS = ("out", "dq", "dk", "dv")
+#: the BF16 kernels whose fastest forward+backward is a survey's speed reference
+BASELINE_KERNELS = ("sdpa-cudnn", "sdpa-flash", "flash-attn")
 
 
 def case_label(case: dict[str, Any]) -> str:
@@ -56,50 +85,217 @@ def family_cells(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return cells
 
 
-def _families(results: Sequence[dict[str, Any]]) -> list[str]:
-    seen = {f for r in results for f in family_cells(r)}
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def error_summary(report: dict[str, Any] | None) -> dict[str, dict[str, float | None]]:
+    """Per tensor (out, dq, dk, dv) the ``error`` family measured: ``rel_rmse`` (against float64),
+    ``model`` (the recipe's predicted rel. RMSE), ``bf16`` (a BF16 run's on the same inputs)."""
+    out: dict[str, dict[str, float | None]] = {}
+    if not isinstance(report, dict):
+        return out
+    for check in report.get("checks", []):
+        name = str(check.get("name", ""))
+        tensor = name.partition(".")[2]
+        if check.get("family") != "error" or tensor not in _TENSORS:
+            continue
+        metrics = check.get("metrics") or {}
+        out[tensor] = {
+            "rel_rmse": _number(metrics.get("rel_rmse")),
+            "model": _number(metrics.get("predicted_rel_rmse")),
+            "bf16": _number(metrics.get("bf16_rel_rmse")),
+        }
+    return out
+
+
+def _speed_ratios(rows: list[dict[str, Any]]) -> None:
+    """``speed.ratio``: forward+backward TFLOP/s over the fastest BF16 baseline among the rows of
+    the same shape (None where either is missing)."""
+    best: dict[str, float] = {}
+    for r in rows:
+        s = r.get("speed") or {}
+        x = _number(s.get("fwdbwd_tflops"))
+        if r["kernel"] in BASELINE_KERNELS and x and not s.get("error"):
+            best[s.get("shape", "")] = max(best.get(s.get("shape", ""), 0.0), x)
+    for r in rows:
+        s = r.get("speed")
+        if isinstance(s, dict):
+            x, ref = _number(s.get("fwdbwd_tflops")), best.get(s.get("shape", ""))
+            s["ratio"] = x / ref if x and ref else None
+            s["reference"] = next(
+                (
+                    o["kernel"]
+                    for o in rows
+                    if o["kernel"] in BASELINE_KERNELS
+                    and (o.get("speed") or {}).get("shape") == s.get("shape")
+                    and _number((o.get("speed") or {}).get("fwdbwd_tflops")) == ref
+                ),
+                None,
+            )
+
+
+def survey_rows(
+    results: Sequence[dict[str, Any]],
+    *,
+    label: Callable[[dict[str, Any]], str] | None = None,
+    reports: dict[str, str] | None = None,
+    unavailable: Sequence[tuple[str, str, str]] = (),
+) -> list[dict[str, Any]]:
+    """One plain-JSON row per result (in order), then one per ``unavailable`` kernel (name, recipe,
+    reason). ``label(case)`` names a row (default: the case label); ``reports`` maps a result's key to
+    the path of its full report."""
+    label = label or case_label
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        report = r.get("report") if isinstance(r.get("report"), dict) else None
+        case = r["case"]
+        cells = family_cells(r)
+        rows.append(
+            {
+                "label": label(case),
+                "kernel": case.get("kernel"),
+                "recipe": (report or {}).get("recipe") or case.get("recipe"),
+                "status": r["status"],
+                "reason": _one_line(r.get("error"), 400) if r.get("error") else "",
+                "families": {f: {"verdict": v, "reason": why} for f, (v, why) in cells.items()},
+                "error": error_summary(report),
+                "speed": dict(r["speed"]) if isinstance(r.get("speed"), dict) else None,
+                "report": (reports or {}).get(r.get("key", "")),
+                "elapsed_s": r.get("elapsed_s"),
+                "key": r.get("key"),
+                "forward_only": bool(((report or {}).get("summary") or {}).get("forward_only")),
+            }
+        )
+    for name, recipe, reason in unavailable:
+        rows.append(
+            {
+                "label": name,
+                "kernel": name,
+                "recipe": recipe,
+                "status": "unavailable",
+                "reason": reason,
+                "families": {},
+                "error": {},
+                "speed": None,
+                "report": None,
+                "elapsed_s": None,
+                "key": None,
+                "forward_only": False,
+            }
+        )
+    _speed_ratios(rows)
+    return rows
+
+
+def _families(rows: Sequence[dict[str, Any]]) -> list[str]:
+    seen = {f for r in rows for f in r["families"]}
     return [f for f in FAMILIES if f in seen]
 
 
-def render_sweep_markdown(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
-    families = _families(results)
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines = [
-        f"# {title}",
-        "",
-        f"{len(results)} case(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())),
-        "",
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _worst_grad(errors: dict[str, dict[str, float | None]]) -> tuple[str, dict[str, float | None]] | None:
+    """The gradient with the largest error relative to its BF16 run (or to its own size)."""
+    grads = [(t, errors[t]) for t in ("dq", "dk", "dv") if t in errors and errors[t].get("rel_rmse") is not None]
+    if not grads:
+        return None
+    return max(grads, key=lambda tv: (tv[1]["rel_rmse"] or 0.0) / (tv[1].get("bf16") or 1.0))
+
+
+def _error_text(e: dict[str, float | None] | None, name: str = "") -> str:
+    if not e or e.get("rel_rmse") is None:
+        return "—"
+    text = f"{name}{e['rel_rmse']:.2g}"
+    extra = []
+    if e.get("model") is not None:
+        extra.append(f"model {e['model']:.2g}")
+    if e.get("bf16") is not None:
+        extra.append(f"BF16 {e['bf16']:.2g}")
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _speed_cells(s: dict[str, Any] | None) -> list[str]:
+    if not s:
+        return ["—"] * 4
+    if s.get("error") and _number(s.get("fwd_tflops")) is None:
+        return ["n/a"] * 4
+    ratio = _number(s.get("ratio"))
+    return [
+        _fmt(_number(s.get("fwd_tflops")), ".0f"),
+        _fmt(_number(s.get("bwd_tflops")), ".0f"),
+        _fmt(_number(s.get("fwdbwd_tflops")), ".0f"),
+        _fmt(ratio, ".2f"),
     ]
-    lines.append("| " + " | ".join(["case", "verdict", *families, "time"]) + " |")
-    lines.append("|" + "---|" * (len(families) + 3))
+
+
+def _counts(rows: Sequence[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+
+
+def _shapes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    return sorted({str((r.get("speed") or {}).get("shape")) for r in rows if (r.get("speed") or {}).get("shape")})
+
+
+def render_survey_markdown(rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
+    """The table for a PR comment: verdicts per family, errors, speed, and why each failure failed."""
+    families = _families(rows)
+    speed = any(r.get("speed") for r in rows)
+    lines = [f"# {title}", "", f"{len(rows)} row(s): {_counts(rows)}", ""]
+    lines += [f"- {n}" for n in notes]
+    for shape in _shapes(rows):
+        lines.append(f"- speed: {shape}; x BF16: forward+backward over the fastest of {', '.join(BASELINE_KERNELS)}")
+    if notes or speed:
+        lines.append("")
+    head = ["kernel" if any(r["label"] == r["kernel"] for r in rows) else "case", "recipe", "verdict", *families]
+    head += ["O rel. RMSE (model, BF16)", "worst gradient"]
+    if speed:
+        head += ["fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "x BF16"]
+    head += ["time", "report"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
     reasons = []
-    for r in results:
-        cells = family_cells(r)
-        row = [case_label(r["case"]).replace("|", "\\|"), f"**{r['status'].upper()}**"]
+    for r in rows:
+        row = [str(r["label"]), str(r.get("recipe") or ""), f"**{r['status'].upper()}**"]
         for f in families:
-            status, reason = cells.get(f, ("", ""))
-            row.append(status or "—")
-            if reason:
-                reasons.append(f"- {case_label(r['case'])}: {reason}")
-        row.append(f"{r.get('elapsed_s', 0):.1f} s")
-        lines.append("| " + " | ".join(row) + " |")
-        if r.get("error"):
-            reasons.append(f"- {case_label(r['case'])}: no verdict: {_one_line(r['error'], 300)}")
+            cell = r["families"].get(f)
+            row.append(cell["verdict"] if cell else "—")
+            if cell and cell["reason"]:
+                reasons.append(f"- {r['label']}: {cell['reason']}")
+        row.append(_error_text(r["error"].get("out")))
+        worst = _worst_grad(r["error"])
+        row.append(_error_text(worst[1], f"{worst[0]} ") if worst else ("forward-only" if r["forward_only"] else "—"))
+        if speed:
+            row += _speed_cells(r.get("speed"))
+            sp = r.get("speed") or {}
+            if sp.get("error") and r["status"] != "unavailable":
+                reasons.append(f"- {r['label']}: speed {_one_line(sp['error'], 200)}")
+        row.append(f"{r['elapsed_s']:.0f} s" if isinstance(r.get("elapsed_s"), (int, float)) else "—")
+        row.append(f"[report]({r['report']})" if r.get("report") else "—")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        if r.get("reason"):
+            what = "not available here" if r["status"] == "unavailable" else "no verdict"
+            reasons.append(f"- {r['label']}: {what}: {r['reason']}")
     if reasons:
         lines += ["", "## Why", "", *[line.replace("|", "\\|") for line in reasons]]
     return "\n".join(lines) + "\n"
 
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d1d1f}
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d1d1f;max-width:110rem}
 table{border-collapse:collapse;width:100%;table-layout:auto}
 th,td{border:1px solid #d0d0d7;padding:.3rem .45rem;font-size:.85rem;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f3f3f6;cursor:pointer;user-select:none}
 td.pass{background:#e6f6ea}td.fail{background:#fde4e1}td.error{background:#fff1cc}td.skip{color:#777}
-td.incomplete{background:#fff1cc}
-.why{font-size:.75rem;color:#555}
+td.incomplete{background:#fff1cc}td.unavailable{color:#777;background:#f3f3f6}
+.why{font-size:.75rem;color:#555}.plot{max-width:46rem}.plot svg{width:100%;height:auto}
 """
 
 _JS = """
@@ -110,37 +306,113 @@ document.querySelectorAll('th').forEach((th,i)=>th.addEventListener('click',()=>
  th.dataset.asc=asc?'1':'0';rows.forEach(r=>tb.appendChild(r));}));
 """
 
+_VERDICT_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#9a6700", "incomplete": "#9a6700"}
 
-def render_sweep_html(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
+
+def error_speed_svg(rows: Sequence[dict[str, Any]]) -> str | None:
+    """A scatter of each kernel's O error (rel. RMSE, log scale) against its forward+backward speed
+    (its forward speed, marked, for a forward-only kernel), coloured by verdict; None when no row has
+    both."""
+    points = []
+    for r in rows:
+        e = (r["error"].get("out") or {}).get("rel_rmse")
+        s = r.get("speed") or {}
+        x, fwd_only = _number(s.get("fwdbwd_tflops")), False
+        if x is None and _number(s.get("fwd_tflops")) is not None:
+            x, fwd_only = _number(s.get("fwd_tflops")), True
+        if e is not None and x is not None and e > 0:
+            points.append((x, e, r["label"], r["status"], fwd_only))
+    if not points:
+        return None
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "survey", "font.size": 9}):
+        fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+        ax = fig.add_subplot()
+        for x, e, name, status, fwd_only in points:
+            colour = _VERDICT_COLOUR.get(status, "#555")
+            ax.scatter([x], [e], color=colour, marker="^" if fwd_only else "o", s=36, zorder=3)
+            ax.annotate(name + (" (fwd)" if fwd_only else ""), (x, e), textcoords="offset points", xytext=(5, 4))
+        ax.set_yscale("log")
+        ax.set_xlabel("forward+backward TFLOP/s (triangles: forward only)")
+        ax.set_ylabel("O rel. RMSE vs float64")
+        ax.set_title("error against speed (green pass, red fail)")
+        ax.grid(True, which="both", alpha=0.3)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    return svg[svg.index("<svg") :]
+
+
+def render_survey_html(rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
     esc = html.escape
-    families = _families(results)
-    head = "".join(f"<th>{esc(h)}</th>" for h in ["case", "verdict", *families, "time (s)"])
+    families = _families(rows)
+    speed = any(r.get("speed") for r in rows)
+    head = ["kernel" if any(r["label"] == r["kernel"] for r in rows) else "case", "recipe", "verdict", *families]
+    head += ["O rel. RMSE", "worst gradient"]
+    if speed:
+        head += ["fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "x BF16"]
+    head += ["time (s)", "report"]
     body = []
-    for r in results:
-        cells = family_cells(r)
+    for r in rows:
         status = r["status"]
-        why = f"<div class='why'>{esc(_one_line(r['error'], 300))}</div>" if r.get("error") else ""
+        why = f"<div class='why'>{esc(r['reason'])}</div>" if r.get("reason") else ""
         tds = [
-            f"<td>{esc(case_label(r['case']))}{why}</td>",
+            f"<td>{esc(str(r['label']))}{why}</td>",
+            f"<td>{esc(str(r.get('recipe') or ''))}</td>",
             f"<td class='{esc(status)}'><b>{esc(status.upper())}</b></td>",
         ]
         for f in families:
-            verdict, reason = cells.get(f, ("", ""))
-            note = f"<div class='why'>{esc(reason)}</div>" if reason else ""
-            tds.append(f"<td class='{esc(verdict)}' title='{esc(reason)}'>{esc(verdict or '—')}{note}</td>")
-        seconds = float(r.get("elapsed_s") or 0)
-        tds.append(f"<td data-k='{seconds:.3f}'>{seconds:.1f}</td>")
+            cell = r["families"].get(f) or {"verdict": "", "reason": ""}
+            note = f"<div class='why'>{esc(cell['reason'])}</div>" if cell["reason"] else ""
+            tds.append(
+                f"<td class='{esc(cell['verdict'])}' title='{esc(cell['reason'])}'>{esc(cell['verdict'] or '—')}{note}</td>"
+            )
+        out = r["error"].get("out") or {}
+        tds.append(f"<td data-k='{out.get('rel_rmse') or 0}'>{esc(_error_text(out))}</td>")
+        worst = _worst_grad(r["error"])
+        text = _error_text(worst[1], f"{worst[0]} ") if worst else ("forward-only" if r["forward_only"] else "—")
+        tds.append(f"<td data-k='{(worst[1]['rel_rmse'] if worst else 0) or 0}'>{esc(text)}</td>")
+        if speed:
+            sp = r.get("speed") or {}
+            note = f"<div class='why'>{esc(_one_line(sp['error'], 200))}</div>" if sp.get("error") else ""
+            cells = _speed_cells(r.get("speed"))
+            for i, c in enumerate(cells):
+                tds.append(f"<td data-k='{c if c not in ('—', 'n/a') else -1}'>{esc(c)}{note if i == 0 else ''}</td>")
+        seconds = r.get("elapsed_s")
+        tds.append(f"<td data-k='{seconds or 0}'>{'—' if seconds is None else f'{seconds:.0f}'}</td>")
+        link = f"<a href='{esc(r['report'])}'>report</a>" if r.get("report") else "—"
+        tds.append(f"<td>{link}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
+    svg = error_speed_svg(rows)
+    plot = f"<div class='plot'>{svg}</div>" if svg else ""
+    note_items = "".join(f"<li>{esc(n)}</li>" for n in notes)
+    note_items += "".join(
+        f"<li>speed: {esc(s)}; x BF16: forward+backward over the fastest of {esc(', '.join(BASELINE_KERNELS))}</li>"
+        for s in _shapes(rows)
+    )
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{esc(title)}</h1><p>{len(results)} case(s); click a column to sort.</p>"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        f"<h1>{esc(title)}</h1><p>{len(rows)} row(s): {esc(_counts(rows))}; click a column to sort.</p>"
+        f"<ul>{note_items}</ul>"
+        f"<table><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>{plot}"
         f"<script>{_JS}</script></body></html>\n"
     )
 
 
+def render_sweep_markdown(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
+    return render_survey_markdown(survey_rows(results), title)
+
+
+def render_sweep_html(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
+    return render_survey_html(survey_rows(results), title)
+
+
 def write_sweep_reports(results: Sequence[dict[str, Any]], out: Path, title: str = "flamia-verify sweep") -> None:
-    atomic_write_text(out / "sweep.md", render_sweep_markdown(results, title))
-    atomic_write_text(out / "sweep.html", render_sweep_html(results, title))
+    rows = survey_rows(results)
+    atomic_write_text(out / "sweep.md", render_survey_markdown(rows, title))
+    atomic_write_text(out / "sweep.html", render_survey_html(rows, title))

@@ -42,7 +42,7 @@ __all__ = [
 SCHEMA = "flamia-verify/sweep/v1"
 
 #: fields of a result that say when, where and how fast it ran, not what it found
-_VOLATILE_RESULT = ("elapsed_s", "host", "device")
+_VOLATILE_RESULT = ("elapsed_s", "host", "device", "speed")
 _VOLATILE_ENV = (
     "total_seconds",
     "kernel_seconds",
@@ -119,17 +119,21 @@ def run_sweep(
     timeout_s: float | None = None,
     on_result: Callable[[dict[str, Any], int, int], None] | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
+    per_gpu: int = 1,
 ) -> SweepOutcome:
     """Run the cases of ``sweep`` (a :class:`Sweep` or a TOML path) that ``out`` has no result for.
 
     ``shard`` (``"i/n"`` or ``(i, n)``) keeps the i-th of n deterministic slices. ``on_start(total,
     reused, to_run)`` is called once, ``on_result(result, done, to_run)`` after each case that ran. A
     case whose stored result is an ``error`` without a report (a crash, a timeout, a lost node) runs
-    again; every other stored result is reused."""
+    again; every other stored result is reused. ``per_gpu`` (local backend) runs that many workers on
+    each GPU."""
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     if backend not in BACKENDS:
         raise ConfigError(f"unknown sweep backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if per_gpu != 1 and backend != "local":
+        raise ConfigError("--workers-per-gpu is for the local backend (Ray gives each task one GPU)")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     if isinstance(shard, str):
@@ -165,7 +169,7 @@ def run_sweep(
         if backend == "ray":
             used = run_ray(todo, record, device=device, workers=workers, timeout_s=timeout, address=address)
         else:
-            used = run_local(todo, record, device=device, workers=workers, timeout_s=timeout)
+            used = run_local(todo, record, device=device, workers=workers, timeout_s=timeout, per_gpu=per_gpu)
     results = [r for r in (store.get(k) for k, _ in keyed) if r is not None]
     label = f"{shard[0]}/{shard[1]}" if shard else None
     _write_outputs(out, sweep.source, all_keys, results, label)

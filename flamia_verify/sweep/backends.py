@@ -35,9 +35,12 @@ BACKENDS = ("local", "ray")
 OnResult = Callable[[dict[str, Any]], None]
 
 
-def local_slots(device: str, workers: int | None = None) -> list[dict[str, str]]:
+def local_slots(device: str, workers: int | None = None, per_gpu: int = 1) -> list[dict[str, str]]:
     """The environment of each local worker: one visible GPU each (``CUDA_VISIBLE_DEVICES``, read
-    through the parent's own mask), or, for a CPU sweep, one CPU core's share of threads each."""
+    through the parent's own mask; ``per_gpu`` workers share each GPU, for cases that leave it idle
+    most of the time), or, for a CPU sweep, one CPU core's share of threads each."""
+    if per_gpu < 1:
+        raise ConfigError(f"--workers-per-gpu must be at least 1, got {per_gpu}")
     gpus: list[str] = []
     if device in ("auto", "cuda"):
         import torch
@@ -53,7 +56,7 @@ def local_slots(device: str, workers: int | None = None) -> list[dict[str, str]]
             if workers > len(gpus):
                 raise ConfigError(f"--workers {workers} is more than the {len(gpus)} visible GPU(s)")
             gpus = gpus[:workers]
-        return [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
+        return [{"CUDA_VISIBLE_DEVICES": g} for _ in range(per_gpu) for g in gpus]
     cores = os.cpu_count() or 1
     count = workers or cores
     threads = max(1, cores // count)
@@ -187,9 +190,10 @@ def run_local(
     device: str,
     workers: int | None = None,
     timeout_s: float | None = None,
+    per_gpu: int = 1,
 ) -> int:
     """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used."""
-    slots = local_slots(device, workers)
+    slots = local_slots(device, workers, per_gpu)
     workers_ = [_Worker(slot) for slot in slots]
     free: queue.Queue[_Worker] = queue.Queue()
     for worker in workers_:

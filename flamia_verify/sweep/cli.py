@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "add_survey_parser", "run_survey_command"]
 
 DESCRIPTION = """\
 Run every case of a sweep file (kernels x suites x only-lists x dtypes x settings x seeds; see
@@ -42,6 +42,13 @@ def add_parser(sub) -> None:
     s.add_argument("--shard", metavar="I/N", help="run only the I-th of N deterministic slices of the matrix")
     s.add_argument(
         "--timeout", type=float, metavar="SECONDS", help="stop a case running longer (default: the file's timeout_s)"
+    )
+    s.add_argument(
+        "--workers-per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="local backend: N workers share each GPU (default 1)",
     )
 
 
@@ -91,6 +98,7 @@ def run(args) -> int:
             timeout_s=args.timeout,
             on_start=on_start,
             on_result=on_result,
+            per_gpu=args.workers_per_gpu,
         )
     counts = outcome.counts()
     summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
@@ -100,3 +108,109 @@ def run(args) -> int:
         f"sweep: {len(outcome.results)} case(s): {summary or 'none'}; reports in {outcome.out}/sweep.html", flush=True
     )
     return exit_code(outcome)
+
+
+SURVEY_DESCRIPTION = """\
+Run one suite over many kernels and write one comparison report: OUT/survey.html (a sortable
+kernel x check-family table with each failure's reason, each kernel's error beside its recipe's model
+and a BF16 run's, its speed, and a plot of error against speed), OUT/survey.md (for a PR comment),
+OUT/survey.json (for machines) and each kernel's full report under OUT/kernels/. Default kernels:
+every built-in and every adapter; one that cannot run here gets a row saying why. On CUDA each kernel
+is also timed (forward, backward, forward+backward TFLOP/s) at one shape after its checks, in the same
+worker. Runs on the sweep's backends; a rerun into the same --out reuses unchanged kernels' results.
+Exit 0 every surveyed kernel passed, 1 one failed, 3 none failed but one gave no verdict, 2 bad usage."""
+
+
+def add_survey_parser(sub) -> None:
+    import argparse
+
+    from flamia_verify.bench import SpeedShape
+    from flamia_verify.settings import CLI_DTYPES, SUITES
+
+    d = SpeedShape()
+    s = sub.add_parser(
+        "survey",
+        help="one suite over many kernels, side by side (verdicts, error, speed)",
+        description=SURVEY_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument(
+        "--kernel", nargs="+", metavar="SPEC", help="kernels to survey (default: every built-in and adapter)"
+    )
+    s.add_argument("--suite", default="quick", choices=list(SUITES))
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--dtype", default="bf16", choices=list(CLI_DTYPES))
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--only", nargs="+", metavar="FAMILY", default=[], help="run only these families or checks")
+    s.add_argument("--out", default="flamia-survey", help="where the reports go (default ./flamia-survey)")
+    s.add_argument("--backend", default="local", choices=["local", "ray"], help="local worker pool (default) or Ray")
+    s.add_argument("--workers", type=int, help="workers (default: every visible GPU, or every CPU core)")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
+    s.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="stop a kernel's run after this long (its row: error)"
+    )
+    s.add_argument(
+        "--workers-per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="check N kernels at once on each GPU (the timings still run one per GPU; default 1)",
+    )
+    g = s.add_argument_group("speed (CUDA only; B = tokens // seqlen documents of seqlen tokens, BF16)")
+    g.add_argument("--no-speed", action="store_true", help="do not time the kernels")
+    g.add_argument("--seqlen", type=int, default=d.seqlen, help=f"tokens per document (default {d.seqlen})")
+    g.add_argument("--tokens", type=int, default=d.tokens, help=f"tokens in all (default {d.tokens})")
+    g.add_argument("--heads", type=int, default=d.heads, help=f"heads (default {d.heads})")
+    g.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head_dim (default {d.head_dim})")
+    g.add_argument("--no-causal", action="store_true", help="time without the causal mask (default: causal)")
+    g.add_argument("--rep-ms", type=int, default=d.rep_ms, help=f"timing budget per measurement (default {d.rep_ms})")
+
+
+def run_survey_command(args) -> int:
+    from flamia_verify.errors import ConfigError
+    from flamia_verify.sweep.survey import run_survey, speed_settings, survey_exit_code
+
+    if args.address and args.backend != "ray":
+        raise ConfigError("--address is for --backend ray")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be non-negative, got {args.seed}")
+    speed = None
+    if not args.no_speed:
+        speed = speed_settings(
+            seqlen=args.seqlen,
+            tokens=args.tokens,
+            heads=args.heads,
+            head_dim=args.head_dim,
+            causal=not args.no_causal,
+            rep_ms=args.rep_ms,
+        )
+    if args.only:
+        from flamia_verify.properties.engine import list_checks, select_checks
+
+        select_checks(list_checks(args.suite), list(args.only))  # a bad name ends the command before any run
+    on_start, on_result = _progress_printer()
+    outcome = run_survey(
+        args.kernel,
+        args.out,
+        suite=args.suite,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        only=args.only,
+        speed=speed,
+        backend=args.backend,
+        workers=args.workers,
+        address=args.address,
+        timeout_s=args.timeout,
+        per_gpu=args.workers_per_gpu,
+        on_start=on_start,
+        on_result=on_result,
+    )
+    for name, _, reason in outcome.unavailable:
+        print(f"survey: {name}: not available here: {reason}", file=sys.stderr)
+    counts: dict[str, int] = {}
+    for r in outcome.rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    print(f"survey: {len(outcome.rows)} kernel(s): {summary}; reports in {outcome.out}/survey.html", flush=True)
+    return survey_exit_code(outcome)

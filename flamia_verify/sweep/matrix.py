@@ -10,6 +10,7 @@
     device = "auto"                           # auto | cpu | cuda: the kind of device each case runs on
     timeout_s = 1800                          # a case running longer is stopped and marked error
     forward_only = false
+    speed = {seqlen = 8192, tokens = 32768}   # also time each kernel (CUDA; flamia_verify.bench.SpeedShape)
 
     [sweep.thresholds."error.out"]            # threshold overrides every case shares
     normalized_error = 1.5
@@ -37,7 +38,7 @@ from typing import Any
 from flamia_verify.errors import ConfigError
 from flamia_verify.settings import CLI_DTYPES, SUITES, check_device
 
-__all__ = ["SweepCase", "Sweep", "load_sweep", "case_key", "shard_of", "parse_shard", "kernel_identity"]
+__all__ = ["SweepCase", "Sweep", "load_sweep", "speed_shape", "case_key", "shard_of", "parse_shard", "kernel_identity"]
 
 _SWEEP_KEYS: dict[str, tuple[type, ...]] = {
     "kernels": (list,),
@@ -50,6 +51,7 @@ _SWEEP_KEYS: dict[str, tuple[type, ...]] = {
     "timeout_s": (int, float),
     "forward_only": (bool,),
     "thresholds": (dict,),
+    "speed": (dict,),
 }
 
 
@@ -67,6 +69,12 @@ class SweepCase:
     thresholds: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
     forward_only: bool = False
+    #: measure the kernel's speed after its checks, at this shape (the fields of
+    #: :class:`flamia_verify.bench.SpeedShape`); None: no speed measurement
+    speed: dict[str, Any] | None = None
+    #: time the kernel only (no checks; ``speed`` is required): the survey's speed phase, run one
+    #: worker per GPU so that nothing else shares the GPU while it is timed
+    speed_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -175,6 +183,7 @@ def load_sweep(path: str | Path) -> Sweep:
     thresholds = table.get("thresholds", {})
     _validate_thresholds(thresholds, settings, where)
     _validate_only(suites, onlys, where)
+    speed = speed_shape(table["speed"], where) if "speed" in table else None
     timeout = table.get("timeout_s")
     if timeout is not None and not timeout > 0:
         raise ConfigError(f"{where}: sweep.timeout_s must be positive, got {timeout!r}")
@@ -190,6 +199,7 @@ def load_sweep(path: str | Path) -> Sweep:
             thresholds=thresholds,
             device=device,
             forward_only=bool(table.get("forward_only", False)),
+            speed=speed,
         )
         for (spec, recipe), suite, only, dtype, setting, seed in itertools.product(
             kernels, suites, onlys, dtypes, settings, seeds
@@ -199,6 +209,23 @@ def load_sweep(path: str | Path) -> Sweep:
     if len(set(keys)) != len(keys):
         raise ConfigError(f"{where}: the matrix lists the same case twice")
     return Sweep(cases=cases, timeout_s=float(timeout) if timeout is not None else None, source=where)
+
+
+def speed_shape(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """A speed table's fields, checked and completed with the defaults of
+    :class:`flamia_verify.bench.SpeedShape` (a plain dict: it is part of the case)."""
+    from dataclasses import fields
+
+    from flamia_verify.bench import SpeedShape
+
+    known = [f.name for f in fields(SpeedShape)]
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown speed field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    try:
+        return asdict(SpeedShape(**table))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _validate_thresholds(thresholds: dict, settings: list[dict], where: str) -> None:

@@ -48,6 +48,8 @@ def run_case(case_data: dict[str, Any], key: str | None = None) -> dict[str, Any
 
     case = SweepCase.from_dict(case_data)
     start = time.perf_counter()
+    if case.speed_only:
+        return _speed_result(case, key, start)
     try:
         report = check(case.kernel, **case.check_kwargs())
     except FlamiaVerifyError as exc:  # a kernel that does not load, a configuration the checks refuse
@@ -58,16 +60,58 @@ def run_case(case_data: dict[str, Any], key: str | None = None) -> dict[str, Any
             return error_result(case, f"{type(exc).__name__}: {exc}", time.perf_counter() - start, key)
         report = partial
     data = report.to_dict()
-    return {
+    elapsed = time.perf_counter() - start
+    result = {
         "key": key or case_key(case),
         "case": case.to_dict(),
         "status": data["summary"]["status"],
         "report": data,
         "error": None,
-        "elapsed_s": round(time.perf_counter() - start, 3),
+        "elapsed_s": round(elapsed, 3),
         "host": socket.gethostname(),
         "device": data.get("environment", {}).get("device_name") or data.get("environment", {}).get("device"),
     }
+    if case.speed is not None:
+        result["speed"] = _speed(case, data.get("environment", {}).get("device", ""))
+    return result
+
+
+def _speed_result(case: SweepCase, key: str | None, start: float) -> dict[str, Any]:
+    """The result of a speed-only case: status ``measured``, or ``error`` with the reason."""
+    import torch
+
+    speed = _speed(case, "cuda" if case.device != "cpu" and torch.cuda.is_available() else "cpu")
+    failed = speed.get("error") and speed.get("fwd_tflops") is None
+    return {
+        "key": key or case_key(case),
+        "case": case.to_dict(),
+        "status": "error" if failed else "measured",
+        "report": None,
+        "error": speed.get("error") if failed else None,
+        "elapsed_s": round(time.perf_counter() - start, 3),
+        "host": socket.gethostname(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "speed": speed,
+    }
+
+
+def _speed(case: SweepCase, device: str) -> dict[str, Any]:
+    """The kernel's speed at the case's shape, after its checks, in the same process (a row of
+    :func:`flamia_verify.bench.measure_speed`), or ``{"error": why not}``."""
+    import torch
+
+    from flamia_verify.bench import SpeedShape, measure_speed
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return {"error": "not measured: speed is measured on a CUDA device only"}
+    torch.cuda.empty_cache()
+    try:
+        row = measure_speed(case.kernel, SpeedShape(**(case.speed or {})), device)
+    except Exception as exc:  # a kernel that does not load for timing: its row says so
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        torch.cuda.empty_cache()
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
 
 
 def main() -> int:

@@ -1,0 +1,230 @@
+"""``flamia-verify survey``: one suite over many kernels, and one report that puts them side by side.
+
+A survey is a sweep whose matrix is one case per kernel (same suite, dtype, seed and device), each
+case also timing its kernel at one shape after its checks (on CUDA). It runs on the sweep's backends
+(a local pool of one worker per GPU, or Ray), stores each kernel's result in OUT/cases/ (a rerun
+reuses what is unchanged, an interrupted survey resumes) and writes
+
+    OUT/survey.json   the rows (flamia_verify.reports.survey.survey_rows) and the run's settings
+    OUT/survey.md     the table for a PR comment
+    OUT/survey.html   the same table, sortable, with a plot of error against speed
+    OUT/kernels/<name>/report.{json,md,html}, junit.xml   each kernel's full report
+
+The default kernels are every built-in design and every adapter; an adapter that cannot run on the
+chosen device here (its library is not installed, it needs CUDA) gets a row that says why and is not
+run. A kernel that crashes or hangs gets an ``error`` row with the reason; the survey goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flamia_verify.errors import ConfigError
+from flamia_verify.sweep.matrix import Sweep, SweepCase
+
+__all__ = ["SURVEY_SCHEMA", "SurveyOutcome", "default_kernels", "availability", "run_survey", "survey_exit_code"]
+
+SURVEY_SCHEMA = "flamia-verify/survey/v1"
+
+
+def default_kernels() -> list[str]:
+    """Every built-in design, then every adapter, in registry order."""
+    from flamia_verify.kernels.adapters import ADAPTERS
+    from flamia_verify.kernels.designs import DESIGNS
+
+    return [*DESIGNS, *(name for name in ADAPTERS if name not in DESIGNS)]
+
+
+def availability(name: str, device: str) -> tuple[str | None, str]:
+    """(None or the one-line reason ``name`` cannot run on ``device`` here, its recipe or "")."""
+    from flamia_verify.kernels.adapters import ADAPTERS
+    from flamia_verify.kernels.designs import DESIGNS
+
+    if name in DESIGNS:
+        return None, DESIGNS[name].recipe
+    adapter = ADAPTERS.get(name)
+    if adapter is None:  # a user's spec: whether it loads is the run's business (an error row)
+        return None, ""
+    reason = adapter.unavailable()
+    if reason is None and device == "cpu" and "CPU" not in adapter.runs_on:
+        reason = f"runs on {adapter.runs_on} only"
+    return reason, adapter.recipe
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here")
+    return device
+
+
+@dataclass
+class SurveyOutcome:
+    out: Path
+    rows: list[dict[str, Any]]
+    results: list[dict[str, Any]]
+    unavailable: list[tuple[str, str, str]] = field(default_factory=list)
+    ran: int = 0
+    reused: int = 0
+
+
+def survey_exit_code(outcome: SurveyOutcome) -> int:
+    """0 every surveyed kernel passed; 1 one failed (or did not finish); 3 none failed but one gave no
+    verdict (it did not load, crashed or hung). Kernels not available here do not count."""
+    statuses = {r["status"] for r in outcome.results}
+    if statuses & {"fail", "incomplete"}:
+        return 1
+    if "error" in statuses:
+        return 3
+    return 0
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "kernel"
+
+
+def _write_kernel_reports(out: Path, results: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Each result's full report under OUT/kernels/<name>/; {result key: relative path of report.html}."""
+    from flamia_verify.reports.store import atomic_write_text, load_report, write_reports
+
+    paths: dict[str, str] = {}
+    used: set[str] = set()
+    for r in results:
+        if not isinstance(r.get("report"), dict):
+            continue
+        slug = _slug(str(r["case"]["kernel"]))
+        while slug in used:
+            slug += "_"
+        used.add(slug)
+        folder = out / "kernels" / slug
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / "report.json", json.dumps(r["report"]))
+        write_reports(load_report(folder / "report.json"), folder)
+        paths[r["key"]] = f"kernels/{slug}/report.html"
+    return paths
+
+
+def run_survey(
+    kernels: Sequence[str] | None,
+    out: str | Path,
+    *,
+    suite: str = "quick",
+    device: str = "auto",
+    dtype: str = "bf16",
+    seed: int = 0,
+    only: Sequence[str] = (),
+    speed: dict[str, Any] | None = None,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    timeout_s: float | None = None,
+    per_gpu: int = 1,
+    on_start: Callable[[int, int, int], None] | None = None,
+    on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+) -> SurveyOutcome:
+    """Check every kernel of ``kernels`` (default :func:`default_kernels`) with one suite, then time it
+    at ``speed`` (a :class:`flamia_verify.bench.SpeedShape`'s fields; None or a CPU device: no timing),
+    and write the survey report into ``out``.
+
+    Two phases on the same backend: the checks (``per_gpu`` workers share each GPU: a quick suite keeps
+    a GPU busy a fraction of the time), then the timings, one worker per GPU so that a timed kernel
+    has its GPU to itself. Both store their results (``out/cases``, ``out/speed/cases``): a rerun
+    reuses what is unchanged."""
+    from flamia_verify.reports.store import atomic_write_text
+    from flamia_verify.reports.survey import render_survey_html, render_survey_markdown, survey_rows
+    from flamia_verify.sweep import run_sweep
+
+    names = list(kernels) if kernels else default_kernels()
+    if len(set(names)) != len(names):
+        raise ConfigError("survey: a kernel is listed twice")
+    if any(not n for n in names):
+        raise ConfigError("survey: an empty kernel name")
+    device = _resolve_device(device)
+    notes = []
+    if device == "cpu" and speed is not None:
+        speed = None
+        notes.append("speed not measured: it is measured on a CUDA device only")
+    cases, unavailable = [], []
+    for name in names:
+        reason, recipe = availability(name, device)
+        if reason is not None:
+            unavailable.append((name, recipe, reason))
+            continue
+        cases.append(SweepCase(kernel=name, suite=suite, only=tuple(only), dtype=dtype, seed=seed, device=device))
+    out = Path(out)
+    common: dict[str, Any] = {"backend": backend, "workers": workers, "address": address}
+    outcome = run_sweep(
+        Sweep(cases=tuple(cases), timeout_s=timeout_s, source="survey"),
+        out,
+        per_gpu=per_gpu,
+        on_start=on_start,
+        on_result=on_result,
+        **common,
+    )
+    speeds: dict[str, dict[str, Any]] = {}
+    if speed is not None and outcome.results:
+        timed = tuple(
+            SweepCase(kernel=r["case"]["kernel"], device=device, speed=speed, speed_only=True)
+            for r in outcome.results
+            if isinstance(r.get("report"), dict)
+        )
+        if on_start is not None:
+            print(f"survey: timing {len(timed)} kernel(s), one at a time per GPU", file=sys.stderr, flush=True)
+        timing = run_sweep(
+            Sweep(cases=timed, timeout_s=timeout_s, source="survey speed"),
+            out / "speed",
+            on_start=on_start,
+            on_result=on_result,
+            **common,
+        )
+        speeds = {r["case"]["kernel"]: r.get("speed") or {"error": r.get("error")} for r in timing.results}
+    results = [
+        {**r, "speed": speeds[r["case"]["kernel"]]} if r["case"]["kernel"] in speeds else r for r in outcome.results
+    ]
+    reports = _write_kernel_reports(out, results)
+    rows = survey_rows(results, label=lambda case: str(case["kernel"]), reports=reports, unavailable=unavailable)
+    settings = {"suite": suite, "device": device, "dtype": dtype, "seed": seed, "only": list(only), "speed": speed}
+    title = f"flamia-verify survey: {suite} suite on {device}"
+    notes = [_environment_note(results), *notes]
+    atomic_write_text(
+        out / "survey.json",
+        json.dumps(
+            {"schema": SURVEY_SCHEMA, "settings": settings, "environment": notes[0], "rows": rows},
+            indent=1,
+            allow_nan=False,
+        )
+        + "\n",
+    )
+    atomic_write_text(out / "survey.md", render_survey_markdown(rows, title, notes))
+    atomic_write_text(out / "survey.html", render_survey_html(rows, title, notes))
+    return SurveyOutcome(out, rows, results, unavailable, ran=outcome.ran, reused=outcome.reused)
+
+
+def _environment_note(results: Sequence[dict[str, Any]]) -> str:
+    """The device and the library versions the reports name (from the first report)."""
+    for r in results:
+        env = (r.get("report") or {}).get("environment")
+        if isinstance(env, dict):
+            parts = [str(env.get("device_name") or env.get("device") or "")]
+            parts += [f"{k} {env[k]}" for k in ("torch", "triton", "cuda", "python") if env.get(k)]
+            return ", ".join(p for p in parts if p)
+    return "no kernel ran"
+
+
+def speed_settings(**fields: Any) -> dict[str, Any]:
+    """A speed shape's fields with the defaults filled in (ConfigError for a bad value)."""
+    from flamia_verify.bench import SpeedShape
+
+    try:
+        return asdict(SpeedShape(**{k: v for k, v in fields.items() if v is not None}))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
