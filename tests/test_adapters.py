@@ -120,17 +120,61 @@ def test_cpu_adapters_handle_a_pack_without_queries_or_keys(name):
             check_against_reference(kernel, docs, 4, 2, causal=causal, scale=0.5, name=f"{name} {docs}")
 
 
+@pytest.mark.parametrize("name", ["flex", "flex-packed"])
 @pytest.mark.parametrize("pack", sorted(PACKS))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_flex_forward_runs_eagerly_on_the_cpu_and_matches_the_reference(pack, causal):
-    """flex is not offered on the CPU (no backward there in torch 2.13), but its mask_mod and the
-    fix-up of rows without keys are the same code on every device: check its forward here."""
-    fn = ADAPTERS["flex"].build()
+def test_flex_forward_runs_eagerly_on_the_cpu_and_matches_the_reference(name, pack, causal):
+    """flex is not offered on the CPU (no backward there in torch 2.13), but its mask_mod, the
+    placement of documents and the fix-up of rows without keys are the same code on every device:
+    check its forward here."""
+    fn = ADAPTERS[name].build()
     for heads, kv_heads in HEADS:
         check_against_reference(
-            fn, PACKS[pack], heads, kv_heads, causal=causal, scale=0.3, grad=False, name=f"flex {pack} H{heads}"
+            fn, PACKS[pack], heads, kv_heads, causal=causal, scale=0.3, grad=False, name=f"{name} {pack} H{heads}"
         )
+
+
+def test_aligned_flex_starts_every_document_on_a_block_boundary():
+    """The aligned wiring puts no two documents in one 128-token block; the packed one keeps them
+    where they are."""
+    from flamia_verify.kernels.adapters import _places
+
+    cu = torch.tensor([0, 5, 5, 200, 329])
+    place, n = _places(cu, 329, True, torch.device("cpu"))
+    assert n == 128 + 256 + 256
+    assert place[:5].tolist() == [0, 1, 2, 3, 4] and place[5].item() == 128 and place[200].item() == 384
+    blocks = (place // 128).tolist()
+    doc = torch.repeat_interleave(torch.arange(4), cu[1:] - cu[:-1]).tolist()
+    assert all(len({d for d, b in zip(doc, blocks) if b == blk}) == 1 for blk in set(blocks))
+    packed, n_packed = _places(cu, 329, False, torch.device("cpu"))
+    assert n_packed == 329 and packed.tolist() == list(range(329))
+
+
+def test_deterministic_mode_is_scoped_to_the_call_and_its_backward():
+    """The deterministic SDPA adapters switch torch's deterministic mode on for their call and the
+    backward they own, and leave the caller's setting as it was (on or off, warn-only or not)."""
+    from flamia_verify.kernels.adapters import _DeterministicCall
+
+    seen = []
+
+    def run(q, k, v):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return (q * k * v).sum(-1, keepdim=True) * q
+
+    q, k, v = (torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    for before, warn_only in ((False, False), (True, True)):
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+        try:
+            out = _DeterministicCall.apply(run, q, k, v)
+            grads = torch.autograd.grad(out.sum(), (q, k, v))
+            want = torch.autograd.grad(run(q, k, v).sum(), (q, k, v))
+            assert all(torch.equal(a, b) for a, b in zip(grads, want))
+            assert torch.are_deterministic_algorithms_enabled() == before
+            assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
+        finally:
+            torch.use_deterministic_algorithms(False)
+    assert seen[0] is True
 
 
 def test_a_backend_without_a_kernel_raises_and_never_falls_back():
@@ -154,6 +198,7 @@ def test_every_adapter_declares_its_recipe_forward_only_and_limits():
         "sdpa-efficient",
         "sdpa-cudnn",
         "flex",
+        "flex-packed",
         "flash-attn",
         "sage",
         "te-fp8",
@@ -174,7 +219,7 @@ def test_builtin_names_keep_precedence(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="the CUDA-only adapters are available here")
-@pytest.mark.parametrize("name", ["sdpa-efficient", "sdpa-cudnn", "flex"])
+@pytest.mark.parametrize("name", ["sdpa-efficient", "sdpa-cudnn", "flex", "flex-packed"])
 def test_a_cuda_adapter_without_cuda_is_a_load_error_with_the_reason(name):
     reason = ADAPTERS[name].unavailable()
     assert reason is not None and reason.startswith("needs CUDA")
@@ -265,7 +310,7 @@ def test_sdpa_math_passes_the_quick_suite_on_the_cpu():
 # CUDA
 # ------------------------------------------------------------------------------------------------
 
-GPU_ADAPTERS = ["sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex"]
+GPU_ADAPTERS = ["sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "flex-packed"]
 
 
 @pytest.mark.gpu
@@ -275,14 +320,20 @@ GPU_ADAPTERS = ["sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_adapters_match_the_reference_with_gradients(name, pack, causal):
     kernel = load_kernel(name)
-    docs = PACKS[pack]
-    if name == "sdpa-cudnn" and any(lq and lk == 1 for lq, lk in docs):
-        # cuDNN has no kernel for a single key: the adapter says so (no fallback); check the rest
-        q, k, v, do, cu_q, cu_k, mq, mk = make_pack(docs, 4, 2, device="cuda")
-        with pytest.raises(BackendRefusedError, match="sdpa-cudnn: .*cuDNN backend has no kernel.*sequence length 1"):
-            kernel(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=0.3, causal=causal)
-        docs = [(lq, lk) for lq, lk in docs if not (lq and lk == 1)]
+    docs = PACKS[pack]  # sdpa-cudnn: a document with one key runs as two copies of it
     for heads, kv_heads in HEADS:
         check_against_reference(
             kernel, docs, heads, kv_heads, causal=causal, scale=0.3, device="cuda", name=f"{name} {pack} H{heads}"
         )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_key_as_two_copies_gives_the_one_key_attention(causal):
+    """sdpa-cudnn runs a document with one key as two copies of it (cuDNN has no key length 1). The
+    same wiring on the CPU's math backend: O and every gradient match the reference of the one key."""
+    from flamia_verify.kernels.adapters import _make_sdpa
+
+    kernel = _make_sdpa("sdpa-cudnn", "MATH", "math")
+    docs = [(1, 1), (3, 1), (5, 5), (2, 1)] if causal else [(1, 1), (4, 1), (5, 7)]
+    for heads, kv_heads in HEADS:
+        check_against_reference(kernel, docs, heads, kv_heads, causal=causal, scale=0.3, name=f"one key H{heads}")

@@ -11,7 +11,8 @@ unavailable adapter raises :class:`KernelLoadError` with that reason (exit 3 on 
 | ``sdpa-flash``     | the same, FlashAttention-2 backend only                       | CPU, CUDA   | yes      |
 | ``sdpa-efficient`` | the same, memory-efficient backend only                       | CUDA        | yes      |
 | ``sdpa-cudnn``     | the same, cuDNN backend only                                  | CUDA        | yes      |
-| ``flex``           | ``flex_attention`` over the packed batch, document block mask   | CUDA        | yes      |
+| ``flex``           | ``flex_attention``, documents from block boundaries, doc mask   | CUDA        | yes      |
+| ``flex-packed``    | ``flex_attention`` over the tight pack, document block mask     | CUDA        | yes      |
 | ``flash-attn``     | ``flash_attn.flash_attn_varlen_func`` (when installed)          | CUDA        | yes      |
 | ``sage``           | ``sageattention.sageattn_varlen`` (when installed)              | CUDA        | no       |
 | ``te-fp8``         | not built: needs transformer_engine (the probe says why)      | -           | -        |
@@ -26,6 +27,7 @@ never falls back to another backend. Every adapter reads its inputs only (views 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import re
@@ -183,7 +185,48 @@ def _calling(run: Callable[[], Any]) -> tuple[Any, list[warnings.WarningMessage]
     return result, caught, error
 
 
-def _make_sdpa(name: str, backend_name: str, label: str) -> Callable[..., Any]:
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    """torch's deterministic mode (``use_deterministic_algorithms(True)``, not warn-only) for the
+    duration, the caller's setting restored after."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+class _DeterministicCall(torch.autograd.Function):
+    """Runs ``run(q, k, v)`` and, later, its backward, both in torch's deterministic mode: the mode
+    is read when the backward runs (in the caller's ``autograd.grad``), outside the adapter's call, so
+    the adapter keeps the graph it built and differentiates it itself."""
+
+    @staticmethod
+    def forward(ctx, run, q, k, v):
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+        with torch.enable_grad(), _deterministic_algorithms():
+            out = run(*leaves)
+        ctx.leaves, ctx.out = leaves, out
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        wanted = [t for t in ctx.leaves if t.requires_grad]
+        if not ctx.out.requires_grad or not wanted:
+            return None, None, None, None
+        with _deterministic_algorithms():
+            grads = iter(torch.autograd.grad(ctx.out, wanted, dout, allow_unused=True))
+        return (None, *(next(grads) if t.requires_grad else None for t in ctx.leaves))
+
+
+def _make_sdpa(name: str, backend_name: str, label: str, *, deterministic: bool = False) -> Callable[..., Any]:
+    """One SDPA backend in the convention. ``deterministic``: the CUDA calls and their backward run
+    in torch's deterministic mode (the FlashAttention-2 backward accumulates dQ with atomic adds
+    otherwise, and the memory-efficient one may; neither is then bitwise repeatable). A backend
+    without a kernel for a document with one key (cuDNN) gets it as two copies of that key: softmax
+    gives each copy weight 1/2 exactly, so O and the gradients are those of the one key."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
@@ -223,10 +266,21 @@ def _make_sdpa(name: str, backend_name: str, label: str) -> Callable[..., Any]:
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        causal = bool(causal)
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+
+        def run(q, k, v):
+            return documents(q, k, v, cq, ck, softmax_scale, bool(causal))
+
+        if deterministic and q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            return _DeterministicCall.apply(run, q, k, v)
+        if deterministic and q.is_cuda:
+            with _deterministic_algorithms():
+                return run(q, k, v)
+        return run(q, k, v)
+
+    def documents(q, k, v, cq, ck, softmax_scale, causal):
         scale = None if softmax_scale is None else float(softmax_scale)
         group = q.shape[1] // k.shape[1]
-        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
         pieces, called = [], False
         for b in range(len(cq) - 1):
             q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
@@ -242,7 +296,11 @@ def _make_sdpa(name: str, backend_name: str, label: str) -> Callable[..., Any]:
             qd = q[q0:q1].transpose(0, 1).unsqueeze(0)
             kd = k[k0:k1].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
             vd = v[k0:k1].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
-            o = call_document(qd, kd, vd, scale, causal, f"document {b}")
+            if k1 - k0 == 1 and name in _NO_SINGLE_KEY:  # one key: two copies, each of weight 1/2
+                kd, vd = torch.cat([kd, kd], dim=2), torch.cat([vd, vd], dim=2)
+                o = call_document(qd, kd, vd, scale, False, f"document {b} (its one key twice)")
+            else:
+                o = call_document(qd, kd, vd, scale, causal, f"document {b}")
             pieces.append(o[0].transpose(0, 1))
             called = True
         if not called:
@@ -252,6 +310,10 @@ def _make_sdpa(name: str, backend_name: str, label: str) -> Callable[..., Any]:
     kernel.__name__ = kernel.__qualname__ = name.replace("-", "_")
     kernel.__doc__ = f"torch SDPA with only its {label} backend, one call per document, in the varlen convention."
     return kernel
+
+
+#: the SDPA adapters whose backend has no kernel for a key length of 1
+_NO_SINGLE_KEY = frozenset({"sdpa-cudnn"})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -285,36 +347,64 @@ def _flex_padded(n: int) -> int:
     return max(_FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
-def _document_ids(cu: torch.Tensor, total: int, padded: int, pad_id: int, device: torch.device) -> torch.Tensor:
-    """Each position's document index; the ``padded - total`` padding positions get ``pad_id``."""
+def _places(cu: torch.Tensor, total: int, aligned: bool, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Where each packed position goes in FlexAttention's sequence, and that sequence's length: the
+    same place (packed), or each document starting on a block boundary (aligned)."""
+    if not aligned:
+        return torch.arange(total, device=device), total
     lengths = (cu[1:] - cu[:-1]).to(device=device, dtype=torch.long)
-    ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=total)
-    return torch.cat([ids, torch.full((padded - total,), pad_id, dtype=torch.long, device=device)])
+    blocks = (lengths + _FLEX_BLOCK - 1) // _FLEX_BLOCK * _FLEX_BLOCK
+    starts = torch.cumsum(blocks, 0) - blocks
+    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=total)
+    local = torch.arange(total, device=device) - cu.to(device=device, dtype=torch.long)[:-1][doc]
+    return starts[doc] + local, int(blocks.sum())
 
 
-def _flex_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-    """torch FlexAttention over the whole pack (batch 1) with a block mask from document ids."""
+def _flex_kernel_of(aligned: bool) -> Callable[..., Any]:
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        return _flex_kernel(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=softmax_scale, causal=bool(causal), aligned=aligned,
+            limits=(max_seqlen_q, max_seqlen_k),
+        )  # fmt: skip
+
+    kernel.__name__ = kernel.__qualname__ = "flex_aligned" if aligned else "flex_packed"
+    return kernel
+
+
+def _flex_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale, causal: bool, aligned: bool, limits):
+    """torch FlexAttention over the whole pack (batch 1) with a block mask from document ids; each
+    document from a block boundary (``aligned``) or packed as it comes (documents share blocks)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    causal = bool(causal)
+    validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *limits)
     tq, tk, device = q.shape[0], k.shape[0], q.device
     if tq == 0 or tk == 0:
         return _no_attention(q, k, v)
-    pq, pk = (_flex_padded(n) for n in (tq, tk))
-    # padding rows belong to documents -1 (queries) and -2 (keys): they see, and are seen by, nothing
-    doc_q = _document_ids(cu_seqlens_q, tq, pq, -1, device)
-    doc_k = _document_ids(cu_seqlens_k, tk, pk, -2, device)
     cu_q = cu_seqlens_q.to(device=device, dtype=torch.long)
     cu_k = cu_seqlens_k.to(device=device, dtype=torch.long)
-    end_q = cu_q[1:][doc_q.clamp(min=0)]  # one past the end of each position's document
-    end_k = cu_k[1:][doc_k.clamp(min=0)]
-
-    # bottom-right causal within a document: query i sees key j iff (end_k - j) >= (end_q - i)
+    place_q, nq = _places(cu_q, tq, aligned, device)
+    place_k, nk = _places(cu_k, tk, aligned, device)
+    pq, pk = _flex_padded(nq), _flex_padded(nk)
+    doc_of_q = torch.repeat_interleave(
+        torch.arange(cu_q.numel() - 1, device=device), cu_q[1:] - cu_q[:-1], output_size=tq
+    )
+    doc_of_k = torch.repeat_interleave(
+        torch.arange(cu_k.numel() - 1, device=device), cu_k[1:] - cu_k[:-1], output_size=tk
+    )
+    # padding positions belong to documents -1 (queries) and -2 (keys): they see, and are seen by, nothing
+    doc_q = torch.full((pq,), -1, dtype=torch.long, device=device).index_copy(0, place_q, doc_of_q)
+    doc_k = torch.full((pk,), -2, dtype=torch.long, device=device).index_copy(0, place_k, doc_of_k)
+    # positions to the end of the document: bottom-right causal lets query i see key j iff rem_k >= rem_q
+    rem_q = torch.zeros(pq, dtype=torch.long, device=device).index_copy(
+        0, place_q, cu_q[1:][doc_of_q] - torch.arange(tq, device=device)
+    )
+    rem_k = torch.zeros(pk, dtype=torch.long, device=device).index_copy(
+        0, place_k, cu_k[1:][doc_of_k] - torch.arange(tk, device=device)
+    )
     if causal:
 
         def mask_mod(b, h, qi, kj):
-            return (doc_q[qi] == doc_k[kj]) & (end_k[kj] - kj >= end_q[qi] - qi)
+            return (doc_q[qi] == doc_k[kj]) & (rem_k[kj] >= rem_q[qi])
     else:
 
         def mask_mod(b, h, qi, kj):
@@ -322,24 +412,24 @@ def _flex_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
     block_mask = create_block_mask(mask_mod, None, None, pq, pk, device=device)
 
-    def heads_first(x: torch.Tensor, padded: int) -> torch.Tensor:  # (T, H, D) -> (1, H, padded, D), a copy
-        return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)
+    def heads_first(x: torch.Tensor, place: torch.Tensor, padded: int) -> torch.Tensor:  # -> (1, H, padded, D)
+        return x.new_zeros((padded, *x.shape[1:])).index_copy(0, place, x).transpose(0, 1).unsqueeze(0)
 
     out = _flex_call(
         device,
-        heads_first(q, pq),
-        heads_first(k, pk),
-        heads_first(v, pk),
+        heads_first(q, place_q, pq),
+        heads_first(k, place_k, pk),
+        heads_first(v, place_k, pk),
         block_mask=block_mask,
         scale=None if softmax_scale is None else float(softmax_scale),
         enable_gqa=q.shape[1] != k.shape[1],
     )
-    out = out[0, :, :tq].transpose(0, 1)
+    out = out[0].transpose(0, 1)[place_q]
     # rows that see no key (a document without keys; causal rows above a document's Lq - Lk): 0
-    lk_of_row = (cu_k[1:] - cu_k[:-1])[doc_q[:tq]]
+    lk_of_row = (cu_k[1:] - cu_k[:-1])[doc_of_q]
     seen = lk_of_row > 0
     if causal:
-        seen &= (end_q[:tq] - torch.arange(tq, device=device)) <= lk_of_row
+        seen &= (cu_q[1:][doc_of_q] - torch.arange(tq, device=device)) <= lk_of_row
     return torch.where(seen[:, None, None], out, out.new_zeros(()))
 
 
@@ -416,6 +506,12 @@ def _not_built() -> Callable[..., Any]:
     raise KernelLoadError("adapter 'te-fp8' is not built")
 
 
+_FLEX_LIMITS = (
+    "the sequence is padded to a power of two (at least 128) and compiled once per padded length, heads, "
+    "head_dim, dtype and causal (most of a quick suite's time on an H200 is compiles); a block mask built "
+    "per call; no CPU backward (its eager CPU forward is tested, not offered)"
+)
+
 _SDPA_LIMITS = (
     "one torch call per document (slow for many documents); GQA by repeating kv heads; "
     "no fallback when the backend has no kernel for a shape, dtype or mask"
@@ -436,24 +532,24 @@ ADAPTERS: dict[str, Adapter] = {
         ),
         Adapter(
             "sdpa-flash",
-            "torch SDPA, FlashAttention-2 backend only, per document",
+            "torch SDPA, FlashAttention-2 backend only, per document; on CUDA in torch's deterministic mode",
             "bf16",
             False,
             "CPU, CUDA",
             _SDPA_LIMITS + "; on CUDA fp16/bf16 only (float32 is refused); on the CPU a causal document with "
             "Lq < Lk passes a materialized lower-right mask",
             lambda: None,
-            lambda: _make_sdpa("sdpa-flash", "FLASH_ATTENTION", "flash"),
+            lambda: _make_sdpa("sdpa-flash", "FLASH_ATTENTION", "flash", deterministic=True),
         ),
         Adapter(
             "sdpa-efficient",
-            "torch SDPA, memory-efficient backend only, per document",
+            "torch SDPA, memory-efficient backend only, per document, in torch's deterministic mode",
             "bf16",
             False,
             "CUDA",
             _SDPA_LIMITS,
             _needs_cuda("torch SDPA's memory-efficient backend has no CPU kernel"),
-            lambda: _make_sdpa("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient"),
+            lambda: _make_sdpa("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient", deterministic=True),
         ),
         Adapter(
             "sdpa-cudnn",
@@ -461,7 +557,8 @@ ADAPTERS: dict[str, Adapter] = {
             "bf16",
             False,
             "CUDA",
-            _SDPA_LIMITS + "; refuses a document with one key (cuDNN SDPA has no key length 1) and float32; "
+            _SDPA_LIMITS + "; a document with one key runs as two copies of it (cuDNN SDPA has no key length 1: "
+            "weights 1/2 each give the same O and gradients); refuses float32; "
             "a causal document with Lq < Lk passes a materialized lower-right mask",
             _first_reason(
                 _needs_cuda("torch SDPA's cuDNN backend has no CPU kernel"),
@@ -471,16 +568,27 @@ ADAPTERS: dict[str, Adapter] = {
         ),
         Adapter(
             "flex",
-            "torch FlexAttention over the packed batch (batch 1), block mask from document ids; torch.compile on CUDA",
+            "torch FlexAttention over the packed batch (batch 1), each document from a 128-token block boundary, "
+            "block mask from document ids; torch.compile on CUDA",
             "bf16",
             False,
             "CUDA",
-            "the pack is padded to a power of two (at least 128) and compiled once per padded length, heads, "
-            "head_dim, dtype and causal (an H200 spent most of a 280 s quick suite compiling); a block mask "
-            "built per call; documents share 128-token blocks; no CPU backward (its eager CPU forward is tested, "
-            "not offered)",
+            _FLEX_LIMITS + "; no block holds two documents (each starts on a block boundary, at the cost of "
+            "the padding)",
             _flex_probe,
-            lambda: _flex_kernel,
+            lambda: _flex_kernel_of(aligned=True),
+        ),
+        Adapter(
+            "flex-packed",
+            "torch FlexAttention over the packed batch as it comes (documents share 128-token blocks), "
+            "block mask from document ids; torch.compile on CUDA",
+            "bf16",
+            False,
+            "CUDA",
+            _FLEX_LIMITS + "; a block holds the end of one document and the start of the next (the wiring "
+            "that packs tightest)",
+            _flex_probe,
+            lambda: _flex_kernel_of(aligned=False),
         ),
         Adapter(
             "flash-attn",
