@@ -19,13 +19,9 @@ from flamia_verify.kernels.triton.tile_ops import _load_rows, _to_input
 @triton.jit
 def _quant_head(
     x,
-    R: tl.constexpr,
-    D: tl.constexpr,
-    KIND: tl.constexpr,
-    BLOCK: tl.constexpr,
-    RCEIL: tl.constexpr,
-    IS_FP16: tl.constexpr,
-):
+    R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+    RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
+):  # fmt: skip
     """Round an (R, D) input tile as a head_dim-contracted operand (BLOCK 0: one scale per row).
     Input-precision operands stay in their dtype; quantized ones come back as fp32 values."""
     if KIND == KIND_INPUT:
@@ -39,13 +35,9 @@ def _quant_head(
 @triton.jit
 def _quant_seq(
     x,
-    R: tl.constexpr,
-    D: tl.constexpr,
-    KIND: tl.constexpr,
-    BLOCK: tl.constexpr,
-    RCEIL: tl.constexpr,
-    IS_FP16: tl.constexpr,
-):
+    R: tl.constexpr, D: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+    RCEIL: tl.constexpr, IS_FP16: tl.constexpr,
+):  # fmt: skip
     """Round an (R, D) input tile as a sequence-contracted operand (blocks along its rows)."""
     if KIND == KIND_INPUT:
         return x
@@ -65,26 +57,13 @@ def _code_scale(a):
 
 @triton.jit
 def _round_operand(
-    X,
-    Y,
-    Cu,
-    C,
-    Sc,
-    First,
-    total,
-    heads,
-    stride_t,
-    stride_h,
-    ROWS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    KIND: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SEQ: tl.constexpr,
-    RCEIL: tl.constexpr,
-    CODES: tl.constexpr,
-    IS_FP16: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
+    X, Y, Cu,  # input, output, document starts
+    C, Sc, First,  # CODES: E4M3 codes, scales, each document's first block
+    total, heads, stride_t, stride_h,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    KIND: tl.constexpr, BLOCK: tl.constexpr, SEQ: tl.constexpr, RCEIL: tl.constexpr,
+    CODES: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
     """Grid (row tiles of the longest document, documents, heads): Y = X rounded as a GEMM operand,
     blocked along head_dim (SEQ False; BLOCK 0: one scale per row) or along the sequence (SEQ True;
     tiles start at the document's first row, so blocks restart there), stored in the input dtype
