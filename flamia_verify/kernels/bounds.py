@@ -243,6 +243,10 @@ class RecipeBoundModel:
     u_slice: float = 0.0
     #: second formats the recipe admits for some operands (:class:`Admission`), already in ``operands``
     admissions: tuple[Admission, ...] = ()
+    #: fp32 arithmetic may flush to zero: every fp32 operand and result below this (FP32_MIN_NORMAL,
+    #: 2^-126) may become 0, an absolute error below it per operand element and per operation (the
+    #: FTZ/DAZ mode of GPU kernels; docs/checks.md, "Flush to zero"); 0: gradual underflow only
+    ftz: float = 0.0
 
     def __post_init__(self):
         missing = [op.name for op in Operand if op not in self.operands]
@@ -387,6 +391,8 @@ def attention_bounds(
         rK = m[Operand.K_HD].rho(aK, aK.amax(-1, keepdim=True), tmax["k"])
         cvk = colmax_v.repeat_interleave(group, dim=0)[:, None, :]  # (H, 1, D)
         rV = m[Operand.V_SEQ].rho(aV, cvk, tmax["v"])
+        f = m.ftz  # flush to zero: each input element and each fp32 result may move by less than f
+        rQ, rK, rV = rQ + f, rK + f, rV + f
         i = torch.arange(lq, device=dev)[:, None]
         j = torch.arange(lk, device=dev)[None, :]
         vis = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=dev)
@@ -406,13 +412,13 @@ def attention_bounds(
             + torch.matmul(rQ, rK.transpose(1, 2))
         )
         delta = delta + scale * m.gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
-        delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs())
+        delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs()) + max(scale, 1.0) * 2 * Dh * f
         delta = torch.where(vis, delta, torch.zeros_like(delta))
         dmax = delta.amax(-1, keepdim=True)
         # alpha_P is absolute in the kernel's units of P = exp(S^ - running max) <= 1 (FlashAttention
         # rounds the unnormalized P): at most alpha_P of the row maximum, like eta_gP
         mP = m[Operand.P]
-        tau = (mP.eta + mP.eta_g + mP.alpha) * torch.exp(dmax)
+        tau = (mP.eta + mP.eta_g + mP.alpha + f) * torch.exp(dmax)
         n_vis = vis.sum(-1, keepdim=True).to(f64)
         up, ep, em = mP.u + REL32, torch.exp(delta), torch.exp(-delta)
         N_hi = torch.where(vis, a * ep * (1 + up) + tau, torch.zeros_like(a))
@@ -431,7 +437,7 @@ def attention_bounds(
         E = torch.where(vis, torch.maximum(A_hi - A, A - A_lo).clamp_min(0), torch.zeros_like(A))
         AE = A + E
         Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + m.gamma(lk) * torch.matmul(AE, aV + rV)
-        Bo = Bo * (1 + REL32)
+        Bo = Bo * (1 + REL32) + (2 * lk + 2) * f  # flushed products and partial sums, the division
         Oref = _heads_first(ref_out[q0:q1].to(f64))
         Bo = Bo + m.u_out * (Oref.abs() + Bo) + m.alpha_out
         Bo = torch.where(row_has[..., None], Bo, torch.zeros_like(Bo))
@@ -447,8 +453,9 @@ def attention_bounds(
     for b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref in docs:
         dO = _heads_first(do64[q0:q1])
         adO = dO.abs()
-        rdO = m[Operand.DO_HD].rho(adO, adO.amax(-1, keepdim=True), tmax["do"])
-        rVh = m[Operand.V_HD].rho(aV, aV.amax(-1, keepdim=True), tmax["v"])
+        f = m.ftz
+        rdO = m[Operand.DO_HD].rho(adO, adO.amax(-1, keepdim=True), tmax["do"]) + f
+        rVh = m[Operand.V_HD].rho(aV, aV.amax(-1, keepdim=True), tmax["v"]) + f
         dP = torch.matmul(dO, V.transpose(1, 2))
         Dref = (dO * Oref).sum(-1, keepdim=True)
         g = dP - Dref
@@ -461,9 +468,9 @@ def attention_bounds(
         aO = Oref.abs()
         Derr = (adO * Bo).sum(-1, keepdim=True) + (rdO * (aO + Bo)).sum(-1, keepdim=True)
         Derr = Derr + _gamma(Q.shape[-1]) * ((adO + rdO) * (aO + Bo)).sum(-1, keepdim=True)
-        G = dPerr + Derr + REL32 * (dP.abs() + Dref.abs())
+        G = dPerr + Derr + REL32 * (dP.abs() + Dref.abs()) + 4 * Q.shape[-1] * f
         dS = A * g
-        Sig = E * (g.abs() + G) + A * G + REL32 * (A + E) * (g.abs() + G)
+        Sig = E * (g.abs() + G) + A * G + REL32 * (A + E) * (g.abs() + G) + 2 * f
         Sig = torch.where(vis, Sig, torch.zeros_like(Sig))
         M = dS.abs() + Sig
         ms_max = max(ms_max, float(M.max()) if M.numel() else 0.0)
@@ -474,31 +481,35 @@ def attention_bounds(
         lq, lk = Q.shape[1], K.shape[1]
         # dV = P^T dO: P^T blocked along queries (line = column of P), dO along queries
         cdo = colmax_do[:, None, :]
-        rdOs = m[Operand.DO_SEQ].rho(adO, cdo, tmax["do"])
+        f = m.ftz
+        rdOs = m[Operand.DO_SEQ].rho(adO, cdo, tmax["do"]) + f
         rPT = m[Operand.PT].rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
-        rPT = torch.where(vis, rPT, torch.zeros_like(rPT))
+        rPT = torch.where(vis, rPT + f, torch.zeros_like(rPT))
         Bdv = (
             torch.matmul(E.transpose(1, 2), adO)
             + torch.matmul(rPT.transpose(1, 2), adO + rdOs)
             + torch.matmul(AE.transpose(1, 2), rdOs)
         )
-        Bdv = (Bdv + m.gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32)
+        Bdv = (Bdv + m.gamma(lq) * torch.matmul((AE + rPT).transpose(1, 2), adO + rdOs)) * (1 + REL32) + 2 * lq * f
         # dQ = s dS K: dS blocked along keys (line = row of dS), K along keys
         ck = colmax_k.repeat_interleave(K.shape[0] // colmax_k.shape[0], dim=0)[:, None, :]
-        rKs = m[Operand.K_SEQ].rho(aK, ck, tmax["k"])
+        rKs = m[Operand.K_SEQ].rho(aK, ck, tmax["k"]) + f
         rdS = m[Operand.DS].rho(M, M.amax(-1, keepdim=True), ms_max)
-        rdS = torch.where(vis, rdS, torch.zeros_like(rdS))
+        rdS = torch.where(vis, rdS + f, torch.zeros_like(rdS))
         T = Sig + rdS
         Bdq = scale * (torch.matmul(T, aK + rKs) + torch.matmul(dS.abs(), rKs))
-        Bdq = (Bdq + scale * m.gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32)
+        Bdq = (Bdq + scale * m.gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32) + (
+            max(scale, 1.0) * 2 * lk + 1
+        ) * f
         # dK = s dS^T Q: dS^T blocked along queries (line = column of dS), Q along queries
         cq = colmax_q[:, None, :]
-        rQs = m[Operand.Q_SEQ].rho(aQ, cq, tmax["q"])
+        rQs = m[Operand.Q_SEQ].rho(aQ, cq, tmax["q"]) + f
         rdST = m[Operand.DST].rho(M, M.amax(dim=1, keepdim=True), ms_max)
-        rdST = torch.where(vis, rdST, torch.zeros_like(rdST))
+        rdST = torch.where(vis, rdST + f, torch.zeros_like(rdST))
         TT = Sig + rdST
         Bdk = scale * (torch.matmul(TT.transpose(1, 2), aQ + rQs) + torch.matmul(dS.abs().transpose(1, 2), rQs))
         Bdk = (Bdk + scale * m.gamma(lq) * torch.matmul((M + rdST).transpose(1, 2), aQ + rQs)) * (1 + REL32)
+        Bdk = Bdk + (max(scale, 1.0) * 2 * lq + 1) * f
         B_dq[q0:q1] = Bdq.permute(1, 0, 2)
         B_dk[k0:k1] = Bdk.permute(1, 0, 2)
         B_dv[k0:k1] = Bdv.permute(1, 0, 2)

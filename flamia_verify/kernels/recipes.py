@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.formats.constants import FP32_MIN_NORMAL
 from flamia_verify.kernels.bounds import (
     ALPHA_BF16,
     ALPHA_E8M0,
@@ -84,6 +85,7 @@ class Recipe:
             acc_slice=self.acc_slice,
             u_slice=self.u_slice,
             admissions=self.admissions(dtype),
+            ftz=FP32_MIN_NORMAL,
         )
 
 
