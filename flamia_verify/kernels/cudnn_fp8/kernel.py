@@ -1,0 +1,488 @@
+"""The ``cudnn-fp8`` kernel: cuDNN's FP8 attention in the varlen calling convention, forward and backward.
+
+    out = fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False)
+
+q: (total_q, H, D), k and v: (total_k, Hk, D), bf16 or fp16, H a multiple of Hk (GQA); out like q.
+The whole pack is one cuDNN call (packed THD with ragged offsets, or padded BSHD where cuDNN has no
+ragged graph: :mod:`.layout`), never a loop over documents.
+
+A call (:class:`_Call`), forward:
+
+1. the refusals (:func:`refusal`), before anything runs;
+2. the scales of q, k, v (:mod:`.scaling`): measured first with one fused amax launch when the mode
+   needs it (``current``, or ``delayed`` not yet calibrated), else from the history;
+3. one fused launch per tensor quantizes q, k, v into E4M3 in cuDNN's layout and reduces its amax;
+4. cuDNN's forward (E4M3 O, the softmax statistics, amax_s, amax_o);
+5. one launch dequantizes O into the packed rows in the input dtype;
+6. ``delayed``: the amaxes of q, k, v, o, s are appended to the history.
+
+Backward: dO's scale (measured or from the history), one launch quantizes dO; the scales of dP, dQ,
+dK, dV from the history, or, when they must be measured, from a first run of cuDNN's backward with
+provisional scales (only its amax outputs are used); cuDNN's backward; three launches dequantize dQ,
+dK, dV; ``delayed``: the amaxes of dO, dP, dQ, dK, dV are appended to the history.
+
+Autograd keeps only the E4M3 copies of q, k, v and O and the statistics for the backward (no
+BF16 copy): the extra memory beyond cuDNN BF16's is the E4M3 copies themselves.
+
+What cuDNN's FP8 attention cannot do on Hopper (cuDNN 9.19) is refused with one line naming the limit,
+raised before any cuDNN call: O, dQ, dK, dV only as E4M3 (handled: dequantized here); the backward
+only at head_dim 128; the causal mask top-left only, so causal documents with Lq != Lk (where the
+calling convention's bottom-right mask differs) are refused on Hopper and run with the bottom-right
+mask on Blackwell.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, Engine, Geometry, GraphKey
+from flamia_verify.kernels.cudnn_fp8.layout import Layout, make_layout
+from flamia_verify.kernels.cudnn_fp8.scaling import (
+    BACKWARD_MEASURED,
+    E4M3_MAX,
+    FORWARD_MEASURED,
+    FORWARD_RECORDED,
+    P_SCALE_EXPONENT,
+    ScalingMode,
+    ScalingRecipe,
+    ScalingState,
+    scale_policy,
+)
+
+__all__ = [
+    "MIN_CUDNN_VERSION",
+    "CudnnFp8Refused",
+    "checked_kernel",
+    "current_kernel",
+    "make_kernel",
+    "refusal",
+    "unavailable",
+]
+
+#: cuDNN's backend version (major * 10000 + minor * 100 + patch) from which the FP8 attention is used:
+#: the frontend's own FP8 attention tests start at 9.14.0; the issue's measurements used 9.19
+MIN_CUDNN_VERSION = 91400
+#: compute capability majors with cuDNN FP8 attention: Hopper (sm_90) and Blackwell (sm_100)
+SUPPORTED_ARCHS = (9, 10)
+#: cuDNN quantizes dS = P (dP - D) softmax_scale with scale_dP (its FP8 reference does): the bound of
+#: |dS| is 2 softmax_scale amax(dP). Set to False if the GPU shows dS quantized without softmax_scale.
+DS_INCLUDES_SOFTMAX_SCALE = True
+
+_GRAD_ROLES = ("dp", "dq", "dk", "dv")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def unavailable() -> str | None:
+    """None when cuDNN's FP8 attention can run here, else why not, in one line."""
+    if importlib.util.find_spec("cudnn") is None:
+        return "nvidia-cudnn-frontend is not installed (pip install 'flamia-verify[cudnn]')"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (cuDNN's FP8 attention has no CPU kernel)"
+    major, minor = torch.cuda.get_device_capability()
+    if major not in SUPPORTED_ARCHS:
+        return (
+            f"needs a Hopper (sm_90) or Blackwell (sm_100) GPU for cuDNN's FP8 attention; this one is sm_{major}{minor}"
+        )
+    try:
+        cudnn = importlib.import_module("cudnn")
+        version = int(cudnn.backend_version())
+    except Exception as exc:  # a broken install says why instead of breaking `list`
+        return f"import cudnn failed: {_first_line(exc)}"
+    if version < MIN_CUDNN_VERSION:
+        found = f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+        return f"needs cuDNN >= 9.14.0 for FP8 attention; found {found}"
+    return None
+
+
+def refusal(
+    *,
+    arch: int,
+    dtype: torch.dtype,
+    head_dim: int,
+    heads: int,
+    heads_k: int,
+    causal: bool,
+    lengths: Sequence[tuple[int, int]] | None = None,
+    backward: bool = False,
+) -> str | None:
+    """Why cuDNN's FP8 attention (on compute capability ``arch``) cannot run this call, in one line
+    starting with ``cudnn-fp8:``, or None. ``lengths``: (Lq, Lk) per document, needed only for a causal
+    call whose documents may have Lq != Lk (None: known to be equal). ``backward``: the backward's
+    limits too."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"cudnn-fp8: inputs must be bfloat16 or float16 (the E4M3 copies are made from them); got {dtype}"
+    if heads_k < 1 or heads % heads_k:
+        return f"cudnn-fp8: {heads} query heads are not a multiple of {heads_k} key/value heads"
+    fwd_limit = 256 if arch == 9 else 128
+    if head_dim % 16 or not 16 <= head_dim <= fwd_limit:
+        return (
+            f"cudnn-fp8: cuDNN's FP8 attention on sm_{arch}0 takes head_dim a multiple of 16 up to {fwd_limit}; "
+            f"got {head_dim}"
+        )
+    if backward and arch == 9 and head_dim != 128:
+        return f"cudnn-fp8: cuDNN's FP8 backward on Hopper (sm_90) needs head_dim 128; got {head_dim}"
+    if backward and arch != 9 and head_dim > 128:
+        return f"cudnn-fp8: cuDNN's FP8 backward on sm_{arch}0 takes head_dim up to 128; got {head_dim}"
+    if causal and arch == 9 and lengths is not None:
+        for i, (lq, lk) in enumerate(lengths):
+            if lq != lk and lq > 0:
+                return (
+                    f"cudnn-fp8: causal attention with Lq != Lk (document {i}: Lq={lq}, Lk={lk}) needs a bottom-right "
+                    "causal mask, which cuDNN's FP8 attention has only on Blackwell; Hopper's top-left mask agrees "
+                    "with it only for Lq == Lk"
+                )
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# one call
+# ------------------------------------------------------------------------------------------------
+
+
+def _scalar_set(named: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The named scalars as 1-element fp32 tensors 16 bytes apart in one allocation (what cuDNN reads)."""
+    buf = torch.empty(len(named), 4, dtype=torch.float32, device=device)
+    buf[:, 0] = torch.stack([t.reshape(()).to(torch.float32) for t in named.values()])
+    return {name: buf[i, :1] for i, name in enumerate(named)}
+
+
+def _const(value: float, device: torch.device) -> torch.Tensor:
+    return torch.full((), value, dtype=torch.float32, device=device)
+
+
+def _zeros_of(x: torch.Tensor) -> torch.Tensor:
+    """Zeros like ``x`` in its autograd graph with a zero gradient (whatever x holds)."""
+    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, x.new_zeros(()))
+
+
+@dataclass
+class _Runner:
+    """What a kernel function keeps between calls: the scaling state, the engine, the options."""
+
+    state: ScalingState
+    engine: Engine
+    deterministic: bool
+    paths: collections.Counter[str]
+
+
+@dataclass
+class _Saved:
+    """What the forward keeps for the backward."""
+
+    geo: Geometry
+    q8: torch.Tensor
+    k8: torch.Tensor
+    v8: torch.Tensor
+    o8: torch.Tensor
+    stats: torch.Tensor
+    fwd: dict[str, torch.Tensor]  # descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, descale_o
+    scale_v: torch.Tensor
+    arch: int
+    dtype: torch.dtype
+
+
+def _geometry(key: GraphKey, layout_q: Layout, layout_k: Layout, cu_q: torch.Tensor, cu_k: torch.Tensor) -> Geometry:
+    cu_q = cu_q.to(torch.int32).contiguous()
+    cu_k = cu_k.to(torch.int32).contiguous()
+    b = key.batch
+    seqlen_q = (cu_q[1:] - cu_q[:-1]).reshape(b, 1, 1, 1).contiguous()
+    seqlen_k = (cu_k[1:] - cu_k[:-1]).reshape(b, 1, 1, 1).contiguous()
+    offsets: dict[str, torch.Tensor] = {}
+    if not key.padded:
+        q64, k64 = cu_q.to(torch.int64).reshape(b + 1, 1, 1, 1), cu_k.to(torch.int64).reshape(b + 1, 1, 1, 1)
+        offsets = {
+            "q": (q64 * (key.heads * key.head_dim)).contiguous(),
+            "o": (q64 * (key.heads * key.head_dim)).contiguous(),
+            "k": (k64 * (key.heads_k * key.head_dim)).contiguous(),
+            "v": (k64 * (key.heads_k * key.head_dim)).contiguous(),
+            "stats": (q64 * key.heads).contiguous(),
+        }
+    return Geometry(key, layout_q, layout_k, cu_q, cu_k, seqlen_q, seqlen_k, offsets)
+
+
+def _lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int]]:
+    lq = [int(c) for c in cu_q.tolist()]
+    lk = [int(c) for c in cu_k.tolist()]
+    return [(lq[i + 1] - lq[i], lk[i + 1] - lk[i]) for i in range(len(lq) - 1)]
+
+
+def _forward(
+    run: _Runner,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    key: GraphKey,
+    arch: int,
+    need_backward: bool,
+) -> tuple[torch.Tensor, _Saved]:
+    from flamia_verify.kernels.cudnn_fp8.quantize import amax_many, dequantize_e4m3, quantize_e4m3
+
+    state, engine, device = run.state, run.engine, q.device
+    key = replace(key, padded=engine.choose_padded(key, need_backward))
+    lay_q = make_layout(key.padded, q.shape[0], key.batch, key.seq_q)
+    lay_k = make_layout(key.padded, k.shape[0], key.batch, key.seq_k)
+    geo = _geometry(key, lay_q, lay_k, cu_q, cu_k)
+
+    measured = amax_many([q, k, v]) if state.needs_measurement(FORWARD_MEASURED) else None
+    s_qkv = state.scales(FORWARD_MEASURED, device, measured=measured)
+    sc = _scalar_set({"q": s_qkv[0], "k": s_qkv[1], "v": s_qkv[2]}, device)
+    q8, aq = quantize_e4m3(q, sc["q"], lay_q, geo.cu_q, record_amax=measured is None)
+    k8, ak = quantize_e4m3(k, sc["k"], lay_k, geo.cu_k, record_amax=measured is None)
+    v8, av = quantize_e4m3(v, sc["v"], lay_k, geo.cu_k, record_amax=measured is None)
+
+    p_scale = math.ldexp(1.0, P_SCALE_EXPONENT)
+    scale_o = s_qkv[2] * 0.5  # O never saturates: |O| <= ~1.2 amax(V) (scaling.py)
+    fwd = _scalar_set(
+        {
+            "descale_q": 1.0 / s_qkv[0],
+            "descale_k": 1.0 / s_qkv[1],
+            "descale_v": 1.0 / s_qkv[2],
+            "descale_s": _const(1.0 / p_scale, device),
+            "scale_s": _const(p_scale, device),
+            "scale_o": scale_o,
+            "descale_o": 1.0 / scale_o,
+        },
+        device,
+    )
+    o8, stats, amax_s, amax_o = engine.forward(geo, q8, k8, v8, fwd)
+    out = dequantize_e4m3(o8, fwd["descale_o"], lay_q, geo.cu_q, q.dtype)
+
+    if state.mode is ScalingMode.DELAYED:  # a calibrating call's measurement was its record
+        os_amax = torch.cat([amax_o.reshape(1), amax_s.reshape(1)])
+        if measured is None:
+            assert aq is not None and ak is not None and av is not None
+            state.record(FORWARD_RECORDED, torch.cat([aq, ak, av, os_amax]))
+        else:
+            state.record(FORWARD_RECORDED[3:], os_amax)
+    run.paths[f"cuDNN FP8 {lay_q.kind} ({state.mode.value})"] += 1
+    saved = _Saved(geo, q8, k8, v8, o8, stats, fwd, s_qkv[2].clone(), arch, q.dtype)
+    return out, saved
+
+
+def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from flamia_verify.kernels.cudnn_fp8.quantize import amax_many, dequantize_e4m3, quantize_e4m3
+
+    state, engine, geo = run.state, run.engine, saved.geo
+    key, device = geo.key, dout.device
+    reason = refusal(
+        arch=saved.arch,
+        dtype=saved.dtype,
+        head_dim=key.head_dim,
+        heads=key.heads,
+        heads_k=key.heads_k,
+        causal=False,  # the forward refused what the backward would
+        backward=True,
+    )
+    if reason is not None:
+        raise CudnnFp8Refused(reason)
+    if dout.shape != (geo.layout_q.tokens, key.heads, key.head_dim):
+        raise ValueError(f"cudnn-fp8: dO has shape {tuple(dout.shape)}, the output {(geo.layout_q.tokens, key.heads)}")
+
+    measured_do = amax_many([dout]) if state.needs_measurement(("do",)) else None
+    s_do = state.scales(("do",), device, measured=measured_do)
+    do_scale = _scalar_set({"do": s_do[0]}, device)["do"]
+    do8, a_do = quantize_e4m3(dout, do_scale, geo.layout_q, geo.cu_q, record_amax=measured_do is None)
+    amax_do = measured_do if measured_do is not None else a_do
+    assert amax_do is not None
+    assert BACKWARD_MEASURED == ("do", *_GRAD_ROLES)
+
+    ds_factor = 2.0 * (key.softmax_scale if DS_INCLUDES_SOFTMAX_SCALE else 1.0)
+
+    def run_backward(scales: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """cuDNN's backward with scales (dp, dq, dk, dv)."""
+        fwd = saved.fwd
+        sc = _scalar_set(
+            {
+                "descale_q": fwd["descale_q"],
+                "descale_k": fwd["descale_k"],
+                "descale_v": fwd["descale_v"],
+                "descale_o": fwd["descale_o"],
+                "descale_dO": 1.0 / s_do[0],
+                "descale_s": fwd["descale_s"],
+                "descale_dP": 1.0 / scales[0],
+                "scale_s": fwd["scale_s"],
+                "scale_dQ": scales[1],
+                "scale_dK": scales[2],
+                "scale_dV": scales[3],
+                "scale_dP": scales[0],
+            },
+            device,
+        )
+        return engine.backward(geo, saved.q8, saved.k8, saved.v8, saved.o8, do8, saved.stats, sc)
+
+    measured = None
+    if state.needs_measurement(_GRAD_ROLES):
+        # provisional scales: dS from a bound that never saturates (|dP| <= D amax(dO) amax(V) over the
+        # dequantized codes), the outputs at 1; only the amax outputs of this run are used
+        bound = key.head_dim * (E4M3_MAX / s_do[0]) * (E4M3_MAX / saved.scale_v)
+        prov_dp = scale_policy((bound * ds_factor).reshape(1), _const(1.0, device).reshape(1))
+        first = run_backward(torch.cat([prov_dp, torch.ones(3, dtype=torch.float32, device=device)]))
+        measured = torch.cat([first[6].reshape(1), first[3].reshape(1), first[4].reshape(1), first[5].reshape(1)])
+    scales = state.scales(_GRAD_ROLES, device, measured=measured, factors={"dp": ds_factor})
+    dq8, dk8, dv8, amax_dq, amax_dk, amax_dv, amax_dp = run_backward(scales)
+    desc = _scalar_set({"dq": 1.0 / scales[1], "dk": 1.0 / scales[2], "dv": 1.0 / scales[3]}, device)
+    dq = dequantize_e4m3(dq8, desc["dq"], geo.layout_q, geo.cu_q, saved.dtype)
+    dk = dequantize_e4m3(dk8, desc["dk"], geo.layout_k, geo.cu_k, saved.dtype)
+    dv = dequantize_e4m3(dv8, desc["dv"], geo.layout_k, geo.cu_k, saved.dtype)
+    if state.mode is ScalingMode.DELAYED:  # a calibrating call's measurement was its record
+        if measured_do is None:
+            state.record(("do",), amax_do.reshape(1))
+        if measured is None:
+            state.record(_GRAD_ROLES, torch.cat([a.reshape(1) for a in (amax_dp, amax_dq, amax_dk, amax_dv)]))
+    return dq, dk, dv
+
+
+class _CudnnFp8Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, run, cu_q, cu_k, key, arch, need_backward):
+        out, saved = _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)
+        ctx.run = run
+        ctx.saved = saved
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dq, dk, dv = _backward(ctx.run, ctx.saved, dout)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernel function
+# ------------------------------------------------------------------------------------------------
+
+
+def _mask(causal: bool, lengths: list[tuple[int, int]] | None, arch: int) -> str:
+    if not causal:
+        return "none"
+    if lengths is None or all(lq == lk for lq, lk in lengths):
+        return "top_left"
+    return "bottom_right" if arch >= 10 else "top_left"  # Hopper: refused before it is used
+
+
+def make_kernel(
+    mode: ScalingMode | str = ScalingMode.DELAYED,
+    *,
+    history_len: int = 1024,
+    margin: int = 0,
+    freeze_after_calibration: bool = False,
+    deterministic: bool = True,
+    engine: Engine | None = None,
+) -> Callable[..., torch.Tensor]:
+    """A ``cudnn-fp8`` kernel function with its own scaling state (:mod:`.scaling`).
+
+    deterministic: cuDNN's deterministic backward algorithm (the checks compare repeated calls bit for
+    bit). engine: what runs the attention on the E4M3 codes: cuDNN (default) or
+    :class:`.EmulatedEngine` (CPU tests). The function carries ``recipe = "fp8"``, ``forward_only =
+    False``, ``paths`` (calls per layout and mode), ``scaling`` (the :class:`.ScalingState`: freeze,
+    reset, history) and ``engine``.
+    """
+    recipe = ScalingRecipe(
+        mode=ScalingMode(mode),
+        history_len=history_len,
+        margin=margin,
+        freeze_after_calibration=freeze_after_calibration,
+    )
+    if engine is None:
+        from flamia_verify.kernels.cudnn_fp8.cudnn_graphs import CudnnEngine
+
+        engine = CudnnEngine()
+    run = _Runner(ScalingState(recipe), engine, deterministic, collections.Counter())
+
+    def cudnn_fp8_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        *,
+        softmax_scale: float | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"cudnn-fp8: {name} must be a (tokens, heads, head_dim) tensor")
+        refused = run.engine.device_refusal(q.device)
+        if refused is not None:
+            raise CudnnFp8Refused(refused)
+        arch = run.engine.arch(q.device)
+        _, heads, head_dim = q.shape
+        heads_k = k.shape[1]
+        lengths = None
+        if causal and cu_seqlens_q is not cu_seqlens_k and not torch.equal(cu_seqlens_q, cu_seqlens_k):
+            lengths = _lengths(cu_seqlens_q, cu_seqlens_k)
+        if q.dtype != k.dtype or q.dtype != v.dtype:
+            raise CudnnFp8Refused(f"cudnn-fp8: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        reason = refusal(
+            arch=arch, dtype=q.dtype, head_dim=head_dim, heads=heads, heads_k=heads_k, causal=causal, lengths=lengths
+        )
+        if reason is not None:
+            raise CudnnFp8Refused(reason)
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+        if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key for any query: output 0
+            return _zeros_of(q) + (_zeros_of(k).sum() + _zeros_of(v).sum())
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        # the layout is chosen for a backward whenever this shape could have one, grad or not, so that a
+        # call with gradients and one without run the same graphs and give the same bits
+        need_backward = (
+            refusal(
+                arch=arch, dtype=q.dtype, head_dim=head_dim, heads=heads, heads_k=heads_k, causal=False, backward=True
+            )
+            is None
+        )
+        key = GraphKey(
+            padded=False,
+            batch=int(cu_seqlens_q.shape[0]) - 1,
+            heads=heads,
+            heads_k=heads_k,
+            head_dim=head_dim,
+            seq_q=make_layout(False, 0, 0, max_seqlen_q).seq,
+            seq_k=make_layout(False, 0, 0, max_seqlen_k).seq,
+            mask=_mask(causal, lengths, arch),
+            softmax_scale=scale,
+            deterministic=run.deterministic,
+            device=str(q.device),
+        )
+        args: tuple[Any, ...] = (run, cu_seqlens_q, cu_seqlens_k, key, arch, need_backward)
+        if grad:
+            return _CudnnFp8Attention.apply(q, k, v, *args)
+        with torch.no_grad():
+            return _forward(run, q, k, v, cu_seqlens_q, cu_seqlens_k, key, arch, need_backward)[0]
+
+    cudnn_fp8_attention.recipe = "fp8"  # type: ignore[attr-defined]
+    cudnn_fp8_attention.forward_only = False  # type: ignore[attr-defined]
+    cudnn_fp8_attention.paths = run.paths  # type: ignore[attr-defined]
+    cudnn_fp8_attention.scaling = run.state  # type: ignore[attr-defined]
+    cudnn_fp8_attention.engine = run.engine  # type: ignore[attr-defined]
+    cudnn_fp8_attention.__doc__ = (
+        f"cuDNN FP8 attention, {recipe.mode.value} per-tensor scaling"
+        f"{' (calibrated on the first call, then frozen)' if freeze_after_calibration else ''}; "
+        f"causal-safe: {'yes' if recipe.mode.causal_safe else 'no'}"
+    )
+    return cudnn_fp8_attention
+
+
+def checked_kernel() -> Callable[..., torch.Tensor]:
+    """The kernel a check run loads as ``cudnn-fp8``: delayed scaling, each role calibrated on the first
+    call that needs it and frozen after it, so that every call is a pure function of its inputs."""
+    return make_kernel(ScalingMode.DELAYED, freeze_after_calibration=True)
+
+
+def current_kernel() -> Callable[..., torch.Tensor]:
+    """``cudnn-fp8-current``: current (per-call amax) scaling, for comparison: not causal-safe."""
+    return make_kernel(ScalingMode.CURRENT)
