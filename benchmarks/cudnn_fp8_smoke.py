@@ -1,0 +1,341 @@
+"""GPU smoke test of the cudnn-fp8 kernel: every cuDNN call it makes, one line per result.
+
+    python benchmarks/cudnn_fp8_smoke.py            # about a minute on an H200, no network
+    python benchmarks/cudnn_fp8_smoke.py --bench    # also fwd+bwd time against cuDNN BF16 at 8K and 16K
+
+What it runs (a pack of documents of 128, 256 and 384 tokens, H=4 query heads over Hk=2, head_dim 128,
+bf16 inputs ~ N(0, 1)):
+
+1. the fused quantization kernels on the GPU against their PyTorch twins, bit for bit;
+2. per scaling mode (current; delayed, calibrated then frozen; delayed, learning) and causal or not:
+   the kernel's O, dQ, dK, dV against float64 attention (relative RMSE), the same call on the PyTorch
+   model of cuDNN (:class:`EmulatedEngine`, the same scales) to tell glue bugs from cuDNN's numerics,
+   and cuDNN's amax outputs against the float64 amaxes (amax_s tells the P scale's headroom);
+3. edge cases: Lq != Lk without the causal mask, an empty document, a document without keys, causal
+   Lq != Lk (refused on Hopper), head_dim 64 (forward only on Hopper), two identical calls (bitwise);
+4. the causal property: the past, alone vs with the future changed (delayed: bitwise equal expected).
+
+Every failure prints one line starting with ``FAIL``; the last line counts them. Exit 0 when none
+failed, 1 otherwise, 2 when cudnn-fp8 cannot run here (the line says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import torch
+
+from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, EmulatedEngine
+from flamia_verify.kernels.cudnn_fp8.kernel import make_kernel, unavailable
+from flamia_verify.reference import attention_backward, attention_forward
+
+LENS = (128, 256, 384)
+TOL = {"O": 0.08, "dQ": 0.15, "dK": 0.15, "dV": 0.15}  # fp8 recipe: a few percent (docs/kernels.md table)
+MODES = (
+    ("current", {"mode": "current"}),
+    ("delayed-frozen", {"mode": "delayed", "freeze_after_calibration": True}),
+    ("delayed-learning", {"mode": "delayed"}),
+)
+
+
+class Smoke:
+    def __init__(self, out: Callable[[str], None]) -> None:
+        self.out = out
+        self.failures: list[str] = []
+        self.checks = 0
+
+    def check(self, ok: bool, what: str, detail: str = "") -> None:
+        self.checks += 1
+        line = f"{'PASS' if ok else 'FAIL'} {what}{': ' + detail if detail else ''}"
+        self.out(line)
+        if not ok:
+            self.failures.append(line)
+
+    def crashed(self, what: str, exc: BaseException) -> None:
+        self.checks += 1
+        first = (str(exc).strip().splitlines() or [""])[0]
+        line = f"FAIL {what}: {type(exc).__name__}: {first}"
+        self.out(line)
+        self.out("     " + "".join(traceback.format_exception(exc)[-3:]).replace("\n", "\n     ").rstrip())
+        self.failures.append(line)
+
+
+def _pack(lens_q: Sequence[int], lens_k: Sequence[int], heads=4, heads_k=2, dim=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    mk = lambda t, h: torch.randn(t, h, dim, generator=g).to(torch.bfloat16).cuda()  # noqa: E731
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    return mk(tq, heads), mk(tk, heads_k), mk(tk, heads_k), mk(tq, heads), cu_q, cu_k
+
+
+def _call(fn, q, k, v, do, cu_q, cu_k, causal, grads=True):
+    q, k, v = (t.detach().clone().requires_grad_(grads) for t in (q, k, v))
+    out = fn(q, k, v, cu_q, cu_k, int((cu_q[1:] - cu_q[:-1]).max()), int((cu_k[1:] - cu_k[:-1]).max()), causal=causal)
+    if not grads:
+        return (out,)
+    return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+
+def _reference(q, k, v, do, cu_q, cu_k, causal):
+    scale = q.shape[-1] ** -0.5
+    o, lse = attention_forward(q, k, v, cu_q, cu_k, softmax_scale=scale, causal=causal)
+    return (o, *attention_backward(do, q, k, v, o, lse, cu_q, cu_k, softmax_scale=scale, causal=causal))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp(min=1e-300))
+
+
+def _amax_dp(q, k, v, do, cu_q, cu_k, causal) -> float:
+    """max |dO_i . V_j| over the visible pairs, in float64 (what cuDNN's amax_dP should report)."""
+    best = 0.0
+    group = q.shape[1] // k.shape[1]
+    for b in range(len(cu_q) - 1):
+        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        if qe == qs or ke == ks:
+            continue
+        dp = torch.einsum("ihd,jhd->hij", do[qs:qe].double(), v[ks:ke].double().repeat_interleave(group, dim=1))
+        if causal:
+            i = torch.arange(qe - qs, device=dp.device)[:, None]
+            j = torch.arange(ke - ks, device=dp.device)[None, :]
+            dp = dp.masked_fill(j > i + (ke - ks) - (qe - qs), 0.0)
+        best = max(best, float(dp.abs().max()))
+    return best
+
+
+def quantization_twins(s: Smoke) -> None:
+    from flamia_verify.kernels.cudnn_fp8.layout import make_layout
+    from flamia_verify.kernels.cudnn_fp8.quantize import (
+        amax_many,
+        amax_reference,
+        dequantize_e4m3,
+        dequantize_e4m3_reference,
+        quantize_e4m3,
+        quantize_e4m3_reference,
+    )
+
+    q, k, v, do, cu, _ = _pack(LENS, LENS)
+    x = q * torch.exp2(torch.randint(-10, 10, q.shape[:2] + (1,), device="cuda")).to(q.dtype)
+    x.view(-1)[:6] = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 1e4, 2.0**-130], device="cuda").to(x.dtype)
+    for padded in (False, True):
+        layout = make_layout(padded, x.shape[0], len(LENS), max(LENS))
+        scale = torch.tensor([4.0], device="cuda")
+        try:
+            codes, amax = quantize_e4m3(x, scale, layout, cu)
+            want, want_amax = quantize_e4m3_reference(x, scale, layout, cu)
+            diff = int((codes.view(torch.uint8) != want.view(torch.uint8)).sum())
+            s.check(diff == 0, f"quantize {layout.kind} vs twin", f"{diff} codes differ")
+            same_amax = amax is not None and (bool(torch.isnan(amax).all()) and bool(torch.isnan(want_amax)))
+            s.check(same_amax, f"quantize {layout.kind} amax keeps NaN", f"{amax} vs {want_amax}")
+            back = dequantize_e4m3(codes, 1 / scale, layout, cu, torch.bfloat16)
+            twin = dequantize_e4m3_reference(codes, 1 / scale, layout, cu, torch.bfloat16)
+            nan = torch.isnan(back.float())
+            ok = torch.equal(nan, torch.isnan(twin.float())) and torch.equal(
+                back.view(torch.int16)[~nan], twin.view(torch.int16)[~nan]
+            )
+            s.check(ok, f"dequantize {layout.kind} vs twin")
+        except Exception as exc:
+            s.crashed(f"quantization {layout.kind}", exc)
+    try:
+        got = amax_many([q, k, v])
+        want = torch.stack([amax_reference(t) for t in (q, k, v)])
+        s.check(torch.equal(got, want), "amax of q, k, v in one launch", f"{got.tolist()} vs {want.tolist()}")
+    except Exception as exc:
+        s.crashed("amax_many", exc)
+
+
+def modes_against_float64(s: Smoke) -> None:
+    q, k, v, do, cu, _ = _pack(LENS, LENS)
+    for causal in (False, True):
+        ref = _reference(q, k, v, do, cu, cu, causal)
+        amax_dp = _amax_dp(q, k, v, do, cu, cu, causal)
+        for label, kw in MODES:
+            case = f"{label} causal={causal}"
+            try:
+                fn = make_kernel(**kw)
+                got = _call(fn, q, k, v, do, cu, cu, causal)
+                fn2 = make_kernel(**kw)  # a second call of a calibrated kernel uses the history
+                _call(fn2, q, k, v, do, cu, cu, causal)
+                again = _call(fn2, q, k, v, do, cu, cu, causal)
+            except Exception as exc:
+                s.crashed(case, exc)
+                continue
+            errs = {n: _rel(g, r) for n, g, r in zip(("O", "dQ", "dK", "dV"), got, ref, strict=True)}
+            text = ", ".join(f"{n} {e:.3e}" for n, e in errs.items())
+            s.check(all(e < TOL[n] for n, e in errs.items()), f"{case} vs float64 (rel. RMSE)", text)
+            errs2 = {n: _rel(g, r) for n, g, r in zip(("O", "dQ", "dK", "dV"), again, ref, strict=True)}
+            s.check(all(e < TOL[n] for n, e in errs2.items()), f"{case} third call vs float64", str(errs2))
+            s.out(f"     paths {dict(fn.paths)}")  # type: ignore[attr-defined]
+            hist = fn.scaling.history()  # type: ignore[attr-defined]
+            if hist is not None:
+                from flamia_verify.kernels.cudnn_fp8.scaling import ROLES
+
+                row = dict(zip(ROLES, hist.amax(dim=0).tolist(), strict=True))
+                f64 = {"o": float(ref[0].abs().max()), "dq": float(ref[1].abs().max()), "dk": float(ref[2].abs().max())}
+                f64.update({"dv": float(ref[3].abs().max()), "dp": amax_dp})
+                s.out(
+                    "     cuDNN amax (history max) vs float64: "
+                    + ", ".join(f"{r} {row[r]:.4g}/{f64[r]:.4g}" for r in ("o", "dp", "dq", "dk", "dv"))
+                    + f"; amax_s {row['s']:.4g} (P scale 2^7 saturates above {448 / 128 * 16:.1f})"
+                )
+                ok = all(abs(row[r] - f64[r]) <= 0.25 * f64[r] for r in ("o", "dp", "dq", "dk", "dv"))
+                s.check(ok, f"{case} cuDNN amax outputs within 25% of float64 (pre-quantization amaxes)")
+            # the same call on the PyTorch model of cuDNN: glue bugs show here, cuDNN numerics do not
+            try:
+                arch = torch.cuda.get_device_capability()[0]
+                model = make_kernel(**kw, engine=EmulatedEngine(arch=arch))
+                emu = _call(model, q, k, v, do, cu, cu, causal)
+                diffs = {n: _rel(g, e) for n, g, e in zip(("O", "dQ", "dK", "dV"), got, emu, strict=True)}
+                s.check(
+                    all(d < TOL[n] for n, d in diffs.items()),
+                    f"{case} cuDNN vs its PyTorch model (same scales)",
+                    ", ".join(f"{n} {d:.3e}" for n, d in diffs.items()),
+                )
+            except Exception as exc:
+                s.crashed(f"{case} PyTorch model", exc)
+
+
+def edge_cases(s: Smoke) -> None:
+    arch = torch.cuda.get_device_capability()[0]
+    fn = make_kernel("current")
+    cases = [
+        ("Lq != Lk, not causal", (100, 50, 64), (60, 200, 64), False),
+        ("an empty document", (128, 0, 64), (128, 0, 64), True),
+        ("a document without keys (out 0)", (32, 16), (32, 0), False),
+    ]
+    for label, lq, lk, causal in cases:
+        q, k, v, do, cu_q, cu_k = _pack(lq, lk, seed=3)
+        try:
+            got = _call(fn, q, k, v, do, cu_q, cu_k, causal)
+            ref = _reference(q, k, v, do, cu_q, cu_k, causal)
+            errs = {n: _rel(g, r) for n, g, r in zip(("O", "dQ", "dK", "dV"), got, ref, strict=True) if r.norm() > 0}
+            finite = all(bool(torch.isfinite(g).all()) for g in got)
+            ok = finite and all(e < TOL[n] for n, e in errs.items())
+            s.check(ok, f"edge: {label}", f"finite {finite}, " + ", ".join(f"{n} {e:.3e}" for n, e in errs.items()))
+        except Exception as exc:
+            s.crashed(f"edge: {label}", exc)
+    q, k, v, do, cu_q, cu_k = _pack((64, 32), (64, 96), seed=4)
+    try:
+        got = _call(fn, q, k, v, do, cu_q, cu_k, True)
+        ref = _reference(q, k, v, do, cu_q, cu_k, True)
+        s.check(arch >= 10 and _rel(got[0], ref[0]) < TOL["O"], "edge: causal Lq != Lk (bottom-right)", "ran")
+    except CudnnFp8Refused as exc:
+        s.check(arch == 9, "edge: causal Lq != Lk refused on Hopper", str(exc))
+    except Exception as exc:
+        s.crashed("edge: causal Lq != Lk", exc)
+    q, k, v, do, cu_q, cu_k = _pack(LENS, LENS, dim=64, seed=5)
+    try:
+        (out,) = _call(fn, q, k, v, do, cu_q, cu_k, True, grads=False)
+        s.check(_rel(out, _reference(q, k, v, do, cu_q, cu_k, True)[0]) < TOL["O"], "edge: head_dim 64 forward")
+        try:
+            _call(fn, q, k, v, do, cu_q, cu_k, True)
+            s.check(arch >= 10, "edge: head_dim 64 backward", "ran")
+        except CudnnFp8Refused as exc:
+            s.check(arch == 9, "edge: head_dim 64 backward refused on Hopper", str(exc))
+    except Exception as exc:
+        s.crashed("edge: head_dim 64", exc)
+    q, k, v, do, cu, _ = _pack(LENS, LENS, seed=6)
+    try:
+        fz = make_kernel("delayed", freeze_after_calibration=True)
+        a, b = _call(fz, q, k, v, do, cu, cu, True), _call(fz, q, k, v, do, cu, cu, True)
+        s.check(all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), "determinism: two identical calls, bitwise")
+    except Exception as exc:
+        s.crashed("determinism", exc)
+
+
+def causal_property(s: Smoke) -> None:
+    q, k, v, do, cu, _ = _pack(LENS, LENS, seed=7)
+    t0 = LENS[0] + 100
+    after = slice(t0 + 1, LENS[0] + LENS[1])
+    changed = []
+    for t in (q, k, v, do):
+        c = t.clone()
+        c[after] = c[after] * 50
+        changed.append(c)
+    for label, kw in MODES[:2]:
+        try:
+            fn = make_kernel(**kw)
+            a = _call(fn, q, k, v, do, cu, cu, True)
+            b = _call(fn, *changed, cu, cu, True)
+            same = torch.equal(a[0][: t0 + 1], b[0][: t0 + 1]) and torch.equal(a[1][: t0 + 1], b[1][: t0 + 1])
+            if label == "current":
+                s.out(f"INFO causal property, current scaling: past unchanged by the future: {same} (expected False)")
+            else:
+                s.check(same, f"causal property, {label}: O and dQ up to t bitwise unchanged by the future")
+        except Exception as exc:
+            s.crashed(f"causal property {label}", exc)
+
+
+def bench(s: Smoke) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def timed(f, reps=10):
+        f()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            f()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps
+
+    for seq in (8192, 16384):
+        for causal in (False, True):
+            q, k, v, do, cu, _ = _pack([seq], [seq], heads=16, heads_k=16, seed=8)
+            fn = make_kernel("delayed", freeze_after_calibration=True)
+
+            def fp8(fn=fn, q=q, k=k, v=v, do=do, cu=cu, causal=causal):
+                _call(fn, q, k, v, do, cu, cu, causal)
+
+            qb, kb, vb, dob = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v, do))
+
+            def bf16(qb=qb, kb=kb, vb=vb, dob=dob, causal=causal):
+                x, y, z = (t.detach().requires_grad_() for t in (qb, kb, vb))
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    o = torch.nn.functional.scaled_dot_product_attention(x, y, z, is_causal=causal)
+                torch.autograd.grad(o, (x, y, z), dob)
+
+            try:
+                t8, t16 = timed(fp8), timed(bf16)
+                s.out(
+                    f"BENCH S={seq} causal={causal}: fp8 {t8 * 1e3:.2f} ms, cuDNN BF16 {t16 * 1e3:.2f} ms, {t16 / t8:.2f}x"
+                )
+            except Exception as exc:
+                s.crashed(f"bench S={seq}", exc)
+
+
+def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", action="store_true", help="also time fwd+bwd against cuDNN BF16 at 8K and 16K")
+    args = ap.parse_args(argv)
+    reason = unavailable()
+    if reason is not None:
+        out(f"cudnn-fp8 smoke: not run: {reason}")
+        return 2
+    import cudnn
+
+    out(
+        f"cudnn-fp8 smoke: torch {torch.__version__}, cudnn frontend {getattr(cudnn, '__version__', '?')}, "
+        f"cuDNN {cudnn.backend_version()}, {torch.cuda.get_device_name()} "
+        f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+    )
+    s = Smoke(out)
+    for section in (quantization_twins, modes_against_float64, edge_cases, causal_property):
+        out(f"--- {section.__name__}")
+        section(s)
+    if args.bench:
+        out("--- bench")
+        bench(s)
+    out(f"cudnn-fp8 smoke: {s.checks} checks, {len(s.failures)} failed")
+    for line in s.failures:
+        out(line)
+    return 1 if s.failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
