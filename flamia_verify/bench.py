@@ -138,6 +138,7 @@ def kernel_runner(spec, causal: bool, cu, seqlen: int):
         out = kernel.loaded(q, k, v, cu, cu, seqlen, seqlen, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
         return first_output(out)  # (out, lse) tuples and lists, as check takes them
 
+    forward.forward_only = bool(getattr(kernel.loaded.fn, "forward_only", False))  # type: ignore[attr-defined]
     return forward
 
 
@@ -148,8 +149,10 @@ def _time(fn, rep_ms: int) -> float:
 
 
 def _measure(forward, q, k, v, do, rep_ms: int) -> dict[str, float]:
-    """Median ms of forward, backward (from a saved forward graph) and forward+backward; peak memory."""
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    """Median ms of forward, backward (from a saved forward graph) and forward+backward; peak memory.
+    A kernel declared forward-only (``forward.forward_only``) gets inputs that need no gradient."""
+    grad = not getattr(forward, "forward_only", False)
+    q, k, v = (t.detach().requires_grad_(grad) for t in (q, k, v))
 
     def fwd():
         with torch.no_grad():

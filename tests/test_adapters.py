@@ -167,9 +167,10 @@ def test_deterministic_mode_is_scoped_to_the_call_and_its_backward():
         torch.use_deterministic_algorithms(before, warn_only=warn_only)
         try:
             out = _DeterministicCall.apply(run, q, k, v)
-            grads = torch.autograd.grad(out.sum(), (q, k, v))
+            grads = torch.autograd.grad(out.sum(), (q, k, v), retain_graph=True)
+            again = torch.autograd.grad(out.sum(), (q, k, v))  # a retained graph differentiates again
             want = torch.autograd.grad(run(q, k, v).sum(), (q, k, v))
-            assert all(torch.equal(a, b) for a, b in zip(grads, want))
+            assert all(torch.equal(a, b) and torch.equal(b, c) for a, b, c in zip(grads, again, want))
             assert torch.are_deterministic_algorithms_enabled() == before
             assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
         finally:

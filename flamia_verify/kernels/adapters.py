@@ -216,8 +216,10 @@ class _DeterministicCall(torch.autograd.Function):
         wanted = [t for t in ctx.leaves if t.requires_grad]
         if not ctx.out.requires_grad or not wanted:
             return None, None, None, None
+        # the inner graph lives as long as this node: a caller that retains the outer graph (and
+        # differentiates again) finds it again; it is freed with the outer graph
         with _deterministic_algorithms():
-            grads = iter(torch.autograd.grad(ctx.out, wanted, dout, allow_unused=True))
+            grads = iter(torch.autograd.grad(ctx.out, wanted, dout, allow_unused=True, retain_graph=True))
         return (None, *(next(grads) if t.requires_grad else None for t in ctx.leaves))
 
 
