@@ -23,8 +23,8 @@ from __future__ import annotations
 import html
 import io
 import math
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from flamia_verify.reports.store import atomic_write_text
