@@ -28,7 +28,15 @@ from typing import Any
 from flamia_verify.errors import ConfigError
 from flamia_verify.sweep.matrix import Sweep, SweepCase
 
-__all__ = ["SURVEY_SCHEMA", "SurveyOutcome", "default_kernels", "availability", "run_survey", "survey_exit_code"]
+__all__ = [
+    "SURVEY_SCHEMA",
+    "SurveyOutcome",
+    "default_kernels",
+    "availability",
+    "run_survey",
+    "survey_exit_code",
+    "write_survey",
+]
 
 SURVEY_SCHEMA = "flamia-verify/survey/v1"
 
@@ -139,8 +147,6 @@ def run_survey(
     a GPU busy a fraction of the time), then the timings, one worker per GPU so that a timed kernel
     has its GPU to itself. Both store their results (``out/cases``, ``out/speed/cases``): a rerun
     reuses what is unchanged."""
-    from flamia_verify.reports.store import atomic_write_text
-    from flamia_verify.reports.survey import render_survey_html, render_survey_markdown, survey_rows
     from flamia_verify.sweep import run_sweep
 
     names = list(kernels) if kernels else default_kernels()
@@ -190,23 +196,33 @@ def run_survey(
     results = [
         {**r, "speed": speeds[r["case"]["kernel"]]} if r["case"]["kernel"] in speeds else r for r in outcome.results
     ]
+    settings = {"suite": suite, "device": device, "dtype": dtype, "seed": seed, "only": list(only), "speed": speed}
+    rows = write_survey(out, results, unavailable, settings, notes)
+    return SurveyOutcome(out, rows, results, unavailable, ran=outcome.ran, reused=outcome.reused)
+
+
+def write_survey(
+    out: Path,
+    results: Sequence[dict[str, Any]],
+    unavailable: Sequence[tuple[str, str, str]],
+    settings: dict[str, Any],
+    notes: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Write the survey report of ``results`` (sweep results, each with its ``speed`` when timed) into
+    ``out``: survey.json, survey.md, survey.html and each kernel's full report; returns the rows."""
+    from flamia_verify.reports.store import atomic_write_text
+    from flamia_verify.reports.survey import render_survey_html, render_survey_markdown, survey_rows
+
+    out.mkdir(parents=True, exist_ok=True)
     reports = _write_kernel_reports(out, results)
     rows = survey_rows(results, label=lambda case: str(case["kernel"]), reports=reports, unavailable=unavailable)
-    settings = {"suite": suite, "device": device, "dtype": dtype, "seed": seed, "only": list(only), "speed": speed}
-    title = f"flamia-verify survey: {suite} suite on {device}"
+    title = f"flamia-verify survey: {settings.get('suite')} suite on {settings.get('device')}"
     notes = [_environment_note(results), *notes]
-    atomic_write_text(
-        out / "survey.json",
-        json.dumps(
-            {"schema": SURVEY_SCHEMA, "settings": settings, "environment": notes[0], "rows": rows},
-            indent=1,
-            allow_nan=False,
-        )
-        + "\n",
-    )
+    document = {"schema": SURVEY_SCHEMA, "settings": settings, "environment": notes[0], "rows": rows}
+    atomic_write_text(out / "survey.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
     atomic_write_text(out / "survey.md", render_survey_markdown(rows, title, notes))
     atomic_write_text(out / "survey.html", render_survey_html(rows, title, notes))
-    return SurveyOutcome(out, rows, results, unavailable, ran=outcome.ran, reused=outcome.reused)
+    return rows
 
 
 def _environment_note(results: Sequence[dict[str, Any]]) -> str:
