@@ -137,6 +137,7 @@ def add_survey_parser(sub) -> None:
     s.add_argument(
         "--kernel", nargs="+", metavar="SPEC", help="kernels to survey (default: every built-in and adapter)"
     )
+    s.add_argument("--recipe", help="the recipe of the kernels that declare none (file.py:function specs)")
     s.add_argument("--suite", default="quick", choices=list(SUITES))
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     s.add_argument("--dtype", default="bf16", choices=list(CLI_DTYPES))
@@ -174,6 +175,10 @@ def run_survey_command(args) -> int:
         raise ConfigError("--address is for --backend ray")
     if args.seed < 0:
         raise ConfigError(f"--seed must be non-negative, got {args.seed}")
+    if args.recipe:
+        from flamia_verify.kernels.recipes import get_recipe
+
+        get_recipe(args.recipe)  # an unknown recipe ends the command before any run
     speed = None
     if not args.no_speed:
         speed = speed_settings(
@@ -203,6 +208,7 @@ def run_survey_command(args) -> int:
         address=args.address,
         timeout_s=args.timeout,
         per_gpu=args.workers_per_gpu,
+        recipe=args.recipe,
         on_start=on_start,
         on_result=on_result,
     )

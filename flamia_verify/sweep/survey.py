@@ -136,6 +136,7 @@ def run_survey(
     address: str | None = None,
     timeout_s: float | None = None,
     per_gpu: int = 1,
+    recipe: str | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
     on_result: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> SurveyOutcome:
@@ -146,7 +147,8 @@ def run_survey(
     Two phases on the same backend: the checks (``per_gpu`` workers share each GPU: a quick suite keeps
     a GPU busy a fraction of the time), then the timings, one worker per GPU so that a timed kernel
     has its GPU to itself. Both store their results (``out/cases``, ``out/speed/cases``): a rerun
-    reuses what is unchanged."""
+    reuses what is unchanged. ``recipe`` is the recipe of the kernels that declare none (a user's
+    ``file.py:function``; the built-ins and adapters carry their own)."""
     from flamia_verify.sweep import run_sweep
 
     names = list(kernels) if kernels else default_kernels()
@@ -161,11 +163,14 @@ def run_survey(
         notes.append("speed not measured: it is measured on a CUDA device only")
     cases, unavailable = [], []
     for name in names:
-        reason, recipe = availability(name, device)
+        reason, known_recipe = availability(name, device)
         if reason is not None:
-            unavailable.append((name, recipe, reason))
+            unavailable.append((name, known_recipe, reason))
             continue
-        cases.append(SweepCase(kernel=name, suite=suite, only=tuple(only), dtype=dtype, seed=seed, device=device))
+        own = recipe if recipe and not known_recipe else None
+        cases.append(
+            SweepCase(kernel=name, recipe=own, suite=suite, only=tuple(only), dtype=dtype, seed=seed, device=device)
+        )
     out = Path(out)
     common: dict[str, Any] = {"backend": backend, "workers": workers, "address": address}
     outcome = run_sweep(
