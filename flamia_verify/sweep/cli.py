@@ -138,10 +138,12 @@ def add_survey_parser(sub) -> None:
         "--kernel", nargs="+", metavar="SPEC", help="kernels to survey (default: every built-in and adapter)"
     )
     s.add_argument("--recipe", help="the recipe of the kernels that declare none (file.py:function specs)")
-    s.add_argument("--suite", default="quick", choices=list(SUITES))
-    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    s.add_argument("--dtype", default="bf16", choices=list(CLI_DTYPES))
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--suite", default="quick", choices=list(SUITES), help="the suite every kernel runs (default quick)")
+    s.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the kernels run (default: CUDA if any)"
+    )
+    s.add_argument("--dtype", default="bf16", choices=list(CLI_DTYPES), help="input dtype of the checks (default bf16)")
+    s.add_argument("--seed", type=int, default=0, help="run seed of every kernel's checks (default 0)")
     s.add_argument("--only", nargs="+", metavar="FAMILY", default=[], help="run only these families or checks")
     s.add_argument("--out", default="flamia-survey", help="where the reports go (default ./flamia-survey)")
     s.add_argument("--backend", default="local", choices=["local", "ray"], help="local worker pool (default) or Ray")
