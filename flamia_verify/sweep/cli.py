@@ -36,12 +36,20 @@ def add_parser(sub) -> None:
         "target", nargs="+", metavar="SWEEP.toml | merge DIR ...", help="a sweep file, or merge and directories"
     )
     s.add_argument("--out", default="flamia-sweep", help="where results go (default ./flamia-sweep)")
+    s.add_argument("--shard", metavar="I/N", help="run only the I-th of N deterministic slices of the matrix")
+    _add_backend_arguments(s, "a case", "(default: the file's timeout_s)")
+
+
+def _add_backend_arguments(s, what: str, default_timeout: str) -> None:
+    """The backend options sweep and survey share."""
     s.add_argument("--backend", default="local", choices=["local", "ray"], help="local worker pool (default) or Ray")
     s.add_argument("--workers", type=int, help="workers to use (default: every visible GPU, or every CPU core)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
-    s.add_argument("--shard", metavar="I/N", help="run only the I-th of N deterministic slices of the matrix")
     s.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="stop a case running longer (default: the file's timeout_s)"
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"stop {what} running longer, its row an error {default_timeout}",
     )
     s.add_argument(
         "--workers-per-gpu",
@@ -146,19 +154,7 @@ def add_survey_parser(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="run seed of every kernel's checks (default 0)")
     s.add_argument("--only", nargs="+", metavar="FAMILY", default=[], help="run only these families or checks")
     s.add_argument("--out", default="flamia-survey", help="where the reports go (default ./flamia-survey)")
-    s.add_argument("--backend", default="local", choices=["local", "ray"], help="local worker pool (default) or Ray")
-    s.add_argument("--workers", type=int, help="workers (default: every visible GPU, or every CPU core)")
-    s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
-    s.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="stop a kernel's run after this long (its row: error)"
-    )
-    s.add_argument(
-        "--workers-per-gpu",
-        type=int,
-        default=1,
-        metavar="N",
-        help="check N kernels at once on each GPU (the timings still run one per GPU; default 1)",
-    )
+    _add_backend_arguments(s, "a kernel's checks", "(default: no limit)")
     g = s.add_argument_group("speed (CUDA only; B = tokens // seqlen documents of seqlen tokens, BF16)")
     g.add_argument("--no-speed", action="store_true", help="do not time the kernels")
     g.add_argument("--seqlen", type=int, default=d.seqlen, help=f"tokens per document (default {d.seqlen})")
