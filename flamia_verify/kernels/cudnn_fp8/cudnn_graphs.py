@@ -10,8 +10,7 @@ The graphs (one per :class:`.GraphKey`, built on first use, cached per engine):
 * forward: ``pygraph.sdpa_fp8`` on E4M3 q, k, v of dims (B, H, S, D) with BSHD strides
   ``(S*H*D, D, H*D, 1)``, a padding mask with per-document lengths (int32 (B, 1, 1, 1)), the causal mask
   as ``diagonal_alignment`` + ``right_bound=0``, softmax statistics on (``generate_stats``); outputs
-  O (E4M3: Hopper writes no BF16), the statistics (fp32, (B, H, S, 1), strides ``(S*H, 1, H, 1)``),
-  amax_s and amax_o.
+  O (E4M3: Hopper writes no BF16), the statistics (fp32, (B, H, S, 1)) and amax_s, amax_o.
 * backward: ``pygraph.sdpa_fp8_backward`` on E4M3 q, k, v, O, dO and the statistics; outputs dQ, dK, dV
   (E4M3) and amax_dQ, amax_dK, amax_dV, amax_dP.
 * packed layout: every token tensor gets a ragged offset (int64 (B + 1, 1, 1, 1), elements); padded:
@@ -106,8 +105,10 @@ def _bshd(b: int, h: int, s: int, d: int) -> dict[str, tuple[int, ...]]:
     return {"dim": (b, h, s, d), "stride": (s * h * d, d, h * d, 1)}
 
 
-def _stats_dims(b: int, h: int, s: int) -> dict[str, tuple[int, ...]]:
-    return {"dim": (b, h, s, 1), "stride": (s * h, 1, h, 1)}
+def _stats_dims(b: int, h: int, s: int, padded: bool) -> dict[str, tuple[int, ...]]:
+    """The softmax statistics: token-major with ragged offsets (packed), head-major (padded), as the
+    frontend's FP8 tests lay them out; only cuDNN reads them (forward to backward)."""
+    return {"dim": (b, h, s, 1), "stride": (s * h, s, 1, 1) if padded else (s * h, 1, h, 1)}
 
 
 def _mask_kwargs(c: Any, mask: str) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def build_forward(key: GraphKey, handle: Any) -> Any:
     )
     o.set_uid(_Fwd.O).set_output(True).set_dim(_bshd(b, h, sq, d)["dim"]).set_stride(_bshd(b, h, sq, d)["stride"])
     o.set_data_type(fp8)
-    st = _stats_dims(b, h, sq)
+    st = _stats_dims(b, h, sq, key.padded)
     stats.set_uid(_Fwd.STATS).set_output(True).set_dim(st["dim"]).set_stride(st["stride"]).set_data_type(f32)
     if not key.padded:
         o.set_ragged_offset(offs["o"])
@@ -190,7 +191,7 @@ def build_backward(key: GraphKey, handle: Any) -> Any:
     v = g.tensor(uid=_Bwd.V, data_type=fp8, **_bshd(b, hk, sk, d))
     o = g.tensor(uid=_Bwd.O, data_type=fp8, **_bshd(b, h, sq, d))
     do = g.tensor(uid=_Bwd.DO, data_type=fp8, **_bshd(b, h, sq, d))
-    stats = g.tensor(uid=_Bwd.STATS, data_type=f32, **_stats_dims(b, h, sq))
+    stats = g.tensor(uid=_Bwd.STATS, data_type=f32, **_stats_dims(b, h, sq, key.padded))
     lens = {"dim": (b, 1, 1, 1), "stride": (1, 1, 1, 1), "data_type": c.data_type.INT32}
     seq_q = g.tensor(uid=_Bwd.SEQ_Q, **lens)
     seq_k = g.tensor(uid=_Bwd.SEQ_K, **lens)

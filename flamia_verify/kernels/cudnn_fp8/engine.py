@@ -104,8 +104,9 @@ class Engine(Protocol):
         v8: torch.Tensor,
         sc: Mapping[str, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(o8, stats, amax_s, amax_o): O's codes in layout_q, the log-sum-exp (natural log, fp32,
-        (layout_q.rows, heads)), and two (1,) fp32 amaxes. ``sc``: descale_q, descale_k, descale_v,
+        """(o8, stats, amax_s, amax_o): O's codes in layout_q, the softmax statistics (log-sum-exp,
+        natural log, fp32: ``layout_q.rows * heads`` values in the engine's own order, handed back to its
+        backward), and two (1,) fp32 amaxes. ``sc``: descale_q, descale_k, descale_v,
         descale_s, scale_s, scale_o."""
         ...
 
@@ -211,7 +212,7 @@ class EmulatedEngine:
                 if lk:
                     amax_s = torch.maximum(amax_s, p.amax().reshape(1))
                     p8 = _round(p, sc["scale_s"])
-                    o[rq, h] = torch.where(l_sum > 0, (p8 @ v[rk, kh]) / l_sum.clamp(min=1e-30), 0.0)
+                    o[rq, h] = torch.where(l_sum == 0, 0.0, (p8 @ v[rk, kh]) / l_sum)  # NaN stays NaN
                 stats[rq, h] = (m + torch.log(l_sum)).reshape(-1)
         amax_o = o.abs().amax().reshape(1)
         return _codes(o, sc["scale_o"]), stats, amax_s, amax_o

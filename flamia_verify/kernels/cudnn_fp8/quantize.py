@@ -109,7 +109,7 @@ def _encode_e4m3(y):
     a = quant.round_grid(tl.abs(y), -6, 3, E4M3_MAX)
     abits = a.to(tl.int32, bitcast=True)
     normal = (((abits >> 23) & 0xFF) - 120) << 3 | ((abits >> 20) & 7)  # (e + 7) << 3 | mantissa
-    sub = (a * 512.0).to(tl.int32)  # a = m * 2^-9, m in 0..7
+    sub = (tl.where(a == a, a, 0.0) * 512.0).to(tl.int32)  # a = m * 2^-9, m in 0..7 (NaN: replaced below)
     code = tl.where(a >= 0.015625, normal, sub) | (sign << 7)
     return tl.where(a != a, 0x7F, code).to(tl.uint8)
 
