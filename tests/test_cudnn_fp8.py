@@ -627,3 +627,17 @@ def test_cudnn_kernel_on_the_gpu_is_within_fp8_error():
     assert grads is not None
     for got, want in zip(grads, torch.autograd.grad(ref, (qd, kd, vd), do.double()), strict=True):
         assert _rel(got, want) < 0.2
+
+
+def test_a_learning_kernel_scales_each_call_from_the_history_before_it():
+    """history_len 1: the call after a 16x jump in q runs with the old (saturating) scale, the next one
+    with the new: bitwise the result of current scaling on the same inputs (no stale cached scalars)."""
+    q, k, v, do, cu_q, cu_k, mq, mk = _pack([16, 24], [16, 24], dim=32, seed=51)
+    fn = K.make_kernel(engine=EmulatedEngine(arch=10), history_len=1)
+    current = K.make_kernel("current", engine=EmulatedEngine(arch=10))
+    big = q * 16
+    _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
+    after_jump, _ = _run(fn, big, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
+    adapted, _ = _run(fn, big, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
+    want, _ = _run(current, big, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
+    assert torch.equal(adapted, want) and not torch.equal(after_jump, want)

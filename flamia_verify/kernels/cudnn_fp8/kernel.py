@@ -38,7 +38,7 @@ import importlib
 import importlib.util
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -151,15 +151,12 @@ def refusal(
 # ------------------------------------------------------------------------------------------------
 
 
-def _scalar_set(named: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """The named scalars as 1-element fp32 tensors 16 bytes apart in one allocation (what cuDNN reads)."""
-    buf = torch.empty(len(named), 4, dtype=torch.float32, device=device)
-    buf[:, 0] = torch.stack([t.reshape(()).to(torch.float32) for t in named.values()])
-    return {name: buf[i, :1] for i, name in enumerate(named)}
-
-
-def _const(value: float, device: torch.device) -> torch.Tensor:
-    return torch.full((), value, dtype=torch.float32, device=device)
+def _scalars(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``values`` (n,) as n named 1-element fp32 tensors 16 bytes apart in one allocation (what cuDNN
+    reads: one scalar tensor per scale)."""
+    buf = torch.empty(len(names), 4, dtype=torch.float32, device=values.device)
+    buf[:, 0] = values
+    return {name: buf[i, :1] for i, name in enumerate(names)}
 
 
 def _zeros_of(x: torch.Tensor) -> torch.Tensor:
@@ -169,12 +166,118 @@ def _zeros_of(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Runner:
-    """What a kernel function keeps between calls: the scaling state, the engine, the options."""
+    """What a kernel function keeps between calls: the scaling state, the engine, the options, and
+    caches that save the small per-call launches: the scalars (valid while the state's generation does
+    not change, i.e. for every call of a frozen state) and the per-document lengths and offsets (valid
+    for the same cu_seqlens tensors, unmodified)."""
 
     state: ScalingState
     engine: Engine
     deterministic: bool
     paths: collections.Counter[str]
+    scalars: dict[tuple[Any, ...], tuple[int, Any, Any]] = field(default_factory=dict)
+    geometries: collections.OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, Geometry]] = field(
+        default_factory=collections.OrderedDict
+    )
+
+    def cached(self, key: tuple[Any, ...], make: Callable[[], Any], tag: Any = None) -> Any:
+        """``make()``, or its value from an earlier call with the same key, state generation and ``tag``
+        (compared by identity)."""
+        hit = self.scalars.get(key)
+        if hit is not None and hit[0] == self.state.generation and hit[1] is tag:
+            return hit[2]
+        value = make()
+        self.scalars[key] = (self.state.generation, tag, value)  # make() may have moved the generation
+        return value
+
+
+#: the forward's scalars, in the order of the values tensor
+_FWD_NAMES = (
+    "scale_q",
+    "scale_k",
+    "scale_v",
+    "descale_q",
+    "descale_k",
+    "descale_v",
+    "descale_s",
+    "scale_s",
+    "scale_o",
+    "descale_o",
+)
+#: the backward's scalars (cuDNN's names; descale_dq/dk/dv for our dequantization)
+_BWD_NAMES = (
+    "descale_q",
+    "descale_k",
+    "descale_v",
+    "descale_o",
+    "descale_s",
+    "scale_s",
+    "scale_dO",
+    "descale_dO",
+    "scale_dP",
+    "scale_dQ",
+    "scale_dK",
+    "scale_dV",
+    "descale_dP",
+    "descale_dq",
+    "descale_dk",
+    "descale_dv",
+)
+
+
+def _forward_scalars(s_qkv: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """From the scales of q, k, v: every scalar of the forward (``_FWD_NAMES``). O's scale is V's halved
+    (O never saturates: scaling.py); P's is the constant 2^P_SCALE_EXPONENT."""
+    p = math.ldexp(1.0, P_SCALE_EXPONENT)
+    consts = torch.full((2,), p, dtype=torch.float32, device=s_qkv.device)
+    consts[0] = 1.0 / p
+    scale_o = s_qkv[2:3] * 0.5
+    values = torch.cat([s_qkv, 1.0 / s_qkv, consts, scale_o, 1.0 / scale_o])
+    return values, _scalars(values, _FWD_NAMES)
+
+
+def _backward_scalars(fwd: torch.Tensor, s_do: torch.Tensor, grads: torch.Tensor) -> dict[str, torch.Tensor]:
+    """From the forward's values, dO's scale and the scales of (dp, dq, dk, dv): every scalar of the
+    backward (``_BWD_NAMES``)."""
+    values = torch.cat([fwd[3:6], fwd[9:10], fwd[6:8], s_do, 1.0 / s_do, grads, 1.0 / grads])
+    return _scalars(values, _BWD_NAMES)
+
+
+def _geometry(key: GraphKey, layout_q: Layout, layout_k: Layout, cu_q: torch.Tensor, cu_k: torch.Tensor) -> Geometry:
+    cu_q = cu_q.to(torch.int32).contiguous()
+    cu_k = cu_k.to(torch.int32).contiguous()
+    b = key.batch
+    seqlen_q = (cu_q[1:] - cu_q[:-1]).reshape(b, 1, 1, 1).contiguous()
+    seqlen_k = (cu_k[1:] - cu_k[:-1]).reshape(b, 1, 1, 1).contiguous()
+    offsets: dict[str, torch.Tensor] = {}
+    if not key.padded:
+        q64, k64 = cu_q.to(torch.int64).reshape(b + 1, 1, 1, 1), cu_k.to(torch.int64).reshape(b + 1, 1, 1, 1)
+        q_rows = (q64 * (key.heads * key.head_dim)).contiguous()
+        k_rows = (k64 * (key.heads_k * key.head_dim)).contiguous()
+        offsets = {"q": q_rows, "o": q_rows, "k": k_rows, "v": k_rows, "stats": (q64 * key.heads).contiguous()}
+    return Geometry(key, layout_q, layout_k, cu_q, cu_k, seqlen_q, seqlen_k, offsets)
+
+
+def _cached_geometry(
+    run: _Runner, key: GraphKey, layout_q: Layout, layout_k: Layout, cu_q: torch.Tensor, cu_k: torch.Tensor
+) -> Geometry:
+    """:func:`_geometry`, reused while the same cu_seqlens tensors come back unmodified (the cache holds
+    them, so their memory cannot be reused by another tensor meanwhile)."""
+    ident = (id(cu_q), id(cu_k), cu_q._version, cu_k._version, key, layout_q, layout_k)
+    hit = run.geometries.get(ident)
+    if hit is not None:
+        return hit[2]
+    geo = _geometry(key, layout_q, layout_k, cu_q, cu_k)
+    run.geometries[ident] = (cu_q, cu_k, geo)
+    while len(run.geometries) > 8:
+        run.geometries.popitem(last=False)
+    return geo
+
+
+def _lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int]]:
+    lq = [int(c) for c in cu_q.tolist()]
+    lk = [int(c) for c in cu_k.tolist()]
+    return [(lq[i + 1] - lq[i], lk[i + 1] - lk[i]) for i in range(len(lq) - 1)]
 
 
 @dataclass
@@ -187,35 +290,9 @@ class _Saved:
     v8: torch.Tensor
     o8: torch.Tensor
     stats: torch.Tensor
-    fwd: dict[str, torch.Tensor]  # descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, descale_o
-    scale_v: torch.Tensor
+    fwd: torch.Tensor  # the forward's scalars (_FWD_NAMES)
     arch: int
     dtype: torch.dtype
-
-
-def _geometry(key: GraphKey, layout_q: Layout, layout_k: Layout, cu_q: torch.Tensor, cu_k: torch.Tensor) -> Geometry:
-    cu_q = cu_q.to(torch.int32).contiguous()
-    cu_k = cu_k.to(torch.int32).contiguous()
-    b = key.batch
-    seqlen_q = (cu_q[1:] - cu_q[:-1]).reshape(b, 1, 1, 1).contiguous()
-    seqlen_k = (cu_k[1:] - cu_k[:-1]).reshape(b, 1, 1, 1).contiguous()
-    offsets: dict[str, torch.Tensor] = {}
-    if not key.padded:
-        q64, k64 = cu_q.to(torch.int64).reshape(b + 1, 1, 1, 1), cu_k.to(torch.int64).reshape(b + 1, 1, 1, 1)
-        offsets = {
-            "q": (q64 * (key.heads * key.head_dim)).contiguous(),
-            "o": (q64 * (key.heads * key.head_dim)).contiguous(),
-            "k": (k64 * (key.heads_k * key.head_dim)).contiguous(),
-            "v": (k64 * (key.heads_k * key.head_dim)).contiguous(),
-            "stats": (q64 * key.heads).contiguous(),
-        }
-    return Geometry(key, layout_q, layout_k, cu_q, cu_k, seqlen_q, seqlen_k, offsets)
-
-
-def _lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int]]:
-    lq = [int(c) for c in cu_q.tolist()]
-    lk = [int(c) for c in cu_k.tolist()]
-    return [(lq[i + 1] - lq[i], lk[i + 1] - lk[i]) for i in range(len(lq) - 1)]
 
 
 def _forward(
@@ -235,42 +312,31 @@ def _forward(
     key = replace(key, padded=engine.choose_padded(key, need_backward))
     lay_q = make_layout(key.padded, q.shape[0], key.batch, key.seq_q)
     lay_k = make_layout(key.padded, k.shape[0], key.batch, key.seq_k)
-    geo = _geometry(key, lay_q, lay_k, cu_q, cu_k)
+    geo = _cached_geometry(run, key, lay_q, lay_k, cu_q, cu_k)
 
-    measured = amax_many([q, k, v]) if state.needs_measurement(FORWARD_MEASURED) else None
-    s_qkv = state.scales(FORWARD_MEASURED, device, measured=measured)
-    sc = _scalar_set({"q": s_qkv[0], "k": s_qkv[1], "v": s_qkv[2]}, device)
-    q8, aq = quantize_e4m3(q, sc["q"], lay_q, geo.cu_q, record_amax=measured is None)
-    k8, ak = quantize_e4m3(k, sc["k"], lay_k, geo.cu_k, record_amax=measured is None)
-    v8, av = quantize_e4m3(v, sc["v"], lay_k, geo.cu_k, record_amax=measured is None)
+    if state.needs_measurement(FORWARD_MEASURED):
+        measured: torch.Tensor | None = amax_many([q, k, v])
+        fwd, sc = _forward_scalars(state.scales(FORWARD_MEASURED, device, measured=measured))
+    else:
+        measured = None
+        fwd, sc = run.cached(("fwd", device), lambda: _forward_scalars(state.scales(FORWARD_MEASURED, device)))
+    amax_bits = torch.zeros(3, dtype=torch.int32, device=device) if measured is None else None
+    a = [None, None, None] if amax_bits is None else [amax_bits[i : i + 1] for i in range(3)]
+    q8, _ = quantize_e4m3(q, sc["scale_q"], lay_q, geo.cu_q, record_amax=measured is None, amax_out=a[0])
+    k8, _ = quantize_e4m3(k, sc["scale_k"], lay_k, geo.cu_k, record_amax=measured is None, amax_out=a[1])
+    v8, _ = quantize_e4m3(v, sc["scale_v"], lay_k, geo.cu_k, record_amax=measured is None, amax_out=a[2])
 
-    p_scale = math.ldexp(1.0, P_SCALE_EXPONENT)
-    scale_o = s_qkv[2] * 0.5  # O never saturates: |O| <= ~1.2 amax(V) (scaling.py)
-    fwd = _scalar_set(
-        {
-            "descale_q": 1.0 / s_qkv[0],
-            "descale_k": 1.0 / s_qkv[1],
-            "descale_v": 1.0 / s_qkv[2],
-            "descale_s": _const(1.0 / p_scale, device),
-            "scale_s": _const(p_scale, device),
-            "scale_o": scale_o,
-            "descale_o": 1.0 / scale_o,
-        },
-        device,
-    )
-    o8, stats, amax_s, amax_o = engine.forward(geo, q8, k8, v8, fwd)
-    out = dequantize_e4m3(o8, fwd["descale_o"], lay_q, geo.cu_q, q.dtype)
+    o8, stats, amax_s, amax_o = engine.forward(geo, q8, k8, v8, sc)
+    out = dequantize_e4m3(o8, sc["descale_o"], lay_q, geo.cu_q, q.dtype)
 
     if state.mode is ScalingMode.DELAYED:  # a calibrating call's measurement was its record
         os_amax = torch.cat([amax_o.reshape(1), amax_s.reshape(1)])
-        if measured is None:
-            assert aq is not None and ak is not None and av is not None
-            state.record(FORWARD_RECORDED, torch.cat([aq, ak, av, os_amax]))
+        if amax_bits is not None:
+            state.record(FORWARD_RECORDED, torch.cat([amax_bits.view(torch.float32), os_amax]))
         else:
             state.record(FORWARD_RECORDED[3:], os_amax)
     run.paths[f"cuDNN FP8 {lay_q.kind} ({state.mode.value})"] += 1
-    saved = _Saved(geo, q8, k8, v8, o8, stats, fwd, s_qkv[2].clone(), arch, q.dtype)
-    return out, saved
+    return out, _Saved(geo, q8, k8, v8, o8, stats, fwd, arch, q.dtype)
 
 
 def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -291,58 +357,57 @@ def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Te
         raise CudnnFp8Refused(reason)
     if dout.shape != (geo.layout_q.tokens, key.heads, key.head_dim):
         raise ValueError(f"cudnn-fp8: dO has shape {tuple(dout.shape)}, the output {(geo.layout_q.tokens, key.heads)}")
-
-    measured_do = amax_many([dout]) if state.needs_measurement(("do",)) else None
-    s_do = state.scales(("do",), device, measured=measured_do)
-    do_scale = _scalar_set({"do": s_do[0]}, device)["do"]
-    do8, a_do = quantize_e4m3(dout, do_scale, geo.layout_q, geo.cu_q, record_amax=measured_do is None)
-    amax_do = measured_do if measured_do is not None else a_do
-    assert amax_do is not None
     assert BACKWARD_MEASURED == ("do", *_GRAD_ROLES)
-
     ds_factor = 2.0 * (key.softmax_scale if DS_INCLUDES_SOFTMAX_SCALE else 1.0)
 
-    def run_backward(scales: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """cuDNN's backward with scales (dp, dq, dk, dv)."""
-        fwd = saved.fwd
-        sc = _scalar_set(
-            {
-                "descale_q": fwd["descale_q"],
-                "descale_k": fwd["descale_k"],
-                "descale_v": fwd["descale_v"],
-                "descale_o": fwd["descale_o"],
-                "descale_dO": 1.0 / s_do[0],
-                "descale_s": fwd["descale_s"],
-                "descale_dP": 1.0 / scales[0],
-                "scale_s": fwd["scale_s"],
-                "scale_dQ": scales[1],
-                "scale_dK": scales[2],
-                "scale_dV": scales[3],
-                "scale_dP": scales[0],
-            },
-            device,
-        )
-        return engine.backward(geo, saved.q8, saved.k8, saved.v8, saved.o8, do8, saved.stats, sc)
+    measured_do = amax_many([dout]) if state.needs_measurement(("do",)) else None
+    measured_grads = state.needs_measurement(_GRAD_ROLES)
+    if measured_do is None and not measured_grads:  # every scale from the history
+        ident = ("bwd", device, ds_factor)
+
+        def make() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            s_do = state.scales(("do",), device)
+            grads = state.scales(_GRAD_ROLES, device, factors={"dp": ds_factor})
+            return s_do, _backward_scalars(saved.fwd, s_do, grads)
+
+        s_do, sc = run.cached(ident, make, tag=saved.fwd)
+    else:
+        s_do = state.scales(("do",), device, measured=measured_do)
+        sc = None
+    amax_do_bits = torch.zeros(1, dtype=torch.int32, device=device) if measured_do is None else None
+    do_scale = sc["scale_dO"] if sc is not None else _scalars(s_do, ("scale_dO",))["scale_dO"]
+    do8, _ = quantize_e4m3(
+        dout, do_scale, geo.layout_q, geo.cu_q, record_amax=measured_do is None, amax_out=amax_do_bits
+    )
+
+    def cudnn_backward(scalars: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return engine.backward(geo, saved.q8, saved.k8, saved.v8, saved.o8, do8, saved.stats, scalars)
 
     measured = None
-    if state.needs_measurement(_GRAD_ROLES):
-        # provisional scales: dS from a bound that never saturates (|dP| <= D amax(dO) amax(V) over the
-        # dequantized codes), the outputs at 1; only the amax outputs of this run are used
-        bound = key.head_dim * (E4M3_MAX / s_do[0]) * (E4M3_MAX / saved.scale_v)
-        prov_dp = scale_policy((bound * ds_factor).reshape(1), _const(1.0, device).reshape(1))
-        first = run_backward(torch.cat([prov_dp, torch.ones(3, dtype=torch.float32, device=device)]))
-        measured = torch.cat([first[6].reshape(1), first[3].reshape(1), first[4].reshape(1), first[5].reshape(1)])
-    scales = state.scales(_GRAD_ROLES, device, measured=measured, factors={"dp": ds_factor})
-    dq8, dk8, dv8, amax_dq, amax_dk, amax_dv, amax_dp = run_backward(scales)
-    desc = _scalar_set({"dq": 1.0 / scales[1], "dk": 1.0 / scales[2], "dv": 1.0 / scales[3]}, device)
-    dq = dequantize_e4m3(dq8, desc["dq"], geo.layout_q, geo.cu_q, saved.dtype)
-    dk = dequantize_e4m3(dk8, desc["dk"], geo.layout_k, geo.cu_k, saved.dtype)
-    dv = dequantize_e4m3(dv8, desc["dv"], geo.layout_k, geo.cu_k, saved.dtype)
+    if sc is None:
+        if measured_grads:
+            # provisional scales: dS from a bound that never saturates (|dP| <= D amax(dO) amax(V) over the
+            # dequantized codes), the outputs at 1; only the amax outputs of this run are used
+            bound = key.head_dim * (E4M3_MAX / s_do[0]) * (E4M3_MAX * saved.fwd[5])  # fwd[5]: descale_v
+            prov_dp = scale_policy((bound * ds_factor).reshape(1), torch.ones(1, dtype=torch.float32, device=device))
+            first = cudnn_backward(
+                _backward_scalars(saved.fwd, s_do, torch.cat([prov_dp, torch.ones(3, device=device)]))
+            )
+            measured = torch.cat([first[6].reshape(1), first[3].reshape(1), first[4].reshape(1), first[5].reshape(1)])
+        grads = state.scales(_GRAD_ROLES, device, measured=measured, factors={"dp": ds_factor})
+        sc = _backward_scalars(saved.fwd, s_do, grads)
+    dq8, dk8, dv8, amax_dq, amax_dk, amax_dv, amax_dp = cudnn_backward(sc)
+    dq = dequantize_e4m3(dq8, sc["descale_dq"], geo.layout_q, geo.cu_q, saved.dtype)
+    dk = dequantize_e4m3(dk8, sc["descale_dk"], geo.layout_k, geo.cu_k, saved.dtype)
+    dv = dequantize_e4m3(dv8, sc["descale_dv"], geo.layout_k, geo.cu_k, saved.dtype)
     if state.mode is ScalingMode.DELAYED:  # a calibrating call's measurement was its record
-        if measured_do is None:
-            state.record(("do",), amax_do.reshape(1))
-        if measured is None:
-            state.record(_GRAD_ROLES, torch.cat([a.reshape(1) for a in (amax_dp, amax_dq, amax_dk, amax_dv)]))
+        grad_amax = torch.cat([t.reshape(1) for t in (amax_dp, amax_dq, amax_dk, amax_dv)])
+        if amax_do_bits is not None and measured is None:
+            state.record(BACKWARD_MEASURED, torch.cat([amax_do_bits.view(torch.float32), grad_amax]))
+        elif amax_do_bits is not None:
+            state.record(("do",), amax_do_bits.view(torch.float32))
+        elif measured is None:
+            state.record(_GRAD_ROLES, grad_amax)
     return dq, dk, dv
 
 

@@ -316,12 +316,15 @@ def quantize_e4m3(
     cu_seqlens: torch.Tensor,
     *,
     record_amax: bool = True,
+    amax_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """E4M3 codes of ``x * scale`` in ``layout`` (float8_e4m3fn, (layout.rows, H, D), pad rows zero) and,
     with ``record_amax``, max |x| as a (1,) fp32 tensor from the same pass (else None).
 
     x: (T, H, D) with T == layout.tokens, any strides; scale: a 1-element fp32 tensor on x's device;
     cu_seqlens: int32 (batch + 1,) of this side of the pack (read by the padded layout only).
+    amax_out: a zeroed 1-element int32 tensor to reduce the amax into (its bits; several calls can share
+    one zeroed buffer), else one is allocated.
     """
     _check_rows("x", x)
     if x.shape[0] != layout.tokens:
@@ -329,7 +332,9 @@ def quantize_e4m3(
     patch_interpreter()
     t, h, d = x.shape
     codes = torch.empty((layout.rows, h, d), dtype=torch.float8_e4m3fn, device=x.device)
-    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    amax = torch.zeros(1, dtype=torch.int32, device=x.device) if amax_out is None else amax_out
+    if amax.dtype != torch.int32 or amax.numel() != 1:
+        raise ValueError("amax_out must be a 1-element int32 tensor")
     nrows = layout.rows * h
     if nrows and d:
         block_r, block_d = _blocks(d)

@@ -218,6 +218,8 @@ class ScalingState:
         self._clear()
 
     def _clear(self) -> None:
+        #: bumped by every change of the history or the freeze: equal generations give equal scales
+        self.generation: int = getattr(self, "generation", -1) + 1
         self._history: torch.Tensor | None = None  # (history_len, len(ROLES)) fp32, zeros before any record
         self._scale: torch.Tensor | None = None  # (len(ROLES),) fp32: the delayed scales in use, 1 at first
         self._recorded = [0] * len(ROLES)  # records per role (the next row is recorded % history_len)
@@ -259,9 +261,11 @@ class ScalingState:
         """Stop recording for every role: from now on every call is a pure function of its inputs
         (the roles not yet calibrated still calibrate once, then stay)."""
         self._frozen = [True] * len(ROLES)
+        self.generation += 1
 
     def unfreeze(self) -> None:
         self._frozen = [False] * len(ROLES)
+        self.generation += 1
 
     def reset(self) -> None:
         """Forget the history, the scales and the freeze (the recipe stays)."""
@@ -347,3 +351,4 @@ class ScalingState:
                 history[row, i] = values[j]
         for i in idx:
             self._recorded[i] += 1
+        self.generation += 1
