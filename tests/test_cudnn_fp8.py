@@ -376,6 +376,18 @@ def test_refusals_name_the_limit_in_one_line():
     assert "Hopper" in (_refusal(causal=True, lengths=[(2, 1)]) or "")
 
 
+def test_the_package_imports_neither_cudnn_nor_triton():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import flamia_verify.kernels.cudnn_fp8 as m; m.make_kernel(); "
+        "print(sorted(n for n in ('cudnn', 'triton') if n in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"
+
+
 def test_the_cudnn_engine_refuses_cpu_tensors_without_importing_cudnn():
     from flamia_verify.kernels.cudnn_fp8.cudnn_graphs import CudnnEngine
 

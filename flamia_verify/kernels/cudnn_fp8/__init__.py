@@ -6,15 +6,28 @@ fused Triton quantization around it and per-tensor scaling that can be checked.
 * :mod:`.quantize`: the fused Triton kernels (amax, E4M3 quantization with its amax, dequantization)
   and their PyTorch twins.
 * :mod:`.layout`: packed (THD, ragged offsets) and padded (BSHD) buffers.
-* :mod:`.kernel`: the kernel function, its autograd Function, the cuDNN graphs, the availability probe
-  and the refusals; :mod:`.engines`: the cuDNN engine and a PyTorch model of it (CPU tests).
+* :mod:`.kernel`: the kernel function, its autograd Function, the availability probe and the
+  refusals; :mod:`.cudnn_graphs`: cuDNN's graphs; :mod:`.engine`: the interface between the two and a
+  PyTorch model of cuDNN's FP8 attention (CPU tests).
 
-Nothing here imports cuDNN's frontend (``import cudnn``) or Triton when the package is imported:
+Importing this package imports neither cuDNN's frontend (``import cudnn``) nor Triton:
 :func:`unavailable` says whether the kernel can run here.
 """
 
 from __future__ import annotations
 
+from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, EmulatedEngine
+from flamia_verify.kernels.cudnn_fp8.kernel import checked_kernel, current_kernel, make_kernel, unavailable
 from flamia_verify.kernels.cudnn_fp8.scaling import ScalingMode, ScalingRecipe, ScalingState
 
-__all__ = ["ScalingMode", "ScalingRecipe", "ScalingState"]
+__all__ = [
+    "CudnnFp8Refused",
+    "EmulatedEngine",
+    "ScalingMode",
+    "ScalingRecipe",
+    "ScalingState",
+    "checked_kernel",
+    "current_kernel",
+    "make_kernel",
+    "unavailable",
+]

@@ -4,9 +4,12 @@
 
 q: (total_q, H, D), k and v: (total_k, Hk, D), bf16 or fp16, H a multiple of Hk (GQA); out like q.
 The whole pack is one cuDNN call (packed THD with ragged offsets, or padded BSHD where cuDNN has no
-ragged graph: :mod:`.layout`), never a loop over documents.
+ragged graph: :mod:`.layout`), never a loop over documents. The layout is chosen per shape for the
+backward whenever the shape has one, with or without gradients in this call, so that every call of a
+shape runs the same graphs (the checks compare calls with and without gradients bit for bit); the
+kernel's ``paths`` count the calls per layout and mode.
 
-A call (:class:`_Call`), forward:
+A call, forward (:func:`_forward`):
 
 1. the refusals (:func:`refusal`), before anything runs;
 2. the scales of q, k, v (:mod:`.scaling`): measured first with one fused amax launch when the mode
@@ -16,13 +19,17 @@ A call (:class:`_Call`), forward:
 5. one launch dequantizes O into the packed rows in the input dtype;
 6. ``delayed``: the amaxes of q, k, v, o, s are appended to the history.
 
-Backward: dO's scale (measured or from the history), one launch quantizes dO; the scales of dP, dQ,
+Backward (:func:`_backward`): dO's scale (measured or from the history), one launch quantizes dO; the scales of dP, dQ,
 dK, dV from the history, or, when they must be measured, from a first run of cuDNN's backward with
 provisional scales (only its amax outputs are used); cuDNN's backward; three launches dequantize dQ,
 dK, dV; ``delayed``: the amaxes of dO, dP, dQ, dK, dV are appended to the history.
 
 Autograd keeps only the E4M3 copies of q, k, v and O and the statistics for the backward (no
 BF16 copy): the extra memory beyond cuDNN BF16's is the E4M3 copies themselves.
+
+Between the big launches a call makes a few small ones (scales, lengths, offsets); the scalars are
+packed into one buffer and reused for as long as the scaling state does not change (every call of a
+frozen state), the lengths and offsets for as long as the same cu_seqlens tensors come back.
 
 What cuDNN's FP8 attention cannot do on Hopper (cuDNN 9.19) is refused with one line naming the limit,
 raised before any cuDNN call: O, dQ, dK, dV only as E4M3 (handled: dequantized here); the backward
