@@ -240,7 +240,7 @@ class EmulatedEngine:
                 kh = h // group
                 s = (q[rq, h] @ k[rk, kh].T) * key.softmax_scale
                 lse = stats[rq, h][:, None]
-                p = torch.where(vis & torch.isfinite(lse), torch.exp(s - lse), 0.0)
+                p = torch.where(vis & (lse != -math.inf), torch.exp(s - lse), 0.0)  # NaN stays NaN
                 dv[rk, kh] += _round(p, sc["scale_s"]).T @ do[rq, h]
                 dp = do[rq, h] @ v[rk, kh].T
                 amax_dp = torch.maximum(amax_dp, torch.where(vis, dp.abs(), 0.0).amax().reshape(1))
