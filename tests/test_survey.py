@@ -16,7 +16,8 @@ from flamia_verify.bench import SpeedShape
 from flamia_verify.cli import main
 from flamia_verify.errors import ConfigError
 from flamia_verify.reports.survey import error_speed_svg, render_survey_markdown, survey_rows
-from flamia_verify.sweep.survey import availability, default_kernels, run_survey, speed_settings, survey_exit_code
+from flamia_verify.sweep.matrix import speed_shape
+from flamia_verify.sweep.survey import availability, default_kernels, run_survey, survey_exit_code
 
 pytestmark = pytest.mark.xdist_group("sweep")  # the pool's workers take the machine's cores
 
@@ -40,7 +41,7 @@ def small_survey(tmp_path_factory):
     kernels = ["bf16", "mxfp8-naive", "sdpa-cudnn", f"{crash}:attn"]
     # speed asked for, on a CPU: not measured, and the report says so
     outcome = run_survey(
-        kernels, root / "out", device="cpu", only=ONLY, workers=2, speed=speed_settings(), recipe="bf16"
+        kernels, root / "out", device="cpu", only=ONLY, workers=2, speed=speed_shape({}, "test"), recipe="bf16"
     )
     return root, outcome
 
@@ -94,7 +95,12 @@ def test_reports_are_written_and_linked(small_survey):
 def test_a_rerun_reuses_every_stored_result(small_survey):
     root, outcome = small_survey
     again = run_survey(
-        ["bf16", "mxfp8-naive", "sdpa-cudnn"], root / "out", device="cpu", only=ONLY, workers=2, speed=speed_settings()
+        ["bf16", "mxfp8-naive", "sdpa-cudnn"],
+        root / "out",
+        device="cpu",
+        only=ONLY,
+        workers=2,
+        speed=speed_shape({}, "test"),
     )
     assert again.ran == 0 and again.reused == 2
 
@@ -151,7 +157,7 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match="listed twice"):
         run_survey(["bf16", "bf16"], tmp_path, device="cpu")
     with pytest.raises(ConfigError, match="positive integer"):
-        speed_settings(seqlen=0)
+        speed_shape({"seqlen": 0}, "test")
 
 
 def test_the_command(tmp_path, capsys):

@@ -113,28 +113,20 @@ def error_summary(report: dict[str, Any] | None) -> dict[str, dict[str, float | 
 
 def _speed_ratios(rows: list[dict[str, Any]]) -> None:
     """``speed.ratio``: forward+backward TFLOP/s over the fastest BF16 baseline among the rows of
-    the same shape (None where either is missing)."""
-    best: dict[str, float] = {}
+    the same shape, ``speed.reference`` that baseline (None where either is missing)."""
+    best: dict[str, tuple[float, str]] = {}  # shape -> (fwd+bwd TFLOP/s, kernel) of the fastest baseline
     for r in rows:
         s = r.get("speed") or {}
         x = _number(s.get("fwdbwd_tflops"))
-        if r["kernel"] in BASELINE_KERNELS and x and not s.get("error"):
-            best[s.get("shape", "")] = max(best.get(s.get("shape", ""), 0.0), x)
+        shape = s.get("shape", "")
+        if r["kernel"] in BASELINE_KERNELS and x and not s.get("error") and x > best.get(shape, (0.0, ""))[0]:
+            best[shape] = (x, r["kernel"])
     for r in rows:
         s = r.get("speed")
         if isinstance(s, dict):
-            x, ref = _number(s.get("fwdbwd_tflops")), best.get(s.get("shape", ""))
+            x, (ref, name) = _number(s.get("fwdbwd_tflops")), best.get(s.get("shape", ""), (0.0, None))
             s["ratio"] = x / ref if x and ref else None
-            s["reference"] = next(
-                (
-                    o["kernel"]
-                    for o in rows
-                    if o["kernel"] in BASELINE_KERNELS
-                    and (o.get("speed") or {}).get("shape") == s.get("shape")
-                    and _number((o.get("speed") or {}).get("fwdbwd_tflops")) == ref
-                ),
-                None,
-            )
+            s["reference"] = name
 
 
 def survey_rows(
@@ -148,8 +140,11 @@ def survey_rows(
     reason). ``label(case)`` names a row (default: the case label); ``reports`` maps a result's key to
     the path of its full report."""
     label = label or case_label
+    missing = [
+        {"case": {"kernel": n, "recipe": rc}, "status": "unavailable", "error": why} for n, rc, why in unavailable
+    ]
     rows: list[dict[str, Any]] = []
-    for r in results:
+    for r in [*results, *missing]:
         report = r.get("report") if isinstance(r.get("report"), dict) else None
         case = r["case"]
         cells = family_cells(r)
@@ -169,23 +164,6 @@ def survey_rows(
                 "forward_only": bool(((report or {}).get("summary") or {}).get("forward_only")),
             }
         )
-    for name, recipe, reason in unavailable:
-        rows.append(
-            {
-                "label": name,
-                "kernel": name,
-                "recipe": recipe,
-                "status": "unavailable",
-                "reason": reason,
-                "families": {},
-                "error": {},
-                "speed": None,
-                "report": None,
-                "elapsed_s": None,
-                "key": None,
-                "forward_only": False,
-            }
-        )
     _speed_ratios(rows)
     return rows
 
@@ -193,6 +171,17 @@ def survey_rows(
 def _families(rows: Sequence[dict[str, Any]]) -> list[str]:
     seen = {f for r in rows for f in r["families"]}
     return [f for f in FAMILIES if f in seen]
+
+
+def _columns(rows: Sequence[dict[str, Any]], error_head: str, time_head: str) -> tuple[list[str], bool, list[str]]:
+    """(the families that ran, whether any row was timed, the table's header)."""
+    families = _families(rows)
+    speed = any(r.get("speed") for r in rows)
+    head = ["kernel" if any(r["label"] == r["kernel"] for r in rows) else "case", "recipe", "verdict", *families]
+    head += [error_head, "worst gradient"]
+    if speed:
+        head += ["fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "x BF16"]
+    return families, speed, [*head, time_head, "report"]
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -246,19 +235,13 @@ def _shapes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def render_survey_markdown(rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
     """The table for a PR comment: verdicts per family, errors, speed, and why each failure failed."""
-    families = _families(rows)
-    speed = any(r.get("speed") for r in rows)
+    families, speed, head = _columns(rows, "O rel. RMSE (model, BF16)", "time")
     lines = [f"# {title}", "", f"{len(rows)} row(s): {_counts(rows)}", ""]
     lines += [f"- {n}" for n in notes]
     for shape in _shapes(rows):
         lines.append(f"- speed: {shape}; x BF16: forward+backward over the fastest of {', '.join(BASELINE_KERNELS)}")
     if notes or speed:
         lines.append("")
-    head = ["kernel" if any(r["label"] == r["kernel"] for r in rows) else "case", "recipe", "verdict", *families]
-    head += ["O rel. RMSE (model, BF16)", "worst gradient"]
-    if speed:
-        head += ["fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "x BF16"]
-    head += ["time", "report"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     reasons = []
@@ -347,13 +330,7 @@ def error_speed_svg(rows: Sequence[dict[str, Any]]) -> str | None:
 
 def render_survey_html(rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
     esc = html.escape
-    families = _families(rows)
-    speed = any(r.get("speed") for r in rows)
-    head = ["kernel" if any(r["label"] == r["kernel"] for r in rows) else "case", "recipe", "verdict", *families]
-    head += ["O rel. RMSE", "worst gradient"]
-    if speed:
-        head += ["fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd TFLOP/s", "x BF16"]
-    head += ["time (s)", "report"]
+    families, speed, head = _columns(rows, "O rel. RMSE", "time (s)")
     body = []
     for r in rows:
         status = r["status"]

@@ -167,7 +167,8 @@ def add_survey_parser(sub) -> None:
 
 def run_survey_command(args) -> int:
     from flamia_verify.errors import ConfigError
-    from flamia_verify.sweep.survey import run_survey, speed_settings, survey_exit_code
+    from flamia_verify.sweep.matrix import speed_shape
+    from flamia_verify.sweep.survey import run_survey, survey_exit_code
 
     if args.address and args.backend != "ray":
         raise ConfigError("--address is for --backend ray")
@@ -179,14 +180,8 @@ def run_survey_command(args) -> int:
         get_recipe(args.recipe)  # an unknown recipe ends the command before any run
     speed = None
     if not args.no_speed:
-        speed = speed_settings(
-            seqlen=args.seqlen,
-            tokens=args.tokens,
-            heads=args.heads,
-            head_dim=args.head_dim,
-            causal=not args.no_causal,
-            rep_ms=args.rep_ms,
-        )
+        shape = {"seqlen": args.seqlen, "tokens": args.tokens, "heads": args.heads, "head_dim": args.head_dim}
+        speed = speed_shape({**shape, "causal": not args.no_causal, "rep_ms": args.rep_ms}, "survey's speed options")
     if args.only:
         from flamia_verify.properties.engine import list_checks, select_checks
 

@@ -21,11 +21,12 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.settings import resolve_device
 from flamia_verify.sweep.matrix import Sweep, SweepCase
 
 __all__ = [
@@ -63,16 +64,6 @@ def availability(name: str, device: str) -> tuple[str | None, str]:
     if reason is None and device == "cpu" and "CPU" not in adapter.runs_on:
         reason = f"runs on {adapter.runs_on} only"
     return reason, adapter.recipe
-
-
-def _resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available here")
-    return device
 
 
 @dataclass
@@ -156,7 +147,7 @@ def run_survey(
         raise ConfigError("survey: a kernel is listed twice")
     if any(not n for n in names):
         raise ConfigError("survey: an empty kernel name")
-    device = _resolve_device(device)
+    device = resolve_device(device)
     notes = []
     if device == "cpu" and speed is not None:
         speed = None
@@ -239,13 +230,3 @@ def _environment_note(results: Sequence[dict[str, Any]]) -> str:
             parts += [f"{k} {env[k]}" for k in ("torch", "triton", "cuda", "python") if env.get(k)]
             return ", ".join(p for p in parts if p)
     return "no kernel ran"
-
-
-def speed_settings(**fields: Any) -> dict[str, Any]:
-    """A speed shape's fields with the defaults filled in (ConfigError for a bad value)."""
-    from flamia_verify.bench import SpeedShape
-
-    try:
-        return asdict(SpeedShape(**{k: v for k, v in fields.items() if v is not None}))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None

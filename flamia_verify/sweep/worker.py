@@ -5,7 +5,7 @@ process serves cases until stdin closes) or inside a Ray task (:func:`run_case`)
 JSON object:
 
     {"key", "case", "status": pass | fail | error | incomplete, "report": report.json's object or null,
-     "error": one line or null, "elapsed_s", "host", "device"}
+     "error": one line or null, "elapsed_s", "host", "device", "speed" (a timed case only)}
 
 ``status`` ``error`` with no report means the case produced no verdict (the kernel could not be loaded,
 the worker crashed, hung past the sweep's timeout or lost its node); the backends write those, too.
@@ -27,18 +27,34 @@ __all__ = ["RESULT_MARK", "run_case", "error_result", "main"]
 RESULT_MARK = "\x1eflamia-sweep-result "
 
 
-def error_result(case: SweepCase, reason: str, elapsed_s: float = 0.0, key: str | None = None) -> dict[str, Any]:
-    """The result of a case that produced no verdict, with the reason in one line."""
+def _result(
+    case: SweepCase,
+    key: str | None,
+    elapsed_s: float,
+    status: str,
+    *,
+    report: dict[str, Any] | None = None,
+    error: str | None = None,
+    device: str | None = None,
+    speed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A result object (the module docstring has its fields); ``speed`` only when the case was timed."""
     return {
         "key": key or case_key(case),
         "case": case.to_dict(),
-        "status": "error",
-        "report": None,
-        "error": " ".join(str(reason).split())[:2000],
+        "status": status,
+        "report": report,
+        "error": error,
         "elapsed_s": round(elapsed_s, 3),
         "host": socket.gethostname(),
-        "device": None,
+        "device": device,
+        **({"speed": speed} if speed is not None else {}),
     }
+
+
+def error_result(case: SweepCase, reason: str, elapsed_s: float = 0.0, key: str | None = None) -> dict[str, Any]:
+    """The result of a case that produced no verdict, with the reason in one line."""
+    return _result(case, key, elapsed_s, "error", error=" ".join(str(reason).split())[:2000])
 
 
 def run_case(case_data: dict[str, Any], key: str | None = None) -> dict[str, Any]:
@@ -61,19 +77,10 @@ def run_case(case_data: dict[str, Any], key: str | None = None) -> dict[str, Any
         report = partial
     data = report.to_dict()
     elapsed = time.perf_counter() - start
-    result = {
-        "key": key or case_key(case),
-        "case": case.to_dict(),
-        "status": data["summary"]["status"],
-        "report": data,
-        "error": None,
-        "elapsed_s": round(elapsed, 3),
-        "host": socket.gethostname(),
-        "device": data.get("environment", {}).get("device_name") or data.get("environment", {}).get("device"),
-    }
-    if case.speed is not None:
-        result["speed"] = _speed(case, data.get("environment", {}).get("device", ""))
-    return result
+    env = data.get("environment", {})
+    speed = _speed(case, env.get("device", "")) if case.speed is not None else None
+    device = env.get("device_name") or env.get("device")
+    return _result(case, key, elapsed, data["summary"]["status"], report=data, device=device, speed=speed)
 
 
 def _speed_result(case: SweepCase, key: str | None, start: float) -> dict[str, Any]:
@@ -81,18 +88,16 @@ def _speed_result(case: SweepCase, key: str | None, start: float) -> dict[str, A
     import torch
 
     speed = _speed(case, "cuda" if case.device != "cpu" and torch.cuda.is_available() else "cpu")
-    failed = speed.get("error") and speed.get("fwd_tflops") is None
-    return {
-        "key": key or case_key(case),
-        "case": case.to_dict(),
-        "status": "error" if failed else "measured",
-        "report": None,
-        "error": speed.get("error") if failed else None,
-        "elapsed_s": round(time.perf_counter() - start, 3),
-        "host": socket.gethostname(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "speed": speed,
-    }
+    failed = bool(speed.get("error")) and speed.get("fwd_tflops") is None
+    return _result(
+        case,
+        key,
+        time.perf_counter() - start,
+        "error" if failed else "measured",
+        error=speed.get("error") if failed else None,
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        speed=speed,
+    )
 
 
 def _speed(case: SweepCase, device: str) -> dict[str, Any]:
