@@ -24,7 +24,15 @@ import torch
 
 from flamia_verify.errors import InputError
 
-__all__ = ["AttentionKernel", "VarlenInputs", "validate_varlen_inputs", "first_output", "seqlens"]
+__all__ = [
+    "AttentionKernel",
+    "VarlenInputs",
+    "validate_varlen_inputs",
+    "first_output",
+    "seqlens",
+    "zeros_in_graph",
+    "no_attention",
+]
 
 
 class AttentionKernel(Protocol):
@@ -120,6 +128,18 @@ def seqlens(cu: torch.Tensor) -> list[int]:
     """Document lengths from cumulative offsets."""
     vals = cu.detach().cpu().tolist()
     return [b - a for a, b in zip(vals[:-1], vals[1:])]
+
+
+def zeros_in_graph(x: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like ``x`` that stay in its autograd graph with a zero gradient, whatever ``x``
+    holds (``0 * x`` would turn an Inf or NaN input into NaN)."""
+    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, x.new_zeros(()))
+
+
+def no_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output of a pack in which no query sees a key: zeros shaped like ``q``, in the autograd
+    graph of q, k and v with zero gradients (so a backward returns zeros, not None)."""
+    return zeros_in_graph(q) + (zeros_in_graph(k).sum() + zeros_in_graph(v).sum())
 
 
 def first_output(result: object) -> torch.Tensor:

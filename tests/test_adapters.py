@@ -138,16 +138,16 @@ def test_flex_forward_runs_eagerly_on_the_cpu_and_matches_the_reference(name, pa
 def test_aligned_flex_starts_every_document_on_a_block_boundary():
     """The aligned wiring puts no two documents in one 128-token block; the packed one keeps them
     where they are."""
-    from flamia_verify.kernels.adapters import _places
+    from flamia_verify.kernels.adapters import _document_of, _places
 
     cu = torch.tensor([0, 5, 5, 200, 329])
-    place, n = _places(cu, 329, True, torch.device("cpu"))
+    place, n = _places(cu, _document_of(cu, 329), True)
     assert n == 128 + 256 + 256
     assert place[:5].tolist() == [0, 1, 2, 3, 4] and place[5].item() == 128 and place[200].item() == 384
     blocks = (place // 128).tolist()
     doc = torch.repeat_interleave(torch.arange(4), cu[1:] - cu[:-1]).tolist()
     assert all(len({d for d, b in zip(doc, blocks) if b == blk}) == 1 for blk in set(blocks))
-    packed, n_packed = _places(cu, 329, False, torch.device("cpu"))
+    packed, n_packed = _places(cu, _document_of(cu, 329), False)
     assert n_packed == 329 and packed.tolist() == list(range(329))
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from flamia_verify.convention import validate_varlen_inputs
+from flamia_verify.convention import no_attention, validate_varlen_inputs, zeros_in_graph
 from flamia_verify.errors import KernelLoadError
 
 __all__ = ["ADAPTERS", "Adapter", "BackendRefusedError", "adapter_kernel"]
@@ -101,18 +101,6 @@ def adapter_kernel(name: str) -> Callable[..., Any]:
 # ------------------------------------------------------------------------------------------------
 # shared pieces
 # ------------------------------------------------------------------------------------------------
-
-
-def _zeros_of(x: torch.Tensor) -> torch.Tensor:
-    """Zeros shaped like ``x`` that stay in its autograd graph with a zero gradient, whatever ``x``
-    holds (``0 * x`` would turn an Inf or NaN input into NaN)."""
-    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, x.new_zeros(()))
-
-
-def _no_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The output of a pack in which no query sees a key: zeros shaped like ``q``, in the autograd
-    graph of q, k and v with zero gradients (so a backward returns zeros, not None)."""
-    return _zeros_of(q) + (_zeros_of(k).sum() + _zeros_of(v).sum())
 
 
 def _needs_cuda(what: str) -> Callable[[], str | None]:
@@ -290,10 +278,10 @@ def _make_sdpa(name: str, backend_name: str, label: str, *, deterministic: bool 
             if lq == 0:
                 continue
             if lk == 0:  # no key: every row outputs 0
-                pieces.append(_zeros_of(q[q0:q1]))
+                pieces.append(zeros_in_graph(q[q0:q1]))
                 continue
             if causal and lq > lk:  # the first lq - lk rows see no key; the rest are a square causal block
-                pieces.append(_zeros_of(q[q0 : q1 - lk]))
+                pieces.append(zeros_in_graph(q[q0 : q1 - lk]))
                 q0 = q1 - lk
             qd = q[q0:q1].transpose(0, 1).unsqueeze(0)
             kd = k[k0:k1].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
@@ -306,7 +294,7 @@ def _make_sdpa(name: str, backend_name: str, label: str, *, deterministic: bool 
             pieces.append(o[0].transpose(0, 1))
             called = True
         if not called:
-            return _no_attention(q, k, v)
+            return no_attention(q, k, v)
         return torch.cat(pieces)
 
     kernel.__name__ = kernel.__qualname__ = name.replace("-", "_")
@@ -349,16 +337,21 @@ def _flex_padded(n: int) -> int:
     return max(_FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
-def _places(cu: torch.Tensor, total: int, aligned: bool, device: torch.device) -> tuple[torch.Tensor, int]:
-    """Where each packed position goes in FlexAttention's sequence, and that sequence's length: the
-    same place (packed), or each document starting on a block boundary (aligned)."""
+def _document_of(cu: torch.Tensor, total: int) -> torch.Tensor:
+    """Each packed position's document index (cu: long offsets on the tensors' device)."""
+    return torch.repeat_interleave(torch.arange(cu.numel() - 1, device=cu.device), cu[1:] - cu[:-1], output_size=total)
+
+
+def _places(cu: torch.Tensor, doc: torch.Tensor, aligned: bool) -> tuple[torch.Tensor, int]:
+    """Where each packed position (of document ``doc``) goes in FlexAttention's sequence, and that
+    sequence's length: the same place (packed), or each document starting on a block boundary (aligned)."""
+    total = doc.numel()
     if not aligned:
-        return torch.arange(total, device=device), total
-    lengths = (cu[1:] - cu[:-1]).to(device=device, dtype=torch.long)
+        return torch.arange(total, device=doc.device), total
+    lengths = cu[1:] - cu[:-1]
     blocks = (lengths + _FLEX_BLOCK - 1) // _FLEX_BLOCK * _FLEX_BLOCK
     starts = torch.cumsum(blocks, 0) - blocks
-    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=total)
-    local = torch.arange(total, device=device) - cu.to(device=device, dtype=torch.long)[:-1][doc]
+    local = torch.arange(total, device=doc.device) - cu[:-1][doc]
     return starts[doc] + local, int(blocks.sum())
 
 
@@ -381,18 +374,13 @@ def _flex_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale, causal: 
     validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *limits)
     tq, tk, device = q.shape[0], k.shape[0], q.device
     if tq == 0 or tk == 0:
-        return _no_attention(q, k, v)
+        return no_attention(q, k, v)
     cu_q = cu_seqlens_q.to(device=device, dtype=torch.long)
     cu_k = cu_seqlens_k.to(device=device, dtype=torch.long)
-    place_q, nq = _places(cu_q, tq, aligned, device)
-    place_k, nk = _places(cu_k, tk, aligned, device)
+    doc_of_q, doc_of_k = _document_of(cu_q, tq), _document_of(cu_k, tk)
+    place_q, nq = _places(cu_q, doc_of_q, aligned)
+    place_k, nk = _places(cu_k, doc_of_k, aligned)
     pq, pk = _flex_padded(nq), _flex_padded(nk)
-    doc_of_q = torch.repeat_interleave(
-        torch.arange(cu_q.numel() - 1, device=device), cu_q[1:] - cu_q[:-1], output_size=tq
-    )
-    doc_of_k = torch.repeat_interleave(
-        torch.arange(cu_k.numel() - 1, device=device), cu_k[1:] - cu_k[:-1], output_size=tk
-    )
     # padding positions belong to documents -1 (queries) and -2 (keys): they see, and are seen by, nothing
     doc_q = torch.full((pq,), -1, dtype=torch.long, device=device).index_copy(0, place_q, doc_of_q)
     doc_k = torch.full((pk,), -2, dtype=torch.long, device=device).index_copy(0, place_k, doc_of_k)

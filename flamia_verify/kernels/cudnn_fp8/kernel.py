@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from flamia_verify.convention import no_attention, seqlens
 from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, Engine, Geometry, GraphKey
 from flamia_verify.kernels.cudnn_fp8.layout import Layout, make_layout
 from flamia_verify.kernels.cudnn_fp8.scaling import (
@@ -166,11 +167,6 @@ def _scalars(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Tens
     return {name: buf[i, :1] for i, name in enumerate(names)}
 
 
-def _zeros_of(x: torch.Tensor) -> torch.Tensor:
-    """Zeros like ``x`` in its autograd graph with a zero gradient (whatever x holds)."""
-    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, x.new_zeros(()))
-
-
 @dataclass
 class _Runner:
     """What a kernel function keeps between calls: the scaling state, the engine, the options, and
@@ -279,12 +275,6 @@ def _cached_geometry(
     while len(run.geometries) > 8:
         run.geometries.popitem(last=False)
     return geo
-
-
-def _lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list[tuple[int, int]]:
-    lq = [int(c) for c in cu_q.tolist()]
-    lk = [int(c) for c in cu_k.tolist()]
-    return [(lq[i + 1] - lq[i], lk[i + 1] - lk[i]) for i in range(len(lq) - 1)]
 
 
 @dataclass
@@ -497,7 +487,7 @@ def make_kernel(
         heads_k = k.shape[1]
         lengths = None
         if causal and cu_seqlens_q is not cu_seqlens_k and not torch.equal(cu_seqlens_q, cu_seqlens_k):
-            lengths = _lengths(cu_seqlens_q, cu_seqlens_k)
+            lengths = list(zip(seqlens(cu_seqlens_q), seqlens(cu_seqlens_k)))
         if q.dtype != k.dtype or q.dtype != v.dtype:
             raise CudnnFp8Refused(f"cudnn-fp8: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
         reason = refusal(
@@ -507,7 +497,7 @@ def make_kernel(
             raise CudnnFp8Refused(reason)
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key for any query: output 0
-            return _zeros_of(q) + (_zeros_of(k).sum() + _zeros_of(v).sum())
+            return no_attention(q, k, v)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         # the layout is chosen for a backward whenever this shape could have one, grad or not, so that a
         # call with gradients and one without run the same graphs and give the same bits
