@@ -47,9 +47,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
-from flamia_verify.kernels.bounds import attention_bounds
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.checks.causal import _future_inputs, perturb_rows
+from flamia_verify.properties.checks.common import bounds_of
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.engine import ProgressEvent, build_context, environment, resolve_kernel
 from flamia_verify.properties.harness import KernelCallError, KernelOutputs, _NoBackward
@@ -319,19 +319,7 @@ def _finite(res: KernelOutputs, ref, names) -> _Finding | None:
 
 
 def _bound(ctx, case: Case, inp: Inputs, res: KernelOutputs, ref, names) -> _Finding | None:
-    B = attention_bounds(
-        inp.q,
-        inp.k,
-        inp.v,
-        inp.do,
-        inp.cu_q.tolist(),
-        inp.cu_k.tolist(),
-        scale=case.scale,
-        causal=case.causal,
-        model=ctx.bound_model,
-        ref_out=ref.out,
-        ref_grads=(ref.dq, ref.dk, ref.dv),
-    )
+    B = bounds_of(inp, ref, scale=case.scale, causal=case.causal, model=ctx.bound_model)
     for n in names:
         x = getattr(res, n)
         if x is None:

@@ -21,10 +21,9 @@ from dataclasses import replace
 
 import torch
 
-from flamia_verify.kernels.bounds import attention_bounds
 from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import Case, cu_from_lens
-from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.checks.common import bounds_of, case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
@@ -57,19 +56,7 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False, nominal: 
             model = model.nominal()
         if exact_weights:
             model = exact_weight_model(model)
-        return attention_bounds(
-            inp.q,
-            inp.k,
-            inp.v,
-            inp.do,
-            inp.cu_q.tolist(),
-            inp.cu_k.tolist(),
-            scale=case.scale,
-            causal=case.causal,
-            model=model,
-            ref_out=ref.out,
-            ref_grads=(ref.dq, ref.dk, ref.dv),
-        )
+        return bounds_of(inp, ref, scale=case.scale, causal=case.causal, model=model)
 
     # how the tensors are passed (``case.call``) does not change the bound
     return ctx.memo(("bound", replace(case, call=()), exact_weights, nominal), compute)

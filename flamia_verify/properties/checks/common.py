@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from flamia_verify.properties.cases import Case
+from flamia_verify.kernels.bounds import BoundResult, RecipeBoundModel, attention_bounds
+from flamia_verify.properties.cases import Case, Inputs
 from flamia_verify.properties.harness import KernelOutputs
 from flamia_verify.results import json_number
 
-__all__ = ["TENSORS", "GRADS", "tensors_of", "case_record", "worst_element"]
+__all__ = ["TENSORS", "GRADS", "tensors_of", "case_record", "worst_element", "bounds_of"]
 
 TENSORS = ("out", "dq", "dk", "dv")
 GRADS = ("dq", "dk", "dv")
@@ -66,3 +67,23 @@ def worst_element(
     if baseline is not None:
         rec["bf16"] = json_number(baseline.detach().double().reshape(-1)[flat])
     return rec
+
+
+def bounds_of(
+    inp: Inputs, ref, *, scale: float, causal: bool, model: RecipeBoundModel, grads: bool = True
+) -> BoundResult:
+    """The elementwise bounds of O (and of the gradients, with ``grads``) on inputs ``inp`` whose
+    float64 reference is ``ref`` (out, dq, dk, dv), under ``model``."""
+    return attention_bounds(
+        inp.q,
+        inp.k,
+        inp.v,
+        inp.do if grads else None,
+        inp.cu_q.tolist(),
+        inp.cu_k.tolist(),
+        scale=scale,
+        causal=causal,
+        model=model,
+        ref_out=ref.out,
+        ref_grads=(ref.dq, ref.dk, ref.dv) if grads else None,
+    )

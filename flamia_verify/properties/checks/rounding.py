@@ -23,12 +23,12 @@ their rounding is not fixed by the recipe.
 from __future__ import annotations
 
 from flamia_verify.formats import ScaleRule
-from flamia_verify.kernels.bounds import attention_bounds, exact_operands_model
+from flamia_verify.kernels.bounds import exact_operands_model
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
 from flamia_verify.properties.acc_probe import SITES as ACC_SITES
 from flamia_verify.properties.checks.bound import bound_ratio
-from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.checks.common import bounds_of, case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.mx_probes import (
     PROBE_DIM,
@@ -123,19 +123,7 @@ def rounding_report(ctx, probes, seeds: int = 1):
         scale_cases += probe.variant in ("scale", "tiny")
         rin = inp.replace(**{k: v.to(inp.q.device) for k, v in rounded.items()})
         ref = ctx.reference(rin)
-        B = attention_bounds(
-            rin.q,
-            rin.k,
-            rin.v,
-            rin.do,
-            rin.cu_q.tolist(),
-            rin.cu_k.tolist(),
-            scale=case.scale,
-            causal=False,
-            model=model,
-            ref_out=ref.out,
-            ref_grads=(ref.dq, ref.dk, ref.dv),
-        )
+        B = bounds_of(rin, ref, scale=case.scale, causal=False, model=model)
         tally.cases += 1
         for t in probe.observed:
             x = getattr(res, t)
@@ -235,19 +223,7 @@ def bound_accumulation(ctx):
         inp = ctx.inputs(case)
         ref = ctx.reference(inp)
         grads = observed != "out"
-        B = attention_bounds(
-            inp.q,
-            inp.k,
-            inp.v,
-            inp.do if grads else None,
-            inp.cu_q.tolist(),
-            inp.cu_k.tolist(),
-            scale=case.scale,
-            causal=False,
-            model=model,
-            ref_out=ref.out,
-            ref_grads=(ref.dq, ref.dk, ref.dv) if grads else None,
-        )
+        B = bounds_of(inp, ref, scale=case.scale, causal=False, model=model, grads=grads)
         tally.cases += 1
         tally.add(
             ctx,
