@@ -42,13 +42,20 @@ suite, only, thresholds and case_timeout_s do not apply to it); `compare` reads 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.settings import CLI_DTYPES, DEVICES, SUITES, check_device, compare_factor, train_parity_limit
+from flamia_verify.settings import (
+    CLI_DTYPES,
+    DEVICES,
+    SUITES,
+    check_device,
+    compare_factor,
+    read_toml,
+    train_parity_limit,
+)
 
 __all__ = ["Config", "load_config"]
 
@@ -153,23 +160,11 @@ def _validate_train_parity(table: dict[str, Any], where: str) -> dict[str, Any]:
     return dict(table)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
-
-
 def load_config(path: str | Path | None = None, *, search_dir: str | Path = ".") -> Config:
     """Read ``path`` (``--config``) or, without one, ``pyproject.toml`` in ``search_dir`` if it has our table."""
     if path is not None:
         path = Path(path)
-        data = _read_toml(path)
+        data = read_toml(path)
         table = data.get("tool", {}).get("flamia-verify") if isinstance(data.get("tool"), dict) else None
         if table is None:
             table = data
@@ -178,7 +173,7 @@ def load_config(path: str | Path | None = None, *, search_dir: str | Path = ".")
         candidate = Path(search_dir) / "pyproject.toml"
         if not candidate.is_file():
             return Config()
-        data = _read_toml(candidate)
+        data = read_toml(candidate)
         table = data.get("tool", {}).get("flamia-verify")
         if table is None:
             return Config()

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ import torch
 from flamia_verify.errors import ConfigError
 
 __all__ = [
+    "read_toml",
     "SUITES",
     "SuiteSettings",
     "suite_settings",
@@ -71,6 +74,20 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 #: the dtypes the command line (``--dtype``) and the config (``dtype =``) offer
 CLI_DTYPES = ("bf16", "fp16")
+
+
+def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
+    """The TOML document at ``path``; a missing, unreadable or invalid file is a ConfigError naming it
+    as ``what`` ("config file", "sweep file")."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc}") from None
 
 
 def check_device(text: Any) -> str:

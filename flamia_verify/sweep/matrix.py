@@ -29,14 +29,13 @@ import importlib.metadata
 import importlib.util
 import itertools
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.settings import CLI_DTYPES, SUITES, check_device
+from flamia_verify.settings import CLI_DTYPES, SUITES, check_device, read_toml
 
 __all__ = ["SweepCase", "Sweep", "load_sweep", "speed_shape", "case_key", "shard_of", "parse_shard", "kernel_identity"]
 
@@ -132,14 +131,7 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file and expand its matrix; any unknown key or bad value is a ConfigError."""
     path = Path(path)
     where = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"sweep file {where} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read sweep file {where}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where} is not valid TOML: {exc}") from None
+    data = read_toml(path, "sweep file")
     table = data.get("sweep")
     if not isinstance(table, dict):
         raise ConfigError(f"{where} has no [sweep] table")
