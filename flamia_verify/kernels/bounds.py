@@ -371,6 +371,7 @@ def attention_bounds(
         tmax["do"] = float(do64.abs().max()) if do64.numel() else 0.0
         colmax_do = do64.abs().amax(dim=0) if do64.shape[0] else torch.zeros(H, Dh, dtype=f64, device=dev)
     m = model
+    f = m.ftz  # flush to zero: each input element and each fp32 result may move by less than f
     B_out = torch.zeros_like(ref_out, dtype=f64)
     B_lse = torch.full(ref_out.shape[:2], math.inf, dtype=f64, device=dev)
     B_dq: torch.Tensor = torch.zeros_like(q64) if want_grads else None  # type: ignore[assignment]
@@ -391,7 +392,6 @@ def attention_bounds(
         rK = m[Operand.K_HD].rho(aK, aK.amax(-1, keepdim=True), tmax["k"])
         cvk = colmax_v.repeat_interleave(group, dim=0)[:, None, :]  # (H, 1, D)
         rV = m[Operand.V_SEQ].rho(aV, cvk, tmax["v"])
-        f = m.ftz  # flush to zero: each input element and each fp32 result may move by less than f
         rQ, rK, rV = rQ + f, rK + f, rV + f
         i = torch.arange(lq, device=dev)[:, None]
         j = torch.arange(lk, device=dev)[None, :]
@@ -453,7 +453,6 @@ def attention_bounds(
     for b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref in docs:
         dO = _heads_first(do64[q0:q1])
         adO = dO.abs()
-        f = m.ftz
         rdO = m[Operand.DO_HD].rho(adO, adO.amax(-1, keepdim=True), tmax["do"]) + f
         rVh = m[Operand.V_HD].rho(aV, aV.amax(-1, keepdim=True), tmax["v"]) + f
         dP = torch.matmul(dO, V.transpose(1, 2))
@@ -481,7 +480,6 @@ def attention_bounds(
         lq, lk = Q.shape[1], K.shape[1]
         # dV = P^T dO: P^T blocked along queries (line = column of P), dO along queries
         cdo = colmax_do[:, None, :]
-        f = m.ftz
         rdOs = m[Operand.DO_SEQ].rho(adO, cdo, tmax["do"]) + f
         rPT = m[Operand.PT].rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
         rPT = torch.where(vis, rPT + f, torch.zeros_like(rPT))
