@@ -15,6 +15,8 @@ unavailable adapter raises :class:`KernelLoadError` with that reason (exit 3 on 
 | ``flex-packed``    | ``flex_attention`` over the tight pack, document block mask     | CUDA        | yes      |
 | ``flash-attn``     | ``flash_attn.flash_attn_varlen_func`` (when installed)          | CUDA        | yes      |
 | ``sage``           | ``sageattention.sageattn_varlen`` (when installed)              | CUDA        | no       |
+| ``cudnn-fp8``      | cuDNN's FP8 attention, fused E4M3 quantization, delayed scaling | CUDA (sm_90+) | yes |
+| ``cudnn-fp8-current`` | the same, current scaling (not causal-safe)                 | CUDA (sm_90+) | yes |
 | ``te-fp8``         | not built: needs transformer_engine (the probe says why)      | -           | -        |
 
 The SDPA adapters call torch once per document under ``sdpa_kernel`` with their one backend: kv heads
@@ -502,6 +504,26 @@ _FLEX_LIMITS = (
     "per call; no CPU backward (its eager CPU forward is tested, not offered)"
 )
 
+_CUDNN_FP8_LIMITS = (
+    "Hopper or Blackwell, cuDNN >= 9.14 (pip install 'flamia-verify[cudnn]'); bf16/fp16 inputs; O, dQ, dK, dV "
+    "come out of cuDNN as E4M3 on Hopper and are dequantized; on Hopper the backward needs head_dim 128 and "
+    "a causal document needs Lq == Lk (cuDNN's mask is top-left there): other calls are refused with the "
+    "limit named, never computed otherwise"
+)
+
+
+def _cudnn_fp8_probe() -> str | None:
+    from flamia_verify.kernels import cudnn_fp8  # imports neither cuDNN nor Triton
+
+    return cudnn_fp8.unavailable()
+
+
+def _cudnn_fp8(factory: str) -> Callable[..., Any]:
+    from flamia_verify.kernels.cudnn_fp8 import kernel  # Triton and cuDNN load only when the kernel is built
+
+    return getattr(kernel, factory)()
+
+
 _SDPA_LIMITS = (
     "one torch call per document (slow for many documents); GQA by repeating kv heads; "
     "no fallback when the backend has no kernel for a shape, dtype or mask"
@@ -601,6 +623,28 @@ ADAPTERS: dict[str, Adapter] = {
             "version does them; not run here: sageattention was installed on neither machine",
             _first_reason(lambda: _installed("sageattention"), _needs_cuda("sageattention has only CUDA kernels")),
             _make_sage,
+        ),
+        Adapter(
+            "cudnn-fp8",
+            "cuDNN's FP8 attention (sdpa_fp8, sdpa_fp8_backward) on the whole pack, with fused Triton E4M3 "
+            "quantization around it; delayed per-tensor scaling, calibrated on the first call and then frozen "
+            "(causal-safe)",
+            "fp8-mma",
+            False,
+            "CUDA",
+            _CUDNN_FP8_LIMITS,
+            _cudnn_fp8_probe,
+            lambda: _cudnn_fp8("checked_kernel"),
+        ),
+        Adapter(
+            "cudnn-fp8-current",
+            "the same kernel with current scaling (each call's own per-tensor amax): for comparison, not causal-safe",
+            "fp8-mma",
+            False,
+            "CUDA",
+            _CUDNN_FP8_LIMITS,
+            _cudnn_fp8_probe,
+            lambda: _cudnn_fp8("current_kernel"),
         ),
         Adapter(
             "te-fp8",

@@ -246,9 +246,9 @@ def _dequantize_kernel(
     h = r - (r // H) * H
     cols = tl.arange(0, BLOCK_D)
     mask = valid[:, None] & (cols < D)[None, :]
-    codes = tl.load(Y + r[:, None] * D + cols[None, :], mask=mask, other=0)
+    codes = tl.load(Y + r[:, None] * D + cols[None, :], mask=mask, other=0)  # uint8 codes
     if NATIVE:
-        v = codes.to(tl.float32)
+        v = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
         v = _decode_e4m3(codes)
     v = v * tl.load(Descale)
@@ -382,7 +382,7 @@ def dequantize_e4m3(
         block_r, block_d = _blocks(d)
         native = _native()
         _dequantize_kernel[(triton.cdiv(nrows, block_r),)](
-            codes if native else codes.view(torch.uint8),
+            codes.view(torch.uint8),  # loaded as bytes (a masked fp8 load has no zero to fill with)
             nrows,
             layout.tokens,
             h,
