@@ -74,11 +74,6 @@ class Operand(Enum):
         return self in (Operand.P, Operand.PT, Operand.DS, Operand.DST)
 
     @property
-    def sequence_blocked(self) -> bool:
-        """Whether the operand is blocked along the sequence as the right operand of its GEMM."""
-        return self.side == "right" and self.axis != "head_dim"
-
-    @property
     def what(self) -> str:
         """``"V in O = PV"``."""
         return f"{self.symbol} in {self.gemm.equation}"

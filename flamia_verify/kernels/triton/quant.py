@@ -47,7 +47,6 @@ KIND_NVFP4 = tl.constexpr(config.KIND_NVFP4)  # E2M1 elements, 16-blocks, UE4M3 
 E4M3_MAX = tl.constexpr(448.0)  # 0x1.cp8
 E2M1_MAX = tl.constexpr(6.0)  # 0x1.8p2
 NVFP4_GLOBAL_DIVISOR = tl.constexpr(2688.0)  # 448 * 6
-BF16_MAX_FINITE_BITS = tl.constexpr(0x7F7F0000)
 
 
 def _native_e4m3_default() -> bool:
@@ -229,7 +228,7 @@ def nvfp4_blocks(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.conste
     """NVFP4 of an (R, C) tile along its last axis, without the row scale: ``e2m1 * s_block``.
 
     row_amax: (R,) fp32, the amax of each whole row (over every tile of the contraction axis). The
-    full value is ``nvfp4_blocks(...) * nvfp4_row_scale(row_amax)[:, None]`` (``nvfp4_last``), in
+    full value is ``nvfp4_blocks(...) * nvfp4_row_scale(row_amax)[:, None]``, in
     the order of ``formats.blocks.nvfp4_quantize``. ``e2m1 * s_block`` has at most 6 significant
     bits, so it is exact in bf16; the fp32 row scale is not, and the kernels apply it to the
     accumulated result of the dot instead (it is the same for every product of an output row).
@@ -245,13 +244,6 @@ def nvfp4_blocks(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.conste
     data = round_e2m1(tl.math.div_rn(x3, tl.where(denom == 0, 1.0, denom)))
     data = tl.where(denom == 0, 0.0, data)
     return tl.reshape(data * s_block[:, :, None], (R, C))
-
-
-@triton.jit
-def nvfp4_last(x, row_amax, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
-    """``nvfp4_fake_quantize(x, axis=-1, block_size=BLOCK, global_amax=row_amax)`` of an (R, C) tile:
-    ``(e2m1 * s_block) * s_global`` in fp32, bit for bit."""
-    return nvfp4_blocks(x, row_amax, R, C, BLOCK) * nvfp4_row_scale(row_amax)[:, None]
 
 
 @triton.jit
