@@ -16,7 +16,7 @@ from flamia_verify.cli import build_parser, main
 from flamia_verify.config import load_config
 from flamia_verify.errors import ConfigError
 from flamia_verify.properties import SUITES, fuzz, run_checks
-from flamia_verify.properties.registry import all_specs
+from flamia_verify.properties.catalog import all_specs
 from flamia_verify.properties.thresholds import validate_overrides
 from flamia_verify.reports.wording import rerun_command
 from flamia_verify.results import CheckResult, Report

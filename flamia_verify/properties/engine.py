@@ -40,9 +40,11 @@ from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.properties.cases import Case, make_inputs
+from flamia_verify.properties.catalog import all_specs, get_spec
+from flamia_verify.properties.checks.interface import INPUTS_UNMODIFIED, judge_modifications
 from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
-from flamia_verify.properties.registry import CheckSpec, all_specs
+from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
 from flamia_verify.results import API_SOURCE, FAMILIES, CheckResult, Report
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
@@ -226,13 +228,11 @@ def _stop_reason(exc: BaseException) -> str:
 
 def _rejudge_inputs(ctx: CheckContext, report: Report, audited_at: int | None) -> None:
     """interface.inputs_unmodified again over every call of the run, when calls came after it ran."""
-    from flamia_verify.properties.checks.interface import INPUTS_UNMODIFIED, judge_modifications
-
     if audited_at is None or ctx.harness.calls == audited_at:
         return
     for i, old in enumerate(report.checks):
         if old.name == INPUTS_UNMODIFIED:
-            ctx.spec = next(s for s in all_specs() if s.name == INPUTS_UNMODIFIED)
+            ctx.spec = get_spec(INPUTS_UNMODIFIED)
             new = judge_modifications(ctx)
             if old.status == "error" and new.status == "pass":
                 return  # its own calls failed; no write seen elsewhere either
@@ -326,7 +326,7 @@ def run_checks(
             ctx.on_fraction = lambda f, i=i: emit(i, f)
             emit(i, 0.0)
             result = run_one(ctx, spec)
-            if spec.name == "interface.inputs_unmodified":
+            if spec.name == INPUTS_UNMODIFIED:
                 audited_at = ctx.harness.calls
             report.checks.append(result)
             report.incomplete_reason = (

@@ -1,6 +1,8 @@
 """The registry of checks: names, families, descriptions, suites, default thresholds.
 
-A check is a function ``fn(ctx) -> CheckResult`` registered with :func:`register`. Its spec says
+A check is a function ``fn(ctx) -> CheckResult`` registered with :func:`register`. This module only
+records registrations and imports no check: :mod:`flamia_verify.properties.catalog` imports the check
+modules (which registers them) and answers ``all_specs()`` and the lookups by name. Its spec says
 which suites run it, whether it needs the kernel's backward (gradient-only checks are skipped with
 the reason for a forward-only kernel), its default thresholds (a function of the recipe and the
 input dtype, derived in docs/checks.md), which of those a user may override (``adjustable``: the
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from flamia_verify.results import FAMILIES
 from flamia_verify.settings import SUITES
 
-__all__ = ["CheckSpec", "register", "all_specs"]
+__all__ = ["CheckSpec", "register", "registered"]
 
 
 @dataclass(frozen=True)
@@ -85,12 +87,6 @@ def register(
     return deco
 
 
-def all_specs() -> list[CheckSpec]:
-    """Every registered check, in family order (interface first: it fails fast and cheaply)."""
-    from flamia_verify.properties import checks  # importing the package registers every check
-
-    del checks
-
-    order = ("interface", "error", "bound", "bias", "consistency", "causal", "isolation", "special", "determinism")
-    rank = {f: i for i, f in enumerate(order)}
-    return sorted(_REGISTRY.values(), key=lambda s: (rank[s.family], list(_REGISTRY).index(s.name)))
+def registered() -> list[CheckSpec]:
+    """The checks registered so far, in registration order (the catalog registers them all)."""
+    return list(_REGISTRY.values())

@@ -19,17 +19,26 @@ file's thresholds with :func:`validate_overrides`). So does a fixed key (:func:`
 threshold that is the check's contract (no leaked element, no bound violation, no bitwise
 mismatch: any finding fails the check), shown in the reports but never read from an override.
 Every accepted override is recorded in the report (:func:`override_records`).
+
+The unit roundoffs, the error model and the bias z-score live in
+:mod:`flamia_verify.properties.tolerances`, below the check modules that derive their defaults from
+them (this module sits above the catalog of checks); they are re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.kernels.operands import OPERANDS_REACHING
-from flamia_verify.kernels.recipes import RECIPES, get_recipe
+from flamia_verify.kernels.recipes import RECIPES
+from flamia_verify.properties.catalog import all_specs, specs_by_name
+from flamia_verify.properties.tolerances import (
+    BIAS_Z,
+    ERROR_MODEL_FACTOR,
+    conservation_tolerance,
+    input_unit_roundoff,
+    predicted_rel_rmse,
+)
 from flamia_verify.settings import suite_settings, validate_thresholds
 
 __all__ = [
@@ -45,40 +54,11 @@ __all__ = [
     "conservation_tolerance",
 ]
 
-#: The error thresholds allow twice the first-order RMS model. The model ignores the amplification
-#: of score errors by the softmax (e^dS - 1 > dS) and correlations between rounding errors; the
-#: measured errors of the correct built-in kernels sit at 0.45-0.95 of the model (docs/checks.md).
-ERROR_MODEL_FACTOR = 2.0
-
-#: Bias statistics are z-scores under the null hypothesis of unbiased rounding; 6 standard
-#: deviations: a false alarm probability below 2e-9 per statistic for a Gaussian null.
-BIAS_Z = 6.0
-
-
-def input_unit_roundoff(dtype: torch.dtype) -> float:
-    return {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}.get(dtype, 2.0**-53)
-
-
-def predicted_rel_rmse(recipe: str, dtype: torch.dtype, tensor: str) -> float:
-    """First-order RMS relative error of ``tensor`` (out, dq, dk, dv): sqrt(sum_x u_x^2 / 3)."""
-    model = get_recipe(recipe).bound_model(dtype)
-    total = sum(model[op].u ** 2 for op in OPERANDS_REACHING[tensor])
-    return math.sqrt(total / 3.0)
-
-
-def conservation_tolerance(dtype: torch.dtype) -> float:
-    """|sum_j A_ij - 1| <= u_in for the BF16 baseline (P rounded, fp32 row sum), plus the rounding of
-    the output to the input dtype: 2 u_in + u_in^2."""
-    u = input_unit_roundoff(dtype)
-    return 2 * u + u * u
-
 
 def default_thresholds(recipe: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, dict[str, float]]:
     """``{check_name: {threshold_key: value}}`` for every check, derived for ``recipe``."""
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
-    from flamia_verify.properties.registry import all_specs
-
     return {s.name: s.default_thresholds(recipe, dtype) for s in all_specs()}
 
 
@@ -94,18 +74,14 @@ def _known_keys(specs) -> tuple[dict[str, dict], dict[str, dict], dict[str, list
 
 def fixed_keys() -> dict[str, list[str]]:
     """``{check_name: [threshold keys that cannot be overridden]}``: each check's contract (docs/checks.md)."""
-    from flamia_verify.properties.registry import all_specs
-
-    return _known_keys({s.name: s for s in all_specs()})[2]
+    return _known_keys(specs_by_name())[2]
 
 
 def validate_overrides(overrides, where: str | None = None) -> dict:
     """Check ``overrides`` against the registered checks without a recipe: check names, keys, kinds of
     value, fixed keys (refused) and suite settings. Returns them with numbers as floats. ``where`` (a
     file and table) starts every message; without it the messages name the mapping."""
-    from flamia_verify.properties.registry import all_specs
-
-    thresholds, options, fixed = _known_keys({s.name: s for s in all_specs()})
+    thresholds, options, fixed = _known_keys(specs_by_name())
     return validate_thresholds(overrides, thresholds, options, where, fixed=fixed)
 
 
@@ -117,9 +93,7 @@ def override_records(recipe: str, dtype: torch.dtype, suite: str, overrides: dic
     override came from (a config file, or the Python API)."""
     if not overrides:
         return []
-    from flamia_verify.properties.registry import all_specs
-
-    specs = {s.name: s for s in all_specs()}
+    specs = specs_by_name()
     base = suite_settings(suite)
     records = []
     for scope, entries in validate_overrides(overrides).items():
@@ -140,9 +114,7 @@ def resolve_thresholds(
     recipe: str, dtype: torch.dtype, overrides: dict | None
 ) -> tuple[dict[str, dict], dict[str, dict], dict]:
     """Defaults merged with ``overrides``: (thresholds per check, options per check, suite settings)."""
-    from flamia_verify.properties.registry import all_specs
-
-    specs = {s.name: s for s in all_specs()}
+    specs = specs_by_name()
     thresholds = {n: s.default_thresholds(recipe, dtype) for n, s in specs.items()}
     options = {n: dict(s.options) for n, s in specs.items()}
     suite: dict = {}

@@ -28,7 +28,7 @@ from flamia_verify.kernels.operands import OPERANDS_REACHING
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import BIAS_Z
+from flamia_verify.properties.tolerances import BIAS_Z
 
 __all__ = ["bias_cases", "GAIN_FRACTION", "MEAN_SHARE"]
 

@@ -26,7 +26,7 @@ from flamia_verify.properties.cases import Case, cu_from_lens
 from flamia_verify.properties.checks.common import bounds_of, case_record
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
+from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
 from flamia_verify.settings import OFF_DEFAULT_SCALE
 
 __all__ = [

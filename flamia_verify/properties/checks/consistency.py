@@ -47,7 +47,7 @@ from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, e4m3_grid
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, conservation_tolerance
+from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, conservation_tolerance
 from flamia_verify.settings import DTYPES
 
 __all__ = ["constant_value_inputs", "one_hot_inputs"]

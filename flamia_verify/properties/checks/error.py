@@ -24,7 +24,7 @@ from flamia_verify.kernels.noise_model import predicted_errors
 from flamia_verify.properties.checks.common import case_record, worst_element
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR
+from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
 
 __all__ = []
 

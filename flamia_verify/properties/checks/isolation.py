@@ -26,7 +26,7 @@ from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
 from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
 from flamia_verify.properties.registry import register
-from flamia_verify.properties.thresholds import ERROR_MODEL_FACTOR, predicted_rel_rmse
+from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, predicted_rel_rmse
 
 __all__ = ["pack_document"]
 
