@@ -1,7 +1,7 @@
 """Registers, stack (spills) and instruction mix of the fused kernels for an H200, compiled without a GPU.
 
     python benchmarks/offline_resources.py [--designs fp8 fp8-mma] [--kernels fwd dkdv dq]
-                                           [--source attention.py] [--sass] [--causal 1]
+                                           [--sass] [--causal 1]
 
 Triton compiles for a named target without a device. This script does it in two steps:
 
@@ -23,17 +23,17 @@ Triton compiles for a named target without a device. This script does it in two 
    the code, not of executed instructions. The sweeps over key or query tiles are the long loops
    (masked tiles first or last, the full tiles between).
 
-``--source`` compiles another copy of ``attention.py`` (a variant under study; its kernels must take
-the same arguments). Use the device's Triton version for numbers that match the GPU (3.6.0 on the
-H200 machine):
+It compiles the kernels of the installed package (``pip install -e .``; a variant of the source is
+a change to a checkout, or experiments/fp8_mma_variants.py's way of patching a copy). The SASS is read
+by :mod:`flamia_verify.sass`. Use the device's Triton version for numbers that match the GPU (3.6.0
+on the H200 machine), for instance in a virtual environment of its own with the package installed:
 
-    python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
-    PYTHONPATH=.:/tmp/t36/lib/python3.11/site-packages:.venv/lib/python3.11/site-packages \\
-        /tmp/t36/bin/python benchmarks/offline_resources.py
+    python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0 -e .
+    /tmp/t36/bin/python benchmarks/offline_resources.py --designs bf16 fp8 --kernels fwd dkdv dq --sass
 
 Measured so (2026-12-02, Triton 3.6.0): the forward's stack was 56 bytes for fp8, 872 for fp8-mma,
 392 for fp8-mma without the promotion every 32; on the H200 the same kernels reported 4, 162 and 106
-spilled registers and ran 3.35, 8.30 and 6.60 ms (benchmarks/RESULTS.md, "fp8-mma"). A proxy for
+spilled registers and ran 3.35, 8.30 and 6.60 ms (benchmarks/LOG.md, "fp8-mma"). A proxy for
 spills and instruction counts, not a timing.
 """
 
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -50,26 +49,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from flamia_verify.sass import parse_loops, parse_sass, sass_classes
 
-#: dense multiply-adds per cycle of one H100/H200 multiprocessor: BF16/FP16 (HGMMA) and E4M3 (QGMMA),
-#: the datasheet's 989 and 1979 TFLOP/s at 132 SMs and 1.83 GHz
-TENSOR_RATE = {"HGMMA": 2048, "QGMMA": 4096}
 KERNELS = {"fwd": "_attn_fwd", "dkdv": "_attn_bwd_dkdv", "dq": "_attn_bwd_dq"}
-#: instruction classes of ``--sass`` (SASS opcode prefixes); the rest are counted as "other"
-CLASSES = {
-    "mma": ("HGMMA", "HMMA", "QGMMA", "WARPGROUP"),
-    "cvt": ("F2FP", "F2F", "I2F", "F2I", "FRND"),
-    "mufu": ("MUFU",),
-    "fp32": ("FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP", "FCHK"),
-    "int": ("IMAD", "IADD3", "LOP3", "SHF", "ISETP", "IMNMX", "LEA", "SEL", "PRMT", "SHL", "SHR"),
-    "spill": ("LDL", "STL"),
-    "shared": ("LDS", "STS", "LDSM", "STSM"),
-    "global": ("LDG", "STG", "LDGSTS", "UTMALDG", "RED", "ATOM"),
-    "sync": ("BAR", "SYNCS", "WARPSYNC", "DEPBAR"),
-    "shfl": ("SHFL",),
-}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,13 +135,6 @@ def capture(designs: list[str], head_dim: int, causal: bool) -> list[dict]:
 # ----------------------------------------------------------------------------------------------
 
 
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location(f"attention_offline_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def _cuobjdump(cubin: bytes, *flags: str) -> str:
     import triton
 
@@ -176,61 +151,6 @@ def res_usage(cubin: bytes) -> dict[str, int]:
     if m is None:
         raise RuntimeError(f"no resource line in cuobjdump's output: {out[-300:]}")
     return dict(zip(("registers", "stack_bytes", "static_shared", "local"), map(int, m.groups())))
-
-
-def parse_sass(sass: str) -> list[tuple[int, str, str]]:
-    """The instructions of a ``cuobjdump -sass`` listing in program order: (address, opcode without
-    its modifiers (``FFMA.FTZ`` is ``FFMA``), the rest of the instruction)."""
-    ins = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*);", line)
-        if m is not None:
-            ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
-    return ins
-
-
-def parse_loops(sass: str, min_len: int = 150) -> list[dict]:
-    """The listing's loops (a backward branch and the code it jumps back over) of at least ``min_len``
-    instructions, in program order: their length, how many tensor-core MMAs (HGMMA, QGMMA) and
-    special-function instructions (MUFU) one trip runs, and issue slots over MMA cycles. A full-tile
-    sweep issues its loop's length once per tile and warp, which is what an instruction-bound
-    kernel spends its time on."""
-    ins = parse_sass(sass)
-    loops = []
-    for addr, op, rest in ins:
-        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
-        if target is None or int(target.group(1), 16) >= addr:
-            continue
-        body = [(o, r) for a, o, r in ins if int(target.group(1), 16) <= a <= addr]
-        if len(body) < min_len:
-            continue
-        tensor = 0.0  # one warpgroup's tensor-core cycles per trip: m * n * k per instruction / rate
-        for o, r in body:
-            shape = re.match(r"\.(\d+)x(\d+)x(\d+)", r) if o in ("HGMMA", "QGMMA") else None
-            if shape is not None:
-                m, n, k = map(int, shape.groups())
-                tensor += m * n * k / TENSOR_RATE[o]
-        ops = [o for o, _ in body]
-        loops.append(
-            {
-                "length": len(ops),
-                "mma": ops.count("HGMMA") + ops.count("QGMMA"),
-                "mufu": ops.count("MUFU"),
-                # issue slots / tensor cycles: each warp issues the loop once per trip on one of 4
-                # schedulers, each warpgroup (4 warps) keeps the tensor cores busy for `tensor` cycles
-                "issue_per_tensor": len(ops) / tensor if tensor else float("inf"),
-            }
-        )
-    return loops
-
-
-def sass_classes(ops: list[str]) -> dict[str, int]:
-    """Static instruction counts by :data:`CLASSES`."""
-    counts: collections.Counter = collections.Counter()
-    for op in ops:
-        counts[next((c for c, prefixes in CLASSES.items() if op.startswith(prefixes)), "other")] += 1
-    counts["total"] = len(ops)
-    return dict(counts)
 
 
 def compile_launch(module, launch: dict):
@@ -267,7 +187,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--designs", nargs="+", default=["fp8", "fp8-mma"])
     ap.add_argument("--kernels", nargs="+", default=["fwd"], choices=sorted(KERNELS))
-    ap.add_argument("--source", type=Path, default=ROOT / "flamia_verify/kernels/triton/attention.py")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", type=int, default=1, choices=(0, 1))
     ap.add_argument("--sass", action="store_true", help="also count the SASS instructions by class")
@@ -291,11 +210,11 @@ def main() -> int:
 
     import triton
 
-    from flamia_verify.kernels.triton import quant
+    from flamia_verify.kernels.triton import attention, quant
 
-    quant.NATIVE_E4M3 = triton.language.constexpr(True)  # the H200's default (the hardware conversion)
-    module = load(args.source)
-    module.NATIVE_E4M3 = quant.NATIVE_E4M3
+    # the H200's default (the hardware conversion); the interpreter's capture above had it off
+    quant.NATIVE_E4M3 = triton.language.constexpr(True)
+    module = attention  # it imports every kernel it launches
     print(f"triton {triton.__version__}, sm_90a, head_dim {args.head_dim}, causal {bool(args.causal)}, bf16")
     for launch in launches:
         compiled = compile_launch(module, launch)

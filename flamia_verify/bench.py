@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "COLUMNS",
     "SpeedShape",
     "measure_speed",
+    "plot_table",
 ]
 
 BASELINES = ("sdpa-cudnn", "sdpa-flash")
@@ -381,3 +383,68 @@ def format_table(rows: list[dict]) -> str:
         ]
         lines.append(f"| {r['kernel']} | {r['seqlen']} | {r['causal']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: line colour and style of each kernel in ``plot_table`` (others: matplotlib's next colour, solid)
+PLOT_STYLE = {
+    "sdpa-cudnn": ("black", "--"),
+    "sdpa-flash": ("grey", "--"),
+    "bf16": ("tab:blue", "-"),
+    "fp8": ("tab:red", "-"),
+    "flamia-mxfp8": ("tab:green", "-"),
+    "flamia-nvfp4": ("tab:purple", "-"),
+}
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not math.isnan(x)
+
+
+def plot_table(table: dict[str, Any], path: Path) -> None:
+    """A PNG of a speed table as ``flamia-verify bench --json`` (or benchmarks/bench_attention.py) writes
+    it, ``{"header": ..., "rows": [...]}``: two panels (causal, no mask), forward+backward TFLOP/s
+    against tokens per document for every kernel and SDPA baseline, and beneath each the kernels'
+    ratio to the fastest BF16 SDPA baseline. Rows with an error or without a forward+backward time are
+    left out (a "nan" ratio, as strict JSON stores it, is drawn as a gap)."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in table["rows"] if not r.get("error") and _finite(r.get("fwdbwd_tflops"))]
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    fig = Figure(figsize=(10, 6.5))
+    axes = fig.subplots(2, 2, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    for col, causal in enumerate((True, False)):
+        top, bottom = axes[0][col], axes[1][col]
+        for name in kernels:
+            pts = sorted(
+                (r["seqlen"], r["fwdbwd_tflops"], float(r["ratio"]))
+                for r in rows
+                if r["kernel"] == name and bool(r["causal"]) == causal
+            )
+            if not pts:
+                continue
+            color, ls = PLOT_STYLE.get(name, (None, "-"))
+            xs = [p[0] for p in pts]
+            top.plot(xs, [p[1] for p in pts], ls, marker="o", color=color, label=name)
+            if not name.startswith("sdpa-"):
+                bottom.plot(xs, [p[2] for p in pts], ls, marker="o", color=color, label=name)
+        top.set_title("causal" if causal else "no mask")
+        top.set_ylabel("fwd+bwd TFLOP/s")
+        top.set_ylim(bottom=0)
+        bottom.set_ylabel("/ best BF16 SDPA")
+        top_ratio = max([r["ratio"] for r in rows if _finite(r.get("ratio"))] + [1.0])
+        bottom.set_ylim(0, 1.2 * top_ratio)
+        bottom.axhline(1.0, color="black", lw=0.8)
+        bottom.set_xscale("log", base=2)
+        bottom.set_xlabel("tokens per document (B * S = 32K)")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    legend: dict[str, Any] = {}
+    for ax in axes[0]:  # every kernel once, whichever panel it appears in
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(
+        list(legend.values()), list(legend), loc="lower center", ncol=max(1, len(legend)), fontsize=8, frameon=False
+    )
+    fig.suptitle(table.get("header", ""), fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=110)

@@ -87,24 +87,22 @@ def test_kernel_runner_takes_any_spec_check_takes(tmp_path):
 
 
 def test_the_stored_speed_table_plots(tmp_path):
-    """benchmarks/plot_bench.py draws the stored H200 table (the figure in benchmarks/RESULTS.md)."""
-    import importlib.util
+    """plot_table draws the stored H200 table (benchmarks/plot_bench.py's figure in benchmarks/RESULTS.md)."""
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    spec = importlib.util.spec_from_file_location("plot_bench", root / "plot_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    table = json.loads((root / "data" / "bench_8d58c47.json").read_text())
+    from flamia_verify.bench import plot_table
+
+    stored = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "bench_8d58c47.json"
+    table = json.loads(stored.read_text())
     assert {r["kernel"] for r in table["rows"]} >= {"sdpa-cudnn", "bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"}
     out = tmp_path / "speed.png"
-    mod.plot(table, out)
+    plot_table(table, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     # a table of one mask (bench --causal false) and a kernel faster than the baselines
     one = [dict(r) for r in table["rows"] if not r["causal"]]
     one[-1].update(ratio=1.7)
-    mod.plot({"header": "no mask only", "rows": one}, tmp_path / "one.png")
+    plot_table({"header": "no mask only", "rows": one}, tmp_path / "one.png")
     assert (tmp_path / "one.png").stat().st_size > 10_000
 
 
