@@ -7,7 +7,8 @@
 # 1. the GPU test suite (fused kernels vs the emulation, bitwise properties, fuzzed packings, the
 #    emulation and formats on CUDA), 2. the quantizer and exact-input tests again with E4M3 rounded
 #    in fp32/int32 arithmetic instead of the hardware conversion (FLAMIA_VERIFY_NATIVE_E4M3=0),
-#    3. head_dim 256 through the fused kernels (the shared-memory fallback of attention._launch),
+#    3. head_dim 256 through the fused kernels (tests/test_triton_head_dim_256.py: the shared-memory
+#    fallback of resources._launch),
 #    4. the standard suite on a fused kernel, twice (the second with compiled kernels), and the quick
 #    suite on the other fused designs and on fp16 inputs, 5. `flamia-verify bench` on a short
 #    table (a built-in without fused kernels among them), 6. the speed table (S = 8K, or every S
@@ -19,7 +20,7 @@ out=${1:?usage: gpu_run.sh OUTDIR tests|speed|standard|full}
 mode=${2:-full}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-source benchmarks/gpu_steps.sh  # PYTHONPATH, no interpreter, step()
+source benchmarks/gpu_steps.sh  # the installed package, no interpreter, step()
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.log"
 if [ "$mode" != speed ] && [ "$mode" != standard ]; then
 step gpu_tests 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_triton_quant.py \
@@ -27,33 +28,7 @@ step gpu_tests 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/t
     tests/test_reference_properties.py tests/test_rounding_probes.py tests/test_fp8_mma.py tests/test_triton_nonfinite.py
 step software_e4m3 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
     "tests/test_triton_quant.py::test_software_e4m3_rounding_matches_formats_bit_for_bit_on_gpu"
-step headdim_256 150 python3 - <<'EOF'
-import functools, sys, torch
-sys.path.insert(0, "tests")
-from test_kernels_emulation import make_case, rel_rmse, reference, run
-from flamia_verify.kernels import builtin_kernels
-from flamia_verify.kernels.designs import DESIGNS
-from flamia_verify.kernels.triton.attention import fused_attention
-from flamia_verify.kernels.triton.resources import _STAGES_THAT_FIT
-bad = 0
-from flamia_verify.kernels.triton.config import config_for, head_dim_supported
-for name in ("bf16", "fp8", "flamia-mxfp8", "flamia-nvfp4"):
-    if not head_dim_supported(256, config_for(DESIGNS[name])):
-        print(f"{name}: head_dim 256 runs the emulation (config.head_dim_limit)")
-        continue
-    case = [t.cuda() for t in make_case([300, 77], heads=2, dim=256, seed=5)]
-    got = run(functools.partial(fused_attention, DESIGNS[name]), *case, causal=True)
-    cpu = [t.cpu() for t in case]
-    spec = run(builtin_kernels()[name].fn.emulated, *cpu, causal=True)
-    ref = reference(*cpu, causal=True)
-    for what, g, s, r in zip(("out", "dq", "dk", "dv"), got, spec, ref):
-        noise, err = rel_rmse(g.cpu(), s), rel_rmse(s, r)
-        ok = noise <= err
-        bad += not ok
-        print(f"{name} {what}: kernel vs emulation {noise:.3g}, emulation vs float64 {err:.3g} {'ok' if ok else 'FAIL'}")
-print("stages that fit:", {k[0]: v for k, v in _STAGES_THAT_FIT.items()})
-sys.exit(1 if bad else 0)
-EOF
+step headdim_256 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_triton_head_dim_256.py
 for spec in ${QUICK:-fp8:bf16 fp8-mma:bf16 flamia-nvfp4:bf16 flamia-mxfp8:fp16}; do  # QUICK="kernel:dtype ..."
     set -- ${spec/:/ }
     step "check_quick_$1_$2" 200 python3 -c 'import sys; from flamia_verify.cli import main; sys.exit(main(sys.argv[1:]))' \

@@ -1,8 +1,15 @@
-# Sourced by the GPU scripts (gpu_run.sh, gpu_fp8_mma.sh) after they set $out: the environment of a
-# device call, and `step NAME TIMEOUT_S COMMAND...`, which runs COMMAND under a time limit into
+# Sourced by benchmarks/gpu_run.sh (and experiments/gpu_fp8_mma.sh) after it sets $out: the environment
+# of a device call, and `step NAME TIMEOUT_S COMMAND...`, which runs COMMAND under a time limit into
 # $out/NAME.log, appends its exit status and seconds to $out/summary.log and prints the log's end.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# The scripts run against the installed package: where `import flamia_verify` fails outside the
+# checkout (a fresh device machine), the checkout is installed in editable mode, without its
+# dependencies (torch and Triton are the machine's own).
+export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+if ! (cd / && python3 -c "import flamia_verify" 2>/dev/null); then
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
+        || { echo "pip install -e . failed: $out/install.log" >&2; tail -n 5 "$out/install.log" >&2; }
+fi
 step() {
     local name=$1 limit=$2
     shift 2

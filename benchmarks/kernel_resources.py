@@ -10,10 +10,6 @@ shared memory, as Triton's compiled kernel reports them.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import triton

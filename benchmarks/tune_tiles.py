@@ -11,10 +11,7 @@ a fast but wrong pipelining shows up here before it becomes a default. Writes a 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import triton
