@@ -1,7 +1,7 @@
 """Where a kernel's training run goes non-finite: the first attention call whose output or gradient
 is NaN/Inf, saved as a replayable case, and the same call through the design's emulation.
 
-    python benchmarks/diagnose_divergence.py --kernel flamia-nvfp4 --preset small --device cuda \
+    python experiments/diagnose_divergence.py --kernel flamia-nvfp4 --preset small --device cuda \
         --out OUTDIR [--emulated-steps 60]
 
 Trains as ``train-parity`` does (same preset, seed, weights and batches), watching every attention

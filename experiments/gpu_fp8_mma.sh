@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # fp8-mma on the GPU in one device call (H200, about 8 minutes):
-#   bash benchmarks/gpu_fp8_mma.sh OUTDIR
-# 1. the accumulator's worst case (benchmarks/probe_fp8_mma.py --quick), 2. the fused kernels'
-# distance to their specification (benchmarks/fp8_mma_gpu.py), 3. the GPU tests of fp8-mma,
+#   bash experiments/gpu_fp8_mma.sh OUTDIR
+# 1. the accumulator's worst case (experiments/probe_fp8_mma.py --quick), 2. the fused kernels'
+# distance to their specification (experiments/fp8_mma_gpu.py), 3. the GPU tests of fp8-mma,
 # 4. the speed table at S = 8K beside bf16 and fp8, 5. the quick suite on the fused kernel,
 # 6. a forward tile sweep. Each step writes OUTDIR/<step>.log and the script goes on after a failure.
 set -u
 out=${1:?usage: gpu_fp8_mma.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-source benchmarks/gpu_steps.sh  # PYTHONPATH, no interpreter, step()
+source benchmarks/gpu_steps.sh  # the installed package, no interpreter, step()
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/summary.log"
-step adversarial 60 python3 benchmarks/probe_fp8_mma.py --quick --json "$out/adversarial.json"
-step spec 120 python3 benchmarks/fp8_mma_gpu.py "$out/spec.json"
+step adversarial 60 python3 experiments/probe_fp8_mma.py --quick --json "$out/adversarial.json"
+step spec 120 python3 experiments/fp8_mma_gpu.py "$out/spec.json"
 step tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/test_triton_attention.py tests/test_fp8_mma.py -k "mma"
 step bench 200 python3 benchmarks/bench_attention.py --kernels bf16 fp8 fp8-mma --seqlens 8192 --causal both \
     --rep-ms 40 --md "$out/bench.md" --json "$out/bench.json"

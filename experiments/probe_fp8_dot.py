@@ -1,6 +1,6 @@
 """Probe of Hopper's E4M3 tensor-core dot, for the fp8 design's fused kernels (GPU only).
 
-    python benchmarks/probe_fp8_dot.py
+    python experiments/probe_fp8_dot.py
 
 The fp8 design rounds every GEMM operand to E4M3 elements with power-of-two scales that are
 constant along the contraction of one tile, so a tile's GEMM could run as an E4M3 ``tl.dot`` with

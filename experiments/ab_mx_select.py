@@ -1,8 +1,8 @@
 """Same-run A/B of the MX quantizer's NaN select: per element (before commit 190641b) or per block.
 
-    python benchmarks/ab_mx_select.py {element|block} [bench_attention.py arguments]
+    python experiments/ab_mx_select.py {element|block} [benchmarks/bench_attention.py arguments]
 
-``block`` runs ``bench_attention.py`` as it is; ``element`` first puts back the former
+``block`` runs ``benchmarks/bench_attention.py`` as it is; ``element`` first puts back the former
 ``quant._mx_apply``, which selected NaN for every element of a block whose amax is not finite. Both
 give the same bits (tests/test_triton_quant.py holds the current one to the formats); the fused
 kernels compile from whichever ``_mx_apply`` the quant module holds when they first run.
@@ -10,15 +10,16 @@ kernels compile from whichever ``_mx_apply`` the quant module holds when they fi
 
 from __future__ import annotations
 
+import runpy
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton
 import triton.language as tl
 
 from flamia_verify.kernels.triton import quant
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_attention.py"
 
 
 @triton.jit
@@ -30,14 +31,13 @@ def _mx_apply_per_element(x, amax, RCEIL: tl.constexpr, AXIS: tl.constexpr):
 
 
 def main() -> int:
-    variant, rest = sys.argv[1], sys.argv[2:]
+    variant, rest = (sys.argv[1] if len(sys.argv) > 1 else ""), sys.argv[2:]
     if variant not in ("element", "block"):
         raise SystemExit("usage: ab_mx_select.py {element|block} [bench_attention.py arguments]")
     if variant == "element":
         quant._mx_apply = _mx_apply_per_element
-    import bench_attention
-
-    return bench_attention.main(rest)
+    bench = runpy.run_path(str(BENCH))  # its main(), not run as __main__
+    return bench["main"](rest)
 
 
 if __name__ == "__main__":

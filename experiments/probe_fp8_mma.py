@@ -1,6 +1,6 @@
 """Fit a model of Hopper's E4M3 tensor-core accumulator to the hardware (GPU only).
 
-    python benchmarks/probe_fp8_mma.py [--json OUT.json]
+    python experiments/probe_fp8_mma.py [--json OUT.json]
 
 ``probe_fp8_dot.py`` showed that an E4M3 ``tl.dot`` keeps about 13 bits of each sum. The ``fp8-mma``
 design specifies that accumulator, so this probe asks which exact rule the hardware follows. For
