@@ -478,29 +478,70 @@ def test_strided_inputs_and_grad_free_calls():
     assert torch.equal(a, c) and grads is not None
 
 
-def test_hopper_limits_are_refused_before_any_engine_call():
+def _grads_of(ref, inputs, do):
+    return torch.autograd.grad(ref, inputs, do.double())
+
+
+def test_hopper_refuses_what_it_cannot_adapt_before_any_engine_call():
     engine = EmulatedEngine(arch=9)
     fn = K.make_kernel(engine=engine)
     q, k, v, do, cu_q, cu_k, mq, mk = _pack([8, 5], [8, 9], dim=32)
-    with pytest.raises(CudnnFp8Refused, match=r"document 1: Lq=5, Lk=9.*only on Blackwell"):
-        fn(q, k, v, cu_q, cu_k, mq, mk, causal=True)
     with pytest.raises(CudnnFp8Refused, match="bfloat16 or float16"):
         fn(q.float(), k.float(), v.float(), cu_q, cu_k, mq, mk)
-    assert engine.calls == {"forward": 0, "backward": 0}
-    # head_dim 32: the forward runs (packed: this shape has no backward), the backward is refused
-    out, _ = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=False, grads=False)
-    qg = q.detach().clone().requires_grad_()
-    out = fn(qg, k, v, cu_q, cu_k, mq, mk)
-    with pytest.raises(CudnnFp8Refused, match="backward on Hopper .sm_90. needs head_dim 128; got 32"):
-        out.backward(do)
-    assert engine.calls == {"forward": 2, "backward": 0}
-    # Blackwell runs the convention's bottom-right mask for Lq != Lk
-    fn10 = K.make_kernel("current", engine=EmulatedEngine(arch=10))
-    out, _ = _run(fn10, q, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
-    ref = reference_attention(
-        q.double(), k.double(), v.double(), cu_q, cu_k, mq, mk, softmax_scale=32**-0.5, causal=True
-    )
+    wide = torch.zeros(q.shape[0], q.shape[1], 144, dtype=q.dtype, device=DEVICE, requires_grad=True)
+    kw, vw = (torch.zeros(k.shape[0], k.shape[1], 144, dtype=k.dtype, device=DEVICE) for _ in range(2))
+    out = fn(wide, kw, vw, cu_q, cu_k, mq, mk)  # head_dim 144: the forward runs, the backward is refused
+    with pytest.raises(CudnnFp8Refused, match="backward on Hopper .sm_90. needs head_dim 128; got 144"):
+        out.backward(torch.zeros_like(out))
+    assert engine.calls == {"forward": 1, "backward": 0}
+
+
+def test_hopper_runs_small_head_dims_as_128_with_zero_columns():
+    """Hopper's FP8 backward takes head_dim 128 only: head_dim 32 runs on zero-padded inputs, the same
+    bits as the caller padding them, within the fp8 recipe's error of float64, gradients included."""
+    q, k, v, do, cu_q, cu_k, mq, mk = _pack([20, 9], [20, 9], dim=32, seed=3)
+    fn = K.make_kernel("current", engine=EmulatedEngine(arch=9))
+    out, grads = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 96))  # noqa: E731
+    wide = [pad(t).requires_grad_() for t in (q, k, v)]
+    wide_out = fn(*wide, cu_q, cu_k, mq, mk, softmax_scale=32**-0.5, causal=True)
+    wide_grads = torch.autograd.grad(wide_out, wide, pad(do))
+    assert out.shape == q.shape and torch.equal(out, wide_out[..., :32])
+    assert grads is not None and wide_grads is not None
+    for got, wide in zip(grads, wide_grads, strict=True):
+        assert got.shape[2] == 32 and torch.equal(got, wide[..., :32])
+    assert fn.engine.calls == {"forward": 2, "backward": 4}  # type: ignore[attr-defined]
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = reference_attention(qd, kd, vd, cu_q, cu_k, mq, mk, softmax_scale=32**-0.5, causal=True)
     assert _rel(out, ref) < 0.06
+    for got, want in zip(grads, _grads_of(ref, (qd, kd, vd), do), strict=True):
+        assert _rel(got, want) < 0.1
+
+
+def test_hopper_runs_causal_documents_with_lq_ne_lk_as_equal_lengths():
+    """Hopper's top-left mask is the convention's bottom-right one only for Lq == Lk: documents with
+    Lq < Lk (zero queries in front), Lq > Lk (the first Lq - Lk queries see no key), no keys, and no
+    queries, in one pack, within the fp8 recipe's error of float64; rows without keys exactly zero."""
+    lens_q, lens_k = [5, 12, 3, 0, 8], [9, 7, 0, 6, 8]
+    q, k, v, do, cu_q, cu_k, mq, mk = _pack(lens_q, lens_k, dim=32, seed=5)
+    fn = K.make_kernel("current", engine=EmulatedEngine(arch=9))
+    out, grads = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
+    assert fn.engine.calls == {"forward": 1, "backward": 2}  # type: ignore[attr-defined]  # one pack, no loop
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = reference_attention(qd, kd, vd, cu_q, cu_k, mq, mk, softmax_scale=32**-0.5, causal=True)
+    assert _rel(out, ref) < 0.06
+    assert grads is not None
+    for got, want in zip(grads, _grads_of(ref, (qd, kd, vd), do), strict=True):
+        assert _rel(got, want) < 0.1
+    blind = torch.zeros(q.shape[0], dtype=torch.bool)  # queries that see no key: 5 of document 1, document 2
+    blind[5:10] = True
+    blind[17:20] = True
+    assert not bool(out[blind].any()) and not bool(grads[0][blind].any())
+    assert bool(out[~blind].abs().sum(-1).gt(0).all())
+    # Blackwell's bottom-right mask on the same pack: the same attention within rounding
+    fn10 = K.make_kernel("current", engine=EmulatedEngine(arch=10))
+    out10, _ = _run(fn10, q, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
+    assert _rel(out, out10) < 0.02
 
 
 def test_hopper_head_dim_128_with_gqa_runs_both_passes():

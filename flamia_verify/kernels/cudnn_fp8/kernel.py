@@ -31,11 +31,16 @@ Between the big launches a call makes a few small ones (scales, lengths, offsets
 packed into one buffer and reused for as long as the scaling state does not change (every call of a
 frozen state), the lengths and offsets for as long as the same cu_seqlens tensors come back.
 
-What cuDNN's FP8 attention cannot do on Hopper (cuDNN 9.19) is refused with one line naming the limit,
-raised before any cuDNN call: O, dQ, dK, dV only as E4M3 (handled: dequantized here); the backward
-only at head_dim 128; the causal mask top-left only, so causal documents with Lq != Lk (where the
-calling convention's bottom-right mask differs) are refused on Hopper and run with the bottom-right
-mask on Blackwell.
+What cuDNN's FP8 attention cannot do on Hopper (cuDNN 9.19) is adapted where the adaptation computes the
+same attention, and refused otherwise, with one line naming the limit, before any cuDNN call:
+
+* O, dQ, dK, dV only as E4M3: dequantized here;
+* the backward only at head_dim 128: every head_dim up to 128 runs as 128, on inputs with zero columns
+  (no score changes; O's extra columns are zero and sliced off); above 128 the backward is refused;
+* the causal mask top-left only, which is the convention's bottom-right mask only when Lq == Lk: a
+  causal pack with Lq != Lk runs as one with Lq == Lk (:func:`equal_length_remap`: zero query rows in
+  front of a document with Lq < Lk, whose outputs are dropped; a document with Lq > Lk keeps its last
+  Lk queries, the others see no key and get 0). Blackwell runs the bottom-right mask itself.
 """
 
 from __future__ import annotations
@@ -49,10 +54,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from flamia_verify.convention import no_attention, seqlens
 from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, Engine, Geometry, GraphKey
-from flamia_verify.kernels.cudnn_fp8.layout import Layout, make_layout
+from flamia_verify.kernels.cudnn_fp8.layout import Layout, make_layout, round_up
 from flamia_verify.kernels.cudnn_fp8.scaling import (
     BACKWARD_MEASURED,
     E4M3_MAX,
@@ -83,6 +89,12 @@ SUPPORTED_ARCHS = (9, 10)
 #: cuDNN quantizes dS = P (dP - D) softmax_scale with scale_dP (its FP8 reference does): the bound of
 #: |dS| is 2 softmax_scale amax(dP). Set to False if the GPU shows dS quantized without softmax_scale.
 DS_INCLUDES_SOFTMAX_SCALE = True
+
+
+def ds_amax_factor(softmax_scale: float) -> float:
+    """The factor from cuDNN's amax_dP output to the amax that dS's E4M3 scale is chosen for."""
+    return 2.0 * (softmax_scale if DS_INCLUDES_SOFTMAX_SCALE else 1.0)
+
 
 _GRAD_ROLES = ("dp", "dq", "dk", "dv")
 
@@ -355,7 +367,7 @@ def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Te
     if dout.shape != (geo.layout_q.tokens, key.heads, key.head_dim):
         raise ValueError(f"cudnn-fp8: dO has shape {tuple(dout.shape)}, the output {(geo.layout_q.tokens, key.heads)}")
     assert BACKWARD_MEASURED == ("do", *_GRAD_ROLES)
-    ds_factor = 2.0 * (key.softmax_scale if DS_INCLUDES_SOFTMAX_SCALE else 1.0)
+    ds_factor = ds_amax_factor(key.softmax_scale)
 
     measured_do = amax_many([dout]) if state.needs_measurement(("do",)) else None
     measured_grads = state.needs_measurement(_GRAD_ROLES)
@@ -435,6 +447,110 @@ def _mask(causal: bool, lengths: list[tuple[int, int]] | None, arch: int) -> str
     return "bottom_right" if arch >= 10 else "top_left"  # Hopper: refused before it is used
 
 
+def graph_head_dim(head_dim: int, arch: int) -> int:
+    """The head_dim of the graphs a call with ``head_dim`` runs: on Hopper 128 for every head_dim up to
+    128 (the only one its FP8 backward takes; the inputs get zero columns), elsewhere the next multiple
+    of 16. Zero columns change no score, and O's extra columns are zero and sliced off."""
+    if arch == 9 and 0 < head_dim <= 128:
+        return 128
+    return round_up(head_dim, 16) if head_dim > 0 else head_dim
+
+
+@dataclass(frozen=True)
+class _EqualLengths:
+    """Causal documents with Lq != Lk as documents with Lq == Lk, where Hopper's top-left mask is the
+    convention's bottom-right one: a document with Lq < Lk gets Lk - Lq zero query rows in front (their
+    outputs are dropped, so their dO is zero and they add nothing to dK or dV); one with Lq > Lk keeps
+    its last Lk queries (the first Lq - Lk see no key: output and dq zero); one without keys keeps none.
+
+    gather: for each row of the new pack, its query's row in the old one, or ``T`` (a zero row);
+    scatter: for each old query row, its row in the new pack, or ``T'`` (a zero row)."""
+
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    cu_q: torch.Tensor
+    max_q: int
+
+    def queries(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.cat([q, q.new_zeros((1, *q.shape[1:]))])[self.gather]
+
+    def outputs(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.cat([out, out.new_zeros((1, *out.shape[1:]))])[self.scatter]
+
+
+def equal_length_remap(lengths: Sequence[tuple[int, int]], device: torch.device) -> _EqualLengths | None:
+    """The :class:`_EqualLengths` of a causal pack with per-document ``lengths`` (Lq, Lk), or None when
+    every document with queries already has Lq == Lk."""
+    if all(lq == lk or lq == 0 for lq, lk in lengths):
+        return None
+    total = sum(lq for lq, _ in lengths)
+    gather: list[int] = []
+    scatter = [-1] * total
+    cu, start = [0], 0
+    for lq, lk in lengths:
+        new = 0 if lq == 0 else lk
+        for i in range(new):  # new row i holds old query i - (new - lq), when there is one
+            old = i - (new - lq)
+            if old >= 0:
+                scatter[start + old] = len(gather)
+            gather.append(start + old if old >= 0 else total)
+        start += lq
+        cu.append(cu[-1] + new)
+    rows = len(gather)
+    scatter = [rows if j < 0 else j for j in scatter]
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    return _EqualLengths(
+        as_long(gather),
+        as_long(scatter),
+        torch.tensor(cu, dtype=torch.int32, device=device),
+        max((lk if lq else 0) for lq, lk in lengths) if lengths else 0,
+    )
+
+
+def _attend(
+    run: _Runner,
+    arch: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    causal: bool,
+    lengths: list[tuple[int, int]] | None,
+) -> torch.Tensor:
+    """One call that cuDNN can run as it comes (the head_dim and the causal lengths already adapted)."""
+    _, heads, head_dim = q.shape
+    heads_k = k.shape[1]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # the layout is chosen for a backward whenever this shape could have one, grad or not, so that a
+    # call with gradients and one without run the same graphs and give the same bits
+    need_backward = (
+        refusal(arch=arch, dtype=q.dtype, head_dim=head_dim, heads=heads, heads_k=heads_k, causal=False, backward=True)
+        is None
+    )
+    key = GraphKey(
+        padded=False,
+        batch=int(cu_q.shape[0]) - 1,
+        heads=heads,
+        heads_k=heads_k,
+        head_dim=head_dim,
+        seq_q=make_layout(False, 0, 0, max_q).seq,
+        seq_k=make_layout(False, 0, 0, max_k).seq,
+        mask=_mask(causal, lengths, arch),
+        softmax_scale=scale,
+        deterministic=run.deterministic,
+        device=str(q.device),
+    )
+    args: tuple[Any, ...] = (run, cu_q, cu_k, key, arch, need_backward)
+    if grad:
+        return _CudnnFp8Attention.apply(q, k, v, *args)
+    with torch.no_grad():
+        return _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)[0]
+
+
 def make_kernel(
     mode: ScalingMode | str = ScalingMode.DELAYED,
     *,
@@ -482,49 +598,39 @@ def make_kernel(
         refused = run.engine.device_refusal(q.device)
         if refused is not None:
             raise CudnnFp8Refused(refused)
+        if q.dtype != k.dtype or q.dtype != v.dtype:
+            raise CudnnFp8Refused(f"cudnn-fp8: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
         arch = run.engine.arch(q.device)
-        _, heads, head_dim = q.shape
-        heads_k = k.shape[1]
+        head_dim = q.shape[2]
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         lengths = None
         if causal and cu_seqlens_q is not cu_seqlens_k and not torch.equal(cu_seqlens_q, cu_seqlens_k):
             lengths = list(zip(seqlens(cu_seqlens_q), seqlens(cu_seqlens_k)))
-        if q.dtype != k.dtype or q.dtype != v.dtype:
-            raise CudnnFp8Refused(f"cudnn-fp8: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        dim = graph_head_dim(head_dim, arch)
+        remap = equal_length_remap(lengths, q.device) if lengths is not None and arch == 9 else None
         reason = refusal(
-            arch=arch, dtype=q.dtype, head_dim=head_dim, heads=heads, heads_k=heads_k, causal=causal, lengths=lengths
+            arch=arch,
+            dtype=q.dtype,
+            head_dim=dim,
+            heads=q.shape[1],
+            heads_k=k.shape[1],
+            causal=causal,
+            lengths=None if remap is not None else lengths,
         )
         if reason is not None:
             raise CudnnFp8Refused(reason)
-        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key for any query: output 0
             return no_attention(q, k, v)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        # the layout is chosen for a backward whenever this shape could have one, grad or not, so that a
-        # call with gradients and one without run the same graphs and give the same bits
-        need_backward = (
-            refusal(
-                arch=arch, dtype=q.dtype, head_dim=head_dim, heads=heads, heads_k=heads_k, causal=False, backward=True
-            )
-            is None
+        if dim != head_dim:  # zero columns: the same scores, O's extra columns zero (sliced off)
+            q, k, v = (F.pad(t, (0, dim - head_dim)) for t in (q, k, v))
+        if remap is not None:
+            q, cu_seqlens_q, max_seqlen_q, lengths = remap.queries(q), remap.cu_q, remap.max_q, None
+        out = _attend(
+            run, arch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, lengths
         )
-        key = GraphKey(
-            padded=False,
-            batch=int(cu_seqlens_q.shape[0]) - 1,
-            heads=heads,
-            heads_k=heads_k,
-            head_dim=head_dim,
-            seq_q=make_layout(False, 0, 0, max_seqlen_q).seq,
-            seq_k=make_layout(False, 0, 0, max_seqlen_k).seq,
-            mask=_mask(causal, lengths, arch),
-            softmax_scale=scale,
-            deterministic=run.deterministic,
-            device=str(q.device),
-        )
-        args: tuple[Any, ...] = (run, cu_seqlens_q, cu_seqlens_k, key, arch, need_backward)
-        if grad:
-            return _CudnnFp8Attention.apply(q, k, v, *args)
-        with torch.no_grad():
-            return _forward(run, q, k, v, cu_seqlens_q, cu_seqlens_k, key, arch, need_backward)[0]
+        if remap is not None:
+            out = remap.outputs(out)
+        return out[..., :head_dim] if dim != head_dim else out
 
     cudnn_fp8_attention.recipe = "fp8"  # type: ignore[attr-defined]
     cudnn_fp8_attention.forward_only = False  # type: ignore[attr-defined]
