@@ -569,7 +569,7 @@ _bf16_accumulating_matmul = _sliced_matmul(lambda a, b: _to_bf16(_MATMUL(a, b)),
 
 def _e4m3_mma_slice(a, b):
     """One slice as a model of Hopper's E4M3 tensor-core MMA, which keeps about 13 bits of each sum
-    (benchmarks/probe_fp8_dot.py: up to 2^-9.5 of the sum of |products| against the float64 sum): the
+    (experiments/probe_fp8_dot.py: up to 2^-9.5 of the sum of |products| against the float64 sum): the
     exact sum (float64) truncated toward zero onto a grid of 2^-12 times the largest power of two not
     above the slice's sum of |products|. With the slices added in fp32, on E4M3 operands of one binade
     this differs from the fp32 sum in 99.6 % of the results, by up to 2^-12.4 of the magnitude sum (the
