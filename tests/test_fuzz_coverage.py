@@ -20,7 +20,7 @@ from flamia_verify.cli import main
 from flamia_verify.properties import fuzz, list_checks, replay_case, run_checks
 from flamia_verify.properties.cases import Case
 from flamia_verify.properties.engine import build_context, resolve_kernel
-from flamia_verify.properties.fuzz import evaluate_example
+from flamia_verify.properties.search import evaluate_example
 from flamia_verify.properties.strategies import LONG_MAX_HEADS, attention_cases
 
 

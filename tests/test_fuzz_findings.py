@@ -15,7 +15,8 @@ from zoo import kernels as Z
 
 from flamia_verify.properties import fuzz, replay_case, run_checks
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.fuzz import _drop_empty_documents, _Finding
+from flamia_verify.properties.search import Finding as _Finding
+from flamia_verify.properties.search import _drop_empty_documents
 
 
 def test_a_kernel_that_attends_across_documents_fails_isolation_fuzz():

@@ -1,12 +1,26 @@
 """Properties: the checks that low-precision attention breaks, the engine that runs them, and the
 hypothesis strategies and fuzzer that feed them.
 
+Each check is a property of attention that the kernel must have: its output within the recipe's
+error model and a-priori bound, no dependence on a position causal masking hides or on another
+packed document, a backward that differentiates the forward that ran, bitwise repeatable results,
+the calling convention honoured. A check tests its property on inputs chosen to expose the kernels
+that break it, and a failure names the reason and a worst case that reproduces it.
+
     report = run_checks("flamia-mxfp8", suite="quick")          # -> flamia_verify.reports.Report
     result = fuzz("my_pkg.attn:flash_varlen", recipe="mxfp8")   # -> FuzzResult (reproducer on failure)
     check  = replay_case("my_pkg.attn:flash_varlen", result.reproducer, recipe="mxfp8")
 
 Check names are ``family.check``; ``list_checks(suite)`` lists them with their descriptions and
 ``default_thresholds(recipe)`` their thresholds. docs/checks.md derives every threshold.
+
+The modules form layers (pyproject.toml's import-linter contract "properties layers"; no module
+imports one above it, at module level or inside a function): ``fuzz`` and ``coverage`` over
+``engine``, over ``thresholds``, over ``catalog`` (the one importer of the check modules), over
+``checks`` (one module per family, independent of each other), over ``search`` (the fuzzer's
+hypothesis search), over ``helpers`` (what the check modules share, the verdict of a check among
+it), ``context`` (what a running check sees) and ``strategies``, over ``harness``, over ``registry``
+(``register``, ``CheckSpec``), ``tolerances``, ``metrics`` and ``compare``, over ``cases``.
 """
 
 from __future__ import annotations

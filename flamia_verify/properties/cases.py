@@ -31,6 +31,9 @@ from typing import Any
 import torch
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.formats import E4M3, round_to_format
+from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, accumulation_probe
+from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
 from flamia_verify.settings import DTYPES
 
 __all__ = [
@@ -295,8 +298,6 @@ def e4m3_grid(x: torch.Tensor) -> torch.Tensor:
     of two keeps the 3-bit significand, and FLOOR's scaled maximum (< 448) never saturates. A GEMM
     operand made of them is not changed by any MXFP8 quantization of the recipes.
     """
-    from flamia_verify.formats import E4M3, round_to_format
-
     y = round_to_format(x.float(), E4M3, saturate=True)
     mant, exp = torch.frexp(y)  # y = mant * 2^exp, |mant| in [0.5, 1)
     mant = torch.where(mant.abs() > 0.875, torch.sign(mant) * 0.875, mant)
@@ -324,14 +325,10 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     the case's seed (its shapes must be the probe's: 64 tokens, one head, head_dim 64); ``accprobe``
     by the accumulation probe of :mod:`flamia_verify.properties.acc_probe` (the same shapes)."""
     if key == "accprobe":
-        from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, accumulation_probe
-
         _require_probe_shape(case, "the accumulation probe", ACC_LEN, ACC_DIM)
         tensors.update(accumulation_probe(case.seed, str(value)))
         return
     if key == "probe":
-        from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
-
         _require_probe_shape(case, "a rounding probe", PROBE_LEN, PROBE_DIM)
         inputs, _ = probe_tensors(str(value), case.seed)
         tensors.update({n: x.float() for n, x in inputs.items()})

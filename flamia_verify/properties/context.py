@@ -3,6 +3,8 @@
 Checks ask the context for cases, inputs, kernel runs, the float64 reference and the BF16
 baseline; each is computed once per case and shared (error, bound, bias and the gradient/forward
 ratio all read the same base runs). ``ctx.progress(f)`` reports how far the current check is.
+``ctx.result`` and ``ctx.skip`` build the check's result; a pass/fail verdict from its metrics,
+thresholds and findings is :func:`flamia_verify.properties.helpers.verdict`.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from typing import Any
 import torch
 
 from flamia_verify.kernels.bounds import RecipeBoundModel
+from flamia_verify.kernels.designs import DESIGNS
+from flamia_verify.kernels.emulation import make_kernel
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.reference import attention_backward, attention_forward
-from flamia_verify.results import CheckResult, higher_is_better, threshold_verdict
+from flamia_verify.results import CheckResult
 from flamia_verify.settings import Packing, SuiteSettings, dtype_name
 
-__all__ = ["CheckContext", "RefOutputs", "violations"]
+__all__ = ["CheckContext", "RefOutputs"]
 
 
 @dataclass
@@ -38,15 +42,6 @@ class RefOutputs:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"out": self.out, "dq": self.dq, "dk": self.dk, "dv": self.dv}
-
-
-def violations(metrics: dict, thresholds: dict) -> list[str]:
-    """Threshold keys whose same-named metric breaks them (the reports' direction rule)."""
-    bad = []
-    for key, limit in thresholds.items():
-        if key in metrics and threshold_verdict(key, metrics[key], limit) is False:
-            bad.append(key)
-    return bad
 
 
 @dataclass
@@ -196,9 +191,6 @@ class CheckContext:
         """The built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs."""
         if case not in self._baseline:
             if self._baseline_fn is None:
-                from flamia_verify.kernels.designs import DESIGNS
-                from flamia_verify.kernels.emulation import make_kernel
-
                 self._baseline_fn = KernelHarness(make_kernel(DESIGNS["bf16"]))
             self._baseline[case] = self._baseline_fn.call(self.inputs(case), backward=True)
         return self._baseline[case]
@@ -233,23 +225,6 @@ class CheckContext:
             details=details or {},
         )
 
-    def judged(
-        self,
-        metrics: dict,
-        *,
-        ok_message: str,
-        worst_case: dict | None = None,
-        details: dict | None = None,
-        extra_failures: list[str] | None = None,
-    ) -> CheckResult:
-        """pass/fail from the thresholds (plus ``extra_failures``, sentences that make it fail)."""
-        bad = violations(metrics, self.th)
-        reasons = [f"{k} = {_fmt(metrics[k])} breaks {_direction(k)} {_fmt(self.th[k])}" for k in bad]
-        reasons += list(extra_failures or [])
-        status = "fail" if reasons else "pass"
-        message = "; ".join(reasons) if reasons else ok_message
-        return self.result(status, metrics, message=message, worst_case=worst_case, details=details)
-
     def skip(self, reason: str) -> CheckResult:
         return self.result("skip", {}, message=reason)
 
@@ -257,16 +232,6 @@ class CheckContext:
 def _plain(case: Case) -> Case:
     """The case with its tensors passed the default way (contiguous, the scale, the true maxima)."""
     return replace(case, call=()) if case.call else case
-
-
-def _direction(key: str) -> str:
-    return ">=" if higher_is_better(key) else "<="
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def _clean(v):

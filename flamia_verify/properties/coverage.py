@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from flamia_verify.properties.cases import Inputs
+from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
 
 __all__ = ["Row", "MODEL", "INVARIANCES", "features", "observe", "BIG_PACK_TOKENS"]
 
@@ -247,8 +248,6 @@ def features(inputs: Inputs) -> set[str]:
 
 def observe(kernel, *, suite: str = "standard", seed: int = 0, recipe: str | None = None) -> dict[str, set[str]]:
     """Run ``suite`` on ``kernel`` and return, for every check, the features of the kernel calls it made."""
-    from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
-
     loaded, chosen = resolve_kernel(kernel, recipe)
     ctx = build_context(
         loaded, chosen, suite=suite, device="cpu", dtype=torch.bfloat16, seed=seed, thresholds=None, case_timeout_s=None

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, ScaleRule, mx_fake_quantize
 from flamia_verify.kernels.operands import Operand, describe_operands
 
@@ -175,8 +176,6 @@ def scale_probes(dtype: torch.dtype) -> tuple[Probe, ...]:
 
 
 def parse_probe(tag: str) -> Probe:
-    from flamia_verify.errors import ConfigError
-
     site, _, variant = str(tag).partition(":")
     ok = site in SITES and (
         variant == "grid"

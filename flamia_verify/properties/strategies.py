@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from flamia_verify.properties.cases import DISTRIBUTIONS, Case
+from flamia_verify.properties.cases import CALL_KEYS, DISTRIBUTIONS, Case
 from flamia_verify.settings import DTYPES
 
 __all__ = [
@@ -180,8 +180,6 @@ def call_options(*, default_scale: bool = True) -> SearchStrategy[tuple[tuple[st
     """How a case's tensors are handed over (``Case.call``): the layout, softmax_scale=None (only with
     ``default_scale``, when the case's scale is headdim^-0.5) and a max_seqlen above the maxima.
     Shrinks to contiguous tensors, the scale passed and the true maxima."""
-    from flamia_verify.properties.cases import CALL_KEYS
-
     layouts = st.sampled_from(CALL_KEYS["layout"])
     scale_args = st.sampled_from(CALL_KEYS["scale_arg"]) if default_scale else st.just("value")
     pads = st.sampled_from((0, 7, 1000))

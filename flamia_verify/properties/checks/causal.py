@@ -45,26 +45,11 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
-from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
+from flamia_verify.properties.helpers import ADVERSARIAL, case_record, doc_bounds, future_inputs, perturb_rows, verdict
 from flamia_verify.properties.registry import register
 
-__all__ = ["perturb_rows", "ADVERSARIAL"]
-
-# adversarial replacement magnitudes (relative to N(0, 1) inputs): huge values move every block
-# maximum they touch; tiny ones remove a maximum the replaced positions held
-ADVERSARIAL = {"huge": 1.0e4, "tiny": 1.0e-4}
-
-
-def perturb_rows(x: torch.Tensor, rows: slice, kind: str, gen: torch.Generator) -> torch.Tensor:
-    """A copy of x whose ``rows`` hold adversarial values (``huge``, ``tiny`` or ``nan``)."""
-    y = x.clone()
-    n = y[rows].shape
-    if kind == "nan":
-        y[rows] = float("nan")
-    else:
-        y[rows] = (torch.randn(n, generator=gen) * ADVERSARIAL[kind]).to(y.dtype).to(y.device)
-    return y
+__all__: list[str] = []
 
 
 def _causal_cases(ctx) -> list[tuple[Case, int]]:
@@ -86,12 +71,6 @@ def _causal_cases(ctx) -> list[tuple[Case, int]]:
     for n, d in enumerate(dims[1:]):
         out.append((ctx.case((L,), heads=2, heads_k=1, headdim=d, causal=True, seed_offset=16 + n), 0))
     return out
-
-
-def _doc_bounds(case: Case, b: int):
-    q0 = sum(case.lens_q[:b])
-    k0 = sum(case.lens_k[:b])
-    return q0, q0 + case.lens_q[b], k0, k0 + case.lens_k[b]
 
 
 def _grid_points(length: int, start: int, block: int, residues) -> set[int]:
@@ -117,7 +96,7 @@ def _positions(ctx, case: Case, b: int, direction: str = "future") -> list[tuple
     positions share (tiny values only move a maximum the replaced positions held).
     ``direction``: "future" (t < Lq - 1: something after t to replace) or "past" (t >= 1)."""
     s = ctx.settings
-    q0, q1, k0, k1 = _doc_bounds(case, b)
+    q0, q1, k0, k1 = doc_bounds(case, b)
     lq, lk = q1 - q0, k1 - k0
     off = lk - lq
     lo, hi = (0, lq - 2) if direction == "future" else (1, lq - 1)
@@ -134,26 +113,10 @@ def _positions(ctx, case: Case, b: int, direction: str = "future") -> list[tuple
 def _nan_positions(ctx, case: Case, b: int) -> list[int]:
     """Positions t of causal.nan: ``causal_positions`` and, where the first query rows see no key
     (Lq > Lk), the last of them and the first row that sees a key (rows that output 0 stay 0)."""
-    q0, q1, k0, k1 = _doc_bounds(case, b)
+    q0, q1, k0, k1 = doc_bounds(case, b)
     lq, off = q1 - q0, (k1 - k0) - (q1 - q0)
     ts = set(ctx.settings.causal_positions) | ({-off - 1, -off} if off < 0 else set())
     return sorted(t for t in ts if 0 <= t < lq - 1)
-
-
-def _future_inputs(inp: Inputs, b: int, t: int, kind: str, seed: int, tensors=("q", "k", "v", "do")) -> Inputs:
-    """Replace queries/dO after query t and keys/values after key t + offset (document b only)."""
-    case = inp.case
-    q0, q1, k0, k1 = _doc_bounds(case, b)
-    off = (k1 - k0) - (q1 - q0)
-    g = torch.Generator().manual_seed(seed)
-    new = {}
-    for name in ("q", "k", "v", "do"):
-        x = getattr(inp, name)
-        if name in tensors:
-            rows = slice(q0 + t + 1, q1) if name in ("q", "do") else slice(max(k0, k0 + t + off + 1), k1)
-            x = perturb_rows(x, rows, kind, g)
-        new[name] = x
-    return inp.replace(**new)
 
 
 def _future_runs(ctx):
@@ -165,7 +128,7 @@ def _future_runs(ctx):
         jobs = [(c, b, t, kind) for c, b in cases for t, kinds in _positions(ctx, c, b, "future") for kind in kinds]
         for n, (case, b, t, kind) in enumerate(jobs):
             base = ctx.run(case)
-            inp = _future_inputs(ctx.inputs(case), b, t, kind, seed=case.seed * 1009 + t)
+            inp = future_inputs(ctx.inputs(case), b, t, kind, seed=case.seed * 1009 + t)
             runs.append((case, b, t, kind, base, ctx.run(inp)))
             ctx.progress((n + 1) / len(jobs))
         return runs
@@ -180,7 +143,7 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
     first = None
     maps: dict = {}
     for case, b, t, kind, base, new in runs:
-        q0, q1, k0, k1 = _doc_bounds(case, b)
+        q0, q1, k0, k1 = doc_bounds(case, b)
         off = (k1 - k0) - (q1 - q0)
         x_new, x_base = getattr(new, tensor), getattr(base, tensor)
         if x_new is None or x_base is None:
@@ -239,12 +202,12 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
 def forward(ctx):
     runs = _future_runs(ctx)
     metrics, first, maps = _leak_report(ctx, runs, "out", "future", "out at/before t")
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"out at/before t bitwise unchanged under {len(runs)} future perturbations",
-        worst_case=first or {},
+        first=first,
         details={"heatmaps": maps},
-        extra_failures=[first["summary"]] if first else [],
     )
 
 
@@ -259,12 +222,12 @@ def forward(ctx):
 def dq(ctx):
     runs = _future_runs(ctx)
     metrics, first, maps = _leak_report(ctx, runs, "dq", "future", "dq at/before t")
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"dQ at/before t bitwise unchanged under {len(runs)} future perturbations",
-        worst_case=first or {},
+        first=first,
         details={"heatmaps": maps},
-        extra_failures=[first["summary"]] if first else [],
     )
 
 
@@ -282,7 +245,7 @@ def dk_dv(ctx):
     runs = []
     for n, (case, b, t, kind) in enumerate(jobs):
         inp = ctx.inputs(case)
-        q0, q1, _, _ = _doc_bounds(case, b)
+        q0, q1, _, _ = doc_bounds(case, b)
         g = torch.Generator().manual_seed(case.seed * 2003 + t)
         new = inp.replace(
             q=perturb_rows(inp.q, slice(q0, q0 + t), kind, g), do=perturb_rows(inp.do, slice(q0, q0 + t), kind, g)
@@ -299,12 +262,12 @@ def dk_dv(ctx):
         "perturbations": len(runs),
     }
     first = first_k or first_v
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"dK, dV at/after t bitwise unchanged under {len(runs)} perturbations of earlier queries",
-        worst_case=first or {},
+        first=first,
         details={"heatmaps": maps_k + maps_v},
-        extra_failures=[first["summary"]] if first else [],
     )
 
 
@@ -321,9 +284,9 @@ def nan(ctx):
     runs, key_runs = [], []
     for n, (case, b, t) in enumerate(jobs):
         base = ctx.run(case)
-        inp = _future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("q", "do"))
+        inp = future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("q", "do"))
         runs.append((case, b, t, "nan", base, ctx.run(inp)))
-        kin = _future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("k",))
+        kin = future_inputs(ctx.inputs(case), b, t, "nan", seed=0, tensors=("k",))
         key_runs.append((case, b, t, "nan-keys", base, ctx.run(kin, backward=False)))
         ctx.progress((n + 1) / len(jobs))
     m_out, first_out, maps_out = _leak_report(ctx, runs, "out", "future", "out at/before t (NaN q, dO after t)")
@@ -331,7 +294,7 @@ def nan(ctx):
     m_key, first_key, _ = _leak_report(ctx, key_runs, "out", "future", "out at/before t (NaN keys after t)")
     nonfinite = 0
     for case_, b_, t, _, base, new in runs:
-        q0 = _doc_bounds(case_, b_)[0]
+        q0 = doc_bounds(case_, b_)[0]
         for name in ("out", "dq"):
             x = getattr(new, name)
             if x is not None:
@@ -352,12 +315,13 @@ def nan(ctx):
     msg = f"out, dQ at/before t unchanged and finite with NaN in later q and dO ({len(runs)} positions)"
     if m_key["leaked_elements"]:
         msg += f"; NaN in masked keys changed {m_key['leaked_elements']} earlier outputs (not required)"
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=msg,
         worst_case=first or first_key or {},
         details={"heatmaps": maps_out + maps_dq},
-        extra_failures=extra,
+        failures=extra,
     )
 
 
@@ -369,7 +333,7 @@ def nan(ctx):
 def _diagonal_rows(ctx, case: Case, b: int) -> list[int]:
     """Query rows t probed by causal.diagonal: ``causal_positions`` whose diagonal key t + offset
     exists, and the first row that sees a key when Lq > Lk."""
-    q0, q1, k0, k1 = _doc_bounds(case, b)
+    q0, q1, k0, k1 = doc_bounds(case, b)
     lq, lk = q1 - q0, k1 - k0
     off = lk - lq
     ts = set(ctx.settings.causal_positions) | ({-off} if off < 0 else set())
@@ -393,7 +357,7 @@ def _diagonal_probe(inp: Inputs, b: int, t: int, which: str, seed: int) -> Input
     must not. The probed probability is of the order of 1/2 by construction, so a correct kernel's
     change is far above any rounding, in every format."""
     case = inp.case
-    q0, q1, k0, k1 = _doc_bounds(case, b)
+    q0, q1, k0, k1 = doc_bounds(case, b)
     d = t + (k1 - k0) - (q1 - q0)
     groups = case.heads // case.heads_k
     g = torch.Generator().manual_seed(seed)
@@ -443,7 +407,7 @@ def diagonal(ctx):
     ]
     missed, leaked, unseen, first, findings = 0, 0, 0, None, []
     for case, b in cases:  # rows that see no key: out 0, dQ 0 (bitwise, -0.0 read as +0.0)
-        q0, q1, k0, k1 = _doc_bounds(case, b)
+        q0, q1, k0, k1 = doc_bounds(case, b)
         n0 = max(0, (q1 - q0) - (k1 - k0))
         base = ctx.run(case)
         for name in ("out", "dq"):
@@ -463,7 +427,7 @@ def diagonal(ctx):
                     )
                 )
     for n, (case, b, t, which) in enumerate(jobs):
-        q0, q1, k0, k1 = _doc_bounds(case, b)
+        q0, q1, k0, k1 = doc_bounds(case, b)
         d = t + (k1 - k0) - (q1 - q0)
         base = ctx.run(case)
         new = ctx.run(_diagonal_probe(ctx.inputs(case), b, t, which, seed=case.seed * 3001 + t))
@@ -515,10 +479,10 @@ def diagonal(ctx):
         ctx.progress((n + 1) / len(jobs))
     first = findings[0] if findings else None
     metrics = {"missed": missed, "leaked_elements": leaked, "nonzero_unseen": unseen, "probes": len(jobs)}
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"every one of {len(jobs)} diagonal probes reached its diagonal position and nothing past it; "
         "rows that see no key output 0",
-        worst_case=first or {},
-        extra_failures=[first["summary"]] if first else [],
+        first=first,
     )

@@ -44,7 +44,7 @@ import torch
 
 from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, e4m3_grid, make_tensors
-from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.helpers import case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, conservation_tolerance
@@ -158,7 +158,8 @@ def conservation_forward(ctx):
                 expected=float(c[h, d]),
                 rel_dev=worst,
             )
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"max_rel_dev": worst},
         ok_message=f"O = V exactly enough with V constant (max deviation {worst:.3g})",
         worst_case=worst_rec or {},
@@ -212,8 +213,8 @@ def shift_invariance(ctx):
                 if worst_k > worst_q:
                     rec = case_record(case, identity="sum_j dK_j = 0", document=b, value=r)
     metrics = {"dq_key_shift": worst_q, "dk_sum": worst_k}
-    return ctx.judged(
-        metrics, ok_message=f"residuals dQ {worst_q:.3g}, sum dK {worst_k:.3g} (relative)", worst_case=rec or {}
+    return verdict(
+        ctx, metrics, ok_message=f"residuals dQ {worst_q:.3g}, sum dK {worst_k:.3g} (relative)", worst_case=rec or {}
     )
 
 
@@ -297,7 +298,8 @@ def conservation_backward(ctx):
                     budget=float(budget[hk, d]),
                 )
         ctx.progress((n + 1) / len(cases))
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"budget_ratio": worst},
         ok_message=f"sum dV - sum dO within {worst:.3g} of the rounding budget",
         worst_case=rec or {},
@@ -439,7 +441,7 @@ def weights(ctx):
                 f"{admitted_max:.2g} (the weights are <= 1), outside the "
                 f"{'/'.join(a.nominal_name for a in model.admissions)} tolerance, inside this one"
             )
-    return ctx.judged(metrics, ok_message=msg, worst_case=rec or {})
+    return verdict(ctx, metrics, ok_message=msg, worst_case=rec or {})
 
 
 def _weight_tolerance(model, W: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -469,8 +471,6 @@ def _weight_tolerance(model, W: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     cost=0.2,
 )
 def grad_forward_ratio(ctx):
-    from flamia_verify.properties.checks.error import normalized_error
-
     worst, rec, rows = 0.0, None, []
     for case in ctx.base_cases():
         res, ref, base = ctx.run(case), ctx.reference(case), ctx.baseline(case)
@@ -500,7 +500,8 @@ def grad_forward_ratio(ctx):
                     normalized_grad_error=n_t,
                     normalized_out_error=n_out,
                 )
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"normalized_ratio": worst},
         ok_message=f"gradient/forward error ratio {worst:.3g}x the model's",
         worst_case=rec or {},

@@ -25,10 +25,9 @@ from dataclasses import replace
 import torch
 
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.checks.bound import bound_report, bounds_for
-from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError
+from flamia_verify.properties.helpers import bound_report, bounds_for, case_record, verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.settings import DTYPES
 
@@ -159,7 +158,7 @@ def arguments(ctx):
     if layout_mismatches:
         ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
     failures = [first["summary"]] if first and (violations or seqlen_mismatches or failed) else []
-    return ctx.judged(metrics, ok_message=ok, worst_case=first or {}, extra_failures=failures)
+    return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
 
 
 @register(
@@ -182,11 +181,12 @@ def lse(ctx):
                     f"the second output item has shape (total_q, nheads) = ({case.total_q}, {case.heads}); "
                     "FlashAttention's log-sum-exp is (nheads, total_q)"
                 )
-                return ctx.judged(
+                return verdict(
+                    ctx,
                     {"violations": case.total_q * case.heads},
                     ok_message="",
                     worst_case=case_record(case, summary=msg),
-                    extra_failures=[msg],
+                    failures=[msg],
                 )
             continue
         ref = ctx.reference(case)
@@ -209,11 +209,11 @@ def lse(ctx):
     if not rows:
         what = f" (its second item: {seen})" if seen else ""
         return ctx.skip(f"the kernel returns no log-sum-exp of shape (nheads, total_q){what}")
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"violations": violations, "tightness": worst_ratio, "rows": rows},
         ok_message=f"lse of {rows} rows within the bound (natural log); tightness {worst_ratio:.3g}",
-        worst_case=first or {},
-        extra_failures=[first["summary"]] if first else [],
+        first=first,
     )
 
 

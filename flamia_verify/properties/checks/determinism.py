@@ -21,8 +21,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
+from flamia_verify.properties.helpers import LAYOUT_HEADS, case_record, layout_base_run, layout_docs, pack_docs, verdict
 from flamia_verify.properties.registry import register
 
 __all__ = ["long_cases"]
@@ -51,8 +51,6 @@ def long_cases(ctx):
 def repeat(ctx):
     # the many-document pack of isolation.layout (7-8K tokens in the standard suite, one document
     # longer than every tile): where split-K, atomics and per-launch schedules engage
-    from flamia_verify.properties.checks.layout import LAYOUT_HEADS, layout_base_run, layout_docs, pack_docs
-
     cases = ctx.base_cases()[:3] + long_cases(ctx)
     docs = layout_docs(ctx)
     pack = pack_docs(ctx, docs, heads=LAYOUT_HEADS[0], heads_k=LAYOUT_HEADS[1], causal=True)
@@ -91,9 +89,9 @@ def repeat(ctx):
             "accepted by warn_only",
             worst_case=first,
         )
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"bitwise identical over {repeats} runs of {len(cases)} cases and a {pack.case.total_q}-token pack",
-        worst_case=first or {},
-        extra_failures=[first["summary"]] if first else [],
+        first=first,
     )

@@ -20,8 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flamia_verify.kernels.noise_model import predicted_errors
-from flamia_verify.properties.checks.common import case_record, worst_element
+from flamia_verify.properties.helpers import case_record, normalized_error, predicted, verdict, worst_element
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
@@ -36,23 +35,6 @@ def _defaults(tensor):
         return {"normalized_error": ERROR_MODEL_FACTOR}
 
     return f
-
-
-def predicted(ctx, case) -> dict[str, float]:
-    """The rounding model's relative RMSE of every tensor on this case (cached)."""
-
-    def compute():
-        model = ctx.bound_model
-        return predicted_errors(ctx.inputs(case), ctx.reference(case), model, seed=case.seed)
-
-    return ctx.memo(("predicted", case), compute)
-
-
-def normalized_error(ctx, case, tensor: str, rel: float) -> float:
-    pred = predicted(ctx, case)[tensor]
-    if pred <= 0:
-        return 0.0 if rel == 0 else math.inf
-    return rel / pred
 
 
 def _error_check(ctx, tensor: str):
@@ -138,7 +120,8 @@ def _error_check(ctx, tensor: str):
     extra = []
     if metrics["nonfinite"]:
         extra.append(f"{metrics['nonfinite']} non-finite {label} elements on finite inputs")
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=(
             f"{label}: rel RMSE {metrics['rel_rmse']:.3g} ({metrics['ratio_to_bf16']:.3g}x BF16), "
@@ -146,7 +129,7 @@ def _error_check(ctx, tensor: str):
         ),
         worst_case=worst_case,
         details=details,
-        extra_failures=extra,
+        failures=extra,
     )
 
 

@@ -2,7 +2,7 @@
 
 The fixed packings of the other checks are where a kernel's authors looked; the fuzz pass draws
 packings nobody picked. It runs the same search as ``flamia-verify fuzz`` (see
-:mod:`flamia_verify.properties.fuzz`) for a fixed number of hypothesis examples seeded by the run's
+:mod:`flamia_verify.properties.search`) for a fixed number of hypothesis examples seeded by the run's
 seed, so a rerun with the same seed draws the same examples:
 
     suite      examples   shrinking budget (kernel evaluations after the first failure)
@@ -17,7 +17,7 @@ t + offset) and isolated from the others, bitwise. The first failure is shrunk (
 ``worst_case`` is the reproducer that ``flamia-verify fuzz --replay`` reruns, with ``property``
 naming what failed (``causal``, ``isolation``, ``bound``, ``finite``, ``crash``): an example outside
 the bound is also tested for a causal or cross-document leak, and named after the leak when it has one
-(see :mod:`flamia_verify.properties.fuzz`). The metrics count the examples asked for
+(see :mod:`flamia_verify.properties.search`). The metrics count the examples asked for
 (``examples_requested``), drawn (``examples_drawn``, of which ``examples_shrinking`` after the first
 failure) and run on the kernel (``distinct_examples``).
 
@@ -29,7 +29,9 @@ by property in the message and worst case.
 
 from __future__ import annotations
 
+from flamia_verify.properties.helpers import verdict
 from flamia_verify.properties.registry import register
+from flamia_verify.properties.search import PROPERTIES, fuzz_sizes, search
 
 __all__ = ["FUZZ_EXAMPLES", "SHRINK_LIMIT"]
 
@@ -50,9 +52,6 @@ SHRINK_LIMIT = {"standard": 40, "full": 120}
     cost=4.0,
 )
 def fuzz_pass(ctx):
-    # imported here: the fuzzer imports the causal checks, whose package imports this module
-    from flamia_verify.properties.fuzz import PROPERTIES, fuzz_sizes, search
-
     max_tokens, long_tokens = fuzz_sizes(ctx.device)
 
     suite = ctx.settings.name
@@ -86,7 +85,8 @@ def fuzz_pass(ctx):
         "shrink_stopped": res.shrink_stopped,
     }
     if res.finding is None:
-        return ctx.judged(
+        return verdict(
+            ctx,
             metrics,
             ok_message=f"no failure in random packings: {res.counts_text()} "
             f"({metrics['long_document_examples']} with a long document, "
@@ -110,6 +110,4 @@ def fuzz_pass(ctx):
         f"heads={rep['heads']}/{rep['heads_k']} d={rep['headdim']} document {rep['document']} t={rep['t']} "
         f"({rep['perturbation']}): {f.message}; {res.counts_text()}"
     )
-    return ctx.judged(
-        metrics, ok_message="", worst_case=worst, details={"search": search_info}, extra_failures=[summary]
-    )
+    return verdict(ctx, metrics, ok_message="", worst_case=worst, details={"search": search_info}, failures=[summary])

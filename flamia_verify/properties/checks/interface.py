@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.harness import KernelCallError
+from flamia_verify.properties.helpers import case_record, verdict
 from flamia_verify.properties.registry import register
 
 __all__ = ["INPUTS_UNMODIFIED", "judge_modifications"]
@@ -58,11 +58,12 @@ def output(ctx):
             problems.append(case_record(case, problem=f"out is on {res.out.device}, inputs on {inp.q.device}"))
         ctx.progress((n + 1) / len(cases))
     metrics = {"bad_outputs": len(problems), "cases": len(cases), "tuple_output": tuple_output}
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"shape, dtype and device right on {len(cases)} calls" + (" (tuple output)" if tuple_output else ""),
         worst_case=problems[0] if problems else {},
-        extra_failures=[p["problem"] for p in problems[:1]],
+        failures=[p["problem"] for p in problems[:1]],
     )
 
 
@@ -94,7 +95,8 @@ def judge_modifications(ctx):
         "audited_calls": ctx.harness.audited,
     }
     if not mods:
-        return ctx.judged(
+        return verdict(
+            ctx,
             metrics,
             ok_message=f"inputs bitwise unchanged after each of the {ctx.harness.audited} "
             "kernel calls (forward, and backward where it ran)",
@@ -109,11 +111,12 @@ def judge_modifications(ctx):
     )
     worst["modifications"] = [{"tensor": m.tensor, "stage": m.stage, "case": m.case.describe()} for m in mods[:_LISTED]]
     where = "; ".join(sorted({f"{m.tensor} in the {m.stage}" for m in mods}))
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message="",
         worst_case=worst,
-        extra_failures=[
+        failures=[
             f"the kernel wrote into {', '.join(names)} ({where}); first on {first.case.describe()}: "
             f"{first.mismatch.summary()}"
         ],
@@ -144,7 +147,7 @@ def backward(ctx):
         worst = case_record(b.case, problem=problem, cause=b.cause) if b.case is not None else {"problem": problem}
         if b.traceback:  # what the backward raised, in full
             worst["traceback"] = b.traceback
-        return ctx.judged({"bad_gradients": 1, "cases": 1}, ok_message="", worst_case=worst, extra_failures=[problem])
+        return verdict(ctx, {"bad_gradients": 1, "cases": 1}, ok_message="", worst_case=worst, failures=[problem])
     problems = []
     cases = _cases(ctx)
     for n, case in enumerate(cases):
@@ -175,9 +178,10 @@ def backward(ctx):
                 )
         ctx.progress((n + 1) / len(cases))
     metrics = {"bad_gradients": len(problems), "cases": len(cases)}
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=f"dq, dk, dv have the right shapes and dtypes on {len(cases)} calls",
         worst_case=problems[0] if problems else {},
-        extra_failures=[problems[0]["problem"]] if problems else [],
+        failures=[problems[0]["problem"]] if problems else [],
     )

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
-from flamia_verify.properties.checks.common import case_record
 from flamia_verify.properties.compare import compare_bitwise
+from flamia_verify.properties.helpers import case_record, verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, predicted_rel_rmse
 
@@ -162,11 +162,11 @@ def neighbours(ctx):
                         summary=m.summary(),
                     )
         ctx.progress((n + 1) / len(jobs))
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"changed_elements": changed, "perturbations": runs},
         ok_message=f"target document bitwise unchanged under {runs} neighbour changes",
-        worst_case=first or {},
-        extra_failures=[first["summary"]] if first else [],
+        first=first,
     )
 
 
@@ -204,11 +204,11 @@ def nan(ctx):
                         summary=m.summary(),
                     )
         ctx.progress((n + 1) / len(jobs))
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"changed_elements": changed, "nonfinite": nonfinite, "perturbations": runs},
         ok_message=f"target document bitwise unchanged and finite next to NaN documents ({runs} packs)",
-        worst_case=first or {},
-        extra_failures=[first["summary"]] if first else [],
+        first=first,
     )
 
 
@@ -272,9 +272,10 @@ def offset(ctx):
             f"{runs} packs; accepted up to {ctx.th.get('bitwise_mismatches', 0):g}); largest difference "
             f"{worst_rel:.3g} of the RMS"
         )
-    return ctx.judged(
+    return verdict(
+        ctx,
         metrics,
         ok_message=ok_message,
         worst_case=first or {},
-        extra_failures=[],
+        failures=[],
     )

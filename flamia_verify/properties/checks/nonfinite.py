@@ -27,7 +27,7 @@ import math
 import torch
 
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.helpers import case_record, verdict
 from flamia_verify.properties.registry import register
 
 __all__ = ["poisons", "dependent"]
@@ -120,14 +120,14 @@ def nonfinite(ctx):
                     summary=summary,
                 )
         ctx.progress((n + 1) / len(jobs))
-    return ctx.judged(
+    return verdict(
+        ctx,
         {"hidden_elements": hidden, "spread_elements": spread, "spread_in_document": in_doc, "poisoned_runs": runs},
         ok_message=(
             f"NaN and Inf reach every element that depends on them and nothing in other documents or heads "
             f"({runs} poisoned runs; {in_doc} non-dependent elements of their own document and head became non-finite)"
         ),
-        worst_case=first or {},
-        extra_failures=[first["summary"]] if first else [],
+        first=first,
     )
 
 

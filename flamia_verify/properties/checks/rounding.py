@@ -27,9 +27,8 @@ from flamia_verify.kernels.bounds import exact_operands_model
 from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
 from flamia_verify.properties.acc_probe import SITES as ACC_SITES
-from flamia_verify.properties.checks.bound import bound_ratio
-from flamia_verify.properties.checks.common import bounds_of, case_record
 from flamia_verify.properties.compare import compare_within
+from flamia_verify.properties.helpers import bound_ratio, bounds_of, case_record, verdict
 from flamia_verify.properties.mx_probes import (
     PROBE_DIM,
     PROBE_LEN,
@@ -185,9 +184,7 @@ def bound_rounding(ctx):
     )
     if notes:
         msg += "; " + "; ".join(notes)
-    return ctx.judged(
-        metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
-    )
+    return verdict(ctx, metrics, ok_message=msg, first=first)
 
 
 @register(
@@ -248,6 +245,4 @@ def bound_accumulation(ctx):
     if not ctx.has_backward:
         msg += "; no backward, dV not probed"
     first = tally.first
-    return ctx.judged(
-        metrics, ok_message=msg, worst_case=first or {}, extra_failures=[first["summary"]] if first else []
-    )
+    return verdict(ctx, metrics, ok_message=msg, first=first)

@@ -31,8 +31,7 @@ import math
 import torch
 
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.checks.bound import bound_report
-from flamia_verify.properties.checks.common import case_record
+from flamia_verify.properties.helpers import GRID_QK, bound_report, case_record, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 
@@ -108,11 +107,8 @@ def _special(ctx, cases, *, label: str, extra_metrics=None):
     if conv_first:
         extra.append(conv_first["problem"])
     wc = first or conv_first or case_record(cases[0])
-    return ctx.judged(out, ok_message=msg, worst_case=wc, details=details, extra_failures=extra)
+    return verdict(ctx, out, ok_message=msg, worst_case=wc, details=details, failures=extra)
 
-
-# q and k on the MX-exact grid: exact scores, so the bound is tight on P, V and dO
-_GRID = (("grid_q", True), ("grid_k", True))
 
 _SPECIAL_TH = lambda recipe, dtype: {"violations": 0, "nonfinite": 0, "convention_violations": 0}  # noqa: E731
 
@@ -170,7 +166,7 @@ def magnitudes(ctx):
     cases = [
         ctx.case((L,), overrides=(("scale_v", 2.0**hi), ("scale_q", 2.0**-9), ("scale_k", 2.0**-9)), seed_offset=61),
         ctx.case((L, 33), overrides=(("scale_v", 2.0**lo),), causal=False, seed_offset=62),
-        ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)), ("scale_v", 2.0**-9)) + _GRID, seed_offset=66),
+        ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)), ("scale_v", 2.0**-9)) + GRID_QK, seed_offset=66),
         ctx.case((L,), overrides=(("scale_v", 2.0**-9),), seed_offset=63),
         ctx.case((L,), overrides=(("fill_v", (10, 50, 464.0)),), seed_offset=64),
         # the upstream gradient: small in training (loss scaling, 1/tokens), large after a loss scale;
@@ -191,7 +187,7 @@ def magnitudes(ctx):
         # V blocks whose MX scale is E8M0's smallest, 2^-127 (byte 0): a decoder that builds the scale
         # from the byte as b << 23 reads 0 there (an fp32 subnormal). Dtypes whose normal range ends
         # above 2^-126 (fp16) cannot hold such a block.
-        cases.append(ctx.case((L,), overrides=(("scale_v", 2.0**E8M0_MIN_CASE),) + _GRID, seed_offset=70))
+        cases.append(ctx.case((L,), overrides=(("scale_v", 2.0**E8M0_MIN_CASE),) + GRID_QK, seed_offset=70))
     return _special(ctx, cases, label="magnitude cases")
 
 
@@ -207,7 +203,7 @@ def outlier_channels(ctx):
     cases = [
         ctx.case((L,), distribution="outliers", seed_offset=71),
         ctx.case((30, L), distribution="outliers", causal=False, heads=2, heads_k=1, seed_offset=72),
-        ctx.case((L,), distribution="outliers", overrides=_GRID, seed_offset=73),
+        ctx.case((L,), distribution="outliers", overrides=GRID_QK, seed_offset=73),
     ][: ctx.settings.special_cases]
     ratio = 0.0
     for case in cases:
@@ -228,10 +224,10 @@ def outlier_channels(ctx):
 def attention_sink(ctx):
     L = ctx.settings.special_len
     cases = [
-        ctx.case((L,), distribution="sink", overrides=_GRID, seed_offset=84),
+        ctx.case((L,), distribution="sink", overrides=GRID_QK, seed_offset=84),
         ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
         ctx.case(
-            (L, 40), distribution="sink", heads=2, heads_k=1, overrides=(("scale_k", 2.0),) + _GRID, seed_offset=85
+            (L, 40), distribution="sink", heads=2, heads_k=1, overrides=(("scale_k", 2.0),) + GRID_QK, seed_offset=85
         ),
         ctx.case((L,), distribution="sink", seed_offset=81),
         ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
@@ -253,7 +249,7 @@ def constant_rows(ctx):
         ctx.case((L, 33), overrides=(("const_v", True), ("const_do", True)), causal=False, seed_offset=93),
         # q and k on the MX-exact grid: exact scores, so the bound on dV = P^T dO is tight and a constant
         # dO block that a kernel flushes to 0 (dV = 0) falls outside it
-        ctx.case((L, 33), overrides=(("const_v", True), ("const_do", True)) + _GRID, causal=False, seed_offset=94),
+        ctx.case((L, 33), overrides=(("const_v", True), ("const_do", True)) + GRID_QK, causal=False, seed_offset=94),
     ]
     return _special(ctx, cases, label="constant-row cases")
 
@@ -288,7 +284,7 @@ def short_documents(ctx):
             heads=2,
             heads_k=1,
             causal=True,
-            overrides=_GRID,
+            overrides=GRID_QK,
             seed_offset=114,
         ),
         ctx.case((1, 0, 1, 5, 0, 1, 3), (1, 3, 0, 2, 0, 1, 9), heads=2, heads_k=1, causal=False, seed_offset=112),
