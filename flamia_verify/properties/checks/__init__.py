@@ -1,4 +1,8 @@
-"""The checks, one module per family; importing this package registers them all."""
+"""The checks, one module per family; importing this package registers them all, in this order.
+
+Only :mod:`flamia_verify.properties.catalog` imports it. The check modules never import each other:
+what several of them share is in :mod:`flamia_verify.properties.helpers`.
+"""
 
 from flamia_verify.properties.checks import (
     bias,

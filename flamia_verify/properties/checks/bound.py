@@ -11,7 +11,8 @@ MX-exact E4M3 grid: with exact scores the bound is tight on the rounding of V, P
 A recipe that admits a second format for some operands (the BF16 recipe: P and P^T in FP16, whose
 underflow floor BF16 does not have) is judged under the model that covers both; the elements that
 only the admission accepts are counted against the nominal model and named in the report
-(``admitted_elements``, :func:`admission_summary`; docs/checks.md, "FP16 probabilities in a BF16 recipe").
+(``admitted_elements``, :func:`~flamia_verify.properties.helpers.admission_summary`; docs/checks.md,
+"FP16 probabilities in a BF16 recipe").
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ def long_cases(ctx):
     cost=1.0,
 )
 def repeat(ctx):
+    cases = ctx.base_cases()[:3] + long_cases(ctx)
     # the many-document pack of isolation.layout (7-8K tokens in the standard suite, one document
     # longer than every tile): where split-K, atomics and per-launch schedules engage
-    cases = ctx.base_cases()[:3] + long_cases(ctx)
     docs = layout_docs(ctx)
     pack = pack_docs(ctx, docs, heads=LAYOUT_HEADS[0], heads_k=LAYOUT_HEADS[1], causal=True)
     # (case, its first run, its inputs): the pack's first run is isolation.layout's base when it ran
@@ -82,12 +82,15 @@ def repeat(ctx):
         "pack_tokens": pack.case.total_q,
     }
     if mismatched and ctx.opt.get("warn_only"):
-        return ctx.result(
-            "pass",
+        # accepted: the mismatch counts are reported, not judged
+        return verdict(
+            ctx,
             metrics,
-            message=f"warning: not bitwise reproducible ({first['summary']}); "  # type: ignore[index]
+            ok_message=f"warning: not bitwise reproducible ({first['summary']}); "  # type: ignore[index]
             "accepted by warn_only",
             worst_case=first,
+            failures=[],
+            judge_thresholds=False,
         )
     return verdict(
         ctx,
