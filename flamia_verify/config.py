@@ -37,11 +37,18 @@ and options.
 dtype, seed, out and forward_only (its examples are judged against the rigorous bound and bitwise, so
 suite, only, thresholds and case_timeout_s do not apply to it); `compare` reads compare_factor;
 `train-parity` its own table. A command-line flag wins over the file.
+
+This module is the reader: TOML to a :class:`Config`, each key's type and value checked by the rules
+of :mod:`flamia_verify.settings`. It sits on the bottom floor of the package and knows neither the
+registered checks nor the training presets: the two checks that need them (the threshold tables, the
+train_parity preset) are passed in by the caller (``check_thresholds``, ``check_preset``);
+:func:`flamia_verify.commands.common.load_config` is the command line's reader, which passes both.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +64,13 @@ from flamia_verify.settings import (
     train_parity_limit,
 )
 
-__all__ = ["Config", "load_config"]
+__all__ = ["Config", "TRAIN_PARITY_TYPES", "ThresholdCheck", "PresetCheck", "read_config"]
+
+#: validates a [thresholds] table (``table``, ``where`` the file and table for messages) and returns it
+#: as the run takes it; raises ConfigError naming the problem
+ThresholdCheck = Callable[[dict[str, Any], str], dict[str, Any]]
+#: validates the train_parity preset name (``value``, ``where``); raises ConfigError when unknown
+PresetCheck = Callable[[str, str], None]
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "kernel": (str,),
@@ -115,7 +128,9 @@ def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> No
         raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
 
 
-def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
+def _validate(
+    table: dict[str, Any], where: str, check_thresholds: ThresholdCheck | None, check_preset: PresetCheck | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key not in _TYPES:
@@ -134,34 +149,40 @@ def _validate(table: dict[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: {key} must be a positive finite number, got {value!r}")
         if key == "compare_factor":
             compare_factor(value, f"{where}: {key}")
-        if key == "thresholds":
-            # check names, keys and kinds (numbers; true/false for options) against the registered checks
-            from flamia_verify.properties.thresholds import validate_overrides
-
-            value = validate_overrides(value, where)
+        if key == "thresholds" and check_thresholds is not None:
+            value = check_thresholds(value, where)
         if key == "train_parity":
-            value = _validate_train_parity(value, f"{where} train_parity")
+            value = _validate_train_parity(value, f"{where} train_parity", check_preset)
         out[key] = value
     return out
 
 
-def _validate_train_parity(table: dict[str, Any], where: str) -> dict[str, Any]:
-    from flamia_verify.training.parity import PRESETS
-
+def _validate_train_parity(table: dict[str, Any], where: str, check_preset: PresetCheck | None) -> dict[str, Any]:
     for key, value in table.items():
         if key not in TRAIN_PARITY_TYPES:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(TRAIN_PARITY_TYPES))}")
         _check_type(key, value, TRAIN_PARITY_TYPES[key], where)
-        if key == "preset" and value not in PRESETS:
-            raise ConfigError(f"{where}: preset = {value!r} is not one of {', '.join(PRESETS)}")
+        if key == "preset" and check_preset is not None:
+            check_preset(value, where)
         train_parity_limit(key, value, f"{where}: {key}")
         if key == "kernels" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: kernels must be a list of kernel specs, got {value!r}")
     return dict(table)
 
 
-def load_config(path: str | Path | None = None, *, search_dir: str | Path = ".") -> Config:
-    """Read ``path`` (``--config``) or, without one, ``pyproject.toml`` in ``search_dir`` if it has our table."""
+def read_config(
+    path: str | Path | None = None,
+    *,
+    search_dir: str | Path = ".",
+    check_thresholds: ThresholdCheck | None = None,
+    check_preset: PresetCheck | None = None,
+) -> Config:
+    """Read ``path`` (``--config``) or, without one, ``pyproject.toml`` in ``search_dir`` if it has our table.
+
+    ``check_thresholds`` and ``check_preset`` validate what this floor cannot (the threshold tables
+    against the registered checks, the train_parity preset against the presets); each is called, where
+    given, when the reader meets its key, so that the first problem in the file's order is the one
+    reported. Without them those two are only type-checked."""
     if path is not None:
         path = Path(path)
         data = read_toml(path)
@@ -181,6 +202,5 @@ def load_config(path: str | Path | None = None, *, search_dir: str | Path = ".")
         path = candidate
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table of settings")
-    values = _validate(table, where)
-    cfg = Config(source=str(path), **values)
-    return cfg
+    values = _validate(table, where, check_thresholds, check_preset)
+    return Config(source=str(path), **values)

@@ -13,7 +13,7 @@ import pytest
 from cli_run import _write, run_cli
 
 from flamia_verify.cli import main
-from flamia_verify.config import load_config
+from flamia_verify.commands.common import load_config
 from flamia_verify.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def test_list_shows_builtin_kernels(capsys):
 
 
 def test_list_says_what_each_builtin_runs_on_cuda():
-    from flamia_verify.cli import _cuda_path
+    from flamia_verify.commands.list import cuda_path as _cuda_path
     from flamia_verify.kernels import builtin_kernels
 
     kernels = builtin_kernels()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flamia_verify.cli import main
-from flamia_verify.config import load_config
+from flamia_verify.commands.common import load_config
 from flamia_verify.errors import ConfigError
 from flamia_verify.properties import run_checks
 

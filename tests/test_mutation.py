@@ -16,7 +16,7 @@ from flamia_verify.cli import main
 from flamia_verify.kernels.loader import load_kernel
 from flamia_verify.mutation import BUGS, CORRECT, MUTANTS, Edit, Mutant, MutationError, ci_sample, mutant_kernel
 from flamia_verify.mutation.build import apply_edits, mutated_module
-from flamia_verify.mutation.cli import verdict
+from flamia_verify.mutation.report import verdict
 from flamia_verify.mutation.runner import MutantResult, distinguishes, run_mutant, summarize
 from flamia_verify.properties.cases import Case, make_inputs
 

@@ -13,7 +13,7 @@ import torch
 import flamia_verify
 from flamia_verify import settings
 from flamia_verify.cli import build_parser, main
-from flamia_verify.config import load_config
+from flamia_verify.commands.common import load_config
 from flamia_verify.errors import ConfigError
 from flamia_verify.properties import SUITES, fuzz, run_checks
 from flamia_verify.properties.catalog import all_specs

@@ -19,7 +19,7 @@ from zoo import correct as C
 from zoo import kernels as Z
 
 from flamia_verify.cli import main
-from flamia_verify.config import load_config
+from flamia_verify.commands.common import load_config
 from flamia_verify.errors import ConfigError
 from flamia_verify.properties.catalog import all_specs
 from flamia_verify.properties.engine import build_context, resolve_kernel, run_one

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flamia_verify.cli import main
-from flamia_verify.config import load_config
+from flamia_verify.commands.common import load_config
 from flamia_verify.errors import ConfigError
 from flamia_verify.kernels import load_kernel
 from flamia_verify.training.corpus import build_corpus, make_batches

@@ -11,8 +11,13 @@ crashed during training.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from typing import Any
+
+from flamia_verify.commands.common import device_arg, device_metavar, load_config, prepare_out, remove_stale
+from flamia_verify.errors import ConfigError, KernelCrashError, UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -28,11 +33,7 @@ corpus is this Python's standard library source (no download). Presets: tiny (2 
 the GPU run; docs/training.md)."""
 
 
-def add_parser(sub) -> None:
-    import argparse
-
-    from flamia_verify.cli import DEVICE_METAVAR, device_arg
-
+def add_parser(sub: Any) -> None:
     t = sub.add_parser(
         "train-parity",
         help="does a model trained with the kernel end within BF16's noise?",
@@ -56,7 +57,7 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--device",
         type=device_arg,
-        metavar=DEVICE_METAVAR,
+        metavar=device_metavar(),
         default="auto",
         help="where the model trains: cuda:N is GPU N (default auto: cuda when a GPU is present)",
     )
@@ -64,9 +65,7 @@ def add_parser(sub) -> None:
     t.add_argument("--config", help="TOML file whose [tool.flamia-verify.train_parity] table sets the defaults")
 
 
-def run(args) -> int:
-    from flamia_verify.config import load_config
-    from flamia_verify.errors import ConfigError, KernelCrashError, UsageError
+def run(args: argparse.Namespace) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.reference import reference_attention
     from flamia_verify.settings import resolve_device, train_parity_limit
@@ -94,10 +93,8 @@ def run(args) -> int:
     cfg = with_overrides(
         cfg, steps=args.steps, tokens=args.tokens, bf16_seeds=args.bf16_seeds, seed=args.seed, max_gap=args.max_gap
     )
-    from flamia_verify.cli import _prepare_out, _remove_stale
-
-    out = _prepare_out(args.out)
-    _remove_stale(out, PARITY_FILES)
+    out = prepare_out(args.out)
+    remove_stale(out, PARITY_FILES)
     kernels = {}
     for spec in dict.fromkeys(specs):
         kernels[spec] = load_kernel(spec).fn
@@ -112,13 +109,13 @@ def run(args) -> int:
     )
     t0, last = time.perf_counter(), [0.0]
 
-    def on_step(name, step, loss):
+    def on_step(name: str, step: int, loss: float) -> None:
         now = time.perf_counter()
         if now - last[0] > 10 or step + 1 == cfg.steps:
             last[0] = now
             print(f"  {name}: step {step + 1}/{cfg.steps} loss {loss:.3f}  ({now - t0:.0f} s)", flush=True)
 
-    def on_run(r):
+    def on_run(r: Any) -> None:
         if r.diverged_at is not None:
             print(
                 f"{r.kernel} (seed {r.seed}): DIVERGED at step {r.diverged_at} (loss or gradient not finite)",

@@ -1,0 +1,360 @@
+"""``flamia-verify check``: run the checks on a kernel beside a float64 reference and write the reports."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flamia_verify.commands.common import (
+    DEFAULT_KERNEL,
+    EXIT_FAIL,
+    EXIT_KERNEL,
+    EXIT_PASS,
+    TRACEBACK_HELP,
+    console,
+    device_arg,
+    device_metavar,
+    fail,
+    kernel_choices,
+    load_config,
+    mark_interrupted,
+    plain,
+    prepare_out,
+    print_tracebacks,
+    remove_stale,
+    report_names,
+    run_options,
+)
+from flamia_verify.errors import KernelCrashError, UsageError
+
+__all__ = ["add_parser", "run", "CheckReporter", "PartialReports"]
+
+DESCRIPTION = """\
+Run the checks on a kernel beside a float64 reference and write report.json, report.md,
+report.html and junit.xml.
+
+suites (they differ in the cases; standard and full add a bounded fuzz pass, isolation.fuzz):
+  quick:    3 base packings x 2 seeds (one GQA 4:2 with Lq != Lk, one scales dO by 2^-20, one
+            passes a non-default softmax_scale), causal documents of 96 tokens probed at every
+            32-block boundary, Lq < Lk and Lq > Lk, head_dim 64 and 128, one 512-key document;
+            10-20 s for an emulated kernel on a 2-core CPU
+  standard: 7 base packings x 2 seeds: many tiny documents, lengths around 32, 64 and 128, 512
+            tokens at headdim 128, GQA 4:1, Lq != Lk; longer causal documents; about a minute
+            for a fused kernel on an H200 with an empty Triton cache, 20 s with its kernels compiled
+  full:     10 base packings x 4 seeds, up to 2048 tokens a call, 4 heads, head_dim 256 too;
+            many minutes on a CPU
+
+A kernel whose backward is missing or raises fails the run (interface.backward fails, the
+gradient checks report error) unless it is declared with --forward-only."""
+
+EPILOG = """\
+exit codes: 0 every check passed; 1 a check failed or errored, or the run is incomplete
+(interrupted by SIGINT/SIGTERM, or the reports could not be written: one line names the file);
+2 bad usage or configuration; 3 the kernel could not be loaded or crashed. The reports of an
+incomplete run say INCOMPLETE and keep the checks that finished."""
+
+
+def add_parser(sub: Any) -> None:
+    from flamia_verify.settings import CLI_DTYPES, SUITES
+
+    builtins, recipes = kernel_choices()
+    c = sub.add_parser(
+        "check",
+        help="run the checks on a kernel and write reports",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument(
+        "--kernel",
+        help=f"built-in name ({builtins}), module:function or file.py:function (default {DEFAULT_KERNEL})",
+    )
+    c.add_argument(
+        "--recipe",
+        help=f"the precision recipe the kernel claims ({recipes}); built-in kernels carry their own",
+    )
+    c.add_argument("--suite", choices=SUITES, help="how many and how large the cases are (see above; default quick)")
+    c.add_argument(
+        "--device",
+        type=device_arg,
+        metavar=device_metavar(),
+        help="where the kernel and its inputs live: cuda:N is GPU N (default auto: cuda when a GPU is present)",
+    )
+    c.add_argument("--dtype", choices=CLI_DTYPES, help="dtype of q, k, v and dO (default bf16)")
+    c.add_argument(
+        "--seed", type=int, help="seed every case is drawn from; the same seed gives the same cases (default 0)"
+    )
+    c.add_argument(
+        "--out", help="directory for report.json, report.md, report.html, junit.xml (default ./flamia-report)"
+    )
+    c.add_argument(
+        "--config",
+        help="TOML file with [tool.flamia-verify] settings and thresholds "
+        "(default: pyproject.toml here, if it has that table)",
+    )
+    c.add_argument("--only", nargs="+", metavar="FAMILY", help="only these families or checks (e.g. causal isolation)")
+    c.add_argument(
+        "--forward-only",
+        action="store_true",
+        default=None,
+        help="declare a kernel without a backward: its backward is never called, the gradient checks "
+        "skip and the reports say gradients were not checked (config: forward_only = true). "
+        "Without it, a kernel whose backward is missing or raises fails",
+    )
+    c.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
+
+
+def kernel_spec(flag: str | None, configured: str | None) -> str:
+    """The kernel a check runs: --kernel, else the config's, else the built-in example. An empty name
+    (``--kernel "$KERNEL"`` with the variable unset, ``kernel = ""``) is a usage error, never the
+    built-in: a CI job must not go green on the wrong kernel."""
+    for value, where in ((flag, "--kernel"), (configured, "kernel in the config")):
+        if value is not None and not value.strip():
+            raise UsageError(f"{where} is empty; name a kernel (built-in name, module:function or file.py:function)")
+    return flag or configured or DEFAULT_KERNEL
+
+
+class CheckReporter:
+    """What a running check shows on the console: a progress bar on a terminal; on a plain console (a
+    CI log, a pipe) a header line before the first check finishes, a line per finished check and a
+    ``still running`` heartbeat at least every 30 s; then the verdict and where the reports are.
+
+    Hand :meth:`on_progress` and :meth:`on_result` to the engine and run it inside :meth:`live`."""
+
+    def __init__(
+        self, console: Any, *, kernel: str, recipe: str, suite: str, seed: int, device: str, total_checks: int | None
+    ) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        from flamia_verify.reports.terminal import Heartbeat
+
+        self.console = console
+        self.plain = plain(console)  # a CI log or a pipe: a line per finished check instead of a progress bar
+        self.kernel, self.recipe, self.suite, self.seed, self.device = kernel, recipe, suite, seed, device
+        self.total_checks = total_checks
+        self.finished: list[Any] = []
+        self.selected: int | None = None  # the number of checks the run selected, once it says
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} checks"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=self.plain,
+        )
+        self.task = self.progress.add_task(f"{kernel}: starting", total=total_checks or 1)
+        self.heartbeat = Heartbeat(console)
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @contextlib.contextmanager
+    def live(self) -> Iterator[None]:
+        """The progress bar on a terminal; the heartbeat in a log (a line at least every 30 s)."""
+        with self.progress, self.heartbeat if self.plain else contextlib.nullcontext():
+            yield
+
+    def on_progress(self, event: Any) -> None:
+        from flamia_verify.reports.wording import printable
+
+        name = getattr(event, "check", None) or getattr(event, "name", "")
+        index = getattr(event, "index", 0) or 0
+        total = getattr(event, "total", None) or self.total_checks or 1
+        if self.plain and self.selected is None:  # the log says what runs before the first check finishes
+            self.console.print(
+                f"checking {printable(self.kernel)}  recipe {printable(self.recipe)}  suite {self.suite}  "
+                f"seed {self.seed}  device {self.device}: {getattr(event, 'total', None) or self.total_checks} checks",
+                markup=False,
+                soft_wrap=True,
+                crop=False,
+            )
+        self.selected = getattr(event, "total", None) or self.selected
+        self.heartbeat.update(event)
+        done = event.overall * total if getattr(event, "overall", None) is not None else index + event.fraction
+        self.progress.update(self.task, description=f"{self.kernel}: {name}", completed=min(done, total), total=total)
+
+    def on_result(self, result: Any) -> None:
+        from flamia_verify.reports.terminal import check_line
+
+        self.finished.append(result)
+        if self.plain:
+            line = check_line(result, len(self.finished), self.selected, self.elapsed())
+            self.console.print(line, soft_wrap=True, crop=False)
+
+    def show(self, report: Any) -> None:
+        """The report's verdict and table."""
+        from flamia_verify.reports import render_terminal
+
+        render_terminal(report, self.console, plain=self.plain)
+
+    def finish(self, report: Any, paths: dict[str, Path]) -> None:
+        """The verdict, the run's time and where its reports are."""
+        self.show(report)
+        self.console.print(f"checked in {self.elapsed():.1f} s; reports:", markup=False)
+        for kind, path in paths.items():
+            self.console.print(f"  {kind:<8} {path}", markup=False, soft_wrap=True)
+
+
+class PartialReports:
+    """The reports of a run as it goes, in ``out``: marked incomplete, so that a run killed now leaves
+    no verdict behind. Rendering grows with the checks (the HTML plots): after the first write, the
+    next comes once 4x its cost has passed (:meth:`on_report`), which keeps the writes under a fifth of
+    the run."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.last: float | None = None
+        self.cost = 0.0
+
+    def on_report(self, report_so_far: Any) -> None:
+        from flamia_verify.reports import write_reports
+
+        now = time.monotonic()
+        if self.last is not None and now - self.last < 4 * self.cost:
+            return
+        write_reports(report_so_far, self.out)
+        self.last = time.monotonic()
+        self.cost = self.last - now
+
+    def write(self, partial: Any) -> str | None:
+        """Write the finished checks of a run that stopped (marked incomplete); the one-line problem if
+        that fails."""
+        from flamia_verify.reports import write_reports
+
+        if partial is None:  # nothing finished: reports of an earlier run must not stand in for this one
+            remove_stale(self.out, report_names())
+            return None
+        try:
+            write_reports(partial, self.out)
+        except OSError as werr:
+            return _write_problem(werr, self.out)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from flamia_verify.kernels import load_kernel
+    from flamia_verify.properties import list_checks, run_checks
+    from flamia_verify.reports import write_reports
+
+    cfg = load_config(args.config)
+    spec = kernel_spec(args.kernel, cfg.kernel)
+    if not (args.kernel or cfg.kernel) and os.environ.get("CI"):
+        print(
+            f"flamia-verify: note: no kernel named (--kernel or kernel = in the config): checking the built-in "
+            f"example {DEFAULT_KERNEL}",
+            file=sys.stderr,
+        )
+    suite = args.suite or cfg.suite
+    recipe, device, dtype, seed, forward_only, out_dir = run_options(args, cfg)
+    only = args.only or cfg.only
+    kernel = load_kernel(spec)
+    out = prepare_out(out_dir)
+
+    total_checks = None
+    try:
+        total_checks = len([c for c in list_checks(suite)])
+    except Exception:  # the list is only used for the progress bar
+        total_checks = None
+    reporter = CheckReporter(
+        console(),
+        kernel=kernel.name,
+        recipe=recipe or kernel.recipe or "?",
+        suite=suite,
+        seed=seed,
+        device=device,
+        total_checks=total_checks,
+    )
+    partial_reports = PartialReports(out)
+    remove_stale(out, report_names())  # an earlier run's reports must not stand in for this one, even if killed
+    previous_term = _install_sigterm(_on_sigterm)
+    try:
+        with reporter.live():
+            report = run_checks(
+                kernel,
+                recipe=recipe,
+                suite=suite,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                only=only,
+                thresholds=cfg.thresholds or None,
+                threshold_source=cfg.source,
+                on_progress=reporter.on_progress,
+                on_result=reporter.on_result,
+                on_report=partial_reports.on_report,
+                case_timeout_s=cfg.case_timeout_s,
+                forward_only=forward_only,
+            )
+        paths = write_reports(report, out)
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
+        mark_interrupted()
+        partial = getattr(exc, "partial_report", None)
+        what = f"interrupted ({str(exc) or 'SIGINT'})"
+        problem = partial_reports.write(partial)
+        if problem:
+            return fail(f"{what}; {problem}", EXIT_FAIL)
+        if partial is None:
+            return fail(
+                f"{what} before any check finished; the run is incomplete and no reports were written", EXIT_FAIL
+            )
+        reporter.show(partial)
+        return fail(
+            f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say INCOMPLETE",
+            EXIT_FAIL,
+        )
+    except KernelCrashError as exc:
+        partial = getattr(exc, "partial_report", None)
+        problem = partial_reports.write(partial)
+        where = (
+            f" ({problem})"
+            if problem
+            else " (no check finished; no reports written)"
+            if partial is None
+            else f" (the {len(partial.checks)} finished checks written to {out}, marked INCOMPLETE)"
+        )
+        print_tracebacks(args, partial.checks if partial is not None else (), crash=exc)
+        return fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
+    except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
+        return fail(_write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
+    except BaseException as exc:
+        partial_reports.write(getattr(exc, "partial_report", None))
+        raise
+    finally:
+        _install_sigterm(previous_term)
+    reporter.finish(report, paths)
+    print_tracebacks(args, report.checks)
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interruption so that the finished checks are written, marked incomplete."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated("SIGTERM")
+
+
+def _install_sigterm(handler: Any) -> Any:
+    """Set the SIGTERM handler (None: leave it); returns the previous one. Only the main thread can."""
+    import signal
+
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. called from a worker): keep the default
+        return None
+
+
+def _write_problem(exc: OSError, out: Path) -> str:
+    path = exc.filename or out
+    return f"cannot write {path}: {exc.strerror or exc}"

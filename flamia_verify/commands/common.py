@@ -1,0 +1,293 @@
+"""What the commands share: exit codes, the console, the output directory, the config reader, the
+run options of check and fuzz, the kernel tracebacks of --traceback, and the sweep backends' options.
+
+Nothing here imports torch at module level (flamia_verify.settings does): the command line imports
+the commands before it parses, and a Ctrl-C while torch imports must reach ``main()`` as any
+interruption (one line, exit 1), not as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from flamia_verify.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from flamia_verify.config import Config
+
+__all__ = [
+    "EXIT_PASS",
+    "EXIT_FAIL",
+    "EXIT_USAGE",
+    "EXIT_KERNEL",
+    "EXIT_BROKEN_PIPE",
+    "DEFAULT_KERNEL",
+    "TRACEBACK_HELP",
+    "device_metavar",
+    "device_arg",
+    "kernel_choices",
+    "console",
+    "plain",
+    "fail",
+    "mark_interrupted",
+    "interrupted",
+    "prepare_out",
+    "remove_unused_out",
+    "remove_stale",
+    "report_names",
+    "print_tracebacks",
+    "load_config",
+    "RunOptions",
+    "run_options",
+    "add_backend_arguments",
+    "case_progress_printer",
+]
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_KERNEL = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader closed the pipe
+DEFAULT_KERNEL = "flamia-mxfp8"
+
+TRACEBACK_HELP = (
+    "print the full traceback of each exception the kernel raised to stderr (report.json keeps it "
+    "in the worst case of the check either way)"
+)
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+
+def device_metavar() -> str:
+    """How --device shows its values in --help."""
+    from flamia_verify.settings import DEVICES
+
+    return "{" + ",".join(DEVICES) + "}"
+
+
+def device_arg(text: str) -> str:
+    """argparse type of ``--device``: a name of :data:`flamia_verify.settings.DEVICES`, checked here
+    (exit 2 naming the accepted values) and resolved against the machine's devices when the command runs."""
+    from flamia_verify.settings import check_device
+
+    try:
+        return check_device(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def kernel_choices() -> tuple[str, str]:
+    """The built-in kernels and the recipes as the registry has them (comma-separated), so that --help
+    never drifts from it."""
+    from flamia_verify.kernels import RECIPES, builtin_kernels
+
+    return ", ".join(builtin_kernels()), ", ".join(RECIPES)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console whose broken pipe (``| head``) ends the command with EXIT_BROKEN_PIPE (see main())."""
+    from rich.console import Console
+
+    class _CliConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return _CliConsole(stderr=stderr, highlight=False)
+
+
+def plain(console: Any) -> bool:
+    """Plain, unwrapped lines for a console that is not an interactive terminal (a CI log, a pipe)."""
+    from flamia_verify.reports.terminal import is_plain
+
+    return is_plain(console)
+
+
+def fail(message: str, code: int) -> int:
+    """One line on stderr; returns ``code``."""
+    sys.stderr.write(f"flamia-verify: {message}\n")
+    return code
+
+
+#: set when a run was interrupted mid-kernel (SIGINT/SIGTERM): main() then ends the process with os._exit
+_INTERRUPTED = [False]
+
+
+def mark_interrupted() -> None:
+    _INTERRUPTED[0] = True
+
+
+def interrupted() -> bool:
+    return _INTERRUPTED[0]
+
+
+# ---------------------------------------------------------------------------------------------- --out
+
+#: the directories prepare_out created, outermost first: main() removes those still empty when the
+#: command ends (remove_unused_out), so that a usage error found after --out was prepared (an unknown
+#: --only name, a kernel without a recipe) leaves nothing behind
+_CREATED_OUT: list[Path] = []
+
+
+def prepare_out(out: str) -> Path:
+    """Make ``out`` a writable directory before any kernel runs (a bad --out is a usage error, found
+    before the checks spend their time, not after)."""
+    if not out.strip():
+        raise UsageError("--out must name a directory, got an empty string")
+    directory = Path(out)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"--out {str(directory)!r} is a file, not a directory")
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out directory {str(directory)!r}: {exc.strerror or exc}") from None
+    finally:
+        _CREATED_OUT.extend(reversed(missing))
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--out directory {str(directory)!r} is not writable")
+    return directory
+
+
+def remove_unused_out() -> None:
+    """Remove the directories prepare_out created that are still empty."""
+    while _CREATED_OUT:
+        try:
+            _CREATED_OUT.pop().rmdir()  # deepest first; a directory the run wrote into is not empty and stays
+        except OSError:
+            pass
+
+
+def remove_stale(out: Path, names: Any) -> None:
+    """Remove files an earlier run left in ``out`` that this run did not replace."""
+    for name in names:
+        try:
+            (out / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot remove the stale {str(out / name)!r}: {exc.strerror or exc}") from None
+
+
+def report_names() -> tuple[str, ...]:
+    """The file names of the reports check and fuzz write."""
+    from flamia_verify.reports.store import REPORT_FILES
+
+    return tuple(REPORT_FILES.values())
+
+
+def print_tracebacks(args: argparse.Namespace, checks: Any = (), crash: BaseException | None = None) -> None:
+    """--traceback: print to stderr the full traceback of each exception the kernel raised, as the
+    checks' worst cases keep it (once per distinct traceback, naming the checks that met it), and of
+    the one behind a crash."""
+    if not getattr(args, "traceback", False):
+        return
+    where: dict[str, list[str]] = {}
+    for check in checks:
+        trace = (check.worst_case or {}).get("traceback")
+        if isinstance(trace, str) and trace:
+            where.setdefault(trace, []).append(check.name)
+    cause = crash.__cause__ if crash is not None else None
+    if cause is not None:
+        trace = getattr(cause, "traceback", None) or "".join(traceback.format_exception(cause))
+        where.setdefault(trace, []).append("the crash")
+    for trace, names in where.items():
+        sys.stderr.write(f"flamia-verify: the kernel's exception in {', '.join(names)}:\n{trace}")
+        if not trace.endswith("\n"):
+            sys.stderr.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def load_config(path: str | Path | None = None, *, search_dir: str | Path = ".") -> Config:
+    """The command line's config reader: :func:`flamia_verify.config.read_config`, with the threshold
+    tables checked against the registered checks and the train_parity preset against the presets (a
+    problem in either is a configuration error, exit 2, whichever command reads the file)."""
+    from flamia_verify.config import read_config
+
+    return read_config(path, search_dir=search_dir, check_thresholds=_check_thresholds, check_preset=_check_preset)
+
+
+def _check_thresholds(table: dict[str, Any], where: str) -> dict[str, Any]:
+    # check names, keys and kinds (numbers; true/false for options) against the registered checks
+    from flamia_verify.properties.thresholds import validate_overrides
+
+    return validate_overrides(table, where)
+
+
+def _check_preset(value: str, where: str) -> None:
+    from flamia_verify.training.parity import PRESETS
+
+    if value not in PRESETS:
+        raise ConfigError(f"{where}: preset = {value!r} is not one of {', '.join(PRESETS)}")
+
+
+class RunOptions(NamedTuple):
+    """What check and fuzz both take from a flag, or else from the config file."""
+
+    recipe: str | None
+    device: str
+    dtype: Any
+    seed: int
+    forward_only: bool
+    out: str
+
+
+def run_options(args: argparse.Namespace, cfg: Config) -> RunOptions:
+    from flamia_verify.settings import resolve_device, resolve_dtype
+
+    return RunOptions(
+        recipe=args.recipe or cfg.recipe,
+        device=resolve_device(args.device or cfg.device),
+        dtype=resolve_dtype(args.dtype or cfg.dtype),
+        seed=args.seed if args.seed is not None else cfg.seed,
+        forward_only=bool(args.forward_only or cfg.forward_only),
+        out=cfg.out if args.out is None else args.out,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- sweep backends
+
+
+def add_backend_arguments(s: argparse.ArgumentParser, what: str, default_timeout: str) -> None:
+    """The backend options sweep and survey share."""
+    s.add_argument("--backend", default="local", choices=["local", "ray"], help="local worker pool (default) or Ray")
+    s.add_argument("--workers", type=int, help="workers to use (default: every visible GPU, or every CPU core)")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
+    s.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"stop {what} running longer, its row an error {default_timeout}",
+    )
+    s.add_argument(
+        "--workers-per-gpu",
+        type=int,
+        default=1,
+        metavar="N",
+        help="local backend: N workers share each GPU (default 1)",
+    )
+
+
+def case_progress_printer() -> tuple[Any, Any]:
+    """sweep's and survey's progress: one line per finished case on stderr (a terminal or a CI log alike)."""
+
+    def on_start(total: int, reused: int, to_run: int) -> None:
+        print(f"sweep: {total} case(s), {reused} already in the store, {to_run} to run", file=sys.stderr, flush=True)
+
+    def on_result(result: dict, done: int, to_run: int) -> None:
+        from flamia_verify.reports.survey import case_label
+
+        status = result["status"].upper()
+        extra = f": {result['error']}" if result.get("error") else ""
+        print(
+            f"[{done}/{to_run}] {status:<10} {case_label(result['case'])} ({result.get('elapsed_s', 0):.1f} s){extra}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return on_start, on_result
