@@ -202,11 +202,14 @@ def test_every_adapter_declares_its_recipe_forward_only_and_limits():
         "flex-packed",
         "flash-attn",
         "sage",
+        "cudnn-fp8",
+        "cudnn-fp8-current",
         "te-fp8",
     }
+    recipes = {"te-fp8": "fp8", "cudnn-fp8": "fp8-mma", "cudnn-fp8-current": "fp8-mma"}
     for name, a in ADAPTERS.items():
         assert a.name == name and a.limits and a.wraps and a.runs_on
-        assert a.recipe == ("fp8" if name == "te-fp8" else "bf16")
+        assert a.recipe == recipes.get(name, "bf16")
         assert a.forward_only == (name == "sage")
         reason = a.unavailable()
         assert reason is None or (reason and "\n" not in reason)

@@ -86,14 +86,21 @@ __all__ = [
 MIN_CUDNN_VERSION = 91400
 #: compute capability majors with cuDNN FP8 attention: Hopper (sm_90) and Blackwell (sm_100)
 SUPPORTED_ARCHS = (9, 10)
-#: cuDNN quantizes dS = P (dP - D) softmax_scale with scale_dP (its FP8 reference does): the bound of
-#: |dS| is 2 softmax_scale amax(dP). Set to False if the GPU shows dS quantized without softmax_scale.
-DS_INCLUDES_SOFTMAX_SCALE = True
 
 
+#: cuDNN quantizes dS = P (dP - D) softmax_scale with scale_dP, and its amax_dP output is that tensor's
+#: amax (measured on the H200 with cuDNN 9.19: 0.378 and 0.813 where float64 gives 0.358 and 0.815 for
+#: dS softmax_scale, and 59.8 and 54.7 for dP), so dP's scale comes from amax_dP as it is. Before any
+#: amax_dP exists, the provisional scale of a measuring run bounds that tensor by 2 softmax_scale
+#: max |dP| (|dP - D| <= 2 max |dP|, P <= 1).
 def ds_amax_factor(softmax_scale: float) -> float:
     """The factor from cuDNN's amax_dP output to the amax that dS's E4M3 scale is chosen for."""
-    return 2.0 * (softmax_scale if DS_INCLUDES_SOFTMAX_SCALE else 1.0)
+    return 1.0
+
+
+def ds_bound_factor(softmax_scale: float) -> float:
+    """The factor from a bound of |dP| to a bound of the tensor quantized with scale_dP."""
+    return 2.0 * softmax_scale
 
 
 _GRAD_ROLES = ("dp", "dq", "dk", "dv")
@@ -398,7 +405,8 @@ def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Te
             # provisional scales: dS from a bound that never saturates (|dP| <= D amax(dO) amax(V) over the
             # dequantized codes), the outputs at 1; only the amax outputs of this run are used
             bound = key.head_dim * (E4M3_MAX / s_do[0]) * (E4M3_MAX * saved.fwd[5])  # fwd[5]: descale_v
-            prov_dp = scale_policy((bound * ds_factor).reshape(1), torch.ones(1, dtype=torch.float32, device=device))
+            prov = (bound * ds_bound_factor(key.softmax_scale)).reshape(1)
+            prov_dp = scale_policy(prov, torch.ones(1, dtype=torch.float32, device=device))
             first = cudnn_backward(
                 _backward_scalars(saved.fwd, s_do, torch.cat([prov_dp, torch.ones(3, device=device)]))
             )
