@@ -19,10 +19,10 @@ import pytest
 import torch
 from zoo.correct import bf16_p_fp16, fa2_rounded, to_dtype, to_input
 
-from flamia_verify.kernels.bounds import ALPHA_BF16, ALPHA_FP16, FP16_MIN_NORMAL
-from flamia_verify.kernels.operands import Operand
-from flamia_verify.kernels.recipes import RECIPES, get_recipe
 from flamia_verify.properties import run_checks
+from flamia_verify.recipes.bounds import ALPHA_BF16, ALPHA_FP16, FP16_MIN_NORMAL
+from flamia_verify.recipes.operands import Operand
+from flamia_verify.recipes.recipe import RECIPES, get_recipe
 
 #: the checks issue 26's kernel failed
 ISSUE_CHECKS = ("bound.grad", "consistency.weights", "special.attention_sink", "special.negative_scores")

@@ -17,10 +17,10 @@ from test_kernels_emulation import make_case, run
 
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import DESIGNS
-from flamia_verify.kernels.operands import Gemm
-from flamia_verify.kernels.recipes import RECIPES, get_recipe
 from flamia_verify.kernels.triton import triton_available
 from flamia_verify.kernels.triton.compat import interpreting
+from flamia_verify.recipes.operands import Gemm
+from flamia_verify.recipes.recipe import RECIPES, get_recipe
 
 
 def _slow_mma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

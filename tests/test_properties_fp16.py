@@ -16,10 +16,10 @@ from zoo import kernels as Z
 from zoo import targeted as T
 from zoo.verdicts import quiet_for_recipe
 
-from flamia_verify.kernels.bounds import OperandModel
-from flamia_verify.kernels.operands import Operand
-from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties import list_checks, run_checks
+from flamia_verify.recipes.bounds import OperandModel
+from flamia_verify.recipes.operands import Operand
+from flamia_verify.recipes.recipe import get_recipe
 
 
 def _explain(report) -> str:

@@ -12,14 +12,14 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, mx_fake_quantize
 from flamia_verify.kernels import builtin_kernels
-from flamia_verify.kernels.bounds import OperandModel, attention_bounds
-from flamia_verify.kernels.noise_model import predicted_errors
-from flamia_verify.kernels.operands import Operand
-from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.cases import DISTRIBUTIONS, Case, e4m3_grid, make_inputs
 from flamia_verify.properties.checks.consistency import constant_value_inputs, one_hot_inputs
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
+from flamia_verify.recipes.bounds import OperandModel, attention_bounds
+from flamia_verify.recipes.noise_model import predicted_errors
+from flamia_verify.recipes.operands import Operand
+from flamia_verify.recipes.recipe import get_recipe
 from flamia_verify.reference import attention_backward, attention_forward
 
 KERNELS = builtin_kernels()
@@ -341,8 +341,8 @@ def test_bitwise_comparison_reads_negative_zero_as_zero_and_nothing_else():
 
 def test_every_recipe_models_every_operand_once():
     from flamia_verify.kernels.emulation import DESIGN_FIELD
-    from flamia_verify.kernels.recipes import RECIPES
     from flamia_verify.kernels.triton.config import CONFIG_FIELD
+    from flamia_verify.recipes.recipe import RECIPES
 
     assert set(DESIGN_FIELD) == set(Operand)
     assert set(CONFIG_FIELD) == set(Operand) - {Operand.P}

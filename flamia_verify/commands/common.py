@@ -82,7 +82,8 @@ def device_arg(text: str) -> str:
 def kernel_choices() -> tuple[str, str]:
     """The built-in kernels and the recipes as the registry has them (comma-separated), so that --help
     never drifts from it."""
-    from flamia_verify.kernels import RECIPES, builtin_kernels
+    from flamia_verify.kernels import builtin_kernels
+    from flamia_verify.recipes import RECIPES
 
     return ", ".join(builtin_kernels()), ", ".join(RECIPES)
 

@@ -35,10 +35,11 @@ def cuda_path(kernel: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flamia_verify.kernels import RECIPES, builtin_kernels
+    from flamia_verify.kernels import builtin_kernels
     from flamia_verify.kernels.adapters import ADAPTERS
     from flamia_verify.kernels.loader import entry_point_kernels
     from flamia_verify.properties import list_checks
+    from flamia_verify.recipes import RECIPES
     from flamia_verify.reports.terminal import print_table
 
     cons = console()  # a rich table on a terminal; plain, full lines in a log or a pipe

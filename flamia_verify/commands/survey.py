@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise ConfigError(f"--seed must be non-negative, got {args.seed}")
     if args.recipe:
-        from flamia_verify.kernels.recipes import get_recipe
+        from flamia_verify.recipes.recipe import get_recipe
 
         get_recipe(args.recipe)  # an unknown recipe ends the command before any run
     speed = None

@@ -21,7 +21,7 @@ from dataclasses import fields, replace
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign, Quant, with_rule
-from flamia_verify.kernels.operands import Gemm
+from flamia_verify.recipes.operands import Gemm
 
 __all__ = ["DESIGNS", "scale_rules"]
 

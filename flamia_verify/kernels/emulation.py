@@ -48,7 +48,8 @@ from flamia_verify.formats import (
     round_to_format,
 )
 from flamia_verify.kernels.metadata import mark_builtin
-from flamia_verify.kernels.operands import Gemm, Operand
+from flamia_verify.recipes.accumulator import MMA_FRACTION_BITS, MMA_GROUP, MMA_SLICE
+from flamia_verify.recipes.operands import Gemm, Operand
 
 __all__ = [
     "Quant",
@@ -267,15 +268,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
-#: Hopper's E4M3 tensor-core MMA as :func:`mma_gemm` models it: the contraction runs in slices of
-#: ``MMA_SLICE`` (one instruction's K), each slice's result is added to an fp32 sum (the kernels
-#: promote after every instruction); within a slice the products are consumed in groups of
-#: ``MMA_GROUP``, and every product of a group is cut toward zero to a multiple of
-#: 2^(e - MMA_FRACTION_BITS), e the exponent of the group's largest |product|
-#: (benchmarks/probe_fp8_mma.py fits these to the hardware; docs/kernels.md, "fp8-mma")
-MMA_SLICE = 32
-MMA_GROUP = 32
-MMA_FRACTION_BITS = 13
+# Hopper's E4M3 tensor-core MMA as :func:`mma_gemm` models it: slices of MMA_SLICE, groups of
+# MMA_GROUP, products cut to MMA_FRACTION_BITS below the group's largest (flamia_verify.recipes.accumulator)
 
 
 def _mma_slice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

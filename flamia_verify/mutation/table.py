@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from flamia_verify.kernels.designs import FP8_MMA
 from flamia_verify.kernels.emulation import DESIGN_FIELD, QUANT_FIELDS, Quant
-from flamia_verify.kernels.operands import Operand, describe_operands
 from flamia_verify.mutation.build import Edit, Mutant
+from flamia_verify.recipes.operands import Operand, describe_operands
 
 __all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "VARIANT_KIND_EDITS", "by_name", "ci_sample"]
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from flamia_verify.kernels.bounds import RecipeBoundModel
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import make_kernel
-from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
+from flamia_verify.recipes.bounds import RecipeBoundModel
+from flamia_verify.recipes.recipe import get_recipe
 from flamia_verify.reference import attention_backward, attention_forward
 from flamia_verify.results import CheckResult
 from flamia_verify.settings import Packing, SuiteSettings, dtype_name

@@ -38,7 +38,6 @@ from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
-from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.catalog import all_specs, get_spec
 from flamia_verify.properties.checks.interface import INPUTS_UNMODIFIED, judge_modifications
@@ -46,6 +45,7 @@ from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
+from flamia_verify.recipes.recipe import RECIPES
 from flamia_verify.results import API_SOURCE, FAMILIES, CheckResult, Report
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
 

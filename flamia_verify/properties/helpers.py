@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from flamia_verify.kernels.bounds import BoundResult, RecipeBoundModel, attention_bounds
-from flamia_verify.kernels.noise_model import predicted_errors
-from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, make_inputs
 from flamia_verify.properties.compare import compare_within
 from flamia_verify.properties.harness import KernelOutputs
+from flamia_verify.recipes.bounds import BoundResult, RecipeBoundModel, attention_bounds
+from flamia_verify.recipes.noise_model import predicted_errors
+from flamia_verify.recipes.operands import Operand
 from flamia_verify.results import CheckResult, higher_is_better, json_number, threshold_verdict
 
 __all__ = [

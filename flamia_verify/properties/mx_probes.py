@@ -50,7 +50,7 @@ import torch
 
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, ScaleRule, mx_fake_quantize
-from flamia_verify.kernels.operands import Operand, describe_operands
+from flamia_verify.recipes.operands import Operand, describe_operands
 
 __all__ = [
     "SITE_OPERANDS",

@@ -30,7 +30,6 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.kernels.recipes import RECIPES
 from flamia_verify.properties.catalog import all_specs, specs_by_name
 from flamia_verify.properties.tolerances import (
     BIAS_Z,
@@ -39,6 +38,7 @@ from flamia_verify.properties.tolerances import (
     input_unit_roundoff,
     predicted_rel_rmse,
 )
+from flamia_verify.recipes.recipe import RECIPES
 from flamia_verify.settings import suite_settings, validate_thresholds
 
 __all__ = [

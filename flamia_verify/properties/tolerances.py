@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from flamia_verify.kernels.operands import OPERANDS_REACHING
-from flamia_verify.kernels.recipes import get_recipe
+from flamia_verify.recipes.operands import OPERANDS_REACHING
+from flamia_verify.recipes.recipe import get_recipe
 
 __all__ = ["ERROR_MODEL_FACTOR", "BIAS_Z", "input_unit_roundoff", "predicted_rel_rmse", "conservation_tolerance"]
 

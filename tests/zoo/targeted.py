@@ -56,7 +56,7 @@ import torch
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8, FP8, FP8_MMA
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
-from flamia_verify.kernels.operands import Gemm
+from flamia_verify.recipes.operands import Gemm
 from zoo.kernels import (
     _STE,
     E4M3_MAX,

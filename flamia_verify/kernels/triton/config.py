@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
-from flamia_verify.kernels.operands import Gemm, Operand
+from flamia_verify.recipes.operands import Gemm, Operand
 
 __all__ = [
     "CONFIG_FIELD",

@@ -24,11 +24,11 @@ import math
 
 import torch
 
-from flamia_verify.kernels.operands import OPERANDS_REACHING
-from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.helpers import bias_cases, case_record, verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import BIAS_Z
+from flamia_verify.recipes.operands import OPERANDS_REACHING
+from flamia_verify.recipes.recipe import get_recipe
 
 __all__ = ["GAIN_FRACTION", "MEAN_SHARE"]
 

@@ -1,6 +1,6 @@
 """bound: every element of O, dQ, dK, dV stays inside the rigorous a-priori bound of the recipe.
 
-The bound (flamia_verify.kernels.bounds, derived in docs/checks.md) takes every rounding of the
+The bound (flamia_verify.recipes.bounds, derived in docs/checks.md) takes every rounding of the
 recipe's formats at its worst: unit roundoff, underflow of subnormal elements, saturation (FLOOR),
 per-tensor scales, fp32 accumulation and the rounding of the outputs. A correct kernel can never
 exceed it; no violation is allowed. ``tightness`` = max |error| / bound says how much of the bound a
@@ -21,12 +21,12 @@ import math
 
 import torch
 
-from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import Case
 from flamia_verify.properties.helpers import bias_cases, bound_report, case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import error_stats
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
+from flamia_verify.recipes.operands import Operand
 from flamia_verify.settings import OFF_DEFAULT_SCALE
 
 __all__ = ["one_hot_keys_case", "uniform_keys_case", "uniform_queries_case", "shape_cases"]

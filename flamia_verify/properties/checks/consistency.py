@@ -42,12 +42,12 @@ import math
 
 import torch
 
-from flamia_verify.kernels.operands import Operand
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, e4m3_grid, make_tensors
 from flamia_verify.properties.helpers import case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, conservation_tolerance
+from flamia_verify.recipes.operands import Operand
 from flamia_verify.settings import DTYPES
 
 __all__ = ["constant_value_inputs", "one_hot_inputs"]

@@ -5,7 +5,7 @@ and the built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs.
 
 Threshold (docs/checks.md "error"): the recipe's expected error on the same inputs, ``pred``, is
 measured by running float64 attention with the first-order rounding model (every operand the
-recipe rounds multiplied by 1 + e, e uniform on [-u, u]; flamia_verify.kernels.noise_model), so
+recipe rounds multiplied by 1 + e, e uniform on [-u, u]; flamia_verify.recipes.noise_model), so
 the amplification of rounding by large scores, heavy tails or low rank is part of it;
 
     normalized_error = rel_rmse / pred <= 2

@@ -9,7 +9,7 @@ On the probe inputs of :mod:`flamia_verify.properties.mx_probes` it is known in 
 other rounding is exact, and the weights are exactly uniform; a kernel that follows its recipe then
 computes the attention of the *rounded* inputs, up to fp32 accumulation and the rounding of its
 outputs. That residue is bounded rigorously by the bound model with every operand exact
-(:func:`~flamia_verify.kernels.bounds.exact_operands_model`); no element may leave it.
+(:func:`~flamia_verify.recipes.bounds.exact_operands_model`); no element may leave it.
 
 Probed: each of the recipe's MXFP8 sites (Q, K in S; V in PV; dO, V in dP; dO in dV; dS, K in dQ;
 dS^T, Q in dK) with grid probes, and its input operands with step probes. Scale-rule probes
@@ -23,8 +23,6 @@ their rounding is not fixed by the recipe.
 from __future__ import annotations
 
 from flamia_verify.formats import ScaleRule
-from flamia_verify.kernels.bounds import exact_operands_model
-from flamia_verify.kernels.recipes import get_recipe
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
 from flamia_verify.properties.acc_probe import SITES as ACC_SITES
 from flamia_verify.properties.compare import compare_within
@@ -40,6 +38,8 @@ from flamia_verify.properties.mx_probes import (
     scale_probes,
 )
 from flamia_verify.properties.registry import register
+from flamia_verify.recipes.bounds import exact_operands_model
+from flamia_verify.recipes.recipe import get_recipe
 
 __all__ = ["probe_case", "mx_sites", "recipe_rule", "rounding_report"]
 

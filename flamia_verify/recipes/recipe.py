@@ -1,6 +1,6 @@
 """Recipes: which precision a kernel claims for each GEMM of attention.
 
-A recipe names the number format of every GEMM operand (:class:`~flamia_verify.kernels.operands.Operand`
+A recipe names the number format of every GEMM operand (:class:`~flamia_verify.recipes.operands.Operand`
 lists them with their GEMM and contraction axis); it carries the error-bound model of those formats
 (:meth:`Recipe.bound_model`), which the checks derive their bounds and default thresholds from.
 Built-in kernels carry their own recipe; a user's kernel names one with ``--recipe``.
@@ -28,7 +28,8 @@ import torch
 
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats.constants import FP32_MIN_NORMAL
-from flamia_verify.kernels.bounds import (
+from flamia_verify.recipes.accumulator import MMA_SLICE, MMA_U_SLICE
+from flamia_verify.recipes.bounds import (
     ALPHA_BF16,
     ALPHA_E8M0,
     E2M1_ETA,
@@ -48,8 +49,7 @@ from flamia_verify.kernels.bounds import (
     input_rounding,
     output_rounding,
 )
-from flamia_verify.kernels.emulation import MMA_FRACTION_BITS, MMA_GROUP, MMA_SLICE
-from flamia_verify.kernels.operands import Operand
+from flamia_verify.recipes.operands import Operand
 
 __all__ = ["Recipe", "RECIPES", "get_recipe"]
 
@@ -64,12 +64,12 @@ class Recipe:
     description: str
     operand_models: Callable[[torch.dtype], Mapping[Operand, OperandModel]] = field(repr=False, compare=False)
 
-    #: the GEMMs' accumulator (:class:`~flamia_verify.kernels.bounds.RecipeBoundModel`): 0 for fp32,
+    #: the GEMMs' accumulator (:class:`~flamia_verify.recipes.bounds.RecipeBoundModel`): 0 for fp32,
     #: else the slice length and the relative error of one slice's sum
     acc_slice: int = 0
     u_slice: float = 0.0
     #: second formats the recipe admits for some operands, for inputs of a dtype (already part of
-    #: ``operand_models``; :class:`~flamia_verify.kernels.bounds.Admission`)
+    #: ``operand_models``; :class:`~flamia_verify.recipes.bounds.Admission`)
     admissions: Callable[[torch.dtype], tuple[Admission, ...]] = field(
         default=lambda dtype: (), repr=False, compare=False
     )
@@ -89,12 +89,6 @@ class Recipe:
         )
 
 
-#: One slice of the E4M3 MMA (``emulation.mma_gemm``): every product of a group of MMA_GROUP is cut
-#: toward zero by less than 2^(e - F) <= 2^-F of the group's largest |product|, so the group's sum
-#: moves by less than MMA_GROUP 2^-F of its sum of |products|, and so does the slice's
-MMA_U_SLICE = MMA_GROUP * 2.0**-MMA_FRACTION_BITS
-
-
 def _bf16_nominal(dtype: torch.dtype) -> tuple[OperandModel, OperandModel]:
     """(inputs, computed) of BF16 GEMMs: on BF16/FP16 inputs only the computed operands (P, P^T, dS,
     dS^T) are rounded (to the input dtype); on fp32 inputs every operand is rounded to BF16."""
@@ -106,7 +100,7 @@ def _bf16_nominal(dtype: torch.dtype) -> tuple[OperandModel, OperandModel]:
 
 def _bf16(dtype: torch.dtype) -> dict[Operand, OperandModel]:
     """BF16 GEMMs (:func:`_bf16_nominal`), with the probabilities P and P^T in BF16 or FP16
-    (:func:`~flamia_verify.kernels.bounds.fp16_probabilities`)."""
+    (:func:`~flamia_verify.recipes.bounds.fp16_probabilities`)."""
     inputs, computed = _bf16_nominal(dtype)
     probs, _ = fp16_probabilities(computed)
     return {op: (probs if op in (Operand.P, Operand.PT) else computed) if op.computed else inputs for op in Operand}

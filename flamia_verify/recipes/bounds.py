@@ -62,7 +62,7 @@ from types import MappingProxyType
 
 import torch
 
-from flamia_verify.kernels.operands import Operand
+from flamia_verify.recipes.operands import Operand
 
 __all__ = [
     "EXACT",
@@ -229,7 +229,7 @@ def fp16_probabilities(nominal: OperandModel) -> tuple[OperandModel, Admission |
 class RecipeBoundModel:
     """The rounding model of every GEMM operand of a recipe, for one input dtype.
 
-    ``operands``: an :class:`OperandModel` for every :class:`~flamia_verify.kernels.operands.Operand`
+    ``operands``: an :class:`OperandModel` for every :class:`~flamia_verify.recipes.operands.Operand`
     (P's ``eta_g`` is relative to the row maximum of P); ``model[Operand.V_SEQ]`` reads one."""
 
     recipe: str

@@ -2,7 +2,7 @@
 
 The first-order model of rounding to nearest: every rounded GEMM operand x becomes x (1 + e) with e
 independent and uniform on [-u, u] (RMS u / sqrt(3)), u the unit roundoff the recipe gives that
-operand (its :meth:`~flamia_verify.kernels.recipes.Recipe.bound_model`; 0 for operands a recipe keeps exact).
+operand (its :meth:`~flamia_verify.recipes.recipe.Recipe.bound_model`; 0 for operands a recipe keeps exact).
 Running the FlashAttention forward and backward in float64 with that noise on the *same inputs* as
 the kernel gives the error a correct kernel of the recipe should show there, amplification by large
 scores, heavy tails or low rank included:
@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from flamia_verify.kernels.bounds import RecipeBoundModel
-from flamia_verify.kernels.operands import Operand
+from flamia_verify.recipes.bounds import RecipeBoundModel
+from flamia_verify.recipes.operands import Operand
 
 __all__ = ["predicted_errors"]
 
