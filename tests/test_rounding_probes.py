@@ -19,6 +19,7 @@ from flamia_verify.properties import run_checks
 from flamia_verify.properties.cases import Case, make_tensors
 from flamia_verify.properties.checks.rounding import mx_sites
 from flamia_verify.properties.mx_probes import PROBES, parse_probe, probe_tensors
+from flamia_verify.recipes import RECIPES
 
 # the axis each site's probes are rounded along: (tensor, axis) of every operand the site names
 SITE_AXES = {
@@ -99,10 +100,10 @@ def test_probe_cases_replay_and_refuse_other_shapes():
 
 
 def test_sites_follow_the_recipe():
-    assert mx_sites("mxfp8", torch.bfloat16) == ("qk", "v_seq", "dp", "do_seq", "ds", "k_seq", "dst", "q_seq")
-    assert mx_sites("mxfp8-floor", torch.float16) == mx_sites("mxfp8", torch.bfloat16)
-    assert set(mx_sites("nvfp4", torch.bfloat16)) == {"qk", "v_seq", "dp", "do_seq", "k_seq", "q_seq"}
-    assert mx_sites("bf16", torch.bfloat16) == () and mx_sites("fp8", torch.bfloat16) == ()
+    assert mx_sites(RECIPES["mxfp8"], torch.bfloat16) == ("qk", "v_seq", "dp", "do_seq", "ds", "k_seq", "dst", "q_seq")
+    assert mx_sites(RECIPES["mxfp8-floor"], torch.float16) == mx_sites(RECIPES["mxfp8"], torch.bfloat16)
+    assert set(mx_sites(RECIPES["nvfp4"], torch.bfloat16)) == {"qk", "v_seq", "dp", "do_seq", "k_seq", "q_seq"}
+    assert mx_sites(RECIPES["bf16"], torch.bfloat16) == () and mx_sites(RECIPES["fp8"], torch.bfloat16) == ()
 
 
 def _rounding(kernel, recipe=None, dtype="bf16"):

@@ -18,6 +18,7 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.properties import SUITES, fuzz, run_checks
 from flamia_verify.properties.catalog import all_specs
 from flamia_verify.properties.thresholds import validate_overrides
+from flamia_verify.recipes import RECIPES
 from flamia_verify.reports.wording import rerun_command
 from flamia_verify.results import CheckResult, Report
 
@@ -210,7 +211,7 @@ def test_suite_settings_and_threshold_overrides_follow_one_rule(suite_overrides,
 
 def test_validate_overrides_is_validate_thresholds_over_the_registered_checks():
     specs = {s.name: s for s in all_specs()}
-    thresholds = {n: s.default_thresholds("bf16", torch.bfloat16) for n, s in specs.items()}
+    thresholds = {n: s.default_thresholds(RECIPES["bf16"], torch.bfloat16) for n, s in specs.items()}
     options = {n: dict(s.options) for n, s in specs.items()}
     good = {"error.out": {"normalized_error": 3}, "determinism.repeat": {"warn_only": True}, "suite": {"seeds": 1}}
     assert validate_overrides(good) == settings.validate_thresholds(good, thresholds, options)

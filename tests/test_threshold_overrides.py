@@ -24,6 +24,7 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.properties.catalog import all_specs
 from flamia_verify.properties.engine import build_context, resolve_kernel, run_one
 from flamia_verify.properties.thresholds import fixed_keys, resolve_thresholds
+from flamia_verify.recipes import RECIPES
 from flamia_verify.reports import load_report, render_markdown
 
 pytestmark = pytest.mark.xdist_group("threshold-overrides")
@@ -90,7 +91,7 @@ def test_every_threshold_key_gates_the_verdict_or_is_refused(tmp_path):
     ctx = _context(ADJUSTABLE_KERNEL, suite={"seeds": 1})  # bias.mean needs the 512-key document to bite
     gated, refused, switched = [], [], []
     for spec in specs:
-        keys = spec.default_thresholds("bf16", torch.bfloat16)
+        keys = spec.default_thresholds(RECIPES["bf16"], torch.bfloat16)
         accepted = []
         for key, default in keys.items():
             loosened = 0.0 if key.endswith("_min") else math.inf
@@ -135,7 +136,7 @@ def test_every_threshold_key_gates_the_verdict_or_is_refused(tmp_path):
             }
             assert statuses[False] != statuses[True], (spec.name, option, statuses)
             switched.append((spec.name, option))
-    declared = sum(len(s.default_thresholds("bf16", torch.bfloat16)) + len(s.options) for s in specs)
+    declared = sum(len(s.default_thresholds(RECIPES["bf16"], torch.bfloat16)) + len(s.options) for s in specs)
     assert len(gated) + len(refused) + len(switched) == declared
     # the refused keys are exactly the fixed ones the registry declares
     assert sorted((n, k) for n, k, _ in refused) == sorted((n, k) for n, ks in fixed_keys().items() for k in ks)

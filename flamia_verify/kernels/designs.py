@@ -21,7 +21,7 @@ from dataclasses import fields, replace
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign, Quant, with_rule
-from flamia_verify.recipes.operands import Gemm
+from flamia_verify.recipes import RECIPES, Gemm
 
 __all__ = ["DESIGNS", "scale_rules"]
 
@@ -53,7 +53,7 @@ _NV = Quant("nvfp4", 16)
 
 BF16 = EmulatedDesign(
     name="bf16",
-    recipe="bf16",
+    recipe=RECIPES["bf16"],
     qk=_IN,
     v_seq=_IN,
     p_mode="fa",
@@ -72,7 +72,7 @@ BF16 = EmulatedDesign(
 
 FP8 = EmulatedDesign(
     name="fp8",
-    recipe="fp8",
+    recipe=RECIPES["fp8"],
     qk=_ROW,
     v_seq=_T128,
     p_mode="pow2-blocks",
@@ -94,7 +94,7 @@ FP8 = _described(
 )
 
 FP8_MMA = _described(
-    replace(FP8, name="fp8-mma", recipe="fp8-mma", mma=frozenset({Gemm.S, Gemm.O})),
+    replace(FP8, name="fp8-mma", recipe=RECIPES["fp8-mma"], mma=frozenset({Gemm.S, Gemm.O})),
     "the fp8 design's roundings ({rule}) with S = QK^T (forward and recompute) and O = PV on Hopper's "
     "E4M3 tensor cores, which keep about 13 bits of each 32-long slice; the gradient GEMMs and the "
     "input-precision diagonal tiles in fp32",
@@ -102,7 +102,7 @@ FP8_MMA = _described(
 
 FP8_TENSOR = EmulatedDesign(
     name="fp8-tensor",
-    recipe="fp8",
+    recipe=RECIPES["fp8"],
     qk=Quant("tensor"),
     v_seq=Quant("tensor"),
     p_mode="fa",
@@ -126,7 +126,7 @@ FP8_TENSOR = _described(
 
 FLAMIA_MXFP8 = EmulatedDesign(
     name="flamia-mxfp8",
-    recipe="mxfp8",
+    recipe=RECIPES["mxfp8"],
     qk=_MX,
     v_seq=_MX,
     p_mode="pow2-blocks",
@@ -147,12 +147,12 @@ _FLAMIA_MXFP8_TEXT = (
 FLAMIA_MXFP8 = _described(FLAMIA_MXFP8, _FLAMIA_MXFP8_TEXT)
 
 FLAMIA_MXFP8_FLOOR = _described(
-    with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", "mxfp8-floor"), _FLAMIA_MXFP8_TEXT
+    with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", RECIPES["mxfp8-floor"]), _FLAMIA_MXFP8_TEXT
 )
 
 FLAMIA_NVFP4 = EmulatedDesign(
     name="flamia-nvfp4",
-    recipe="nvfp4",
+    recipe=RECIPES["nvfp4"],
     qk=_MX,
     v_seq=_MX,
     p_mode="pow2-blocks",
@@ -174,7 +174,7 @@ FLAMIA_NVFP4 = _described(
 
 MXFP8_NAIVE = EmulatedDesign(
     name="mxfp8-naive",
-    recipe="mxfp8",
+    recipe=RECIPES["mxfp8"],
     qk=_MX,
     v_seq=_MX,
     p_mode="fa",

@@ -48,6 +48,7 @@ from flamia_verify.formats import (
     round_to_format,
 )
 from flamia_verify.kernels.metadata import mark_builtin
+from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.accumulator import MMA_FRACTION_BITS, MMA_GROUP, MMA_SLICE
 from flamia_verify.recipes.operands import Gemm, Operand
 
@@ -143,7 +144,7 @@ class EmulatedDesign:
     :meth:`quant` reads one by operand."""
 
     name: str
-    recipe: str
+    recipe: Recipe
     qk: Quant  # Q and K along head_dim (S = Q K^T, forward and recompute)
     v_seq: Quant  # V along keys (O = P V)
     p_mode: str  # "pow2-blocks" (FLAMIA) or "fa" (P = exp(S - m), then rounded by p_quant)
@@ -697,7 +698,7 @@ def make_kernel(design: EmulatedDesign):
     return mark_builtin(kernel, design)  # design, recipe, calls per implementation (kernels.metadata)
 
 
-def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: str) -> EmulatedDesign:
+def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: Recipe) -> EmulatedDesign:
     """The same design with every MX operand on another scale rule."""
     fields = {}
     for f in QUANT_FIELDS:

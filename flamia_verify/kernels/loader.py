@@ -47,7 +47,7 @@ def builtin_kernels() -> dict[str, LoadedKernel]:
     from flamia_verify.kernels.triton import with_fused_dispatch  # fused Triton for CUDA inputs; imports no Triton
 
     return {
-        name: LoadedKernel(name, with_fused_dispatch(make_kernel(d)), d.recipe, "builtin", d.description)
+        name: LoadedKernel(name, with_fused_dispatch(make_kernel(d)), d.recipe.name, "builtin", d.description)
         for name, d in DESIGNS.items()
     }
 

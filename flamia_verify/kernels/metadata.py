@@ -76,7 +76,7 @@ def mark_builtin(
     fresh call counter and, for a fused kernel, the emulation it falls back to. Returns ``fn``."""
     marked = cast(BuiltinKernel, fn)
     marked.design = design
-    marked.recipe = design.recipe
+    marked.recipe = design.recipe.name  # the attribute a user sets: a recipe's name
     marked.paths = collections.Counter()
     if emulated is not None:
         setattr(marked, "emulated", emulated)  # noqa: B010 (not an attribute of every built-in)

@@ -21,8 +21,8 @@ from flamia_verify.kernels.emulation import make_kernel
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
+from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.bounds import RecipeBoundModel
-from flamia_verify.recipes.recipe import get_recipe
 from flamia_verify.reference import attention_backward, attention_forward
 from flamia_verify.results import CheckResult
 from flamia_verify.settings import Packing, SuiteSettings, dtype_name
@@ -47,7 +47,7 @@ class RefOutputs:
 @dataclass
 class CheckContext:
     kernel_name: str
-    recipe: str
+    recipe: Recipe
     harness: KernelHarness
     settings: SuiteSettings
     seed: int
@@ -82,7 +82,7 @@ class CheckContext:
     @property
     def bound_model(self) -> RecipeBoundModel:
         """The rounding model of the recipe's operands for this run's input dtype."""
-        return get_recipe(self.recipe).bound_model(self.dtype)
+        return self.recipe.bound_model(self.dtype)
 
     def progress(self, fraction: float) -> None:
         if self.on_fraction is not None:

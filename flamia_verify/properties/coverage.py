@@ -19,6 +19,7 @@ import torch
 
 from flamia_verify.properties.cases import Inputs
 from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
+from flamia_verify.recipes import Recipe
 
 __all__ = ["Row", "MODEL", "INVARIANCES", "features", "observe", "BIG_PACK_TOKENS"]
 
@@ -246,7 +247,9 @@ def features(inputs: Inputs) -> set[str]:
     return out
 
 
-def observe(kernel, *, suite: str = "standard", seed: int = 0, recipe: str | None = None) -> dict[str, set[str]]:
+def observe(
+    kernel, *, suite: str = "standard", seed: int = 0, recipe: str | Recipe | None = None
+) -> dict[str, set[str]]:
     """Run ``suite`` on ``kernel`` and return, for every check, the features of the kernel calls it made."""
     loaded, chosen = resolve_kernel(kernel, recipe)
     ctx = build_context(

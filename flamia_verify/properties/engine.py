@@ -45,7 +45,7 @@ from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
-from flamia_verify.recipes.recipe import RECIPES
+from flamia_verify.recipes import RECIPES, Recipe, get_recipe
 from flamia_verify.results import API_SOURCE, FAMILIES, CheckResult, Report
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
 
@@ -128,19 +128,19 @@ def environment(device: str) -> dict:
     }
 
 
-def resolve_kernel(kernel, recipe: str | None) -> tuple[LoadedKernel, str]:
+def resolve_kernel(kernel, recipe: str | Recipe | None) -> tuple[LoadedKernel, Recipe]:
+    """The kernel, and its recipe resolved once: ``recipe`` (a name or a Recipe), else the one the
+    kernel declares. Everything below takes the :class:`Recipe`; the report writes its name."""
     loaded = load_kernel(kernel)
     chosen = recipe or loaded.recipe
     if chosen is None:
         raise ConfigError(f"kernel {loaded.name!r} declares no recipe; name one of: {', '.join(RECIPES)} (--recipe)")
-    if chosen not in RECIPES:
-        raise ConfigError(f"unknown recipe {chosen!r}; choose one of: {', '.join(RECIPES)}")
-    return loaded, chosen
+    return loaded, get_recipe(chosen)
 
 
 def build_context(
     loaded: LoadedKernel,
-    recipe: str,
+    recipe: Recipe,
     *,
     suite: str,
     device: str,
@@ -246,7 +246,7 @@ def _rejudge_inputs(ctx: CheckContext, report: Report, audited_at: int | None) -
 def run_checks(
     kernel,
     *,
-    recipe: str | None = None,
+    recipe: str | Recipe | None = None,
     suite: str = "quick",
     device: str = "cpu",
     dtype: torch.dtype | str = torch.bfloat16,
@@ -277,7 +277,7 @@ def run_checks(
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    loaded, recipe = resolve_kernel(kernel, recipe)
+    loaded, chosen = resolve_kernel(kernel, recipe)
     # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
     forward_only = forward_only or getattr(loaded.fn, "forward_only", False) is True
     paths_before = dict(kernel_paths(loaded.fn) or {})
@@ -286,7 +286,7 @@ def run_checks(
     dtype = resolve_dtype(dtype)
     ctx = build_context(
         loaded,
-        recipe,
+        chosen,
         suite=suite,
         device=device,
         dtype=dtype,
@@ -295,8 +295,8 @@ def run_checks(
         case_timeout_s=case_timeout_s,
         forward_only=forward_only,
     )
-    report = Report(kernel=loaded.name, recipe=recipe, suite=suite, seed=seed, environment=environment(device))
-    report.threshold_overrides = override_records(recipe, dtype, suite, thresholds, threshold_source or API_SOURCE)
+    report = Report(kernel=loaded.name, recipe=chosen.name, suite=suite, seed=seed, environment=environment(device))
+    report.threshold_overrides = override_records(chosen, dtype, suite, thresholds, threshold_source or API_SOURCE)
     report.environment.update(
         dtype=dtype_name(dtype),
         backward=ctx.has_backward,

@@ -36,6 +36,7 @@ from flamia_verify.properties.search import (
     search,
     traceback_of,
 )
+from flamia_verify.recipes import Recipe
 from flamia_verify.results import CheckResult, Report
 from flamia_verify.settings import DTYPES, dtype_name, resolve_device, resolve_dtype
 
@@ -85,7 +86,7 @@ class FuzzResult:
 def fuzz(
     kernel,
     *,
-    recipe: str | None = None,
+    recipe: str | Recipe | None = None,
     examples: int = 100,
     seed: int = 0,
     device: str = "cpu",
@@ -109,7 +110,7 @@ def fuzz(
         raise ConfigError(f"examples must be a positive integer, got {examples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    loaded, recipe = resolve_kernel(kernel, recipe)
+    loaded, chosen = resolve_kernel(kernel, recipe)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
     default_max, default_long = fuzz_sizes(device)
@@ -117,7 +118,7 @@ def fuzz(
     long_tokens = default_long if long_tokens is None else long_tokens
     ctx = build_context(
         loaded,
-        recipe,
+        chosen,
         suite="quick",
         device=device,
         dtype=dtype,
@@ -141,7 +142,7 @@ def fuzz(
     except FlamiaVerifyError:
         raise
     found, reproducer, n, counts = res.finding, res.reproducer, res.examples, res.counts
-    report = Report(kernel=loaded.name, recipe=recipe, suite="fuzz", seed=seed, environment=environment(device))
+    report = Report(kernel=loaded.name, recipe=chosen.name, suite="fuzz", seed=seed, environment=environment(device))
     report.environment.update(
         dtype=dtype_name(dtype), backward=ctx.has_backward, examples_requested=examples, examples_drawn=n
     )
@@ -223,7 +224,7 @@ def fuzz(
     )
 
 
-def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = "cpu") -> CheckResult:
+def replay_case(kernel, case: dict, *, recipe: str | Recipe | None = None, device: str = "cpu") -> CheckResult:
     """Rerun one reproducer (a dict from :class:`FuzzResult` or a case.json) deterministically.
 
     The recipe is ``recipe``, else the reproducer's, else the kernel's own; the result's
@@ -242,11 +243,11 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
         raise ConfigError(f"unknown property {prop!r} in the reproducer; known: {', '.join(PROPERTIES)}")
     fields = {k: v for k, v in case.items() if k in _CASE_FIELDS}
     c = Case.from_dict(fields)
-    loaded, recipe = resolve_kernel(kernel, recipe or case.get("recipe"))
+    loaded, chosen = resolve_kernel(kernel, recipe or case.get("recipe"))
     device = resolve_device(device)
     dt = DTYPES[c.dtype]
     ctx = build_context(
-        loaded, recipe, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None, case_timeout_s=None
+        loaded, chosen, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None, case_timeout_s=None
     )
     name = PROPERTIES[prop]
     t0 = time.perf_counter()
@@ -267,7 +268,7 @@ def replay_case(kernel, case: dict, *, recipe: str | None = None, device: str = 
         thresholds={"failing_examples": 0},
         worst_case={
             **case,
-            "recipe": recipe,
+            "recipe": chosen.name,
             "kernel": loaded.name,
             "replayed": True,
             **({"detail": {k: v for k, v in f.detail.items() if k != "traceback"}} if f else {}),

@@ -519,14 +519,16 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact
                 violated += m.mismatched
                 per_tensor[t] += m.mismatched
                 if first is None:
-                    first = case_record(case, tensor=t, recipe=ctx.recipe, mismatch=m.to_dict(), summary=m.summary())
+                    first = case_record(
+                        case, tensor=t, recipe=ctx.recipe.name, mismatch=m.to_dict(), summary=m.summary()
+                    )
         ctx.progress((n + 1) / len(cases))
     metrics = {"violations": violated, "tightness": tight}
     for t in tensors:
         metrics[f"tightness_{t}"] = tight_t[t]
         metrics[f"violations_{t}"] = per_tensor[t]
     details = {"series": [series]} if series else {}
-    msg = f"no element outside the {ctx.recipe} bound on {len(cases)} {inputs_label}; tightness {tight:.3g}"
+    msg = f"no element outside the {ctx.recipe.name} bound on {len(cases)} {inputs_label}; tightness {tight:.3g}"
     if admissions:
         metrics["admitted_elements"] = sum(a[0] for a in admitted.values())
         metrics["admitted_max_abs"] = max(a[2] for a in admitted.values())

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from flamia_verify.recipes import Recipe
 from flamia_verify.results import FAMILIES
 from flamia_verify.settings import SUITES
 
@@ -44,7 +45,7 @@ class CheckSpec:
     #: the check's contract, fixed at their default
     adjustable: tuple[str, ...] = field(default=(), compare=False)
 
-    def default_thresholds(self, recipe: str, dtype) -> dict:
+    def default_thresholds(self, recipe: Recipe, dtype) -> dict:
         return dict(self.defaults(recipe, dtype)) if self.defaults is not None else {}
 
 

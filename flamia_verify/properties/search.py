@@ -526,7 +526,7 @@ def search(
         again = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
         if again is not None:
             f = again
-        reproducer = _reproducer(case, document, t, kind, f, ctx.recipe, ctx.kernel_name)
+        reproducer = _reproducer(case, document, t, kind, f, ctx.recipe.name, ctx.kernel_name)
         found = f
     generated = state.get("generated", state["n"])
     return Search(

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from flamia_verify.errors import ConfigError
 from flamia_verify.properties.catalog import all_specs, specs_by_name
 from flamia_verify.properties.tolerances import (
     BIAS_Z,
@@ -38,7 +37,7 @@ from flamia_verify.properties.tolerances import (
     input_unit_roundoff,
     predicted_rel_rmse,
 )
-from flamia_verify.recipes.recipe import RECIPES
+from flamia_verify.recipes import RECIPES, Recipe, get_recipe
 from flamia_verify.settings import suite_settings, validate_thresholds
 
 __all__ = [
@@ -55,18 +54,18 @@ __all__ = [
 ]
 
 
-def default_thresholds(recipe: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, dict[str, float]]:
-    """``{check_name: {threshold_key: value}}`` for every check, derived for ``recipe``."""
-    if recipe not in RECIPES:
-        raise ConfigError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
-    return {s.name: s.default_thresholds(recipe, dtype) for s in all_specs()}
+def default_thresholds(recipe: str | Recipe, dtype: torch.dtype = torch.bfloat16) -> dict[str, dict[str, float]]:
+    """``{check_name: {threshold_key: value}}`` for every check, derived for ``recipe`` (a name or a
+    :class:`~flamia_verify.recipes.Recipe`)."""
+    chosen = get_recipe(recipe)
+    return {s.name: s.default_thresholds(chosen, dtype) for s in all_specs()}
 
 
 def _known_keys(specs) -> tuple[dict[str, dict], dict[str, dict], dict[str, list[str]]]:
     """Every check's threshold keys and options with the kind of their defaults, and its fixed keys (the
     threshold keys that are its contract, not ``adjustable``). The keys are the same for every recipe
     and dtype (only the values differ), so any recipe serves to list them."""
-    thresholds = {n: s.default_thresholds("bf16", torch.bfloat16) for n, s in specs.items()}
+    thresholds = {n: s.default_thresholds(RECIPES["bf16"], torch.bfloat16) for n, s in specs.items()}
     options = {n: dict(s.options) for n, s in specs.items()}
     fixed = {n: [k for k in thresholds[n] if k not in s.adjustable] for n, s in specs.items()}
     return thresholds, options, fixed
@@ -85,7 +84,7 @@ def validate_overrides(overrides, where: str | None = None) -> dict:
     return validate_thresholds(overrides, thresholds, options, where, fixed=fixed)
 
 
-def override_records(recipe: str, dtype: torch.dtype, suite: str, overrides: dict | None, source: str) -> list[dict]:
+def override_records(recipe: Recipe, dtype: torch.dtype, suite: str, overrides: dict | None, source: str) -> list[dict]:
     """One record per overridden key, for report.json's ``threshold_overrides`` and every renderer:
     ``{"scope": check name or "suite", "key", "kind": threshold | option | suite, "value", "default",
     "source"}``. The default is what the run would have used without the override (the recipe's and
@@ -111,7 +110,7 @@ def override_records(recipe: str, dtype: torch.dtype, suite: str, overrides: dic
 
 
 def resolve_thresholds(
-    recipe: str, dtype: torch.dtype, overrides: dict | None
+    recipe: Recipe, dtype: torch.dtype, overrides: dict | None
 ) -> tuple[dict[str, dict], dict[str, dict], dict]:
     """Defaults merged with ``overrides``: (thresholds per check, options per check, suite settings)."""
     specs = specs_by_name()

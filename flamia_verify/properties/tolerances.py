@@ -17,8 +17,8 @@ import math
 
 import torch
 
+from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.operands import OPERANDS_REACHING
-from flamia_verify.recipes.recipe import get_recipe
 
 __all__ = ["ERROR_MODEL_FACTOR", "BIAS_Z", "input_unit_roundoff", "predicted_rel_rmse", "conservation_tolerance"]
 
@@ -36,9 +36,9 @@ def input_unit_roundoff(dtype: torch.dtype) -> float:
     return {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}.get(dtype, 2.0**-53)
 
 
-def predicted_rel_rmse(recipe: str, dtype: torch.dtype, tensor: str) -> float:
+def predicted_rel_rmse(recipe: Recipe, dtype: torch.dtype, tensor: str) -> float:
     """First-order RMS relative error of ``tensor`` (out, dq, dk, dv): sqrt(sum_x u_x^2 / 3)."""
-    model = get_recipe(recipe).bound_model(dtype)
+    model = recipe.bound_model(dtype)
     total = sum(model[op].u ** 2 for op in OPERANDS_REACHING[tensor])
     return math.sqrt(total / 3.0)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.formats import ScaleRule
 from flamia_verify.formats.constants import FP32_MIN_NORMAL
 from flamia_verify.recipes.accumulator import MMA_SLICE, MMA_U_SLICE
 from flamia_verify.recipes.bounds import (
@@ -73,6 +74,9 @@ class Recipe:
     admissions: Callable[[torch.dtype], tuple[Admission, ...]] = field(
         default=lambda dtype: (), repr=False, compare=False
     )
+    #: the E8M0 scale rule of the recipe's MXFP8 operands (those whose rounding it fixes completely:
+    #: ``OperandModel.mx_block``)
+    scale_rule: ScaleRule = ScaleRule.RCEIL
 
     def bound_model(self, dtype: torch.dtype) -> RecipeBoundModel:
         """The rounding model of every GEMM operand and of the outputs, for inputs of ``dtype``."""
@@ -174,6 +178,7 @@ RECIPES: dict[str, Recipe] = {
         "mxfp8-floor",
         "MXFP8 with the OCP FLOOR scale rule (the largest elements of a block saturate)",
         _mxfp8(floor=True),
+        scale_rule=ScaleRule.FLOOR,
     ),
     "nvfp4": Recipe(
         "nvfp4",
@@ -184,7 +189,11 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def get_recipe(name: str) -> Recipe:
+def get_recipe(name: str | Recipe) -> Recipe:
+    """The recipe of a name (``--recipe``, a kernel's ``recipe`` attribute, a reproducer's); a
+    :class:`Recipe` passes through. Raises ConfigError for an unknown name."""
+    if isinstance(name, Recipe):
+        return name
     try:
         return RECIPES[name]
     except KeyError:

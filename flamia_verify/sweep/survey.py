@@ -56,7 +56,7 @@ def availability(name: str, device: str) -> tuple[str | None, str]:
     from flamia_verify.kernels.designs import DESIGNS
 
     if name in DESIGNS:
-        return None, DESIGNS[name].recipe
+        return None, DESIGNS[name].recipe.name
     adapter = ADAPTERS.get(name)
     if adapter is None:  # a user's spec: whether it loads is the run's business (an error row)
         return None, ""

@@ -101,7 +101,7 @@ def wrong_rule_kernel(base: str, rule: str):
     design = DESIGNS[base]
     within = functools.partial(mock.patch.object, blocks, "mx_scale_exponent", EXPONENT_RULES[rule])
     kernel = _split_kernel(design, design, within=within)
-    kernel.recipe = design.recipe  # type: ignore[attr-defined]
+    kernel.recipe = design.recipe.name  # type: ignore[attr-defined]
     kernel.rule = rule  # type: ignore[attr-defined]
     kernel.base = base  # type: ignore[attr-defined]
     kernel.__name__ = f"{base}_{rule}".replace("-", "_")

@@ -37,7 +37,8 @@ def quiet_for_recipe(report, check) -> bool:
     if check.name == "interface.lse" and check.status == "skip":
         return "returns no log-sum-exp" in check.message
     from flamia_verify.properties.checks.rounding import mx_sites
+    from flamia_verify.recipes import get_recipe
     from flamia_verify.settings import DTYPES
 
     dtype = DTYPES.get(report.environment.get("dtype", "bf16"), DTYPES["bf16"])
-    return check.name == "bound.rounding" and check.status == "skip" and not mx_sites(report.recipe, dtype)
+    return check.name == "bound.rounding" and check.status == "skip" and not mx_sites(get_recipe(report.recipe), dtype)

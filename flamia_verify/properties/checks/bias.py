@@ -27,8 +27,8 @@ import torch
 from flamia_verify.properties.helpers import bias_cases, case_record, verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import BIAS_Z
+from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.operands import OPERANDS_REACHING
-from flamia_verify.recipes.recipe import get_recipe
 
 __all__ = ["GAIN_FRACTION", "MEAN_SHARE"]
 
@@ -38,8 +38,8 @@ GAIN_FRACTION = 0.25
 MEAN_SHARE = 0.5
 
 
-def _u_tensor(recipe, dtype, tensor) -> float:
-    model = get_recipe(recipe).bound_model(dtype)
+def _u_tensor(recipe: Recipe, dtype, tensor) -> float:
+    model = recipe.bound_model(dtype)
     return max(model[op].u for op in OPERANDS_REACHING[tensor])
 
 

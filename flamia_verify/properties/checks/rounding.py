@@ -22,7 +22,6 @@ their rounding is not fixed by the recipe.
 
 from __future__ import annotations
 
-from flamia_verify.formats import ScaleRule
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
 from flamia_verify.properties.acc_probe import SITES as ACC_SITES
 from flamia_verify.properties.compare import compare_within
@@ -38,21 +37,15 @@ from flamia_verify.properties.mx_probes import (
     scale_probes,
 )
 from flamia_verify.properties.registry import register
+from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.bounds import exact_operands_model
-from flamia_verify.recipes.recipe import get_recipe
 
-__all__ = ["probe_case", "mx_sites", "recipe_rule", "rounding_report"]
-
-
-def recipe_rule(recipe: str) -> ScaleRule:
-    """The E8M0 scale rule of a recipe's MXFP8 operands: FLOOR for ``mxfp8-floor``, RCEIL for the
-    others (``mxfp8``, and the MX parts of ``nvfp4``)."""
-    return ScaleRule.FLOOR if recipe == "mxfp8-floor" else ScaleRule.RCEIL
+__all__ = ["probe_case", "mx_sites", "rounding_report"]
 
 
-def mx_sites(recipe: str, dtype) -> tuple[str, ...]:
+def mx_sites(recipe: Recipe, dtype) -> tuple[str, ...]:
     """The probe sites whose every operand the recipe rounds as MXFP8."""
-    model = get_recipe(recipe).bound_model(dtype)
+    model = recipe.bound_model(dtype)
     return tuple(s for s, ops in SITE_OPERANDS.items() if all(model[op].mx_block for op in ops))
 
 
@@ -95,7 +88,7 @@ class _Tally:
                     case,
                     tensor=tensor,
                     **record,
-                    recipe=ctx.recipe,
+                    recipe=ctx.recipe.name,
                     mismatch=m.to_dict(),
                     summary=f"{label}: {m.summary()}",
                 )
@@ -110,7 +103,7 @@ def rounding_report(ctx, probes, seeds: int = 1):
     the recipe's rule). ``probe_cases`` counts the grid and step probe cases, ``scale_cases`` the
     scale-rule ones."""
     model = exact_operands_model(ctx.bound_model)
-    rule = recipe_rule(ctx.recipe)
+    rule = ctx.recipe.scale_rule
     tally = _Tally()
     scale_cases = 0
     jobs = [(p, s) for s in range(seeds) for p in probes]
@@ -162,7 +155,7 @@ def bound_rounding(ctx):
     sites = mx_sites(ctx.recipe, ctx.dtype)
     if not sites:
         return ctx.skip(
-            f"the {ctx.recipe} recipe rounds no GEMM operand as MXFP8 (E4M3 32-blocks with an "
+            f"the {ctx.recipe.name} recipe rounds no GEMM operand as MXFP8 (E4M3 32-blocks with an "
             "E8M0 scale rule): no operand's rounding is fixed by the recipe"
         )
     candidates = [p for p in PROBES + scale_probes(ctx.dtype) if p.site in sites]
@@ -177,9 +170,9 @@ def bound_rounding(ctx):
         notes.append(f"no backward, not probed: {', '.join(left_out)}")
     scaled = sorted({p.site for p in probes if p.variant in ("scale", "tiny")})
     msg = (
-        f"every probed operand rounds as the {ctx.recipe} recipe says on {metrics['probe_cases']} probe cases "
+        f"every probed operand rounds as the {ctx.recipe.name} recipe says on {metrics['probe_cases']} probe cases "
         f"({', '.join(sorted({p.site for p in probes}))}) and {metrics['scale_cases']} scale-rule cases "
-        f"(block maxima either side of every {recipe_rule(ctx.recipe).name} boundary and of its wrong "
+        f"(block maxima either side of every {ctx.recipe.scale_rule.name} boundary and of its wrong "
         f"twins: {', '.join(scaled)}); tightness {metrics['tightness']:.3g}"
     )
     if notes:
@@ -231,14 +224,14 @@ def bound_accumulation(ctx):
             tensor=observed,
             key=site,
             what=f"|{observed} - exact attention|",
-            rule=f"within the {ctx.recipe} recipe's accumulator and the output rounding",
+            rule=f"within the {ctx.recipe.name} recipe's accumulator and the output rounding",
             label=f"{observed} of the accumulation probe ({site})",
             site=site,
         )
         ctx.progress((n + 1) / len(jobs))
     metrics = tally.metrics()
     msg = (
-        f"{' and '.join(ACC_SITES[s] for s in sites)} within the {ctx.recipe} recipe's accumulator on "
+        f"{' and '.join(ACC_SITES[s] for s in sites)} within the {ctx.recipe.name} recipe's accumulator on "
         f"{tally.cases} accumulation probe(s) (a +-448 pair beside values below 2^-5 in every 32-long "
         f"slice); tightness {tally.tight:.3g}"
     )
