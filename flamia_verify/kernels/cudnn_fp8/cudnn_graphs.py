@@ -294,6 +294,10 @@ class CudnnEngine:
         self._handles: dict[int, Any] = {}
         self._graphs: dict[tuple[str, GraphKey], tuple[Any, int]] = {}
         self._padded: dict[tuple[GraphKey, bool], bool] = {}
+        # devices (and determinism) where cuDNN declined a packed backward: Hopper declines it for every
+        # shape ("not supported on Hopper architecture"), so later keys go to the padded layout at once
+        # instead of building a packed forward and failing the backward again (a second or so each)
+        self._packed_backward_declined: set[tuple[str, bool]] = set()
 
     def arch(self, device: torch.device) -> int:
         return int(torch.cuda.get_device_capability(device)[0])
@@ -329,15 +333,22 @@ class CudnnEngine:
             return known
         c = cudnn_module()
         reasons = []
-        for padded in (False, True):
+        declined = (key.device, key.deterministic) in self._packed_backward_declined
+        for padded in (True,) if need_backward and declined else (False, True):
             k = dataclasses.replace(key, padded=padded)
             try:
                 self._graph("fwd", k)
-                if need_backward:
-                    self._graph("bwd", k)
             except c.cudnnGraphNotSupportedError as exc:
                 reasons.append(f"{'padded' if padded else 'packed'}: {_first_line(exc)}")
                 continue
+            if need_backward:
+                try:
+                    self._graph("bwd", k)
+                except c.cudnnGraphNotSupportedError as exc:
+                    reasons.append(f"{'padded' if padded else 'packed'} backward: {_first_line(exc)}")
+                    if not padded:
+                        self._packed_backward_declined.add((key.device, key.deterministic))
+                    continue
             self._padded[(base, need_backward)] = padded
             return padded
         raise CudnnFp8Refused(

@@ -455,6 +455,14 @@ def _mask(causal: bool, lengths: list[tuple[int, int]] | None, arch: int) -> str
     return "bottom_right" if arch >= 10 else "top_left"  # Hopper: refused before it is used
 
 
+def graph_seq(max_seqlen: int) -> int:
+    """The sequence dimension of the graphs a call with ``max_seqlen`` runs: a power of two of at least
+    ROW_ALIGN, so that the many lengths of a check run share a few graphs (a graph takes about a second
+    to build) at the cost of at most twice the padded layout's rows."""
+    seq = make_layout(False, 0, 0, max_seqlen).seq
+    return 1 << (seq - 1).bit_length()
+
+
 def graph_head_dim(head_dim: int, arch: int) -> int:
     """The head_dim of the graphs a call with ``head_dim`` runs: on Hopper 128 for every head_dim up to
     128 (the only one its FP8 backward takes; the inputs get zero columns), elsewhere the next multiple
@@ -545,8 +553,8 @@ def _attend(
         heads=heads,
         heads_k=heads_k,
         head_dim=head_dim,
-        seq_q=make_layout(False, 0, 0, max_q).seq,
-        seq_k=make_layout(False, 0, 0, max_k).seq,
+        seq_q=graph_seq(max_q),
+        seq_k=graph_seq(max_k),
         mask=_mask(causal, lengths, arch),
         softmax_scale=scale,
         deterministic=run.deterministic,
