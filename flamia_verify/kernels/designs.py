@@ -12,7 +12,9 @@
 | mxfp8-naive     | MXFP8          | MXFP8, fp32 l  | MXFP8 at packed positions     | MXFP8                  | none  |
 
 Every power-of-two scale uses the RCEIL rule unless the row says otherwise; each description names the
-rule from the design's operands (``{rule}`` in the text), so it cannot disagree with them.
+rule from the design's operands (``{rule}`` in the text), so it cannot disagree with them. Each design
+is written as one rounding for every operand and the operands that differ
+(:meth:`~flamia_verify.kernels.emulation.EmulatedDesign.of`), keyed by :class:`Operand`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import fields, replace
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign, Quant, with_rule
-from flamia_verify.recipes import RECIPES, Gemm
+from flamia_verify.kernels.modes import Normalize, PMode, QuantKind, SeqBlocks
+from flamia_verify.recipes import RECIPES, Gemm, Operand
 
 __all__ = ["DESIGNS", "scale_rules"]
 
@@ -31,7 +34,7 @@ def scale_rules(design: EmulatedDesign) -> tuple[ScaleRule, ...]:
     found: list[ScaleRule] = []
     for f in fields(design):
         value = getattr(design, f.name)
-        if isinstance(value, Quant) and value.kind == "mx" and value.rule not in found:
+        if isinstance(value, Quant) and value.kind is QuantKind.MX and value.rule not in found:
             found.append(value.rule)
     return tuple(found)
 
@@ -45,49 +48,32 @@ def _described(design: EmulatedDesign, text: str) -> EmulatedDesign:
     return replace(design, description=text.format(rule=rules))
 
 
-_IN = Quant("input")
-_MX = Quant("mx", 32)
-_ROW = Quant("mx", 0)  # one power-of-two scale per row (the whole head_dim)
-_T128 = Quant("mx", 128)  # Hopper FP8 tile: one power-of-two scale per 128 positions (per channel)
-_NV = Quant("nvfp4", 16)
+_IN = Quant(QuantKind.INPUT)
+_MX = Quant(QuantKind.MX, 32)
+_ROW = Quant(QuantKind.MX, 0)  # one power-of-two scale per row (the whole head_dim)
+_T128 = Quant(QuantKind.MX, 128)  # Hopper FP8 tile: one power-of-two scale per 128 positions (per channel)
+_NV = Quant(QuantKind.NVFP4, 16)
+_TENSOR = Quant(QuantKind.TENSOR)
+_E4M3 = Quant(QuantKind.E4M3)
 
-BF16 = EmulatedDesign(
-    name="bf16",
-    recipe=RECIPES["bf16"],
-    qk=_IN,
-    v_seq=_IN,
-    p_mode="fa",
-    p_quant=_IN,
-    normalize="fp32",
-    dp_quant=_IN,
-    pt_quant=_IN,
-    do_seq=_IN,
-    ds_quant=_IN,
-    k_seq=_IN,
-    dst_quant=_IN,
-    q_seq=_IN,
+#: the operands contracted along head_dim (Q, K in S; dO, V in dP)
+_HEAD_DIM = tuple(op for op in Operand if op.axis == "head_dim")
+#: FLAMIA's probabilities: power-of-two P blocks, l summed over the P that multiplies V
+_FLAMIA_P = dict(p_mode=PMode.POW2_BLOCKS, normalize=Normalize.QUANTIZED)
+#: FlashAttention's: P = exp(S - m) rounded as the design says, l the fp32 sum of unrounded P
+_FA_P = dict(p_mode=PMode.FA, normalize=Normalize.FP32)
+
+BF16 = EmulatedDesign.of(
+    "bf16",
+    RECIPES["bf16"],
+    _IN,
+    **_FA_P,
     diagonal_fallback=False,
     description="FlashAttention-2 numerics: BF16/FP16 operands, P and dS rounded to the input dtype, fp32 accumulation",
 )
 
-FP8 = EmulatedDesign(
-    name="fp8",
-    recipe=RECIPES["fp8"],
-    qk=_ROW,
-    v_seq=_T128,
-    p_mode="pow2-blocks",
-    p_quant=Quant("mx", 128),
-    normalize="quantized",
-    dp_quant=_ROW,
-    pt_quant=_T128,
-    do_seq=_T128,
-    ds_quant=_T128,
-    k_seq=_T128,
-    dst_quant=_T128,
-    q_seq=_T128,
-)
 FP8 = _described(
-    FP8,
+    EmulatedDesign.of("fp8", RECIPES["fp8"], _T128, {op: _ROW for op in _HEAD_DIM}, **_FLAMIA_P),
     "Hopper-native E4M3 with power-of-two scales ({rule}) per row (head_dim GEMMs) and per "
     "128-position tile (sequence GEMMs), restarted at document starts, diagonal tiles in the input "
     "precision",
@@ -100,99 +86,52 @@ FP8_MMA = _described(
     "input-precision diagonal tiles in fp32",
 )
 
-FP8_TENSOR = EmulatedDesign(
-    name="fp8-tensor",
-    recipe=RECIPES["fp8"],
-    qk=Quant("tensor"),
-    v_seq=Quant("tensor"),
-    p_mode="fa",
-    p_quant=Quant("e4m3"),
-    normalize="fp32",
-    dp_quant=Quant("tensor"),
-    pt_quant=Quant("e4m3"),
-    do_seq=Quant("tensor"),
-    ds_quant=_ROW,
-    k_seq=Quant("tensor"),
-    dst_quant=_ROW,
-    q_seq=Quant("tensor"),
-    diagonal_fallback=False,
-)
 FP8_TENSOR = _described(
-    FP8_TENSOR,
+    EmulatedDesign.of(
+        "fp8-tensor",
+        RECIPES["fp8"],
+        _TENSOR,
+        {Operand.P: _E4M3, Operand.PT: _E4M3, Operand.DS: _ROW, Operand.DST: _ROW},
+        **_FA_P,
+        diagonal_fallback=False,
+    ),
     "FlashAttention-3-style per-tensor current scaling (amax/448 over the whole packed "
     "tensor); P cast to E4M3 unscaled, normalized by the fp32 row sum; dS with a power-of-two "
     "({rule}) scale per row",
 )
 
-FLAMIA_MXFP8 = EmulatedDesign(
-    name="flamia-mxfp8",
-    recipe=RECIPES["mxfp8"],
-    qk=_MX,
-    v_seq=_MX,
-    p_mode="pow2-blocks",
-    p_quant=_MX,
-    normalize="quantized",
-    dp_quant=_MX,
-    pt_quant=_MX,
-    do_seq=_MX,
-    ds_quant=_MX,
-    k_seq=_MX,
-    dst_quant=_MX,
-    q_seq=_MX,
-)
 _FLAMIA_MXFP8_TEXT = (
     "MXFP8 (E4M3, 32-blocks, E8M0 {rule}) on all six GEMMs with FLAMIA's causal-safe, "
     "document-safe scaling and a forward-consistent backward"
 )
-FLAMIA_MXFP8 = _described(FLAMIA_MXFP8, _FLAMIA_MXFP8_TEXT)
+FLAMIA_MXFP8 = _described(EmulatedDesign.of("flamia-mxfp8", RECIPES["mxfp8"], _MX, **_FLAMIA_P), _FLAMIA_MXFP8_TEXT)
 
 FLAMIA_MXFP8_FLOOR = _described(
     with_rule(FLAMIA_MXFP8, ScaleRule.FLOOR, "flamia-mxfp8-floor", RECIPES["mxfp8-floor"]), _FLAMIA_MXFP8_TEXT
 )
 
-FLAMIA_NVFP4 = EmulatedDesign(
-    name="flamia-nvfp4",
-    recipe=RECIPES["nvfp4"],
-    qk=_MX,
-    v_seq=_MX,
-    p_mode="pow2-blocks",
-    p_quant=_MX,
-    normalize="quantized",
-    dp_quant=_MX,
-    pt_quant=_NV,
-    do_seq=_MX,
-    ds_quant=_NV,
-    k_seq=_MX,
-    dst_quant=_NV,
-    q_seq=_MX,
-)
 FLAMIA_NVFP4 = _described(
-    FLAMIA_NVFP4,
+    EmulatedDesign.of(
+        "flamia-nvfp4",
+        RECIPES["nvfp4"],
+        _MX,
+        {Operand.PT: _NV, Operand.DS: _NV, Operand.DST: _NV},
+        **_FLAMIA_P,
+    ),
     "mixed NVFP4/FP8: the MXFP8 (E8M0 {rule}) forward, S recompute and dP; NVFP4 "
     "(row-local fp32 scale) for P^T, dS and dS^T in the dV, dQ, dK GEMMs",
 )
 
-MXFP8_NAIVE = EmulatedDesign(
-    name="mxfp8-naive",
-    recipe=RECIPES["mxfp8"],
-    qk=_MX,
-    v_seq=_MX,
-    p_mode="fa",
-    p_quant=_MX,
-    normalize="fp32",
-    dp_quant=_MX,
-    pt_quant=_MX,
-    do_seq=_MX,
-    ds_quant=_MX,
-    k_seq=_MX,
-    dst_quant=_MX,
-    q_seq=_MX,
-    seq_blocks="packed",
-    diagonal_fallback=False,
-    recompute_from_seq=True,
-)
 MXFP8_NAIVE = _described(
-    MXFP8_NAIVE,
+    EmulatedDesign.of(
+        "mxfp8-naive",
+        RECIPES["mxfp8"],
+        _MX,
+        **_FA_P,
+        seq_blocks=SeqBlocks.PACKED,
+        diagonal_fallback=False,
+        recompute_from_seq=True,
+    ),
     "MXFP8 (E8M0 {rule}) without the fixes: sequence blocks at packed positions "
     "straddle the diagonal and documents, the fp32 row sum normalizes quantized P, the backward "
     "rebuilds S from other quantizations",

@@ -13,10 +13,10 @@ The three FLAMIA fixes, as design switches (docs/kernels.md gives the reasoning 
   share one scale between visible and masked positions. For that row the block is multiplied in the
   kernel's input precision (BF16/FP16, exact products, fp32 accumulation) instead of MXFP8, so no
   output depends, even by one bit, on a position it must not see. At most one block per row does this.
-* Document-safe scaling (``seq_blocks="document"``): sequence-direction blocks restart at every
+* Document-safe scaling (``seq_blocks=SeqBlocks.DOCUMENT``): sequence-direction blocks restart at every
   document start (cu_seqlens), so a packed batch needs no padding and a document's result does not
   depend on its neighbours or on its offset in the pack.
-* Forward/backward consistency (``p_mode="pow2-blocks"``, ``normalize="quantized"``): P is quantized
+* Forward/backward consistency (``p_mode=PMode.POW2_BLOCKS``, ``normalize=Normalize.QUANTIZED``): P is quantized
   in 32-key blocks relative to the block's own power-of-two maximum, so its E4M3 elements depend only
   on the scores of that block (never on the running row maximum, hence not on tile order), and its
   block scale 2^(M_b - 8 - m) is an exact power of two. The row sum l is taken over the quantized P
@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -48,6 +49,7 @@ from flamia_verify.formats import (
     round_to_format,
 )
 from flamia_verify.kernels.metadata import mark_builtin
+from flamia_verify.kernels.modes import Normalize, PMode, QuantKind, SeqBlocks
 from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.accumulator import MMA_FRACTION_BITS, MMA_GROUP, MMA_SLICE
 from flamia_verify.recipes.operands import Gemm, Operand
@@ -94,7 +96,7 @@ P_POW2_OFFSET = 8
 class Quant:
     """How one GEMM operand is rounded before the GEMM.
 
-    kind:
+    kind (:class:`~flamia_verify.kernels.modes.QuantKind`; a string of one is taken as it):
       ``input``  round to the kernel's input dtype (BF16 or FP16; identity for fp32 inputs)
       ``mx``     E4M3 elements with a power-of-two (E8M0) scale per ``block`` elements along the
                  contraction axis (``block=0``: one scale for the whole axis, i.e. per row)
@@ -103,17 +105,28 @@ class Quant:
       ``e4m3``   plain saturating E4M3 cast without a scale
     """
 
-    kind: str
+    #: a QuantKind; other strings only in the mutant table's emulations ("mx-<variant>")
+    kind: QuantKind | str
     block: int = 32
     rule: ScaleRule = ScaleRule.RCEIL
 
+    def __post_init__(self) -> None:
+        if self.kind in QuantKind.__members__.values():
+            object.__setattr__(self, "kind", QuantKind(self.kind))
+
     def describe(self) -> str:
-        if self.kind == "mx":
+        if self.kind is QuantKind.MX:
             size = "row" if self.block == 0 else f"{self.block}-blocks"
             return f"E4M3, {size}, pow2 scale ({self.rule.name})"
-        return {"input": "input dtype", "nvfp4": "NVFP4", "tensor": "E4M3 per-tensor", "e4m3": "E4M3 unscaled"}[
-            self.kind
-        ]
+        return _KIND_TEXT[QuantKind(self.kind)]
+
+
+_KIND_TEXT = {
+    QuantKind.INPUT: "input dtype",
+    QuantKind.NVFP4: "NVFP4",
+    QuantKind.TENSOR: "E4M3 per-tensor",
+    QuantKind.E4M3: "E4M3 unscaled",
+}
 
 
 #: the field of :class:`EmulatedDesign` that rounds each GEMM operand (Q and K share ``qk`` in S,
@@ -147,9 +160,9 @@ class EmulatedDesign:
     recipe: Recipe
     qk: Quant  # Q and K along head_dim (S = Q K^T, forward and recompute)
     v_seq: Quant  # V along keys (O = P V)
-    p_mode: str  # "pow2-blocks" (FLAMIA) or "fa" (P = exp(S - m), then rounded by p_quant)
+    p_mode: PMode  # POW2_BLOCKS (FLAMIA) or FA (P = exp(S - m), then rounded by p_quant)
     p_quant: Quant  # P along keys for "fa"; for "pow2-blocks" only its block size is used
-    normalize: str  # "quantized": l sums the P that multiplied V; "fp32": l sums unrounded P
+    normalize: Normalize  # QUANTIZED: l sums the P that multiplied V; FP32: l sums unrounded P
     dp_quant: Quant  # dO and V along head_dim (dP = dO V^T)
     pt_quant: Quant  # P^T along queries (dV = P^T dO)
     do_seq: Quant  # dO along queries
@@ -157,7 +170,7 @@ class EmulatedDesign:
     k_seq: Quant  # K along keys
     dst_quant: Quant  # dS^T along queries (dK = dS^T Q)
     q_seq: Quant  # Q along queries
-    seq_blocks: str = "document"  # "document": blocks restart at cu_seqlens; "packed": absolute positions
+    seq_blocks: SeqBlocks = SeqBlocks.DOCUMENT  # DOCUMENT: blocks restart at cu_seqlens; PACKED: absolute positions
     diagonal_fallback: bool = True
     recompute_from_seq: bool = False  # the backward rebuilds S from the sequence-quantized Q, K (a bug)
     #: the GEMMs that run on Hopper's E4M3 tensor cores (:func:`mma_gemm`; both operands E4M3, the
@@ -165,9 +178,37 @@ class EmulatedDesign:
     mma: frozenset[Gemm] = frozenset()
     description: str = ""
 
+    def __post_init__(self) -> None:
+        # the modes may be given as their strings (``p_mode="fa"``): stored as the enums
+        object.__setattr__(self, "p_mode", PMode(self.p_mode))
+        object.__setattr__(self, "normalize", Normalize(self.normalize))
+        object.__setattr__(self, "seq_blocks", SeqBlocks(self.seq_blocks))
+
     def quant(self, op: Operand) -> Quant:
         """How the design rounds the GEMM operand ``op``."""
         return getattr(self, DESIGN_FIELD[op])
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        recipe: Recipe,
+        default: Quant,
+        overrides: Mapping[Operand, Quant] | None = None,
+        /,
+        **switches: Any,
+    ) -> EmulatedDesign:
+        """A design whose every GEMM operand is rounded by ``default`` but those in ``overrides``
+        (keyed by :class:`Operand`); ``switches``: the other fields (``p_mode``, ``normalize``, ...).
+        Operands that share a field (Q and K in S, dO and V in dP) must be given the same rounding."""
+        quants: dict[str, Quant] = {}
+        for op in Operand:
+            q = (overrides or {}).get(op, default)
+            field_name = DESIGN_FIELD[op]
+            if quants.setdefault(field_name, q) != q:
+                raise ValueError(f"{name}: {op.name} must be rounded as the other operand of {field_name}")
+        fields: dict[str, Any] = {**quants, **switches}
+        return cls(name=name, recipe=recipe, **fields)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,20 +244,20 @@ def quantize_operand(
     """Round a float32 GEMM operand as ``quant`` says, blocks along ``axis``; returns float32 values."""
     x = x.to(torch.float32)
     kind = quant.kind
-    if kind == "input":
+    if kind is QuantKind.INPUT:
         return _round_input(x, input_dtype)
-    if kind == "e4m3":
+    if kind is QuantKind.E4M3:
         return round_to_format(x, E4M3, saturate=True)
-    if kind == "tensor":
+    if kind is QuantKind.TENSOR:
         amax = x.abs().amax() if x.numel() else x.new_zeros(())
         scale = torch.where(amax > 0, amax / E4M3.max_finite, torch.ones_like(amax))
         return round_to_format(x / scale, E4M3, saturate=True) * scale
     if x.shape[axis] == 0:
         return x
-    if kind == "mx":
+    if kind is QuantKind.MX:
         block = quant.block if quant.block > 0 else x.shape[axis]
         return mx_fake_quantize(x, axis=axis, block_size=block, elem=E4M3, rule=quant.rule, cu_seqlens=cu_seqlens)
-    if kind == "nvfp4":
+    if kind is QuantKind.NVFP4:
         row_amax = x.abs().amax(dim=axis, keepdim=True)
         return nvfp4_fake_quantize(x, axis=axis, block_size=quant.block, cu_seqlens=cu_seqlens, global_amax=row_amax)
     raise ValueError(f"unknown operand rounding {kind!r}")
@@ -224,14 +265,14 @@ def quantize_operand(
 
 def seq_quantize(x: torch.Tensor, quant: Quant, design: EmulatedDesign, cu: torch.Tensor, dtype) -> torch.Tensor:
     """Quantize a packed (tokens, heads, dim) input along the sequence axis 0."""
-    seg = cu if design.seq_blocks == "document" else None
+    seg = cu if design.seq_blocks is SeqBlocks.DOCUMENT else None
     return quantize_operand(x, quant, 0, input_dtype=dtype, cu_seqlens=seg)
 
 
 def _a_operand(x: torch.Tensor, quant: Quant, design: EmulatedDesign, start: int, dtype) -> torch.Tensor:
     """Quantize an (heads, rows, contraction) left operand of one document along its last axis."""
     seg = None
-    if design.seq_blocks == "packed" and quant.kind in ("mx", "nvfp4") and quant.block > 0:
+    if design.seq_blocks is SeqBlocks.PACKED and quant.kind in (QuantKind.MX, QuantKind.NVFP4) and quant.block > 0:
         seg = _aligned_cu(start, x.shape[-1], quant.block, x.device)
     return quantize_operand(x, quant, -1, input_dtype=dtype, cu_seqlens=seg)
 
@@ -354,7 +395,7 @@ def probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, s
     of the operand), l the row sums used to normalize, m the row maxima (log2 units).
     """
     H, Lq, Lk = s2.shape
-    if design.p_mode == "pow2-blocks":
+    if design.p_mode is PMode.POW2_BLOCKS:
         block = design.p_quant.block
         elem, mb = pow2_block_elements(s2, block)
         m = mb.amax(dim=-1)  # (H, Lq)
@@ -372,7 +413,7 @@ def probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, s
     p = torch.where(vis, p, p.new_zeros(()))
     l = p.sum(dim=-1)
     p_used = _a_operand(p, design.p_quant, design, start_k, dtype)
-    if design.normalize == "quantized":
+    if design.normalize is Normalize.QUANTIZED:
         l = p_used.sum(dim=-1)
     return p_used, l, m
 
@@ -396,7 +437,7 @@ def recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
     """Backward probabilities A = P / l rebuilt from the recomputed scores and the saved lse (log2)."""
     finite = lse2 != -math.inf  # rows that saw a key; a NaN lse (NaN scores) stays NaN
     lse_safe = torch.where(finite, lse2, torch.zeros_like(lse2))
-    if design.p_mode == "pow2-blocks":
+    if design.p_mode is PMode.POW2_BLOCKS:
         block = design.p_quant.block
         elem, mb = pow2_block_elements(s2, block)
         ids = _block_ids(s2.shape[-1], block, s2.device)
@@ -450,7 +491,7 @@ def _lse2(l: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 def fallback_mask(design: EmulatedDesign, quant: Quant, vis: torch.Tensor, causal: bool):
     """Where the causal-safe split applies: entries whose sequence block the row sees whole."""
-    if design.diagonal_fallback and causal and quant.kind in ("mx", "nvfp4"):
+    if design.diagonal_fallback and causal and quant.kind in (QuantKind.MX, QuantKind.NVFP4):
         return full_block_mask(vis, quant.block)
     return None
 
@@ -703,5 +744,5 @@ def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: Recipe
     fields = {}
     for f in QUANT_FIELDS:
         qv = getattr(design, f)
-        fields[f] = replace(qv, rule=rule) if qv.kind == "mx" else qv
+        fields[f] = replace(qv, rule=rule) if qv.kind is QuantKind.MX else qv
     return replace(design, name=name, recipe=recipe, **fields)

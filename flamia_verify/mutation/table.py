@@ -95,11 +95,15 @@ _OPERAND_WHAT = {f: describe_operands(op for op in Operand if DESIGN_FIELD[op] =
 VARIANT_KIND_EDITS = (
     Edit(
         "quantize_operand",
-        '    if kind == "nvfp4":',
+        "    if kind is QuantKind.NVFP4:",
         '    if kind.startswith("mx-"):\n        return _mut.mx_variant(x, quant, axis, cu_seqlens, kind[3:])\n'
-        '    if kind == "nvfp4":',
+        "    if kind is QuantKind.NVFP4:",
     ),
-    Edit("fallback_mask", 'quant.kind in ("mx", "nvfp4")', '(quant.kind.startswith("mx") or quant.kind == "nvfp4")'),
+    Edit(
+        "fallback_mask",
+        "quant.kind in (QuantKind.MX, QuantKind.NVFP4)",
+        '(quant.kind.startswith("mx") or quant.kind is QuantKind.NVFP4)',
+    ),
 )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
+from flamia_verify.kernels.modes import Normalize, PMode, QuantKind, SeqBlocks
 from flamia_verify.recipes.operands import Gemm, Operand
 
 __all__ = [
@@ -110,11 +111,11 @@ def _where(op: Operand) -> str:
 
 
 def _kind(quant, where: str) -> tuple:
-    if quant.kind == "input":
+    if quant.kind is QuantKind.INPUT:
         return (KIND_INPUT, 0)
-    if quant.kind == "mx":
+    if quant.kind is QuantKind.MX:
         return (KIND_MX, quant.block)
-    if quant.kind == "nvfp4" and where == "left":
+    if quant.kind is QuantKind.NVFP4 and where == "left":
         return (KIND_NVFP4, quant.block)
     raise NotImplementedError(f"no fused rounding for {quant.describe()} as a {where} operand")
 
@@ -140,28 +141,32 @@ def head_dim_limit(cfg: FusedConfig) -> int:
 
 def unsupported_reason(design: EmulatedDesign) -> str | None:
     """Why ``design`` has no fused kernel (None when it has one)."""
-    if design.seq_blocks != "document":
+    if design.seq_blocks is not SeqBlocks.DOCUMENT:
         return "sequence blocks at packed positions (a deliberate bug of the emulated known-bad design)"
     if design.mma and design.mma != {Gemm.S, Gemm.O}:
         return "E4M3 tensor cores on other GEMMs than S and O = PV together"
     if design.mma and not (
-        design.qk.kind == "mx"
+        design.qk.kind is QuantKind.MX
         and design.qk.block == 0
-        and design.p_mode == "pow2-blocks"
-        and design.v_seq.kind == "mx"
+        and design.p_mode is PMode.POW2_BLOCKS
+        and design.v_seq.kind is QuantKind.MX
         and design.v_seq.block == design.p_quant.block
     ):
         return "E4M3 tensor cores need row-scaled Q, K and P and V blocks of one size (one scale per tile row)"
     if design.recompute_from_seq:
         return "backward rebuilds S from the sequence quantization (a deliberate bug)"
-    if design.p_mode == "pow2-blocks" and design.normalize != "quantized":
+    if design.p_mode is PMode.POW2_BLOCKS and design.normalize is not Normalize.QUANTIZED:
         return "power-of-two P blocks normalized by an unrounded sum"
-    if design.p_mode == "fa" and (design.p_quant.kind != "input" or design.normalize != "fp32"):
+    if design.p_mode is PMode.FA and (
+        design.p_quant.kind is not QuantKind.INPUT or design.normalize is not Normalize.FP32
+    ):
         return "FlashAttention P rounded to something other than the input dtype"
-    rules = {q.rule for q in _quants(design) if q.kind == "mx"}
+    rules = {q.rule for q in _quants(design) if q.kind is QuantKind.MX}
     if len(rules) > 1:
         return "MX operands on different scale rules"
-    blocks = {q.block for q in _quants(design) + (design.p_quant,) if q.kind in ("mx", "nvfp4") and q.block}
+    blocks = {
+        q.block for q in _quants(design) + (design.p_quant,) if q.kind in (QuantKind.MX, QuantKind.NVFP4) and q.block
+    }
     if any(b & (b - 1) or b > 128 for b in blocks):
         return f"block sizes {sorted(blocks)}: the tiles take powers of two up to 128"
     try:
@@ -178,12 +183,12 @@ def _quants(d: EmulatedDesign):
 
 def config_for(design: EmulatedDesign) -> FusedConfig:
     """The constexpr switches that make the fused kernels compute ``design``."""
-    rules = {q.rule for q in _quants(design) if q.kind == "mx"}
+    rules = {q.rule for q in _quants(design) if q.kind is QuantKind.MX}
     kinds = {name: _kind(design.quant(op), _where(op)) for op, name in CONFIG_FIELD.items()}
     return FusedConfig(
         **kinds,
-        p_pow2=design.p_mode == "pow2-blocks",
-        p_block=design.p_quant.block if design.p_mode == "pow2-blocks" else 0,
+        p_pow2=design.p_mode is PMode.POW2_BLOCKS,
+        p_block=design.p_quant.block if design.p_mode is PMode.POW2_BLOCKS else 0,
         rceil=ScaleRule.FLOOR not in rules,
         fallback=design.diagonal_fallback,
         mma8=Gemm.S in design.mma,
