@@ -445,7 +445,8 @@ def test_kernel_runs_fp8_attention_forward_and_backward(mode, causal):
     assert grads is not None
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
         assert got.shape == want.shape and _rel(got, want) < 0.1, (name, _rel(got, want))
-    assert fn.paths == {f"cuDNN FP8 padded ({mode})": 1}  # type: ignore[attr-defined]
+    label = "delayed scaling, calibrated then frozen" if mode == "delayed" else "current scaling"
+    assert fn.paths == {f"cuDNN FP8 padded ({label})": 1}  # type: ignore[attr-defined]
     assert fn.engine.calls == {"forward": 1, "backward": 2}  # type: ignore[attr-defined]  # measure, then run
     assert fn.recipe == "fp8" and fn.forward_only is False  # type: ignore[attr-defined]
 
@@ -456,7 +457,7 @@ def test_packed_and_padded_layouts_give_the_same_bits():
     for ragged in (True, False):
         fn = K.make_kernel("current", engine=EmulatedEngine(arch=10, ragged_backward=ragged))
         out, grads = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=False)
-        assert fn.paths == {f"cuDNN FP8 {'packed' if ragged else 'padded'} (current)": 1}  # type: ignore[attr-defined]
+        assert fn.paths == {f"cuDNN FP8 {'packed' if ragged else 'padded'} (current scaling)": 1}  # type: ignore[attr-defined]
         results.append((out, *grads))  # type: ignore[misc]
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
@@ -473,7 +474,7 @@ def test_strided_inputs_and_grad_free_calls():
     assert torch.equal(a, b)
     assert fn.engine.calls == {"forward": 2, "backward": 0}  # type: ignore[attr-defined]
     # the layout a backward needs, even without gradients: calls with and without them run the same graphs
-    assert fn.paths == {"cuDNN FP8 padded (current)": 2}  # type: ignore[attr-defined]
+    assert fn.paths == {"cuDNN FP8 padded (current scaling)": 2}  # type: ignore[attr-defined]
     c, grads = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
     assert torch.equal(a, c) and grads is not None
 

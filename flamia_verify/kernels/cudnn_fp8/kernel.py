@@ -351,7 +351,7 @@ def _forward(
             state.record(FORWARD_RECORDED, torch.cat([amax_bits.view(torch.float32), os_amax]))
         else:
             state.record(FORWARD_RECORDED[3:], os_amax)
-    run.paths[f"cuDNN FP8 {lay_q.kind} ({state.mode.value})"] += 1
+    run.paths[f"cuDNN FP8 {lay_q.kind} ({_scaling_label(state.recipe)})"] += 1
     return out, _Saved(geo, q8, k8, v8, o8, stats, fwd, arch, q.dtype)
 
 
@@ -453,6 +453,13 @@ def _mask(causal: bool, lengths: list[tuple[int, int]] | None, arch: int) -> str
     if lengths is None or all(lq == lk for lq, lk in lengths):
         return "top_left"
     return "bottom_right" if arch >= 10 else "top_left"  # Hopper: refused before it is used
+
+
+def _scaling_label(recipe: ScalingRecipe) -> str:
+    """The scaling mode as the report's run line names it (the kernel's ``paths``)."""
+    if recipe.mode is ScalingMode.DELAYED and recipe.freeze_after_calibration:
+        return "delayed scaling, calibrated then frozen"
+    return f"{recipe.mode.value} scaling"
 
 
 def graph_seq(max_seqlen: int) -> int:
