@@ -15,7 +15,7 @@ v     descale_v                   amax of v
 o     scale_o, descale_o          a rule: ``scale_v / 2`` (see below); cuDNN's amax_o recorded
 s     scale_s, descale_s          a constant: ``2^7`` (see below); cuDNN's amax_s recorded
 do    descale_dO                  amax of dO
-dp    scale_dP, descale_dP        amax of dP (cuDNN's amax_dP output), times ``2 * softmax_scale``
+dp    scale_dP, descale_dP        cuDNN's amax_dP output: the amax of dS, the tensor scale_dP scales
 dq    scale_dQ (+ our dequant)    amax of dQ (cuDNN's amax_dQ output)
 dk    scale_dK                    amax of dK
 dv    scale_dV                    amax of dV
@@ -48,9 +48,11 @@ The roles without their own amax
   at most about 1.2 in the worst case), and the dequantized V never exceeds ``448 / scale_v`` (its
   codes saturate at 448). So ``|O| * scale_v / 2 <= 1.2 * 224 < 448``: with ``scale_o = scale_v / 2``
   O never saturates, whatever the data, and needs no history.
-* ``dp``: cuDNN quantizes ``dS = P * (dP - D) * softmax_scale`` with scale_dP. With ``|P| <= 1`` and
-  ``|D| = |sum_j P_ij dP_ij| <= max |dP|``, ``|dS| <= 2 * softmax_scale * amax(dP)``; the scale is taken
-  from that bound, so dS saturates only where dP exceeds the amax its scale came from.
+* ``dp``: cuDNN quantizes ``dS = P * (dP - D) * softmax_scale`` with scale_dP, and its amax_dP output
+  is the amax of that tensor (measured on the H200, cuDNN 9.19: benchmarks/LOG.md), so the scale comes
+  from it as from any other amax. A measuring run, which has no amax_dP yet, takes a provisional scale
+  from a bound: with ``|P| <= 1`` and ``|D| = |sum_j P_ij dP_ij| <= max |dP|``, ``|dS| <= 2 *
+  softmax_scale * max |dP|``, and ``max |dP| <= head_dim * amax(dO) * amax(V)``.
 
 The modes, and which are causal-safe
 ------------------------------------
