@@ -296,10 +296,39 @@ def causal_property(s: Smoke) -> None:
             s.crashed(f"causal property {label}", exc)
 
 
+def _cuda_split(f: Callable[[], None], reps: int = 5) -> dict[str, float]:
+    """CUDA time per call of ``f`` by where it goes (torch.profiler): cuDNN's attention kernels, the
+    Triton quantization passes, everything else (ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            f()
+        torch.cuda.synchronize()
+    split = {"cuDNN": 0.0, "quantization (Triton)": 0.0, "other": 0.0}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0.0)
+        if not us or e.key.startswith(("ProfilerStep", "cuda")):
+            continue
+        name = e.key.lower()
+        where = "quantization (Triton)" if "quantize" in name or "amax" in name else "other"
+        if any(t in name for t in ("cudnn", "sm90", "fmha", "xmma", "sdpa", "flash")):
+            where = "cuDNN"
+        split[where] += us / 1e3 / reps
+    return split
+
+
 def bench(s: Smoke) -> None:
+    """fwd+bwd time at B * S = 32K tokens, H = 16, D = 128 against cuDNN BF16, with cuDNN's
+    deterministic FP8 backward (what the checks use) and without it, and where the FP8 call's CUDA time
+    goes."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def timed(f, reps=10):
+    def timed(f, reps=20):
         f()
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -310,13 +339,9 @@ def bench(s: Smoke) -> None:
 
     for seq in (8192, 16384):
         for causal in (False, True):
-            q, k, v, do, cu, _ = _pack([seq], [seq], heads=16, heads_k=16, seed=8)
-            fn = make_kernel("delayed", freeze_after_calibration=True)
-
-            def fp8(fn=fn, q=q, k=k, v=v, do=do, cu=cu, causal=causal):
-                _call(fn, q, k, v, do, cu, cu, causal)
-
-            qb, kb, vb, dob = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v, do))
+            batch = 32768 // seq
+            q, k, v, do, cu, _ = _pack([seq] * batch, [seq] * batch, heads=16, heads_k=16, seed=8)
+            qb, kb, vb, dob = (t.reshape(batch, seq, 16, 128).transpose(1, 2) for t in (q, k, v, do))
 
             def bf16(qb=qb, kb=kb, vb=vb, dob=dob, causal=causal):
                 x, y, z = (t.detach().requires_grad_() for t in (qb, kb, vb))
@@ -325,17 +350,33 @@ def bench(s: Smoke) -> None:
                 torch.autograd.grad(o, (x, y, z), dob)
 
             try:
-                t8, t16 = timed(fp8), timed(bf16)
-                s.out(
-                    f"BENCH S={seq} causal={causal}: fp8 {t8 * 1e3:.2f} ms, cuDNN BF16 {t16 * 1e3:.2f} ms, {t16 / t8:.2f}x"
-                )
+                t16 = timed(bf16)
+                line = f"BENCH S={seq} causal={causal}: cuDNN BF16 {t16 * 1e3:.2f} ms"
+                for deterministic in (True, False):
+                    fn = make_kernel("delayed", freeze_after_calibration=True, deterministic=deterministic)
+
+                    def fp8(fn=fn, q=q, k=k, v=v, do=do, cu=cu, causal=causal):
+                        _call(fn, q, k, v, do, cu, cu, causal)
+
+                    t8 = timed(fp8)
+                    label = "deterministic" if deterministic else "non-deterministic"
+                    line += f"; cudnn-fp8 {label} bwd {t8 * 1e3:.2f} ms = {t16 / t8:.2f}x"
+                    split = _cuda_split(fp8)
+                    line += " (" + ", ".join(f"{k} {v:.2f}" for k, v in split.items()) + " ms)"
+                s.out(line)
             except Exception as exc:
                 s.crashed(f"bench S={seq}", exc)
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bench", action="store_true", help="also time fwd+bwd against cuDNN BF16 at 8K and 16K")
+    ap.add_argument(
+        "--bench",
+        action="store_true",
+        help="also time fwd+bwd against cuDNN BF16 at 8K and 16K, deterministic backward or not, with a CUDA "
+        "time split",
+    )
+    ap.add_argument("--only-bench", action="store_true", help="the bench alone (no smoke sections)")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU with the PyTorch model of cuDNN")
     args = ap.parse_args(argv)
     global DEVICE, DRY_RUN, LENS
@@ -358,10 +399,11 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
             f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
         )
     s = Smoke(out)
-    for section in (quantization_twins, modes_against_float64, edge_cases, causal_property):
+    sections = () if args.only_bench else (quantization_twins, modes_against_float64, edge_cases, causal_property)
+    for section in sections:
         out(f"--- {section.__name__}")
         section(s)
-    if args.bench and not DRY_RUN:
+    if (args.bench or args.only_bench) and not DRY_RUN:
         out("--- bench")
         bench(s)
     out(f"cudnn-fp8 smoke: {s.checks} checks, {len(s.failures)} failed")
