@@ -1186,18 +1186,32 @@ def _tiled_online_softmax(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None,
 @_correct(
     "padded_batch_expand",
     "bf16",
-    "Pads the documents into a (batch, nheads, L, D) batch with a key padding mask, GQA by expand+reshape, "
-    "one batched fp32 softmax, then unpads.",
+    "Pads the documents into (batch, nheads, L, D) batches with a key padding mask, documents of similar "
+    "lengths batched together (padded to power-of-two length buckets), GQA by expand+reshape, one batched "
+    "fp32 softmax per bucket, then unpads.",
 )
 def _padded_batch_expand(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
     scale = _scale_of(q, softmax_scale)
     docs = _documents(cu_q, cu_k)
     total_q, h, d = q.shape
-    hk = k.shape[1]
     if not docs:
         return q * 0
-    lq_max = max(1, max(q1 - q0 for q0, q1, _, _ in docs))
-    lk_max = max(1, max(k1 - k0 for _, _, k0, k1 in docs))
+    out = torch.zeros(total_q, h, d, dtype=torch.float32, device=q.device)
+    buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    for doc in docs:
+        q0, q1, k0, k1 = doc
+        key = (max(1, q1 - q0 - 1).bit_length(), max(1, k1 - k0 - 1).bit_length())
+        buckets.setdefault(key, []).append(doc)
+    for (bq, bk), group in buckets.items():
+        # padded to the bucket's bound, not to the group's longest document: a document's shapes, and so
+        # its bits, do not depend on which other documents share its pack
+        _padded_batch(q, k, v, group, 1 << bq, 1 << bk, scale, causal, out)
+    return out.to(q.dtype)
+
+
+def _padded_batch(q, k, v, docs, lq_max, lk_max, scale, causal, out):
+    h, d = q.shape[1:]
+    hk = k.shape[1]
     nb = len(docs)
     qp = q.new_zeros(nb, lq_max, h, d, dtype=torch.float32)
     kp = k.new_zeros(nb, lk_max, hk, d, dtype=torch.float32)
@@ -1218,12 +1232,10 @@ def _padded_batch_expand(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, 
     p = torch.exp(s - m)
     lsum = p.sum(-1, keepdim=True)
     a = p / torch.where(lsum != 0, lsum, torch.ones((), dtype=lsum.dtype))
-    out = torch.zeros(total_q, h, d, dtype=torch.float32, device=q.device)
     for b, (q0, q1, _, _) in enumerate(docs):
         # padding and masked keys get weight 0 and never reach the output, even with inf/NaN values
         o = _pv(a[b], ve[b], mask[b], plain=False).transpose(0, 1)
         out[q0:q1] = o[: q1 - q0]
-    return out.to(q.dtype)
 
 
 @_correct(
