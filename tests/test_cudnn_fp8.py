@@ -539,6 +539,11 @@ def test_hopper_runs_causal_documents_with_lq_ne_lk_as_equal_lengths():
     blind[17:20] = True
     assert not bool(out[blind].any()) and not bool(grads[0][blind].any())
     assert bool(out[~blind].abs().sum(-1).gt(0).all())
+    # every document with queries has no key: output 0 without a call
+    q0, k0, v0, do0, cu_q0, cu_k0, mq0, mk0 = _pack([3, 0, 4], [0, 5, 0], dim=32, seed=6)
+    out0, grads0 = _run(fn, q0, k0, v0, do0, cu_q0, cu_k0, mq0, mk0, causal=True)
+    assert out0.shape == q0.shape and not bool(out0.any()) and grads0 is not None and not bool(grads0[0].any())
+    assert fn.engine.calls == {"forward": 1, "backward": 2}  # type: ignore[attr-defined]
     # Blackwell's bottom-right mask on the same pack: the same attention within rounding
     fn10 = K.make_kernel("current", engine=EmulatedEngine(arch=10))
     out10, _ = _run(fn10, q, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)

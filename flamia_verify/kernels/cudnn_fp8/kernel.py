@@ -642,8 +642,8 @@ def make_kernel(
         )
         if reason is not None:
             raise CudnnFp8Refused(reason)
-        if q.shape[0] == 0 or k.shape[0] == 0:  # no query, or no key for any query: output 0
-            return no_attention(q, k, v)
+        if q.shape[0] == 0 or k.shape[0] == 0 or (remap is not None and remap.max_q == 0):
+            return no_attention(q, k, v)  # no query, or no key for any query: output 0
         if dim != head_dim:  # zero columns: the same scores, O's extra columns zero (sliced off)
             q, k, v = (F.pad(t, (0, dim - head_dim)) for t in (q, k, v))
         if remap is not None:
