@@ -72,10 +72,11 @@ def test_example_report_states_its_zero_map_in_words():
 
 @pytest.fixture(scope="module")
 def causal_pages():
-    only = ["causal.forward", "causal.dk_dv"]
+    # the passing kernel's test reads both causal maps, the leaking kernel's test causal.forward's
+    only = {"flamia-mxfp8": ["causal.forward", "causal.dk_dv"], "mxfp8-naive": ["causal.forward"]}
     return {
-        name: render_html(flamia_verify.check(name, suite="quick", only=only, device="cpu"))
-        for name in ("flamia-mxfp8", "mxfp8-naive")
+        name: render_html(flamia_verify.check(name, suite="quick", only=checks, device="cpu"))
+        for name, checks in only.items()
     }
 
 
