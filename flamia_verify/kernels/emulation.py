@@ -50,6 +50,7 @@ from flamia_verify.formats import (
 )
 from flamia_verify.kernels.metadata import mark_builtin
 from flamia_verify.kernels.modes import Normalize, PMode, QuantKind, SeqBlocks
+from flamia_verify.kernels.quant_spec import Quant
 from flamia_verify.recipes import Recipe
 from flamia_verify.recipes.accumulator import MMA_FRACTION_BITS, MMA_GROUP, MMA_SLICE
 from flamia_verify.recipes.operands import Gemm, Operand
@@ -90,43 +91,6 @@ LOG2E = 1.4426950408889634  # log2(e)
 LN2 = 0.6931471805599453  # ln(2)
 # P elements are E4M3(2^(s - M_b + 8)): the block maximum maps into [128, 256], below E4M3's 448.
 P_POW2_OFFSET = 8
-
-
-@dataclass(frozen=True)
-class Quant:
-    """How one GEMM operand is rounded before the GEMM.
-
-    kind (:class:`~flamia_verify.kernels.modes.QuantKind`; a string of one is taken as it):
-      ``input``  round to the kernel's input dtype (BF16 or FP16; identity for fp32 inputs)
-      ``mx``     E4M3 elements with a power-of-two (E8M0) scale per ``block`` elements along the
-                 contraction axis (``block=0``: one scale for the whole axis, i.e. per row)
-      ``nvfp4``  E2M1 elements, 16-blocks, UE4M3 block scale, fp32 scale per row (row-local amax)
-      ``tensor`` E4M3 with one fp32 scale amax/448 over the whole packed tensor (FlashAttention-3 style)
-      ``e4m3``   plain saturating E4M3 cast without a scale
-    """
-
-    #: a QuantKind; other strings only in the mutant table's emulations ("mx-<variant>")
-    kind: QuantKind | str
-    block: int = 32
-    rule: ScaleRule = ScaleRule.RCEIL
-
-    def __post_init__(self) -> None:
-        if self.kind in QuantKind.__members__.values():
-            object.__setattr__(self, "kind", QuantKind(self.kind))
-
-    def describe(self) -> str:
-        if self.kind is QuantKind.MX:
-            size = "row" if self.block == 0 else f"{self.block}-blocks"
-            return f"E4M3, {size}, pow2 scale ({self.rule.name})"
-        return _KIND_TEXT[QuantKind(self.kind)]
-
-
-_KIND_TEXT = {
-    QuantKind.INPUT: "input dtype",
-    QuantKind.NVFP4: "NVFP4",
-    QuantKind.TENSOR: "E4M3 per-tensor",
-    QuantKind.E4M3: "E4M3 unscaled",
-}
 
 
 #: the field of :class:`EmulatedDesign` that rounds each GEMM operand (Q and K share ``qk`` in S,
