@@ -19,7 +19,7 @@ from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.triton import triton_available
 from flamia_verify.kernels.triton.compat import interpreting
-from flamia_verify.recipes.operands import Gemm
+from flamia_verify.recipes.operands import Gemm, Operand
 from flamia_verify.recipes.recipe import RECIPES, get_recipe
 
 
@@ -131,7 +131,7 @@ def test_row_codes_are_exact_e4m3_values_of_the_rounded_operand():
     cu = torch.tensor([0, 90, 130], dtype=torch.int32)
     x = (torch.randn(130, 2, 64) * torch.exp2(torch.randint(-6, 7, (130, 2, 1)).float())).bfloat16()
     x[5, 1] = 0  # a zero row: scale 1, codes 0
-    xh = round_operand(x, cu, 90, cfg.qk, seq=False, rceil=cfg.rceil)
+    xh = round_operand(x, cu, 90, cfg[Operand.Q_HD], seq=False, rceil=cfg.rceil)
     codes, scale = e4m3_row_codes(xh)
     assert scale.shape == (2, 130)
     c = codes.float()
@@ -150,7 +150,7 @@ def test_block_codes_restart_at_each_document_and_are_exact():
     lens = [300, 0, 77, 129]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     x = (torch.randn(506, 2, 32) * torch.exp2(torch.randint(-6, 7, (506, 1, 32)).float())).bfloat16()
-    xs = round_operand(x, cu, 300, cfg.v_seq, seq=True, rceil=cfg.rceil)
+    xs = round_operand(x, cu, 300, cfg[Operand.V_SEQ], seq=True, rceil=cfg.rceil)
     codes_t, scale, first = e4m3_block_codes(xs, cu, 128)
     assert first.tolist() == [0, 3, 3, 4]  # ceil(300/128) = 3 blocks, none, 1, 2
     codes = codes_t.permute(2, 0, 1).float()
@@ -188,12 +188,12 @@ def test_the_one_pass_codes_are_the_pytorch_twins_codes(dtype):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     x = (torch.randn(506, 2, 32) * torch.exp2(torch.randint(-8, 9, (506, 2, 1)).float())).to(dtype)
     x[7] = 0
-    rows = round_operand_codes(x, cu, 300, cfg.qk, seq=False, rceil=cfg.rceil)
-    want = e4m3_row_codes(round_operand(x, cu, 300, cfg.qk, seq=False, rceil=cfg.rceil))
+    rows = round_operand_codes(x, cu, 300, cfg[Operand.Q_HD], seq=False, rceil=cfg.rceil)
+    want = e4m3_row_codes(round_operand(x, cu, 300, cfg[Operand.Q_HD], seq=False, rceil=cfg.rceil))
     assert all(torch.equal(g_, w_) for g_, w_ in zip(rows, want))
-    codes_t, scale, first = round_operand_codes(x, cu, 300, cfg.v_seq, seq=True, rceil=cfg.rceil)
+    codes_t, scale, first = round_operand_codes(x, cu, 300, cfg[Operand.V_SEQ], seq=True, rceil=cfg.rceil)
     w_codes, w_scale, w_first = e4m3_block_codes(
-        round_operand(x, cu, 300, cfg.v_seq, seq=True, rceil=cfg.rceil), cu, 128
+        round_operand(x, cu, 300, cfg[Operand.V_SEQ], seq=True, rceil=cfg.rceil), cu, 128
     )
     assert torch.equal(first, w_first) and torch.equal(codes_t, w_codes)
     used = int((w_first[-1] + (lens[-1] + 127) // 128).item())  # the blocks that hold tokens

@@ -56,6 +56,7 @@ from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.metadata import emulated_twin
 from flamia_verify.kernels.triton.compat import interpreting
 from flamia_verify.kernels.triton.config import config_for, unsupported_reason
+from flamia_verify.recipes.operands import Operand
 
 # masked lanes compute inf * 0 or 0 / 0 before tl.where discards them (as on a GPU); numpy warns
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -446,11 +447,11 @@ def test_tiles_are_multiples_of_every_block_along_their_axes():
         cfg = config_for(design)
         p = cfg.p_block if cfg.p_pow2 else 1
         blocks = {
-            axis: [b for kind, b in (getattr(cfg, o) for o in ops) if kind != 0]
+            axis: [b for kind, b in (cfg[o] for o in ops) if kind != 0]
             for axis, ops in (
-                ("fwd_n", ("v_seq",)),
-                ("dkdv_m", ("pt", "do_seq", "dst", "q_seq")),
-                ("dq_n", ("ds", "k_seq")),
+                ("fwd_n", (Operand.V_SEQ,)),
+                ("dkdv_m", (Operand.PT, Operand.DO_SEQ, Operand.DST, Operand.Q_SEQ)),
+                ("dq_n", (Operand.DS, Operand.K_SEQ)),
             )
         }
         for interpret in (False, True):

@@ -54,6 +54,7 @@ from flamia_verify.kernels.triton.compat import interpreting as _interpreting
 from flamia_verify.kernels.triton.compat import patch_interpreter
 from flamia_verify.kernels.triton.config import (
     FusedConfig,
+    OperandRounding,
     TileConfig,
     config_for,
     head_dim_limit,
@@ -65,6 +66,7 @@ from flamia_verify.kernels.triton.forward import _attn_fwd
 from flamia_verify.kernels.triton.prepass import _code_dtype, _first_blocks, _round_operand
 from flamia_verify.kernels.triton.quant import KIND_INPUT
 from flamia_verify.kernels.triton.resources import _launch, kernel_resources
+from flamia_verify.recipes.operands import Operand
 
 __all__ = [
     "FusedConfig",
@@ -154,7 +156,7 @@ def _check_inputs(cfg: FusedConfig, q):
         )
 
 
-def _seq_block(spec: tuple) -> int:
+def _seq_block(spec: OperandRounding) -> int:
     """A sequence operand's block as a constexpr (1 for input-precision operands, never used)."""
     return max(spec[1], 1)
 
@@ -186,14 +188,14 @@ def fused_forward(
     t = tile or tiles(cfg, D, interpret=_interpreting())["fwd"]
     qk_scale = float(torch.tensor(scale * LOG2E, dtype=torch.float32))
     if cfg.mma8:  # E4M3 codes and scales for the tensor cores (kh, vs are not read)
-        qh, q_sc = round_operand_codes(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
-        kc, k_sc = round_operand_codes(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
-        vct, v_sc, v_blk = round_operand_codes(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
+        qh, q_sc = round_operand_codes(q, cu_q, max_q, cfg[Operand.Q_HD], seq=False, rceil=cfg.rceil)
+        kc, k_sc = round_operand_codes(k, cu_k, max_k, cfg[Operand.K_HD], seq=False, rceil=cfg.rceil)
+        vct, v_sc, v_blk = round_operand_codes(v, cu_k, max_k, cfg[Operand.V_SEQ], seq=True, rceil=cfg.rceil)
         kh = vs = k
     else:
-        qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=cfg.rceil)
-        kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=cfg.rceil)
-        vs = round_operand(v, cu_k, max_k, cfg.v_seq, seq=True, rceil=cfg.rceil)
+        qh = round_operand(q, cu_q, max_q, cfg[Operand.Q_HD], seq=False, rceil=cfg.rceil)
+        kh = round_operand(k, cu_k, max_k, cfg[Operand.K_HD], seq=False, rceil=cfg.rceil)
+        vs = round_operand(v, cu_k, max_k, cfg[Operand.V_SEQ], seq=True, rceil=cfg.rceil)
         q_sc = kc = k_sc = vct = v_sc = v_blk = lse2  # not read
     grid = (triton.cdiv(max(max_q, 1), t.block_m), batch, H)
     _launch(
@@ -204,7 +206,8 @@ def fused_forward(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         lse2.stride(0), H // Hk,
         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
-        V_KIND=cfg.v_seq[0], V_BLOCK=_seq_block(cfg.v_seq), P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
+        V_KIND=cfg[Operand.V_SEQ].kind, V_BLOCK=_seq_block(cfg[Operand.V_SEQ]),
+        P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
         FALLBACK=cfg.fallback, MMA8=cfg.mma8, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
     )  # fmt: skip
     return out, lse2
@@ -257,17 +260,17 @@ def fused_backward(
     # every operand rounded once, in its role (head_dim: S and dP; sequence: dV, dK, dQ)
     r = cfg.rceil
     if cfg.mma8:  # S recomputed on the E4M3 tensor cores from the forward's codes and row scales
-        qh, q_sc = round_operand_codes(q, cu_q, max_q, cfg.qk, seq=False, rceil=r)
-        kh, k_sc = round_operand_codes(k, cu_k, max_k, cfg.qk, seq=False, rceil=r)
+        qh, q_sc = round_operand_codes(q, cu_q, max_q, cfg[Operand.Q_HD], seq=False, rceil=r)
+        kh, k_sc = round_operand_codes(k, cu_k, max_k, cfg[Operand.K_HD], seq=False, rceil=r)
     else:
-        qh = round_operand(q, cu_q, max_q, cfg.qk, seq=False, rceil=r)
-        kh = round_operand(k, cu_k, max_k, cfg.qk, seq=False, rceil=r)
+        qh = round_operand(q, cu_q, max_q, cfg[Operand.Q_HD], seq=False, rceil=r)
+        kh = round_operand(k, cu_k, max_k, cfg[Operand.K_HD], seq=False, rceil=r)
         q_sc = k_sc = lse2  # not read
-    vh = round_operand(v, cu_k, max_k, cfg.dp, seq=False, rceil=r)
-    doh = round_operand(dout, cu_q, max_q, cfg.dp, seq=False, rceil=r)
-    qs = round_operand(q, cu_q, max_q, cfg.q_seq, seq=True, rceil=r)
-    dos = round_operand(dout, cu_q, max_q, cfg.do_seq, seq=True, rceil=r)
-    ks = round_operand(k, cu_k, max_k, cfg.k_seq, seq=True, rceil=r)
+    vh = round_operand(v, cu_k, max_k, cfg[Operand.V_HD], seq=False, rceil=r)
+    doh = round_operand(dout, cu_q, max_q, cfg[Operand.DO_HD], seq=False, rceil=r)
+    qs = round_operand(q, cu_q, max_q, cfg[Operand.Q_SEQ], seq=True, rceil=r)
+    dos = round_operand(dout, cu_q, max_q, cfg[Operand.DO_SEQ], seq=True, rceil=r)
+    ks = round_operand(k, cu_k, max_k, cfg[Operand.K_SEQ], seq=True, rceil=r)
     t = tiles(cfg, D, interpret=_interpreting())
     t1 = tile_dkdv or t["dkdv"]
     t2 = tile_dq or t["dq"]
@@ -280,7 +283,7 @@ def fused_backward(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0), dout.stride(1),
     )  # fmt: skip
     common = dict(
-        HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg.qk[0], P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
+        HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg[Operand.Q_HD].kind, P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
         FALLBACK=cfg.fallback, RCEIL=r, MMA8=cfg.mma8, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
     )  # fmt: skip
     for part in (1, 2) if t1.split else (0,):  # split: dV, then dK, each program holding one accumulator
@@ -290,9 +293,11 @@ def fused_backward(
             *shared,
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             lse2.stride(0), groups,
-            BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg.dp[0],
-            PT_KIND=cfg.pt[0], PT_BLOCK=cfg.pt[1], DO_KIND=cfg.do_seq[0], DO_BLOCK=_seq_block(cfg.do_seq),
-            DST_KIND=cfg.dst[0], DST_BLOCK=cfg.dst[1], Q_KIND=cfg.q_seq[0], Q_BLOCK=_seq_block(cfg.q_seq),
+            BLOCK_M=t1.block_m, BLOCK_N=t1.block_n, DP_KIND=cfg[Operand.DO_HD].kind,
+            PT_KIND=cfg[Operand.PT].kind, PT_BLOCK=cfg[Operand.PT].block,
+            DO_KIND=cfg[Operand.DO_SEQ].kind, DO_BLOCK=_seq_block(cfg[Operand.DO_SEQ]),
+            DST_KIND=cfg[Operand.DST].kind, DST_BLOCK=cfg[Operand.DST].block,
+            Q_KIND=cfg[Operand.Q_SEQ].kind, Q_BLOCK=_seq_block(cfg[Operand.Q_SEQ]),
             OUT_F32=groups > 1, PART=part, TWO_PASS=cfg.two_pass_dkdv(part),
             **common,
         )  # fmt: skip
@@ -303,7 +308,8 @@ def fused_backward(
         dq.stride(0), dq.stride(1),
         lse2.stride(0), groups,
         BLOCK_M=t2.block_m, BLOCK_N=t2.block_n,
-        DS_KIND=cfg.ds[0], DS_BLOCK=cfg.ds[1], K_KIND=cfg.k_seq[0], K_BLOCK=_seq_block(cfg.k_seq),
+        DS_KIND=cfg[Operand.DS].kind, DS_BLOCK=cfg[Operand.DS].block,
+        K_KIND=cfg[Operand.K_SEQ].kind, K_BLOCK=_seq_block(cfg[Operand.K_SEQ]),
         TWO_PASS=cfg.two_pass_dq(),
         **common,
     )  # fmt: skip

@@ -1,27 +1,33 @@
 """Which fused kernel computes a design: its constexpr switches and tile sizes (no Triton needed).
 
 An :class:`~flamia_verify.kernels.emulation.EmulatedDesign` names the rounding of every GEMM
-operand; :func:`config_for` turns it into the (kind, block) pairs that the kernels in
-``attention.py`` take as constexprs, and :func:`unsupported_reason` says why a design has no fused
+operand; :func:`config_for` turns it into a :class:`FusedConfig`, keyed by
+:class:`~flamia_verify.recipes.operands.Operand` like the design, whose (kind, block) pairs the
+kernels in ``attention.py`` take as constexprs, and :func:`unsupported_reason` says why a design has no fused
 kernel (the known-bad designs keep their deliberate bugs only in the emulation). Importing this
 module does not import Triton, so the registry can decide dispatch anywhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign
 from flamia_verify.kernels.modes import Normalize, PMode, QuantKind, SeqBlocks
+from flamia_verify.kernels.quant_spec import Quant
 from flamia_verify.recipes.operands import Gemm, Operand
 
 __all__ = [
-    "CONFIG_FIELD",
+    "FUSED_OPERANDS",
     "KIND_INPUT",
     "KIND_MX",
     "KIND_NVFP4",
     "FusedConfig",
+    "OperandRounding",
     "TileConfig",
     "config_for",
     "head_dim_limit",
@@ -42,25 +48,55 @@ KIND_NVFP4 = 2  # E2M1 elements, 16-blocks, UE4M3 block scale, fp32 per-row scal
 # ----------------------------------------------------------------------------------------------
 
 
+class OperandRounding(NamedTuple):
+    """How the fused kernels round one GEMM operand: ``kind`` (``KIND_INPUT``, ``KIND_MX`` or
+    ``KIND_NVFP4``, a constexpr of the kernels) and ``block`` (the block size along the contraction;
+    0 along head_dim means 'the whole row', and 0 for an input-precision operand)."""
+
+    kind: int
+    block: int
+
+
+#: the operands whose rounding the fused kernels take as switches: every one but P, which the
+#: kernels form themselves (``FusedConfig.p_pow2``, ``FusedConfig.p_block``)
+FUSED_OPERANDS: tuple[Operand, ...] = tuple(op for op in Operand if op is not Operand.P)
+#: operands that the kernels round by one switch: Q and K in S, dO and V in dP
+_SHARED: tuple[tuple[Operand, Operand], ...] = ((Operand.Q_HD, Operand.K_HD), (Operand.DO_HD, Operand.V_HD))
+
+
 @dataclass(frozen=True)
 class FusedConfig:
-    """Each GEMM operand's rounding as (kind, block); block 0 along head_dim means 'the whole row'."""
+    """The constexpr switches of the fused kernels: each GEMM operand's rounding (``cfg[op]``, an
+    :class:`OperandRounding`, for every operand of :data:`FUSED_OPERANDS`), how P is formed, the
+    scale rule, the causal-safe split and the E4M3 tensor cores."""
 
-    qk: tuple  # Q, K along head_dim (S = Q K^T)
-    v_seq: tuple  # V along keys (O = P V)
+    #: the rounding of every operand but P, keyed by :class:`Operand` (read it as ``cfg[op]``)
+    roundings: Mapping[Operand, OperandRounding] = field(hash=False)
     p_pow2: bool  # FLAMIA power-of-two P blocks (else FlashAttention P = exp2(s - m), bf16-rounded)
     p_block: int
-    dp: tuple  # dO, V along head_dim (dP = dO V^T)
-    pt: tuple  # P^T along queries (dV = P^T dO)
-    do_seq: tuple  # dO along queries
-    ds: tuple  # dS along keys (dQ = dS K)
-    k_seq: tuple  # K along keys
-    dst: tuple  # dS^T along queries (dK = dS^T Q)
-    q_seq: tuple  # Q along queries
     rceil: bool
     fallback: bool
     #: S = QK^T (forward and recompute) and O = PV on the E4M3 tensor cores (``EmulatedDesign.mma``)
     mma8: bool = False
+
+    def __post_init__(self) -> None:
+        if set(self.roundings) != set(FUSED_OPERANDS):
+            raise ValueError(
+                f"a fused config rounds exactly {', '.join(op.name for op in FUSED_OPERANDS)}; "
+                f"got {', '.join(op.name for op in self.roundings)}"
+            )
+        for a, b in _SHARED:
+            if self.roundings[a] != self.roundings[b]:
+                raise ValueError(f"the fused kernels round {a.name} and {b.name} by one switch: they must agree")
+        frozen = {op: OperandRounding(*self.roundings[op]) for op in FUSED_OPERANDS}
+        object.__setattr__(self, "roundings", MappingProxyType(frozen))
+
+    def __getitem__(self, op: Operand) -> OperandRounding:
+        """The (kind, block) of the GEMM operand ``op`` (P has none: see ``p_pow2``, ``p_block``)."""
+        try:
+            return self.roundings[op]
+        except KeyError:
+            raise KeyError(f"the fused kernels form {op.name} themselves: see p_pow2 and p_block") from None
 
     # NVFP4 operands need the amax of a whole row (their fp32 row scale) before any tile is
     # quantized: the kernel that rounds one sweeps its loop twice, amaxes first
@@ -69,37 +105,16 @@ class FusedConfig:
         """Whether the dK/dV kernel's launch ``part`` (0 both, 1 dV only, 2 dK only) sweeps twice: an
         NVFP4 P^T (dV) or dS^T (dK)."""
         ops = {0: (Operand.PT, Operand.DST), 1: (Operand.PT,), 2: (Operand.DST,)}[part]
-        return any(self.operand(op)[0] == KIND_NVFP4 for op in ops)
+        return any(self[op].kind == KIND_NVFP4 for op in ops)
 
     def two_pass_dq(self) -> bool:
         """Whether the dQ kernel sweeps twice: an NVFP4 dS."""
-        return self.operand(Operand.DS)[0] == KIND_NVFP4
-
-    def operand(self, op: Operand) -> tuple:
-        """The (kind, block) of the GEMM operand ``op`` (P has none: see ``p_pow2``, ``p_block``)."""
-        return getattr(self, CONFIG_FIELD[op])
+        return self[Operand.DS].kind == KIND_NVFP4
 
     def seq_block(self, *ops: Operand) -> int:
         """The largest block size among the given sequence-axis operands (tiles are multiples of it)."""
-        sizes = [self.operand(o)[1] for o in ops if self.operand(o)[0] != KIND_INPUT]
+        sizes = [self[o].block for o in ops if self[o].kind != KIND_INPUT]
         return max(sizes + [16])
-
-
-#: the field of :class:`FusedConfig` that holds each operand's (kind, block); Q and K (in S) and
-#: dO and V (in dP) share one. P is formed in the kernel (``p_pow2``, ``p_block``) and has none.
-CONFIG_FIELD: dict[Operand, str] = {
-    Operand.Q_HD: "qk",
-    Operand.K_HD: "qk",
-    Operand.V_SEQ: "v_seq",
-    Operand.DO_HD: "dp",
-    Operand.V_HD: "dp",
-    Operand.PT: "pt",
-    Operand.DO_SEQ: "do_seq",
-    Operand.DS: "ds",
-    Operand.K_SEQ: "k_seq",
-    Operand.DST: "dst",
-    Operand.Q_SEQ: "q_seq",
-}
 
 
 def _where(op: Operand) -> str:
@@ -110,13 +125,13 @@ def _where(op: Operand) -> str:
     return "sequence" if op.side == "right" else "left"
 
 
-def _kind(quant, where: str) -> tuple:
+def _kind(quant: Quant, where: str) -> OperandRounding:
     if quant.kind is QuantKind.INPUT:
-        return (KIND_INPUT, 0)
+        return OperandRounding(KIND_INPUT, 0)
     if quant.kind is QuantKind.MX:
-        return (KIND_MX, quant.block)
+        return OperandRounding(KIND_MX, quant.block)
     if quant.kind is QuantKind.NVFP4 and where == "left":
-        return (KIND_NVFP4, quant.block)
+        return OperandRounding(KIND_NVFP4, quant.block)
     raise NotImplementedError(f"no fused rounding for {quant.describe()} as a {where} operand")
 
 
@@ -146,11 +161,11 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
     if design.mma and design.mma != {Gemm.S, Gemm.O}:
         return "E4M3 tensor cores on other GEMMs than S and O = PV together"
     if design.mma and not (
-        design.qk.kind is QuantKind.MX
-        and design.qk.block == 0
+        design.quant(Operand.Q_HD).kind is QuantKind.MX
+        and design.quant(Operand.Q_HD).block == 0
         and design.p_mode is PMode.POW2_BLOCKS
-        and design.v_seq.kind is QuantKind.MX
-        and design.v_seq.block == design.p_quant.block
+        and design.quant(Operand.V_SEQ).kind is QuantKind.MX
+        and design.quant(Operand.V_SEQ).block == design.quant(Operand.P).block
     ):
         return "E4M3 tensor cores need row-scaled Q, K and P and V blocks of one size (one scale per tile row)"
     if design.recompute_from_seq:
@@ -158,14 +173,16 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
     if design.p_mode is PMode.POW2_BLOCKS and design.normalize is not Normalize.QUANTIZED:
         return "power-of-two P blocks normalized by an unrounded sum"
     if design.p_mode is PMode.FA and (
-        design.p_quant.kind is not QuantKind.INPUT or design.normalize is not Normalize.FP32
+        design.quant(Operand.P).kind is not QuantKind.INPUT or design.normalize is not Normalize.FP32
     ):
         return "FlashAttention P rounded to something other than the input dtype"
     rules = {q.rule for q in _quants(design) if q.kind is QuantKind.MX}
     if len(rules) > 1:
         return "MX operands on different scale rules"
     blocks = {
-        q.block for q in _quants(design) + (design.p_quant,) if q.kind in (QuantKind.MX, QuantKind.NVFP4) and q.block
+        q.block
+        for q in _quants(design) + (design.quant(Operand.P),)
+        if q.kind in (QuantKind.MX, QuantKind.NVFP4) and q.block
     }
     if any(b & (b - 1) or b > 128 for b in blocks):
         return f"block sizes {sorted(blocks)}: the tiles take powers of two up to 128"
@@ -178,17 +195,16 @@ def unsupported_reason(design: EmulatedDesign) -> str | None:
 
 def _quants(d: EmulatedDesign):
     """The roundings of the operands that the fused kernels take as switches (every one but P)."""
-    return tuple(d.quant(op) for op in CONFIG_FIELD)
+    return tuple(d.quant(op) for op in FUSED_OPERANDS)
 
 
 def config_for(design: EmulatedDesign) -> FusedConfig:
     """The constexpr switches that make the fused kernels compute ``design``."""
     rules = {q.rule for q in _quants(design) if q.kind is QuantKind.MX}
-    kinds = {name: _kind(design.quant(op), _where(op)) for op, name in CONFIG_FIELD.items()}
     return FusedConfig(
-        **kinds,
+        {op: _kind(design.quant(op), _where(op)) for op in FUSED_OPERANDS},
         p_pow2=design.p_mode is PMode.POW2_BLOCKS,
-        p_block=design.p_quant.block if design.p_mode is PMode.POW2_BLOCKS else 0,
+        p_block=design.quant(Operand.P).block if design.p_mode is PMode.POW2_BLOCKS else 0,
         rceil=ScaleRule.FLOOR not in rules,
         fallback=design.diagonal_fallback,
         mma8=Gemm.S in design.mma,
