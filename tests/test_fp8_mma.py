@@ -77,7 +77,7 @@ def test_mma_gemm_is_exact_where_every_product_fits_13_bits_below_the_largest():
 def test_the_design_is_fp8_with_s_and_o_on_the_tensor_cores():
     mma, fp8 = DESIGNS["fp8-mma"], DESIGNS["fp8"]
     assert mma.mma == {Gemm.S, Gemm.O} and not fp8.mma
-    assert all(mma.quant(op) == fp8.quant(op) for op in E.DESIGN_FIELD)
+    assert all(mma.quant(op) == fp8.quant(op) for op in Operand)
     assert mma.recipe is RECIPES["fp8-mma"] and get_recipe("fp8-mma").operand_models is RECIPES["fp8"].operand_models
 
 

@@ -434,14 +434,14 @@ def test_tiles_are_multiples_of_every_block_along_their_axes():
     """tiles(): every default tile (GPU and interpreter) is a multiple of each block along its axis,
     for the built-in designs and for a supported design with other block sizes (64-row sequence
     blocks); the kernels' static asserts hold the same rule for explicit tiles."""
-    from dataclasses import replace
 
     from flamia_verify.kernels.emulation import Quant
     from flamia_verify.kernels.triton.config import tiles
 
     mx64 = Quant("mx", 64)
     designs = [DESIGNS[n] for n in FUSED + ["flamia-mxfp8-floor"]]
-    designs.append(replace(DESIGNS["bf16"], name="seq64", v_seq=mx64, do_seq=mx64, k_seq=mx64, q_seq=mx64))
+    seq_ops = (Operand.V_SEQ, Operand.DO_SEQ, Operand.K_SEQ, Operand.Q_SEQ)
+    designs.append(DESIGNS["bf16"].with_quants(dict.fromkeys(seq_ops, mx64), name="seq64"))
     for design in designs:
         assert unsupported_reason(design) is None, design.name
         cfg = config_for(design)
@@ -459,7 +459,7 @@ def test_tiles_are_multiples_of_every_block_along_their_axes():
             for size, axis in ((t["fwd"].block_n, "fwd_n"), (t["dkdv"].block_m, "dkdv_m"), (t["dq"].block_n, "dq_n")):
                 assert all(size % b == 0 for b in blocks[axis]), (design.name, interpret, axis, size, blocks[axis])
             assert t["fwd"].block_n % p == 0 and t["dkdv"].block_n % p == 0 and t["dq"].block_n % p == 0
-    bad = replace(DESIGNS["bf16"], name="seq48", v_seq=Quant("mx", 48))
+    bad = DESIGNS["bf16"].with_quants({Operand.V_SEQ: Quant("mx", 48)}, name="seq48")
     assert "powers of two" in unsupported_reason(bad)
 
 
@@ -571,9 +571,8 @@ def test_only_the_kernel_with_an_nvfp4_operand_sweeps_twice(device, monkeypatch)
     its loop twice; a design with only dS in NVFP4 (dQ = dS K) sweeps twice in dQ alone, and its dK/dV
     launches stay single-pass. The mixed design's fused backward stays within the accumulation-order
     bound of its emulation."""
-    from dataclasses import replace
 
-    design = replace(DESIGNS["flamia-mxfp8"], name="ds-nvfp4", ds_quant=E.Quant("nvfp4", 16))
+    design = DESIGNS["flamia-mxfp8"].with_quants({Operand.DS: E.Quant("nvfp4", 16)}, name="ds-nvfp4")
     assert unsupported_reason(design) is None
     cfg = config_for(design)
     assert [cfg.two_pass_dkdv(p) for p in (0, 1, 2)] == [False, False, False] and cfg.two_pass_dq()

@@ -19,7 +19,7 @@ is written as one rounding for every operand and the operands that differ
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from flamia_verify.formats import ScaleRule
 from flamia_verify.kernels.emulation import EmulatedDesign, Quant, with_rule
@@ -30,12 +30,11 @@ __all__ = ["DESIGNS", "scale_rules"]
 
 
 def scale_rules(design: EmulatedDesign) -> tuple[ScaleRule, ...]:
-    """The scale rules of a design's power-of-two-scaled (``mx``) operands, in declaration order."""
+    """The scale rules of a design's power-of-two-scaled (``mx``) operands, in the order of :class:`Operand`."""
     found: list[ScaleRule] = []
-    for f in fields(design):
-        value = getattr(design, f.name)
-        if isinstance(value, Quant) and value.kind is QuantKind.MX and value.rule not in found:
-            found.append(value.rule)
+    for quant in design.quants.values():
+        if quant.kind is QuantKind.MX and quant.rule not in found:
+            found.append(quant.rule)
     return tuple(found)
 
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -58,8 +59,7 @@ from flamia_verify.recipes.operands import Gemm, Operand
 __all__ = [
     "Quant",
     "EmulatedDesign",
-    "DESIGN_FIELD",
-    "QUANT_FIELDS",
+    "SHARED_ROUNDING",
     "emulated_attention",
     "emulated_forward_with_lse",
     "attention_weights",
@@ -93,47 +93,25 @@ LN2 = 0.6931471805599453  # ln(2)
 P_POW2_OFFSET = 8
 
 
-#: the field of :class:`EmulatedDesign` that rounds each GEMM operand (Q and K share ``qk`` in S,
-#: dO and V share ``dp_quant`` in dP)
-DESIGN_FIELD: dict[Operand, str] = {
-    Operand.Q_HD: "qk",
-    Operand.K_HD: "qk",
-    Operand.P: "p_quant",
-    Operand.V_SEQ: "v_seq",
-    Operand.DO_HD: "dp_quant",
-    Operand.V_HD: "dp_quant",
-    Operand.PT: "pt_quant",
-    Operand.DO_SEQ: "do_seq",
-    Operand.DS: "ds_quant",
-    Operand.K_SEQ: "k_seq",
-    Operand.DST: "dst_quant",
-    Operand.Q_SEQ: "q_seq",
-}
-#: every :class:`Quant` field of a design, once each, in the order of :class:`Operand`
-QUANT_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(DESIGN_FIELD.values()))
+#: operands that every design rounds alike: Q and K in S, dO and V in dP (the fused kernels round
+#: each pair by one switch)
+SHARED_ROUNDING: tuple[tuple[Operand, Operand], ...] = ((Operand.Q_HD, Operand.K_HD), (Operand.DO_HD, Operand.V_HD))
 
 
 @dataclass(frozen=True)
 class EmulatedDesign:
     """A kernel: the rounding of each GEMM operand and the three FLAMIA switches.
 
-    The fields name the roundings; :data:`DESIGN_FIELD` says which operand each one rounds, and
-    :meth:`quant` reads one by operand."""
+    ``quants`` holds one :class:`Quant` for every :class:`Operand` (read one with :meth:`quant`);
+    the operands of :data:`SHARED_ROUNDING` must be rounded alike. For P only the block size is used
+    in FLAMIA's ``pow2-blocks`` mode (``fa``: P is rounded by it)."""
 
     name: str
     recipe: Recipe
-    qk: Quant  # Q and K along head_dim (S = Q K^T, forward and recompute)
-    v_seq: Quant  # V along keys (O = P V)
-    p_mode: PMode  # POW2_BLOCKS (FLAMIA) or FA (P = exp(S - m), then rounded by p_quant)
-    p_quant: Quant  # P along keys for "fa"; for "pow2-blocks" only its block size is used
+    #: the rounding of every GEMM operand, keyed by :class:`Operand` (read-only)
+    quants: Mapping[Operand, Quant] = field(hash=False)
+    p_mode: PMode  # POW2_BLOCKS (FLAMIA) or FA (P = exp(S - m), then rounded by quant(P))
     normalize: Normalize  # QUANTIZED: l sums the P that multiplied V; FP32: l sums unrounded P
-    dp_quant: Quant  # dO and V along head_dim (dP = dO V^T)
-    pt_quant: Quant  # P^T along queries (dV = P^T dO)
-    do_seq: Quant  # dO along queries
-    ds_quant: Quant  # dS along keys (dQ = dS K)
-    k_seq: Quant  # K along keys
-    dst_quant: Quant  # dS^T along queries (dK = dS^T Q)
-    q_seq: Quant  # Q along queries
     seq_blocks: SeqBlocks = SeqBlocks.DOCUMENT  # DOCUMENT: blocks restart at cu_seqlens; PACKED: absolute positions
     diagonal_fallback: bool = True
     recompute_from_seq: bool = False  # the backward rebuilds S from the sequence-quantized Q, K (a bug)
@@ -147,10 +125,27 @@ class EmulatedDesign:
         object.__setattr__(self, "p_mode", PMode(self.p_mode))
         object.__setattr__(self, "normalize", Normalize(self.normalize))
         object.__setattr__(self, "seq_blocks", SeqBlocks(self.seq_blocks))
+        missing = [op.name for op in Operand if op not in self.quants]
+        extra = [repr(key) for key in self.quants if not isinstance(key, Operand)]
+        if missing or extra:
+            raise ValueError(
+                f"{self.name}: a design rounds every Operand once; missing {missing or 'none'}, not operands {extra or 'none'}"
+            )
+        for a, b in SHARED_ROUNDING:
+            if self.quants[a] != self.quants[b]:
+                raise ValueError(
+                    f"{self.name}: {b.name} must be rounded as {a.name} (one rounding in {a.gemm.equation})"
+                )
+        object.__setattr__(self, "quants", MappingProxyType({op: self.quants[op] for op in Operand}))
 
     def quant(self, op: Operand) -> Quant:
         """How the design rounds the GEMM operand ``op``."""
-        return getattr(self, DESIGN_FIELD[op])
+        return self.quants[op]
+
+    def with_quants(self, changes: Mapping[Operand, Quant], /, **switches: Any) -> EmulatedDesign:
+        """The same design with the operands in ``changes`` rounded otherwise (and the other fields in
+        ``switches`` replaced: ``name``, ``p_mode``, ...)."""
+        return replace(self, quants={**self.quants, **changes}, **switches)
 
     @classmethod
     def of(
@@ -164,15 +159,9 @@ class EmulatedDesign:
     ) -> EmulatedDesign:
         """A design whose every GEMM operand is rounded by ``default`` but those in ``overrides``
         (keyed by :class:`Operand`); ``switches``: the other fields (``p_mode``, ``normalize``, ...).
-        Operands that share a field (Q and K in S, dO and V in dP) must be given the same rounding."""
-        quants: dict[str, Quant] = {}
-        for op in Operand:
-            q = (overrides or {}).get(op, default)
-            field_name = DESIGN_FIELD[op]
-            if quants.setdefault(field_name, q) != q:
-                raise ValueError(f"{name}: {op.name} must be rounded as the other operand of {field_name}")
-        fields: dict[str, Any] = {**quants, **switches}
-        return cls(name=name, recipe=recipe, **fields)
+        Operands that share a rounding (Q and K in S, dO and V in dP) must be given the same one."""
+        quants = {op: (overrides or {}).get(op, default) for op in Operand}
+        return cls(name=name, recipe=recipe, quants=quants, **switches)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,7 +349,7 @@ def probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, s
     """
     H, Lq, Lk = s2.shape
     if design.p_mode is PMode.POW2_BLOCKS:
-        block = design.p_quant.block
+        block = design.quant(Operand.P).block
         elem, mb = pow2_block_elements(s2, block)
         m = mb.amax(dim=-1)  # (H, Lq)
         ids = _block_ids(Lk, block, s2.device)
@@ -376,7 +365,7 @@ def probabilities(s2: torch.Tensor, vis: torch.Tensor, design: EmulatedDesign, s
     p = torch.exp2(s2 - m_safe[..., None])
     p = torch.where(vis, p, p.new_zeros(()))
     l = p.sum(dim=-1)
-    p_used = _a_operand(p, design.p_quant, design, start_k, dtype)
+    p_used = _a_operand(p, design.quant(Operand.P), design, start_k, dtype)
     if design.normalize is Normalize.QUANTIZED:
         l = p_used.sum(dim=-1)
     return p_used, l, m
@@ -402,7 +391,7 @@ def recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
     finite = lse2 != -math.inf  # rows that saw a key; a NaN lse (NaN scores) stays NaN
     lse_safe = torch.where(finite, lse2, torch.zeros_like(lse2))
     if design.p_mode is PMode.POW2_BLOCKS:
-        block = design.p_quant.block
+        block = design.quant(Operand.P).block
         elem, mb = pow2_block_elements(s2, block)
         ids = _block_ids(s2.shape[-1], block, s2.device)
         mb_k = torch.nan_to_num(mb[..., ids], nan=math.nan, neginf=-1000.0)
@@ -468,9 +457,9 @@ def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
     H, Hk = q.shape[1], k.shape[1]
     groups = H // Hk
     qf, kf, vf = q.float(), k.float(), v.float()
-    q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)
-    k_hd = quantize_operand(kf, design.qk, -1, input_dtype=dtype)
-    v_seq = seq_quantize(vf, design.v_seq, design, cu_k, dtype)
+    q_hd = quantize_operand(qf, design.quant(Operand.Q_HD), -1, input_dtype=dtype)
+    k_hd = quantize_operand(kf, design.quant(Operand.K_HD), -1, input_dtype=dtype)
+    v_seq = seq_quantize(vf, design.quant(Operand.V_SEQ), design, cu_k, dtype)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse2 = torch.full((q.shape[0], H), -math.inf, dtype=torch.float32, device=q.device)
     qk_scale = _log2_scale(scale)
@@ -484,7 +473,7 @@ def forward_pass(design, q, k, v, cu_q, cu_k, scale, causal):
             p_used,
             _to_hld(_expand_kv(v_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(vf[k0:k1], dtype), groups)),
-            fallback_mask(design, design.v_seq, vis, causal),
+            fallback_mask(design, design.quant(Operand.V_SEQ), vis, causal),
         )
         ok = l != 0  # rows that saw no key output 0; a NaN row sum stays NaN
         o = torch.where(ok[..., None], acc / torch.where(ok, l, torch.ones_like(l))[..., None], acc.new_zeros(()))
@@ -501,17 +490,17 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
     groups = H // Hk
     qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.to(dtype).float()
     if design.recompute_from_seq:
-        q_s = seq_quantize(qf, design.q_seq, design, cu_q, dtype)
-        k_s = seq_quantize(kf, design.k_seq, design, cu_k, dtype)
+        q_s = seq_quantize(qf, design.quant(Operand.Q_SEQ), design, cu_q, dtype)
+        k_s = seq_quantize(kf, design.quant(Operand.K_SEQ), design, cu_k, dtype)
         q_hd, k_hd = q_s, k_s
     else:
-        q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)
-        k_hd = quantize_operand(kf, design.qk, -1, input_dtype=dtype)
-    do_hd = quantize_operand(dof, design.dp_quant, -1, input_dtype=dtype)
-    v_hd = quantize_operand(vf, design.dp_quant, -1, input_dtype=dtype)
-    do_seq = seq_quantize(dof, design.do_seq, design, cu_q, dtype)
-    k_seq = seq_quantize(kf, design.k_seq, design, cu_k, dtype)
-    q_seq = seq_quantize(qf, design.q_seq, design, cu_q, dtype)
+        q_hd = quantize_operand(qf, design.quant(Operand.Q_HD), -1, input_dtype=dtype)
+        k_hd = quantize_operand(kf, design.quant(Operand.K_HD), -1, input_dtype=dtype)
+    do_hd = quantize_operand(dof, design.quant(Operand.DO_HD), -1, input_dtype=dtype)
+    v_hd = quantize_operand(vf, design.quant(Operand.V_HD), -1, input_dtype=dtype)
+    do_seq = seq_quantize(dof, design.quant(Operand.DO_SEQ), design, cu_q, dtype)
+    k_seq = seq_quantize(kf, design.quant(Operand.K_SEQ), design, cu_k, dtype)
+    q_seq = seq_quantize(qf, design.quant(Operand.Q_SEQ), design, cu_q, dtype)
     # D = rowsum(dO * O) from the output as the caller holds it (input dtype), fp32 sum
     delta = (dof * out.to(dtype).float()).sum(dim=-1)  # (Tq, H)
 
@@ -527,32 +516,32 @@ def backward_pass(design, q, k, v, out, lse2, dout, cu_q, cu_k, scale, causal):
         dp = _gemm_of(design, Gemm.DP)(_to_hld(do_hd[q0:q1]), _to_hld(_expand_kv(v_hd[k0:k1], groups)).transpose(1, 2))
         ds = a * (dp - delta[q0:q1].T[..., None])
         # dV = P^T dO and dK = dS^T Q contract over queries (rows: keys); dQ = dS K over keys
-        at = _a_operand(a.transpose(1, 2), design.pt_quant, design, q0, dtype)
+        at = _a_operand(a.transpose(1, 2), design.quant(Operand.PT), design, q0, dtype)
         dv_d = _gemm_seq_of(
             design,
             Gemm.DV,
             at,
             _to_hld(do_seq[q0:q1]),
             _to_hld(dof[q0:q1]),
-            fallback_mask(design, design.do_seq, vis.T, causal),
+            fallback_mask(design, design.quant(Operand.DO_SEQ), vis.T, causal),
         )
-        dst = _a_operand(ds.transpose(1, 2), design.dst_quant, design, q0, dtype)
+        dst = _a_operand(ds.transpose(1, 2), design.quant(Operand.DST), design, q0, dtype)
         dk_d = _gemm_seq_of(
             design,
             Gemm.DK,
             dst,
             _to_hld(q_seq[q0:q1]),
             _to_hld(_round_input(qf[q0:q1], dtype)),
-            fallback_mask(design, design.q_seq, vis.T, causal),
+            fallback_mask(design, design.quant(Operand.Q_SEQ), vis.T, causal),
         )
-        dsq = _a_operand(ds, design.ds_quant, design, k0, dtype)
+        dsq = _a_operand(ds, design.quant(Operand.DS), design, k0, dtype)
         dq_d = _gemm_seq_of(
             design,
             Gemm.DQ,
             dsq,
             _to_hld(_expand_kv(k_seq[k0:k1], groups)),
             _to_hld(_expand_kv(_round_input(kf[k0:k1], dtype), groups)),
-            fallback_mask(design, design.k_seq, vis, causal),
+            fallback_mask(design, design.quant(Operand.K_SEQ), vis, causal),
         )
         dq[q0:q1] = (dq_d * scale32).permute(1, 0, 2)
         dk[k0:k1] = (dk_d * scale32).permute(1, 0, 2)
@@ -656,8 +645,8 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
     cu_k = torch.tensor([0, lk], dtype=torch.int32, device=q.device)
     qk_scale = _log2_scale(softmax_scale)
     vis = visible(lq, lk, causal, q.device)
-    q_hd = quantize_operand(q.float(), design.qk, -1, input_dtype=dtype)
-    k_hd = quantize_operand(k.float(), design.qk, -1, input_dtype=dtype)
+    q_hd = quantize_operand(q.float(), design.quant(Operand.Q_HD), -1, input_dtype=dtype)
+    k_hd = quantize_operand(k.float(), design.quant(Operand.K_HD), -1, input_dtype=dtype)
     s2 = _scores(q_hd, k_hd, groups, vis, qk_scale, design)
     p_used, l, m = probabilities(s2, vis, design, 0, dtype)
     if not backward:
@@ -666,8 +655,8 @@ def attention_weights(design: EmulatedDesign, q, k, *, softmax_scale: float, cau
             ok, p_used / torch.where(ok, l[..., None], torch.ones_like(l[..., None])), p_used.new_zeros(())
         )
     if design.recompute_from_seq:
-        q_s = seq_quantize(q.float(), design.q_seq, design, cu_q, dtype)
-        k_s = seq_quantize(k.float(), design.k_seq, design, cu_k, dtype)
+        q_s = seq_quantize(q.float(), design.quant(Operand.Q_SEQ), design, cu_q, dtype)
+        k_s = seq_quantize(k.float(), design.quant(Operand.K_SEQ), design, cu_k, dtype)
         s2 = _scores(q_s, k_s, groups, vis, qk_scale, design)
     return recomputed_probabilities(s2, vis, _lse2(l, m), design)
 
@@ -705,8 +694,5 @@ def make_kernel(design: EmulatedDesign):
 
 def with_rule(design: EmulatedDesign, rule: ScaleRule, name: str, recipe: Recipe) -> EmulatedDesign:
     """The same design with every MX operand on another scale rule."""
-    fields = {}
-    for f in QUANT_FIELDS:
-        qv = getattr(design, f)
-        fields[f] = replace(qv, rule=rule) if qv.kind is QuantKind.MX else qv
-    return replace(design, name=name, recipe=recipe, **fields)
+    quants = {op: replace(q, rule=rule) if q.kind is QuantKind.MX else q for op, q in design.quants.items()}
+    return design.with_quants(quants, name=name, recipe=recipe)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamia_verify.errors import FlamiaVerifyError
+from flamia_verify.recipes.operands import Operand
 
 __all__ = ["Edit", "Mutant", "MutationError", "mutated_module", "mutant_kernel", "EMULATION"]
 
@@ -47,8 +48,9 @@ class Mutant:
     """One planted change of a built-in design.
 
     name: unique, ``family.what`` (e.g. ``mask.forward+1``). family: the kind of bug (the table's
-    rows are grouped by it). edits: source edits of the emulation. design: field changes of the base
-    design (``{"ds_quant": Quant("nvfp4", 16)}``). correct: True for an alternative *correct*
+    rows are grouped by it). edits: source edits of the emulation. design: changes of the base
+    design, each an operand's rounding (``(Operand.DS, Quant("nvfp4", 16))``) or another field
+    (``("mma", frozenset())``). correct: True for an alternative *correct*
     design (a false-alarm probe: every check must pass on it), False for a bug every suite should
     catch. why: one line a reader of the kill table needs.
     """
@@ -57,7 +59,7 @@ class Mutant:
     family: str
     why: str
     edits: tuple[Edit, ...] = ()
-    design: tuple[tuple[str, Any], ...] = ()
+    design: tuple[tuple[Operand | str, Any], ...] = ()
     base: str = "flamia-mxfp8"
     correct: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
@@ -122,12 +124,13 @@ def mutant_design(mutant: Mutant):
     if mutant.base not in DESIGNS:
         raise MutationError(f"mutant {mutant.name}: unknown base design {mutant.base!r}; known: {', '.join(DESIGNS)}")
     base = DESIGNS[mutant.base]
-    known = {f.name for f in dataclasses.fields(base)}
-    changes = dict(mutant.design)
-    unknown = sorted(set(changes) - known)
+    quants = {key: value for key, value in mutant.design if isinstance(key, Operand)}
+    switches = {key: value for key, value in mutant.design if not isinstance(key, Operand)}
+    known = {f.name for f in dataclasses.fields(base)} - {"quants"}
+    unknown = sorted(set(switches) - known)
     if unknown:
         raise MutationError(f"mutant {mutant.name}: unknown design field(s) {', '.join(unknown)}")
-    return dataclasses.replace(base, name=f"mutant:{mutant.name}", **changes)
+    return base.with_quants(quants, name=f"mutant:{mutant.name}", **switches)
 
 
 def mutant_kernel(mutant: Mutant):

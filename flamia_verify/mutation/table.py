@@ -32,7 +32,7 @@ pass on them (false alarms).
 from __future__ import annotations
 
 from flamia_verify.kernels.designs import FP8_MMA
-from flamia_verify.kernels.emulation import DESIGN_FIELD, QUANT_FIELDS, Quant
+from flamia_verify.kernels.quant_spec import Quant
 from flamia_verify.mutation.build import Edit, Mutant
 from flamia_verify.recipes.operands import Operand, describe_operands
 
@@ -51,44 +51,55 @@ _SEQ_PATHS = (
     (
         "V",
         "forward_pass",
-        "v_seq = seq_quantize(vf, design.v_seq, design, cu_k, dtype)",
+        "v_seq = seq_quantize(vf, design.quant(Operand.V_SEQ), design, cu_k, dtype)",
         "cu_k",
         "cu_q",
-        "fallback_mask(design, design.v_seq, vis, causal)",
+        "fallback_mask(design, design.quant(Operand.V_SEQ), vis, causal)",
         False,
     ),
     (
         "dO",
         "backward_pass",
-        "do_seq = seq_quantize(dof, design.do_seq, design, cu_q, dtype)",
+        "do_seq = seq_quantize(dof, design.quant(Operand.DO_SEQ), design, cu_q, dtype)",
         "cu_q",
         "cu_k",
-        "fallback_mask(design, design.do_seq, vis.T, causal)",
+        "fallback_mask(design, design.quant(Operand.DO_SEQ), vis.T, causal)",
         True,
     ),
     (
         "K",
         "backward_pass",
-        "k_seq = seq_quantize(kf, design.k_seq, design, cu_k, dtype)",
+        "k_seq = seq_quantize(kf, design.quant(Operand.K_SEQ), design, cu_k, dtype)",
         "cu_k",
         "cu_q",
-        "fallback_mask(design, design.k_seq, vis, causal)",
+        "fallback_mask(design, design.quant(Operand.K_SEQ), vis, causal)",
         False,
     ),
     (
         "Q",
         "backward_pass",
-        "q_seq = seq_quantize(qf, design.q_seq, design, cu_q, dtype)",
+        "q_seq = seq_quantize(qf, design.quant(Operand.Q_SEQ), design, cu_q, dtype)",
         "cu_q",
         "cu_k",
-        "fallback_mask(design, design.q_seq, vis.T, causal)",
+        "fallback_mask(design, design.quant(Operand.Q_SEQ), vis.T, causal)",
         True,
     ),
 )
 
-# the operand roundings of a design (p_quant only sets P's block size in FLAMIA's pow2-block mode)
-_OPERANDS = tuple(f for f in QUANT_FIELDS if f != DESIGN_FIELD[Operand.P])
-_OPERAND_WHAT = {f: describe_operands(op for op in Operand if DESIGN_FIELD[op] == f) for f in _OPERANDS}
+# the operand roundings a mutant changes, by the name its mutants carry (``format.<name>-<variant>``):
+# the operands rounded alike change together (Q and K in S, dO and V in dP); P has none (its rounding
+# only sets the block size of FLAMIA's pow2 blocks)
+_ROUNDINGS: tuple[tuple[str, tuple[Operand, ...]], ...] = (
+    ("qk", (Operand.Q_HD, Operand.K_HD)),
+    ("v_seq", (Operand.V_SEQ,)),
+    ("dp_quant", (Operand.DO_HD, Operand.V_HD)),
+    ("pt_quant", (Operand.PT,)),
+    ("do_seq", (Operand.DO_SEQ,)),
+    ("ds_quant", (Operand.DS,)),
+    ("k_seq", (Operand.K_SEQ,)),
+    ("dst_quant", (Operand.DST,)),
+    ("q_seq", (Operand.Q_SEQ,)),
+)
 
 #: the edits that let a design name the operand kinds "mx-<variant>" (e5m2, truncate, scale_down,
 #: scale_up): they dispatch to operators.mx_variant, and the diagonal fallback keeps guarding them
@@ -296,10 +307,16 @@ def _heads() -> list[Mutant]:
 
 def _operand_mutants(family: str, variants: dict[str, tuple[Quant, str]]) -> list[Mutant]:
     out = []
-    for f in _OPERANDS:
+    for name, ops in _ROUNDINGS:
         for tag, (quant, what) in variants.items():
             out.append(
-                Mutant(f"{family}.{f}-{tag}", family, f"{_OPERAND_WHAT[f]}: {what}", VARIANT_KIND_EDITS, ((f, quant),))
+                Mutant(
+                    f"{family}.{name}-{tag}",
+                    family,
+                    f"{describe_operands(ops)}: {what}",
+                    VARIANT_KIND_EDITS,
+                    tuple((op, quant) for op in ops),
+                )
             )
     return out
 
@@ -369,14 +386,14 @@ def _normalisation() -> list[Mutant]:
             (
                 Edit(
                     "forward_pass",
-                    "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
-                    "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)",
+                    "q_hd = quantize_operand(qf, design.quant(Operand.Q_HD), -1, input_dtype=dtype)",
+                    "q_hd = quantize_operand(qf * scale, design.quant(Operand.Q_HD), -1, input_dtype=dtype)",
                 ),
                 Edit("forward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)"),
                 Edit(
                     "backward_pass",
-                    "q_hd = quantize_operand(qf, design.qk, -1, input_dtype=dtype)",
-                    "q_hd = quantize_operand(qf * scale, design.qk, -1, input_dtype=dtype)",
+                    "q_hd = quantize_operand(qf, design.quant(Operand.Q_HD), -1, input_dtype=dtype)",
+                    "q_hd = quantize_operand(qf * scale, design.quant(Operand.Q_HD), -1, input_dtype=dtype)",
                 ),
                 Edit("backward_pass", "qk_scale = _log2_scale(scale)", "qk_scale = _log2_scale(1.0)"),
             ),

@@ -20,12 +20,11 @@ fail them there (the quick-suite audit in test_properties_every_check.py cannot 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, make_kernel
+from flamia_verify.recipes.operands import Operand
 from zoo.correct import sdpa_bf16
 from zoo.kernels import _split_kernel
 from zoo.targeted import packed_tiles_skip_head
@@ -40,7 +39,10 @@ def _tag(fn, recipe: str, doc: str):
 
 
 dkdv_leak = _tag(
-    _split_kernel(FLAMIA_MXFP8, replace(FLAMIA_MXFP8, name="dkdv-leak", diagonal_fallback=False, k_seq=Quant("input"))),
+    _split_kernel(
+        FLAMIA_MXFP8,
+        FLAMIA_MXFP8.with_quants({Operand.K_SEQ: Quant("input")}, name="dkdv-leak", diagonal_fallback=False),
+    ),
     "mxfp8",
     "FLAMIA MXFP8 whose backward blocks Q (in dK) and dO (in dV) across the causal diagonal; dQ and out clean",
 )

@@ -33,6 +33,7 @@ import torch
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
+from flamia_verify.recipes.operands import Operand
 
 E4M3_MAX = 448.0
 MX_BLOCK = 32
@@ -103,7 +104,9 @@ document_leak = _tag(
     "FLAMIA MXFP8 with sequence blocks at packed positions (a block spans two documents)",
 )
 
-_BF16_RECOMPUTE = replace(FLAMIA_MXFP8, name="bf16-recompute", qk=Quant("input"), p_mode="fa", p_quant=Quant("input"))
+_BF16_RECOMPUTE = FLAMIA_MXFP8.with_quants(
+    dict.fromkeys((Operand.Q_HD, Operand.K_HD, Operand.P), Quant("input")), name="bf16-recompute", p_mode="fa"
+)
 
 fwd_bwd_mismatch = _tag(
     _split_kernel(FLAMIA_MXFP8, _BF16_RECOMPUTE),
@@ -113,7 +116,9 @@ fwd_bwd_mismatch = _tag(
 )
 
 mass_underflow = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="mass-underflow", p_mode="fa", p_quant=Quant("e4m3"), normalize="fp32")),
+    make_kernel(
+        FLAMIA_MXFP8.with_quants({Operand.P: Quant("e4m3")}, name="mass-underflow", p_mode="fa", normalize="fp32")
+    ),
     "mxfp8",
     ("consistency.conservation_forward", "consistency.shift_invariance", "special.attention_sink", "bound.out"),
     "MXFP8 operands, but P = exp(S - m) cast to E4M3 without a scale and normalized by the fp32 sum",

@@ -39,6 +39,7 @@ from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass
 from flamia_verify.mutation import Edit, Mutant, mutant_kernel
 from flamia_verify.mutation.table import VARIANT_KIND_EDITS
+from flamia_verify.recipes.operands import Operand
 
 __all__ = ["REALISTIC"]
 
@@ -71,9 +72,11 @@ class _Patched(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _mutant(name: str, why: str, *edits: Edit, **design) -> object:
-    """The emulation with source edits and design changes (flamia_verify.mutation): no patching."""
-    return mutant_kernel(Mutant(f"zoo.{name}", "zoo", why, tuple(edits), tuple(design.items())))
+def _mutant(name: str, why: str, *edits: Edit, quants: dict | None = None, **design) -> object:
+    """The emulation with source edits, operand roundings (``quants``) and other design changes
+    (flamia_verify.mutation): no patching."""
+    changes = tuple((quants or {}).items()) + tuple(design.items())
+    return mutant_kernel(Mutant(f"zoo.{name}", "zoo", why, tuple(edits), changes))
 
 
 def _nothing(cu_q, cu_k):
@@ -253,9 +256,9 @@ def _stale_rescale_probabilities(s2, vis, design, start_k, dtype):
     lk = s2.shape[-1]
     if lk <= LONG_ROW or design.p_mode != "pow2-blocks":
         return p_used, l, m
-    _, mb = E.pow2_block_elements(s2, design.p_quant.block)  # (H, Lq, nblk), -inf where masked
+    _, mb = E.pow2_block_elements(s2, design.quant(Operand.P).block)  # (H, Lq, nblk), -inf where masked
     ntiles = (lk + FWD_TILE - 1) // FWD_TILE
-    per_tile = FWD_TILE // design.p_quant.block
+    per_tile = FWD_TILE // design.quant(Operand.P).block
     pad = ntiles * per_tile - mb.shape[-1]
     mt = torch.nn.functional.pad(mb, (0, pad), value=-math.inf).view(*mb.shape[:-1], ntiles, per_tile).amax(-1)
     running = torch.cummax(mt, dim=-1).values  # running maximum after each tile
@@ -291,7 +294,7 @@ skip_rescale_after_256 = _tag(
 _E5M2 = Quant("mx-e5m2", 32)
 
 ds_e5m2 = _tag(
-    _mutant("ds_e5m2", "dS and dS^T in E5M2", *VARIANT_KIND_EDITS, ds_quant=_E5M2, dst_quant=_E5M2),
+    _mutant("ds_e5m2", "dS and dS^T in E5M2", *VARIANT_KIND_EDITS, quants={Operand.DS: _E5M2, Operand.DST: _E5M2}),
     "mxfp8",
     ("bound.grad",),
     ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
@@ -299,7 +302,7 @@ ds_e5m2 = _tag(
 )
 
 dst_e5m2 = _tag(
-    _mutant("dst_e5m2", "dS^T in E5M2", *VARIANT_KIND_EDITS, dst_quant=_E5M2),
+    _mutant("dst_e5m2", "dS^T in E5M2", *VARIANT_KIND_EDITS, quants={Operand.DST: _E5M2}),
     "mxfp8",
     ("bound.grad",),
     ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),

@@ -56,7 +56,7 @@ import torch
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import BF16, FLAMIA_MXFP8, FP8, FP8_MMA
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
-from flamia_verify.recipes.operands import Gemm
+from flamia_verify.recipes.operands import Gemm, Operand
 from zoo.kernels import (
     _STE,
     E4M3_MAX,
@@ -181,7 +181,7 @@ dv_saturating_do = _tag(
 _E4M3 = Quant("e4m3")
 
 pt_unscaled = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="pt-unscaled", pt_quant=_E4M3)),
+    make_kernel(FLAMIA_MXFP8.with_quants({Operand.PT: _E4M3}, name="pt-unscaled")),
     "mxfp8",
     ("bound.grad",),
     ("error.out", "error.dq", "error.dk", "error.dv", "bound.out", "causal", "isolation"),
@@ -193,7 +193,7 @@ pt_unscaled = _tag(
 #: random q, k lies above |dQ| itself (cancellation in dS K), so dQ = 0 sits inside it; bound.grad's
 #: exact-weight one-hot-key case reads dS entry by entry and sees the entries below 2^-10 flushed.
 ds_unscaled = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="ds-unscaled", ds_quant=_E4M3)),
+    make_kernel(FLAMIA_MXFP8.with_quants({Operand.DS: _E4M3}, name="ds-unscaled")),
     "mxfp8",
     ("error.dq", "consistency.grad_forward_ratio", "bound.grad"),
     ("error.out", "error.dk", "error.dv", "bound.out", "special.magnitudes", "causal", "isolation"),
@@ -204,7 +204,7 @@ ds_unscaled = _tag(
 #: the model's band allows (1.0x), and the dQ bound on random inputs is loose (cancellation in
 #: dS K). bound's one-hot-key case (exact scores, dQ_i[j] = s dS_ij) reads dS's rounding directly.
 ds_nvfp4 = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="ds-nvfp4", ds_quant=Quant("nvfp4", 16))),
+    make_kernel(FLAMIA_MXFP8.with_quants({Operand.DS: Quant("nvfp4", 16)}, name="ds-nvfp4")),
     "mxfp8",
     ("bound.grad",),
     ("error.out", "error.dk", "error.dv", "bound.out", "causal", "isolation"),

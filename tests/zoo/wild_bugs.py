@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from flamia_verify.formats import E4M3, ScaleRule, fp8_row_quantize, fp8_tensor_quantize, mx_fake_quantize
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import Quant, emulated_forward_with_lse, make_kernel
+from flamia_verify.recipes.operands import Operand
 
 __all__ = ["CORRECT_WILD", "WILD", "demonstrate", "reference", "ordinary_case", "make_case", "run_case"]
 
@@ -1075,7 +1075,9 @@ def _per_row_fp8(x):
 
 
 # the fp8 design with the head_dim rounding of Q and K moved out into the wrapper below
-_FP8_QK_OUTSIDE = make_kernel(replace(DESIGNS["fp8"], name="fp8-qk-outside", qk=Quant("input")))
+_FP8_QK_OUTSIDE = make_kernel(
+    DESIGNS["fp8"].with_quants(dict.fromkeys((Operand.Q_HD, Operand.K_HD), Quant("input")), name="fp8-qk-outside")
+)
 
 
 @_bug(
