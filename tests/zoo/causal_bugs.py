@@ -35,6 +35,7 @@ from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, make_kernel
 from flamia_verify.mutation import by_name, mutant_kernel
+from flamia_verify.recipes.operands import Operand
 from zoo.kernels import _flamia, _split_kernel
 
 __all__ = ["CAUSAL_BUGS"]
@@ -52,8 +53,8 @@ def _tag(fn, catches: tuple[str, ...], where: str, doc: str, recipe: str = "mxfp
 # the diagonal fallback of one operand off by one or two positions
 # ---------------------------------------------------------------------------------------------
 
-#: the sequence-blocked operands of FLAMIA_MXFP8 (field of the design -> GEMM)
-PATHS = {"v": "v_seq", "k": "k_seq", "do": "do_seq", "q": "q_seq"}
+#: the sequence-blocked operands of FLAMIA_MXFP8 (path -> the operand)
+PATHS = {"v": Operand.V_SEQ, "k": Operand.K_SEQ, "do": Operand.DO_SEQ, "q": Operand.Q_SEQ}
 
 
 def _slack_block_mask(vis: torch.Tensor, block: int, slack: int) -> torch.Tensor:
@@ -71,22 +72,18 @@ def _slack_block_mask(vis: torch.Tensor, block: int, slack: int) -> torch.Tensor
 def _distinct_paths(design):
     """The design with a distinct (equal-valued) Quant object per sequence-blocked operand, so that
     the patched fallback can tell the four GEMMs apart by identity (rounding unchanged)."""
-    return replace(
-        design,
-        **{
-            f: Quant(getattr(design, f).kind, getattr(design, f).block, getattr(design, f).rule) for f in PATHS.values()
-        },
-    )
+    quants = {op: design.quant(op) for op in PATHS.values()}
+    return design.with_quants({op: Quant(q.kind, q.block, q.rule) for op, q in quants.items()})
 
 
 def _fallback_off(path: str, slack: int):
     design = _distinct_paths(FLAMIA_MXFP8)
-    field = PATHS[path]
+    op = PATHS[path]
     original = E.fallback_mask
 
     def fallback(design_, quant, vis, causal):
         full = original(design_, quant, vis, causal)
-        if full is None or quant is not getattr(design_, field) or vis.shape[1] == 0:
+        if full is None or quant is not design_.quant(op) or vis.shape[1] == 0:
             return full
         return _slack_block_mask(vis, quant.block, slack)
 
