@@ -89,6 +89,20 @@ MODEL: tuple[Row, ...] = (
     Row("documents", "few", "2 to 9 documents", _BASE),
     Row("documents", "many", "10 to 23 documents", ("error.out",)),
     Row("decode", "yes", "one query per document against several keys (max_seqlen_q = 1)", (_ARG,)),
+    Row(
+        "decode",
+        "long_keys",
+        "decode against more than 64 keys, a key count not a multiple of 64 (split-KV decode paths, a partial "
+        "last tile)",
+        (_ARG,),
+    ),
+    Row(
+        "key_split",
+        "same_total_and_max",
+        "cu_seqlens_k split differently from cu_seqlens_q with the same total and maximum (a kernel reading "
+        "one for the other)",
+        (_ARG,),
+    ),
     Row("documents", "dozens", "24 documents or more", ("isolation.layout", "determinism.repeat")),
     Row("empty_document", "start", "an empty document first", ("isolation.layout",)),
     Row("empty_document", "middle", "an empty document between others", ("isolation.layout", _ARG, "error.out")),
@@ -229,6 +243,10 @@ def features(inputs: Inputs) -> set[str]:
         out.add("document_length=1")
     if max(lq, default=0) == 1 and max(lk, default=0) > 1:
         out.add("decode=yes")
+        if any(b > 64 and b % 64 for b in lk):
+            out.add("decode=long_keys")
+    if list(lq) != list(lk) and sum(lq) == sum(lk) and max(lq, default=0) == max(lk, default=0):
+        out.add("key_split=same_total_and_max")
     if any(x % 32 in (31, 0, 1) and x > 1 for x in lq):
         out.add("document_length=block_edge")
     if any(a < b for a, b in zip(lq, lk)):

@@ -1097,6 +1097,49 @@ def _fp8_k_scale_over_batch(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=Non
     return _fwd_of(fwd, graph)
 
 
+@_bug(
+    "self_attn_fastpath_cu_q_for_k",
+    "bf16",
+    "A self-attention fast path, chosen when total_q == total_k and max_seqlen_q == max_seqlen_k, passes "
+    "cu_seqlens_q for the keys too: right whenever the two splits agree, wrong when they differ with the "
+    "same total and maximum.",
+    "Packed and ring-attention wrappers that pass one cu_seqlens for queries and keys.",
+    "cu_seqlens_k split differently from cu_seqlens_q, same total and maximum",
+)
+def _self_attn_fastpath_cu_q_for_k(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    if q.shape[0] == k.shape[0] and max_q == max_k:
+        cu_k = cu_q
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+_DECODE_SPLIT = 64
+
+
+@_bug(
+    "splitkv_decode_tail_unmasked",
+    "bf16",
+    "The decode path (max_seqlen_q == 1, max_seqlen_k above one split) pads each document's keys to a "
+    "multiple of 64 with zero keys and values and does not mask the padding: the zero scores join the "
+    "softmax and dilute the output of documents whose key count is not a multiple of 64.",
+    "Flash-decoding / split-KV kernels whose last split reads padding as keys.",
+    "decode against more than 64 keys with a partial last split",
+)
+def _splitkv_decode_tail_unmasked(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    if max_q == 1 and max_k > _DECODE_SPLIT:
+        ck = [int(x) for x in cu_k.tolist()]
+        ks, vs, cu = [], [], [0]
+        for b in range(len(ck) - 1):
+            n = ck[b + 1] - ck[b]
+            pad = -n % _DECODE_SPLIT
+            ks += [k[ck[b] : ck[b + 1]], k.new_zeros((pad, *k.shape[1:]))]
+            vs += [v[ck[b] : ck[b + 1]], v.new_zeros((pad, *v.shape[1:]))]
+            cu.append(cu[-1] + n + pad)
+        k, v = torch.cat(ks), torch.cat(vs)
+        cu_k = torch.tensor(cu, dtype=cu_k.dtype, device=cu_k.device)
+        max_k = max(b - a for a, b in zip(cu[:-1], cu[1:]))
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
 # ----------------------------------------------------------------------------------------------
 # correct kernels
 # ----------------------------------------------------------------------------------------------
@@ -1571,6 +1614,8 @@ _DEMOS: dict[str, Callable[[Callable], str]] = {
     "fp8_p_in_hdim128_path": lambda fn: _check_precision(fn, _correct_base, make_case([32, 32], d=128), factor=2.0),
     "mxfp8_v_blocks_packed": _demo_mxfp8_packed,
     "fp8_k_scale_over_batch": _demo_fp8_batch_scale,
+    "self_attn_fastpath_cu_q_for_k": lambda fn: _check_out(fn, make_case([3, 5], [5, 3])),
+    "splitkv_decode_tail_unmasked": lambda fn: _check_out(fn, make_case([1, 1], [70, 130])),
 }
 
 

@@ -13,8 +13,9 @@
                           log-sum-exp of the scaled scores, for every row that sees a key
 
 The cases use GQA groups of 3, 4 and 5 (odd head counts), an empty document in the middle, documents
-whose key count differs from their query count, a decode pack (one query per document), and head_dims 64 and 128 (where headdim^-0.5 is exact,
-so that softmax_scale=None means exactly the scale the other calls pass).
+whose key count differs from their query count (with the same total and maximum on both sides), a
+decode pack (one query per document) over keys spanning several 64-key tiles, and head_dims 64 and 128
+(where headdim^-0.5 is exact, so that softmax_scale=None means exactly the scale the other calls pass).
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ MAX_SEQLEN_PADS = (5, 3000)
 
 def argument_cases(ctx) -> list[Case]:
     """Three packings: equal lengths with 6:2 GQA (group 3) and an empty document, head_dim 64 (q, k, v
-    fused into one QKV buffer); Lq != Lk with 5:1 GQA, head_dim 128 (k, v fused into one KV buffer);
-    decode, one query per document against up to 64 keys (max_seqlen_q = 1), 4:1 GQA, head_dim 80
-    (softmax_scale=None must mean 80^-0.5 there too: judged by the bound, not bitwise)."""
+    fused into one QKV buffer); Lq != Lk in both directions with 5:1 GQA, head_dim 128, whose key split
+    differs from the query split while the totals (128) and the maxima (77) agree, so that a kernel
+    reading cu_seqlens_q or max_seqlen_q for the keys goes wrong (q, k, v fused into one buffer);
+    decode, one query per document against up to 130 keys (max_seqlen_q = 1; key counts of one 64-key
+    tile, and of two and three tiles with a partial last one), 4:1 GQA, head_dim 80 (k, v fused into one
+    KV buffer; softmax_scale=None must mean 80^-0.5 there too: judged by the bound, not bitwise)."""
     return [
         ctx.case((37, 0, 64, 90), heads=6, heads_k=2, headdim=64, causal=True, seed_offset=601),
         ctx.case(
             (50, 1, 77),
-            (64, 3, 40),
+            (77, 27, 24),
             heads=5,
             heads_k=1,
             headdim=128,
@@ -57,7 +61,7 @@ def argument_cases(ctx) -> list[Case]:
             seed_offset=602,
         ),
         # decode: one query per document (max_seqlen_q = 1) against many keys, an empty document
-        ctx.case((1, 1, 0, 1, 1), (40, 7, 5, 1, 64), heads=4, heads_k=1, headdim=80, causal=True, seed_offset=603),
+        ctx.case((1, 1, 0, 1, 1), (64, 97, 5, 1, 130), heads=4, heads_k=1, headdim=80, causal=True, seed_offset=603),
     ]
 
 
