@@ -452,7 +452,8 @@ def _mask(causal: bool, lengths: list[tuple[int, int]] | None, arch: int) -> str
         return "none"
     if lengths is None or all(lq == lk for lq, lk in lengths):
         return "top_left"
-    return "bottom_right" if arch >= 10 else "top_left"  # Hopper: refused before it is used
+    # Hopper gets here only with documents whose Lq == Lk or that have no query (nothing to mask)
+    return "bottom_right" if arch >= 10 else "top_left"
 
 
 def _scaling_label(recipe: ScalingRecipe) -> str:
