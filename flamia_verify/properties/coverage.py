@@ -47,6 +47,7 @@ MODEL: tuple[Row, ...] = (
     Row("softmax_scale", "default", "the default headdim^-0.5, passed", _BASE),
     Row("softmax_scale", "other", "a scale other than the default", ("error.out", "bound.out", "bound.grad")),
     Row("softmax_scale", "none", "softmax_scale=None (the kernel must use headdim^-0.5)", (_ARG,)),
+    Row("softmax_scale", "zero", "softmax_scale=0.0 (uniform weights; not the default)", (_ARG,)),
     Row("layout", "contiguous", "contiguous q, k, v", _BASE),
     Row("layout", "fused", "views into one fused QKV (or KV) buffer", (_ARG,)),
     Row("layout", "transposed", "views of (H, T, D) storage", (_ARG,)),
@@ -72,6 +73,7 @@ MODEL: tuple[Row, ...] = (
     ),
     Row("heads", "odd", "an odd number of query heads", (_ARG, "isolation.heads", "bound.shapes")),
     Row("heads", "over_8", "more than 8 query heads", ("bound.shapes",)),
+    Row("heads", "over_16", "more than 16 query heads (heads split over launches)", ("bound.shapes",)),
     Row("heads_k", "odd_over_1", "an odd number of kv heads above one", ("bound.shapes",)),
     *(
         Row("headdim", str(d), f"head_dim {d}", checks)
@@ -124,6 +126,7 @@ MODEL: tuple[Row, ...] = (
     Row(
         "long_document", "yes", "a document longer than 512 tokens (every tile)", ("determinism.repeat", "bound.shapes")
     ),
+    Row("long_document", "over_4096_keys", "a document with more than 4096 keys (capped tile loops)", (_ARG,)),
     Row("tokens", ">=4096", f"a call of {BIG_PACK_TOKENS} tokens or more", ("isolation.layout", "determinism.repeat")),
     *(
         Row("distribution", d, f"{d} values", checks)
@@ -207,6 +210,8 @@ def _scale_value(inputs: Inputs) -> str:
     c = inputs.case
     if c.call_option("scale_arg") == "none":
         return "none"
+    if c.softmax_scale == 0:
+        return "zero"
     return "default" if c.softmax_scale == c.headdim**-0.5 else "other"
 
 
@@ -228,6 +233,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("heads=odd")
     if c.heads > 8:
         out.add("heads=over_8")
+    if c.heads > 16:
+        out.add("heads=over_16")
     if c.heads_k > 1 and c.heads_k % 2:
         out.add("heads_k=odd_over_1")
     n = len(lq)
@@ -255,6 +262,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("lengths=lq>lk")
     if max(list(lq) + list(lk) + [0]) > 512:
         out.add("long_document=yes")
+    if max(lk, default=0) > 4096:
+        out.add("long_document=over_4096_keys")
     if c.total_q >= BIG_PACK_TOKENS:
         out.add("tokens=>=4096")
     tensors = [inputs.q, inputs.k, inputs.v, inputs.do]

@@ -1140,6 +1140,64 @@ def _splitkv_decode_tail_unmasked(q, k, v, cu_q, cu_k, max_q, max_k, softmax_sca
     return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
 
 
+@_bug(
+    "heads_over_16_launch_kv_index",
+    "bf16",
+    "Heads run in launches of 16; the second launch offsets the query head but maps it to its kv head "
+    "from the launch-local index, so heads 16 and up read the first launch's kv heads (right for H <= 16 "
+    "and for Hk == 1).",
+    "Launchers that split the head dimension over grid limits and index GQA heads per launch.",
+    "more than 16 query heads with more than one kv head",
+)
+def _heads_over_16_launch_kv_index(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    def kv_map(h, hk):
+        group = h // hk
+        return torch.tensor([(i % 16) // group if h > 16 else i // group for i in range(h)])
+
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, kv_map=kv_map)
+
+
+@_bug(
+    "key_loop_capped_at_4096",
+    "bf16",
+    "The key-tile loop of a program is bounded by a compile-time count (32 tiles of 128 keys) without an "
+    "outer loop: keys past 4096 of a document are never read and the softmax is taken over the first 4096.",
+    "Kernels whose tile loop bound was sized for the shared-memory pipeline, not for the sequence.",
+    "a document with more than 4096 keys",
+)
+def _key_loop_capped_at_4096(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    def key_range(k0, k1, total_k):
+        return k0, min(k1, k0 + 4096)
+
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, key_range=key_range)
+
+
+@_bug(
+    "lse_zero_for_rows_without_keys",
+    "bf16",
+    "Returns (out, lse); a row that sees no key gets lse 0 (m started at 0 and l clamped to 1 'to avoid "
+    "NaN') instead of -inf, so a merge of partial results weighs the empty row in. out is right.",
+    "Ring-attention and split-KV merges that read an empty block's lse as finite.",
+    "the returned lse of rows that see no key",
+)
+def _lse_zero_for_rows_without_keys(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    out, lse = _base_lse(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return out, torch.where(torch.isneginf(lse), torch.zeros((), dtype=lse.dtype), lse)
+
+
+@_bug(
+    "scale_zero_means_default",
+    "bf16",
+    "The default scale is chosen by truthiness (softmax_scale or D^-0.5), so softmax_scale=0.0 (uniform "
+    "weights) runs with D^-0.5.",
+    "Wrappers that test an optional float with `or` instead of `is None`.",
+    "softmax_scale=0.0",
+)
+def _scale_zero_means_default(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    scale = softmax_scale or q.shape[-1] ** -0.5
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
+
+
 # ----------------------------------------------------------------------------------------------
 # correct kernels
 # ----------------------------------------------------------------------------------------------
@@ -1574,6 +1632,13 @@ def _demo_dout(fn):
     return "dout sliced from a cat: " + _check_grad(fn, case, dout=dout)
 
 
+def _demo_key_cap(fn):
+    case = make_case([2], [4200])
+    with torch.no_grad():
+        case["v"][4096:] *= 20  # the keys past 4096 carry values the output must show
+    return _check_out(fn, case)
+
+
 _DEMOS: dict[str, Callable[[Callable], str]] = {
     "scale_default_from_nheads": lambda fn: _check_out(fn, make_case([16, 16], scale=None)),
     "bwd_scale_none_is_one": lambda fn: _check_grad(fn, make_case([16, 16], scale=None)),
@@ -1616,6 +1681,10 @@ _DEMOS: dict[str, Callable[[Callable], str]] = {
     "fp8_k_scale_over_batch": _demo_fp8_batch_scale,
     "self_attn_fastpath_cu_q_for_k": lambda fn: _check_out(fn, make_case([3, 5], [5, 3])),
     "splitkv_decode_tail_unmasked": lambda fn: _check_out(fn, make_case([1, 1], [70, 130])),
+    "heads_over_16_launch_kv_index": lambda fn: _check_out(fn, make_case([8, 8], h=32, hk=8)),
+    "key_loop_capped_at_4096": lambda fn: _demo_key_cap(fn),
+    "lse_zero_for_rows_without_keys": lambda fn: _check_lse(fn, make_case([3, 3], [4, 0])),
+    "scale_zero_means_default": lambda fn: _check_out(fn, make_case([8, 8], scale=0.0)),
 }
 
 

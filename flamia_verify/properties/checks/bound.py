@@ -194,7 +194,7 @@ def shape_cases(ctx) -> list[Case]:
         ctx.case((33, 9), heads=7, heads_k=1, headdim=192, causal=False, seed_offset=1103),
         ctx.case((30, 21), heads=9, heads_k=3, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
         ctx.case((long_len,), heads=3, heads_k=1, headdim=128, causal=True, seed_offset=1105),
-        ctx.case((24, 9), heads=16, heads_k=2, headdim=64, causal=True, seed_offset=1106),
+        ctx.case((24, 9), heads=24, heads_k=3, headdim=64, causal=True, seed_offset=1106),
     ]
 
 

@@ -10,7 +10,8 @@
                           for sizing a launch, never an input of the arithmetic)
     interface.lse         a kernel returning (out, lse, ...) with lse of FlashAttention's shape
                           (nheads, total_q): lse within the a-priori bound of the natural-log
-                          log-sum-exp of the scaled scores, for every row that sees a key
+                          log-sum-exp of the scaled scores, for every row that sees a key; -inf or
+                          +inf (never finite) for a row that sees none
 
 The cases use GQA groups of 3, 4 and 5 (odd head counts), an empty document in the middle, documents
 whose key count differs from their query count (with the same total and maximum on both sides), a
@@ -45,9 +46,10 @@ def argument_cases(ctx) -> list[Case]:
     fused into one QKV buffer); Lq != Lk in both directions with 5:1 GQA, head_dim 128, whose key split
     differs from the query split while the totals (128) and the maxima (77) agree, so that a kernel
     reading cu_seqlens_q or max_seqlen_q for the keys goes wrong (q, k, v fused into one buffer);
-    decode, one query per document against up to 130 keys (max_seqlen_q = 1; key counts of one 64-key
-    tile, and of two and three tiles with a partial last one), 4:1 GQA, head_dim 80 (k, v fused into one
-    KV buffer; softmax_scale=None must mean 80^-0.5 there too: judged by the bound, not bitwise)."""
+    decode, one query per document against up to 4200 keys (max_seqlen_q = 1; key counts of one 64-key
+    tile, of two and three tiles with a partial last one, and past 4096), 4:1 GQA, head_dim 80 (k, v
+    fused into one KV buffer; softmax_scale=None must mean 80^-0.5 there too: judged by the bound, not
+    bitwise). The first two are also called with softmax_scale=0.0 (uniform weights)."""
     return [
         ctx.case((37, 0, 64, 90), heads=6, heads_k=2, headdim=64, causal=True, seed_offset=601),
         ctx.case(
@@ -61,7 +63,7 @@ def argument_cases(ctx) -> list[Case]:
             seed_offset=602,
         ),
         # decode: one query per document (max_seqlen_q = 1) against many keys, an empty document
-        ctx.case((1, 1, 0, 1, 1), (64, 97, 5, 1, 130), heads=4, heads_k=1, headdim=80, causal=True, seed_offset=603),
+        ctx.case((1, 1, 0, 1, 1), (64, 97, 5, 4200, 130), heads=4, heads_k=1, headdim=80, causal=True, seed_offset=603),
     ]
 
 
@@ -98,6 +100,8 @@ def arguments(ctx):
     ]
     jobs += [(base, (("scale_arg", "none"),)) for base in bases]
     jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
+    # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
+    jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     for n, (base, call) in enumerate(jobs):
         case = base.with_(call=call)
         calls += 1
@@ -174,7 +178,7 @@ def arguments(ctx):
 )
 def lse(ctx):
     cases = ctx.base_cases()[:3] + argument_cases(ctx)
-    seen, violations, rows, first, worst_ratio = "", 0, 0, None, 0.0
+    seen, violations, rows, first, worst_ratio, empty_rows = "", 0, 0, None, 0.0, 0
     for n, case in enumerate(cases):
         res = ctx.run(case)
         ctx.progress((n + 1) / len(cases))
@@ -202,6 +206,21 @@ def lse(ctx):
         xx = torch.where(finite_bound, x, torch.zeros_like(x))
         m = compare_within(xx, r, b, what="|lse - reference lse|", rule="within the a-priori bound")
         rows += int(finite_bound.sum())
+        # a row that sees no key has no log-sum-exp: -inf (the log of an empty sum) or FlashAttention's
+        # +inf sentinel; a finite value would weigh the empty row into a merge of partial results
+        blind = ref.lse == -math.inf
+        finite_blind = blind & torch.isfinite(x)
+        empty_rows += int(blind.sum())
+        if bool(finite_blind.any()):
+            violations += int(finite_blind.sum())
+            if first is None:
+                t, h = (int(i) for i in finite_blind.nonzero()[0])
+                first = case_record(
+                    case,
+                    tensor="lse",
+                    summary=f"{int(finite_blind.sum())} rows that see no key have a finite lse (token {t}, head {h}: "
+                    f"{float(x[t, h]):.4g}); their lse must be -inf or +inf",
+                )
         err = (xx - r).abs()
         ratio = torch.where(finite_bound, torch.nan_to_num(err / b.clamp_min(1e-300), nan=math.inf), 0.0)
         if ratio.numel():
@@ -216,7 +235,8 @@ def lse(ctx):
     return verdict(
         ctx,
         {"violations": violations, "tightness": worst_ratio, "rows": rows},
-        ok_message=f"lse of {rows} rows within the bound (natural log); tightness {worst_ratio:.3g}",
+        ok_message=f"lse of {rows} rows within the bound (natural log); tightness {worst_ratio:.3g}; "
+        f"{empty_rows} rows that see no key with lse -inf or +inf",
         first=first,
     )
 
