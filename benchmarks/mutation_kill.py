@@ -26,7 +26,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     import flamia_verify
-    from flamia_verify.mutation.cli import render_markdown
+    from flamia_verify.mutation.report import render_markdown
     from flamia_verify.mutation.runner import run_mutants, summarize
     from flamia_verify.mutation.table import MUTANTS
 

@@ -5,7 +5,7 @@ it: the contraction runs in slices of ``MMA_SLICE`` (one instruction's K), each 
 to an fp32 sum (the kernels promote after every instruction); within a slice the products are consumed
 in groups of ``MMA_GROUP``, and every product of a group is cut toward zero to a multiple of
 2^(e - MMA_FRACTION_BITS), e the exponent of the group's largest |product|
-(benchmarks/probe_fp8_mma.py fits these to the hardware; docs/kernels.md, "fp8-mma").
+(experiments/probe_fp8_mma.py fits these to the hardware; docs/kernels.md, "fp8-mma").
 """
 
 from __future__ import annotations
