@@ -290,8 +290,8 @@ def test_calibrate_then_freeze_makes_every_later_call_use_the_first_calls_scales
     state.record(("q", "k", "v", "o", "s"), torch.tensor([100.0] * 5))  # ignored: frozen
     assert torch.equal(state.scales(fwd, torch.device("cpu")), first)
     assert state.records("q") == 1 and state.needs_measurement(bwd)
-    g = state.scales(bwd, torch.device("cpu"), measured=torch.tensor([10.0, 1.0, 1.0, 1.0]), factors={"dp": 0.25})
-    assert g.tolist() == [128.0, 256.0, 256.0, 256.0]  # dp: pow2 of 10 * 0.25
+    g = state.scales(bwd, torch.device("cpu"), measured=torch.tensor([10.0, 1.0, 1.0, 1.0]))
+    assert g.tolist() == [32.0, 256.0, 256.0, 256.0]  # the largest powers of two with amax * scale <= 448
     assert state.frozen("dv")
     state.unfreeze()
     state.record(("q", "k", "v", "o", "s"), torch.tensor([100.0] * 5))

@@ -90,14 +90,9 @@ SUPPORTED_ARCHS = (9, 10)
 
 #: cuDNN quantizes dS = P (dP - D) softmax_scale with scale_dP, and its amax_dP output is that tensor's
 #: amax (measured on the H200 with cuDNN 9.19: 0.378 and 0.813 where float64 gives 0.358 and 0.815 for
-#: dS softmax_scale, and 59.8 and 54.7 for dP), so dP's scale comes from amax_dP as it is. Before any
-#: amax_dP exists, the provisional scale of a measuring run bounds that tensor by 2 softmax_scale
-#: max |dP| (|dP - D| <= 2 max |dP|, P <= 1).
-def ds_amax_factor(softmax_scale: float) -> float:
-    """The factor from cuDNN's amax_dP output to the amax that dS's E4M3 scale is chosen for."""
-    return 1.0
-
-
+#: dS softmax_scale, and 59.8 and 54.7 for dP), so dP's scale comes from amax_dP as every other scale
+#: from its amax. Before any amax_dP exists, the provisional scale of a measuring run bounds that
+#: tensor by 2 softmax_scale max |dP| (|dP - D| <= 2 max |dP|, P <= 1).
 def ds_bound_factor(softmax_scale: float) -> float:
     """The factor from a bound of |dP| to a bound of the tensor quantized with scale_dP."""
     return 2.0 * softmax_scale
@@ -374,16 +369,15 @@ def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Te
     if dout.shape != (geo.layout_q.tokens, key.heads, key.head_dim):
         raise ValueError(f"cudnn-fp8: dO has shape {tuple(dout.shape)}, the output {(geo.layout_q.tokens, key.heads)}")
     assert BACKWARD_MEASURED == ("do", *_GRAD_ROLES)
-    ds_factor = ds_amax_factor(key.softmax_scale)
 
     measured_do = amax_many([dout]) if state.needs_measurement(("do",)) else None
     measured_grads = state.needs_measurement(_GRAD_ROLES)
     if measured_do is None and not measured_grads:  # every scale from the history
-        ident = ("bwd", device, ds_factor)
+        ident = ("bwd", device)
 
         def make() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             s_do = state.scales(("do",), device)
-            grads = state.scales(_GRAD_ROLES, device, factors={"dp": ds_factor})
+            grads = state.scales(_GRAD_ROLES, device)
             return s_do, _backward_scalars(saved.fwd, s_do, grads)
 
         s_do, sc = run.cached(ident, make, tag=saved.fwd)
@@ -411,7 +405,7 @@ def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Te
                 _backward_scalars(saved.fwd, s_do, torch.cat([prov_dp, torch.ones(3, device=device)]))
             )
             measured = torch.cat([first[6].reshape(1), first[3].reshape(1), first[4].reshape(1), first[5].reshape(1)])
-        grads = state.scales(_GRAD_ROLES, device, measured=measured, factors={"dp": ds_factor})
+        grads = state.scales(_GRAD_ROLES, device, measured=measured)
         sc = _backward_scalars(saved.fwd, s_do, grads)
     dq8, dk8, dv8, amax_dq, amax_dk, amax_dv, amax_dp = cudnn_backward(sc)
     dq = dequantize_e4m3(dq8, sc["descale_dq"], geo.layout_q, geo.cu_q, saved.dtype)

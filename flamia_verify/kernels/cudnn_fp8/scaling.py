@@ -101,7 +101,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -285,7 +285,6 @@ class ScalingState:
         roles: Sequence[str],
         device: torch.device,
         measured: torch.Tensor | None = None,
-        factors: Mapping[str, float] | None = None,
     ) -> torch.Tensor:
         """The scales of ``roles`` for this call, (len(roles),) fp32 on ``device``.
 
@@ -294,8 +293,6 @@ class ScalingState:
         not finite). In delayed mode, roles not yet calibrated are calibrated with them: they become
         the history's first row (and the roles freeze when the recipe says so); the scales then come
         from the window as for every later call.
-        factors: per role, a factor applied to the amax before the scale is taken (dp: ``2 *
-        softmax_scale``, the bound of dS).
         """
         s = _slice(roles)
         if self.mode is ScalingMode.CURRENT:
@@ -316,9 +313,6 @@ class ScalingState:
                         self._frozen[i] = True
             amax = history[:, s].amax(dim=0)  # NaN in the window propagates (torch.amax)
             previous = scale[s]
-        for role, f in (factors or {}).items():
-            j = list(roles).index(role)
-            amax[j : j + 1].mul_(float(f))
         new = scale_policy(amax, previous, self.recipe.margin)
         if self.mode is ScalingMode.DELAYED:
             assert self._scale is not None
