@@ -18,6 +18,7 @@ from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import make_kernel
 from flamia_verify.properties import list_checks, run_checks
 from flamia_verify.properties.cases import Case, make_inputs
+from flamia_verify.properties.checks.convention import FP16_RANGE
 from flamia_verify.properties.coverage import INVARIANCES, MODEL, features, observe
 from flamia_verify.properties.harness import KernelHarness
 
@@ -90,6 +91,38 @@ def test_strided_layouts_pass_the_same_values_and_gradients(layout, lk):
     for t in ("out", "dq", "dk", "dv"):
         assert torch.equal(getattr(a, t), getattr(b, t)), t
     assert not h.modifications
+
+
+def test_strided_cu_seqlens_are_views_of_the_same_values():
+    seen = []
+
+    def spy(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+        seen.append((cu_q.is_contiguous(), cu_k.is_contiguous(), cu_q.storage_offset(), cu_q.tolist(), cu_k.tolist()))
+        return make_kernel(DESIGNS["flamia-mxfp8"])(
+            q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal
+        )
+
+    h = KernelHarness(spy)
+    base = Case((40, 0, 7), (50, 3, 7), heads=6, heads_k=2, seed=3)
+    a = h.call(make_inputs(base))
+    inp = make_inputs(base.with_(call=(("cu_layout", "strided"),)))
+    b = h.call(inp)
+    assert seen[0] == (True, True, 0, [0, 40, 40, 47], [0, 50, 53, 60])
+    assert seen[1] == (False, False, 1, [0, 40, 40, 47], [0, 50, 53, 60])
+    assert "cu_seqlens=strided" in features(inp) and "cu_seqlens=contiguous" in features(make_inputs(base))
+    for t in ("out", "dq", "dk", "dv"):
+        assert torch.equal(getattr(a, t), getattr(b, t)), t
+    assert not h.modifications
+
+
+def test_fp16_range_feature_reads_the_values():
+    base = Case((37, 0, 64, 90), heads=6, heads_k=2, dtype="fp16")
+    assert "values=fp16_range" not in features(make_inputs(base))
+    near = make_inputs(base.with_(overrides=FP16_RANGE))
+    assert "values=fp16_range" in features(near)
+    assert float(near.v.abs().max()) < 4096 and "values=fp16_range" not in features(
+        make_inputs(base.with_(overrides=FP16_RANGE, dtype="bf16"))
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CONVENTION_BUGS))

@@ -169,11 +169,14 @@ class Case:
 #: (each starts 7 rows into a larger buffer: a nonzero storage offset). ``scale_arg`` "value" or
 #: "none" (``softmax_scale=None``, allowed only when the case's scale is the default headdim^-0.5).
 #: ``max_seqlen_pad``: added to the true ``max_seqlen_q`` and ``max_seqlen_k`` (the convention allows
-#: any upper bound).
+#: any upper bound). ``cu_layout`` "contiguous" or "strided" (cu_seqlens_q and cu_seqlens_k as views
+#: with stride 2 and a storage offset of one element into int32 buffers whose other elements are -1,
+#: as a slice of a larger metadata tensor arrives: the same values, so the same bits out).
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
     "max_seqlen_pad": (0,),
+    "cu_layout": ("contiguous", "strided"),
 }
 
 
@@ -314,7 +317,7 @@ def _require_probe_shape(case: Case, what: str, length: int, dim: int) -> None:
 
 
 def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
-    """Structured edits: ``scale_<t>`` multiplies tensor t; ``zero_<t>`` zeroes rows [a, b) of t;
+    """Structured edits: ``scale_<t>`` multiplies tensor t; ``shift_<t>`` adds a value to it; ``zero_<t>`` zeroes rows [a, b) of t;
     ``const_<t>`` sets every row of t to its first row; ``rowconst_<t>`` sets every channel of a row of t
     to that row's first channel; ``fill_<t>`` sets rows [a, b) to a value;
     ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``int_<t>`` rounds t to
@@ -364,9 +367,11 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
     elif kind == "fill":
         a, b, x = value
         t[int(a) : int(b)] = float(x)
+    elif kind == "shift":
+        tensors[name] = t + float(value)
     else:
         raise ConfigError(
-            f"unknown override {key!r}; use scale_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
+            f"unknown override {key!r}; use scale_, shift_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
             "with q, k, v or do, or probe, accprobe"
         )
 

@@ -25,6 +25,8 @@ __all__ = ["Row", "MODEL", "INVARIANCES", "features", "observe", "BIG_PACK_TOKEN
 
 #: the total token count of a call that counts as a realistic pack (tiles, splits and atomics engage)
 BIG_PACK_TOKENS = 4096
+#: fp16's largest finite value
+FP16_MAX = torch.finfo(torch.float16).max
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ MODEL: tuple[Row, ...] = (
     Row("layout", "fused", "views into one fused QKV (or KV) buffer", (_ARG,)),
     Row("layout", "transposed", "views of (H, T, D) storage", (_ARG,)),
     Row("layout", "offset", "views at a nonzero storage offset", (_ARG,)),
+    Row("cu_seqlens", "contiguous", "contiguous cu_seqlens_q and cu_seqlens_k", _BASE),
+    Row(
+        "cu_seqlens", "strided", "cu_seqlens as strided views at a storage offset (slices of larger metadata)", (_ARG,)
+    ),
     Row("max_seqlen", "exact", "max_seqlen_q/k the true maxima", _BASE),
     Row("max_seqlen", "above", "max_seqlen_q/k above the true maxima", (_ARG, "isolation.layout")),
     Row("dtype", "bf16", "bf16 inputs", _BASE),
@@ -142,6 +148,13 @@ MODEL: tuple[Row, ...] = (
     ),
     Row("values", "nonfinite", "a NaN or Inf in q, k, v or dO", ("special.nonfinite", "isolation.nan", "causal.nan")),
     Row("values", "huge", "elements of 1e4 or more", ("isolation.neighbours", "special.magnitudes")),
+    Row(
+        "values",
+        "fp16_range",
+        f"fp16 inputs whose sum of v over a document's keys passes fp16's largest value ({FP16_MAX:g}): an fp16 "
+        "accumulator overflows, the output does not",
+        (_ARG,),
+    ),
 )
 
 #: the invariances of attention the checks state, each with the checks that state it
@@ -215,6 +228,18 @@ def _scale_value(inputs: Inputs) -> str:
     return "default" if c.softmax_scale == c.headdim**-0.5 else "other"
 
 
+def _document_value_sum(inputs: Inputs) -> float:
+    """The largest |sum of v| over one document's keys (per head and channel): what an unnormalised
+    accumulator holds for a row that weighs every key the same."""
+    best, start = 0.0, 0
+    v = torch.nan_to_num(inputs.v.double(), nan=0.0)
+    for n in inputs.case.lens_k:
+        if n:
+            best = max(best, float(v[start : start + n].sum(0).abs().max()))
+        start += n
+    return best
+
+
 def features(inputs: Inputs) -> set[str]:
     """The ``dimension=value`` features of one call (the rows of :data:`MODEL` it exercises)."""
     c = inputs.case
@@ -223,6 +248,7 @@ def features(inputs: Inputs) -> set[str]:
         f"softmax_scale={_scale_value(inputs)}",
         f"layout={c.call_option('layout')}",
         f"max_seqlen={'above' if c.call_option('max_seqlen_pad') else 'exact'}",
+        f"cu_seqlens={c.call_option('cu_layout')}",
         f"dtype={c.dtype}",
         f"causal={'true' if c.causal else 'false'}",
         f"gqa_group={c.heads // c.heads_k}",
@@ -271,6 +297,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("values=nonfinite")
     if any(t.numel() and float(torch.nan_to_num(t.float(), nan=0.0).abs().max()) >= 1e4 for t in tensors):
         out.add("values=huge")
+    if c.dtype == "fp16" and _document_value_sum(inputs) > FP16_MAX:
+        out.add("values=fp16_range")
     return out
 
 

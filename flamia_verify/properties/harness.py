@@ -190,7 +190,8 @@ class KernelHarness:
 
     def _invoke(self, inputs: Inputs, backward: bool, do: torch.Tensor | None):
         q, k, v, grads_of = lay_out(inputs, backward)
-        cu_q, cu_k = inputs.cu_q.clone(), inputs.cu_k.clone()
+        cu_layout = inputs.case.call_option("cu_layout")
+        cu_q, cu_k = (_cu_laid_out(cu, cu_layout) for cu in (inputs.cu_q, inputs.cu_k))
         original_do = inputs.do if do is None else do
         upstream = _laid_out_like(original_do.detach(), inputs.case.call_option("layout"))
         pairs = {
@@ -432,6 +433,16 @@ def _laid_out_like(x: torch.Tensor, layout: str) -> torch.Tensor:
         return x.transpose(0, 1).contiguous().transpose(0, 1)
     pad = torch.zeros((_OFFSET_ROWS,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     return torch.cat([pad, x])[_OFFSET_ROWS:]
+
+
+def _cu_laid_out(cu: torch.Tensor, cu_layout: str) -> torch.Tensor:
+    """A fresh copy of cu_seqlens in the case's ``cu_layout``: contiguous, or every other element of an
+    int32 buffer of -1s starting one element in (stride 2, storage offset 1)."""
+    if cu_layout == "contiguous":
+        return cu.clone()
+    buf = torch.full((2 * cu.numel() + 1,), -1, dtype=cu.dtype, device=cu.device)
+    buf[1::2] = cu
+    return buf[1::2]
 
 
 #: rows before the tensor in the "offset" layout's buffer

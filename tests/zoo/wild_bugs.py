@@ -268,8 +268,9 @@ def _tag(recipe: str, description: str, source: str = "", dimension: str = ""):
 # ----------------------------------------------------------------------------------------------
 
 
-def _doc_tiled(qd, kd, vd, scale, vis, *, tile=128, rescale_acc=True):
-    """Online softmax over key tiles of ``tile`` (FlashAttention's forward loop)."""
+def _doc_tiled(qd, kd, vd, scale, vis, *, tile=128, rescale_acc=True, acc_round=None):
+    """Online softmax over key tiles of ``tile`` (FlashAttention's forward loop); ``acc_round`` rounds the
+    unnormalised output accumulator after every tile (a narrower accumulator)."""
     h, lq, d = qd.shape[1], qd.shape[0], qd.shape[2]
     lk = kd.shape[0]
     m = torch.full((h, lq, 1), -_INF, dtype=qd.dtype, device=qd.device)
@@ -286,6 +287,8 @@ def _doc_tiled(qd, kd, vd, scale, vis, *, tile=128, rescale_acc=True):
         lsum = lsum * alpha + p.sum(-1, keepdim=True)
         pv = _pv(p, vd[t0:t1], vis[:, t0:t1], plain=False)
         acc = (acc * alpha if rescale_acc else acc) + pv
+        if acc_round is not None:
+            acc = acc_round(acc)
         m = m_new
     ok = lsum != 0
     o = torch.where(ok, acc / torch.where(ok, lsum, torch.ones((), dtype=lsum.dtype)), torch.zeros((), dtype=acc.dtype))
@@ -1198,6 +1201,35 @@ def _scale_zero_means_default(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=N
     return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
 
 
+@_bug(
+    "cu_seqlens_raw_pointer",
+    "bf16",
+    "cu_seqlens_q and cu_seqlens_k are handed to the kernel as raw pointers without .contiguous(): a view "
+    "with a stride (a slice of a larger metadata tensor) is read as if its elements were adjacent.",
+    "Launchers that pass tensor.data_ptr() for int32 metadata and check only the dtype and the device.",
+    "cu_seqlens as a strided view",
+)
+def _cu_seqlens_raw_pointer(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    cu_q, cu_k = _as_if_contiguous(cu_q), _as_if_contiguous(cu_k)
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+@_bug(
+    "fp16_output_accumulator",
+    "bf16",
+    "For fp16 inputs the unnormalised output accumulator of the online softmax is kept in fp16 between key "
+    "tiles of 64; rows whose sum of p * v passes 65504 become inf although the normalised output is small.",
+    "fp16 accumulation options of attention kernels (half-precision PV accumulators for speed).",
+    "fp16 inputs near the top of fp16's range",
+)
+def _fp16_output_accumulator(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    def half(acc):
+        return acc.to(torch.float16).to(acc.dtype)
+
+    kw = {"doc_fn": _doc_tiled, "tile": 64, "acc_round": half if q.dtype == torch.float16 else None}
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, **kw)
+
+
 # ----------------------------------------------------------------------------------------------
 # correct kernels
 # ----------------------------------------------------------------------------------------------
@@ -1639,6 +1671,26 @@ def _demo_key_cap(fn):
     return _check_out(fn, case)
 
 
+def _demo_cu_strided(fn):
+    case = make_case([5, 11], [9, 4])
+    for side in ("cu_q", "cu_k"):
+        buf = torch.full((2 * case[side].numel() + 1,), -1, dtype=torch.int32)
+        buf[1::2] = case[side]
+        case[side] = buf[1::2]
+    try:
+        return "cu_seqlens as stride-2 views: " + _check_out(fn, case)
+    except RuntimeError as exc:  # the -1s between the offsets make a nonsense packing
+        return f"cu_seqlens as stride-2 views: the kernel raises ({str(exc).splitlines()[0]})"
+
+
+def _demo_fp16_accumulator(fn):
+    case = make_case([90], dtype=torch.float16)
+    with torch.no_grad():
+        case["q"].mul_(2.0**-9)
+        case["v"].mul_(2.0**8).add_(2.0**11)
+    return "fp16, near-uniform weights over v about 2048: " + _check_out(fn, case)
+
+
 _DEMOS: dict[str, Callable[[Callable], str]] = {
     "scale_default_from_nheads": lambda fn: _check_out(fn, make_case([16, 16], scale=None)),
     "bwd_scale_none_is_one": lambda fn: _check_grad(fn, make_case([16, 16], scale=None)),
@@ -1685,6 +1737,8 @@ _DEMOS: dict[str, Callable[[Callable], str]] = {
     "key_loop_capped_at_4096": lambda fn: _demo_key_cap(fn),
     "lse_zero_for_rows_without_keys": lambda fn: _check_lse(fn, make_case([3, 3], [4, 0])),
     "scale_zero_means_default": lambda fn: _check_out(fn, make_case([8, 8], scale=0.0)),
+    "cu_seqlens_raw_pointer": _demo_cu_strided,
+    "fp16_output_accumulator": _demo_fp16_accumulator,
 }
 
 

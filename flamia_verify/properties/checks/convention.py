@@ -4,10 +4,13 @@
                           q, k, v as views into one fused QKV buffer (k, v into one KV buffer when
                           the lengths differ), as views of transposed (H, T, D) storage, at a nonzero
                           storage offset; softmax_scale=None for the default scale; max_seqlen_q and
-                          max_seqlen_k above the true maxima; the other input dtype (bf16 <-> fp16).
-                          Every result within the recipe's a-priori bound; the max_seqlen calls
-                          bitwise equal to the call with the true maxima (max_seqlen is an upper bound
-                          for sizing a launch, never an input of the arithmetic)
+                          max_seqlen_k above the true maxima; cu_seqlens_q and cu_seqlens_k as
+                          strided views at an offset; the other input dtype (bf16 <-> fp16); fp16
+                          near the top of its range (row sums of p * v past 65,504, the output not).
+                          Every result within the recipe's a-priori bound; the max_seqlen and
+                          cu_seqlens calls bitwise equal to the plain call (max_seqlen is an upper
+                          bound for sizing a launch, never an input of the arithmetic; cu_seqlens'
+                          layout is not its value)
     interface.lse         a kernel returning (out, lse, ...) with lse of FlashAttention's shape
                           (nheads, total_q): lse within the a-priori bound of the natural-log
                           log-sum-exp of the scaled scores, for every row that sees a key; -inf or
@@ -33,12 +36,16 @@ from flamia_verify.properties.helpers import bound_report, bounds_for, case_reco
 from flamia_verify.properties.registry import register
 from flamia_verify.settings import DTYPES
 
-__all__ = ["argument_cases", "LAYOUTS", "MAX_SEQLEN_PADS"]
+__all__ = ["argument_cases", "LAYOUTS", "MAX_SEQLEN_PADS", "FP16_RANGE"]
 
 #: the strided layouts of interface.arguments (see ``CALL_KEYS``)
 LAYOUTS = ("fused", "transposed", "offset")
 #: added to max_seqlen_q and max_seqlen_k: a little, and past every tile or split threshold
 MAX_SEQLEN_PADS = (5, 3000)
+#: fp16 at the top of its range: near-uniform weights (q x 2^-9) over values of about 2^11 +- 2^8, so
+#: that a row's unnormalised sum of p * v (up to 90 keys x 2^11 = 184,320) passes fp16's largest finite
+#: value (65,504) while the output (about 2^11) and an fp32 accumulator are far from it
+FP16_RANGE = (("scale_q", 2.0**-9), ("scale_v", 2.0**8), ("shift_v", 2.0**11))
 
 
 def argument_cases(ctx) -> list[Case]:
@@ -84,15 +91,21 @@ def _other_dtype(name: str) -> str:
 
 @register(
     "interface.arguments",
-    "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None "
-    "and with max_seqlen above the true maximum, and in the other input dtype: within the recipe's "
-    "bound, and bitwise unchanged by max_seqlen",
-    defaults=lambda recipe, dtype: {"violations": 0, "max_seqlen_mismatches": 0, "failed_calls": 0},
+    "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
+    "with max_seqlen above the true maximum, with strided cu_seqlens views, in the other input dtype "
+    "and in fp16 near the top of its range: within the recipe's bound, and bitwise unchanged by max_seqlen "
+    "and by the cu_seqlens layout",
+    defaults=lambda recipe, dtype: {
+        "violations": 0,
+        "max_seqlen_mismatches": 0,
+        "cu_seqlens_mismatches": 0,
+        "failed_calls": 0,
+    },
     cost=1.5,
 )
 def arguments(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
-    violations, seqlen_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0
+    violations, seqlen_mismatches, cu_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0, 0
     first, declined = None, ""
     bases = argument_cases(ctx)
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
@@ -100,6 +113,7 @@ def arguments(ctx):
     ]
     jobs += [(base, (("scale_arg", "none"),)) for base in bases]
     jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
+    jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
     # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
     jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     for n, (base, call) in enumerate(jobs):
@@ -115,12 +129,16 @@ def arguments(ctx):
                 )
             continue
         ref_run = ctx.run(base)
-        key = call[0][0]
-        if key == "max_seqlen_pad":
+        key, value = call[0]
+        if key in ("max_seqlen_pad", "cu_layout"):  # the same numbers handed over: the same bits
+            what = f"with max_seqlen + {value}" if key == "max_seqlen_pad" else "with strided cu_seqlens views"
             for t, x in res.tensors().items():
-                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} with max_seqlen + {call[0][1]}")
+                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {what}")
                 if not m.ok:
-                    seqlen_mismatches += m.mismatched
+                    if key == "max_seqlen_pad":
+                        seqlen_mismatches += m.mismatched
+                    else:
+                        cu_mismatches += m.mismatched
                     if first is None:
                         first = case_record(case, tensor=t, mismatch=m.to_dict(), summary=m.summary())
         else:
@@ -149,23 +167,44 @@ def arguments(ctx):
         violations += metrics["violations"] + int(bad_dtype)
         if worst is not None and first is None:
             first = dict(worst, dtype=other)
+    # fp16 near the top of its range (in whichever of the two dtypes is fp16, unless it was declined):
+    # the sums an fp16 accumulator would hold overflow, the result does not
+    fp16_ctx = ctx if ctx.dtype_str == "fp16" else other_ctx if not declined else None
+    if fp16_ctx is not None:
+        case = bases[0].with_(dtype="fp16", overrides=FP16_RANGE)
+        calls += 1
+        try:
+            fp16_ctx.run(case)
+        except KernelCallError as err:
+            failed += 1
+            if first is None:
+                first = case_record(case, summary=f"the kernel raised on {case.describe()}: {err.summary}")
+        else:
+            metrics, worst = _bound_of(fp16_ctx, case, tensors)
+            violations += metrics["violations"]
+            if worst is not None and first is None:
+                first = dict(worst, dtype="fp16", values="fp16 range (v about 2^11, near-uniform weights)")
     ctx.progress(1.0)
     metrics = {
         "violations": violations,
         "max_seqlen_mismatches": seqlen_mismatches,
+        "cu_seqlens_mismatches": cu_mismatches,
         "failed_calls": failed,
         "strided_bitwise_changes": layout_mismatches,
         "calls": calls,
     }
     ok = (
         f"{calls} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
-        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, {other}) within the bound; max_seqlen changes no bit"
+        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, {other}"
+        f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen and the "
+        "cu_seqlens layout change no bit"
     )
     if declined:
         ok += f"; {declined}"
     if layout_mismatches:
         ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
-    failures = [first["summary"]] if first and (violations or seqlen_mismatches or failed) else []
+    bad = violations or seqlen_mismatches or cu_mismatches or failed
+    failures = [first["summary"]] if first and bad else []
     return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
 
 
