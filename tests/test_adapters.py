@@ -341,3 +341,15 @@ def test_one_key_as_two_copies_gives_the_one_key_attention(causal):
     docs = [(1, 1), (3, 1), (5, 5), (2, 1)] if causal else [(1, 1), (4, 1), (5, 7)]
     for heads, kv_heads in HEADS:
         check_against_reference(kernel, docs, heads, kv_heads, causal=causal, scale=0.3, name=f"one key H{heads}")
+
+
+def test_a_report_names_the_versions_of_the_libraries_an_adapter_wraps():
+    from flamia_verify.properties.engine import environment
+
+    assert "kernel_libraries" not in environment("cpu", load_kernel("sdpa-math").fn)
+    versions = ADAPTERS["sage"].library_versions()
+    assert set(versions) == {"sageattention"}
+    fn = lambda *a, **k: None  # noqa: E731
+    fn.libraries = {"sageattention": "1.0.6"}
+    assert environment("cpu", fn)["kernel_libraries"] == {"sageattention": "1.0.6"}
+    assert set(ADAPTERS["cudnn-fp8"].library_versions()) == {"nvidia-cudnn-frontend", "cudnn-runtime"}

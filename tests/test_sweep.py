@@ -98,6 +98,24 @@ def test_a_key_changes_with_the_kernel_source_and_nothing_else(tmp_path):
     assert case_key(case) != first
 
 
+def test_an_adapters_key_changes_with_the_version_of_the_library_it_wraps(tmp_path, monkeypatch):
+    import importlib.metadata
+
+    path = _write(tmp_path, '[sweep]\nkernels = ["flash-attn", "sdpa-math"]\ndevice = "cpu"\n')
+    flash, sdpa = load_sweep(path).cases
+    keys = case_key(flash), case_key(sdpa)
+    real = importlib.metadata.version
+
+    def newer(dist):
+        if dist == "flash-attn":
+            return "9.9.9"
+        return real(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", newer)
+    assert case_key(flash) != keys[0]
+    assert case_key(sdpa) == keys[1]
+
+
 def test_shards_partition_the_matrix():
     keys = [f"{i:032x}" for i in range(0, 10_000, 37)]
     for n in (1, 2, 3, 7):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import re
 import warnings
@@ -64,10 +65,27 @@ class Adapter:
     limits: str  # what it cannot do
     probe: Callable[[], str | None]  # None: available here; else the reason in one line
     build: Callable[[], Callable[..., Any]]  # the kernel function (called only when available)
+    #: the distributions whose code the kernel runs besides torch and Triton (their versions go into
+    #: the report's environment and into a sweep's cache key)
+    libraries: tuple[str, ...] = ()
 
     @property
     def description(self) -> str:
         return f"{self.wraps}; {'forward-only; ' if self.forward_only else ''}limits: {self.limits}"
+
+    def library_versions(self) -> dict[str, str | None]:
+        """The installed version of each of :attr:`libraries` (None where it is not installed), and
+        the cuDNN runtime torch loads when the adapter calls cuDNN."""
+        versions: dict[str, str | None] = {}
+        for dist in self.libraries:
+            try:
+                versions[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                versions[dist] = None
+        if "cudnn" in self.name:
+            runtime = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+            versions["cudnn-runtime"] = None if runtime is None else str(runtime)
+        return versions
 
     def unavailable(self) -> str | None:
         """None when the adapter can be loaded here, else why not (one line)."""
@@ -90,6 +108,7 @@ class Adapter:
         fn.recipe = self.recipe  # type: ignore[attr-defined]  # read by the loader (kernels.metadata)
         fn.forward_only = self.forward_only  # type: ignore[attr-defined]
         fn.adapter = self.name  # type: ignore[attr-defined]
+        fn.libraries = self.library_versions()  # type: ignore[attr-defined]  # read into the report
         return fn
 
 
@@ -612,6 +631,7 @@ ADAPTERS: dict[str, Adapter] = {
             "not run here: flash_attn was installed on neither the CPU nor the GPU machine",
             _first_reason(lambda: _installed("flash_attn"), _needs_cuda("flash_attn has only CUDA kernels")),
             _make_flash_attn,
+            ("flash-attn",),
         ),
         Adapter(
             "sage",
@@ -623,6 +643,7 @@ ADAPTERS: dict[str, Adapter] = {
             "version does them; not run here: sageattention was installed on neither machine",
             _first_reason(lambda: _installed("sageattention"), _needs_cuda("sageattention has only CUDA kernels")),
             _make_sage,
+            ("sageattention",),
         ),
         Adapter(
             "cudnn-fp8",
@@ -635,6 +656,7 @@ ADAPTERS: dict[str, Adapter] = {
             _CUDNN_FP8_LIMITS,
             _cudnn_fp8_probe,
             lambda: _cudnn_fp8("checked_kernel"),
+            ("nvidia-cudnn-frontend",),
         ),
         Adapter(
             "cudnn-fp8-current",
@@ -645,6 +667,7 @@ ADAPTERS: dict[str, Adapter] = {
             _CUDNN_FP8_LIMITS,
             _cudnn_fp8_probe,
             lambda: _cudnn_fp8("current_kernel"),
+            ("nvidia-cudnn-frontend",),
         ),
         Adapter(
             "te-fp8",
@@ -655,6 +678,7 @@ ADAPTERS: dict[str, Adapter] = {
             "no adapter was written: transformer_engine is installed on neither machine to test one against",
             _te_probe,
             _not_built,
+            ("transformer-engine",),
         ),
     )
 }

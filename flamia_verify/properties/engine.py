@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -110,12 +111,14 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def environment(device: str) -> dict:
+def environment(device: str, kernel_fn=None) -> dict:
+    """Where the run happened: versions, device, threads; for an adapter, the versions of the
+    libraries it wraps (``kernel_libraries``)."""
     if device.startswith("cuda") and torch.cuda.is_available():
         dev_name = torch.cuda.get_device_name(torch.device(device))
     else:
         dev_name = platform.processor() or platform.machine() or "cpu"
-    return {
+    env: dict[str, Any] = {
         "flamia_verify": __version__,
         "torch": torch.__version__,
         "triton": _version("triton"),
@@ -126,6 +129,10 @@ def environment(device: str) -> dict:
         "platform": platform.platform(),
         "torch_threads": torch.get_num_threads(),
     }
+    libraries = getattr(kernel_fn, "libraries", None)
+    if libraries:
+        env["kernel_libraries"] = dict(libraries)
+    return env
 
 
 def resolve_kernel(kernel, recipe: str | Recipe | None) -> tuple[LoadedKernel, Recipe]:
@@ -295,7 +302,9 @@ def run_checks(
         case_timeout_s=case_timeout_s,
         forward_only=forward_only,
     )
-    report = Report(kernel=loaded.name, recipe=chosen.name, suite=suite, seed=seed, environment=environment(device))
+    report = Report(
+        kernel=loaded.name, recipe=chosen.name, suite=suite, seed=seed, environment=environment(device, loaded.fn)
+    )
     report.threshold_overrides = override_records(chosen, dtype, suite, thresholds, threshold_source or API_SOURCE)
     report.environment.update(
         dtype=dtype_name(dtype),

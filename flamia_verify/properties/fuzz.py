@@ -142,7 +142,9 @@ def fuzz(
     except FlamiaVerifyError:
         raise
     found, reproducer, n, counts = res.finding, res.reproducer, res.examples, res.counts
-    report = Report(kernel=loaded.name, recipe=chosen.name, suite="fuzz", seed=seed, environment=environment(device))
+    report = Report(
+        kernel=loaded.name, recipe=chosen.name, suite="fuzz", seed=seed, environment=environment(device, loaded.fn)
+    )
     report.environment.update(
         dtype=dtype_name(dtype), backward=ctx.has_backward, examples_requested=examples, examples_drawn=n
     )

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.kernels.adapters import ADAPTERS
 from flamia_verify.settings import CLI_DTYPES, SUITES, check_device, read_toml
 
 __all__ = ["SweepCase", "Sweep", "load_sweep", "speed_shape", "case_key", "shard_of", "parse_shard", "kernel_identity"]
@@ -270,8 +271,9 @@ def tool_identity() -> str:
 
 def kernel_identity(spec: str) -> str:
     """What a kernel's result depends on besides the case: its source bytes where they can be found
-    without running it (a file, a module's file), a distribution's version for an entry point, and
-    the checks' own source for a built-in kernel (which lives in flamia-verify)."""
+    without running it (a file, a module's file), a distribution's version for an entry point, the
+    versions of the libraries an adapter wraps, and the checks' own source for a built-in kernel
+    (which lives in flamia-verify)."""
     head, sep, _ = spec.rpartition(":")
     if sep and (head.endswith(".py") or "/" in head):
         path = Path(head)
@@ -297,6 +299,9 @@ def kernel_identity(spec: str) -> str:
         if ep.name == spec:
             dist = ep.dist
             return f"entry-point:{dist.name if dist else ''}:{dist.version if dist else ''}"
+    if spec in ADAPTERS:  # the library it wraps: a new flash-attn or cuDNN reruns its cases
+        versions = ADAPTERS[spec].library_versions()
+        return f"adapter:{spec}:" + ",".join(f"{k}={v}" for k, v in sorted(versions.items()))
     return "builtin:" + spec
 
 
