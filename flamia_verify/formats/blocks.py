@@ -84,6 +84,7 @@ float64 input); ``x ~= data * scale``. The returned ``scale`` always broadcasts 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -178,16 +179,44 @@ def block_layout(
     ``cu_seqlens[-1]`` to ``length`` form one more segment.
     Returns ``(block_index, nblocks)``: int64 ``(length,)`` on ``device``, and an int.
     """
+    block_index, nblocks = _layout(length, block_size, cu_seqlens, device)
+    return block_index.clone(), nblocks  # the caller's own copy: the cached one is shared
+
+
+def _layout(
+    length: int, block_size: int | None, cu_seqlens: torch.Tensor | None, device: torch.device | str | None
+) -> tuple[torch.Tensor, int]:
+    """``block_layout`` without the copy: its block_index is the cached one, shared by every call
+    with the same arguments, so callers only read it (view, expand, gather), never write it."""
     if block_size is not None:
         _check_block_size(block_size)
-    if cu_seqlens is None:
-        bounds = torch.tensor([0, length], dtype=torch.int64)
-    else:
+    cu: tuple[int, ...] | None = None
+    if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
             raise InputError(f"cu_seqlens must be a 1-D integer tensor (batch + 1,), got {cu_seqlens!r}")
         if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool or cu_seqlens.numel() == 0:
             raise InputError(f"cu_seqlens must be a non-empty integer tensor, got dtype {cu_seqlens.dtype}")
-        cu = cu_seqlens.detach().to("cpu", torch.int64)
+        cu = tuple(cu_seqlens.detach().to("cpu", torch.int64).tolist())
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type != "cpu" and dev.index is None:
+        # "cuda" names whichever device is current when the tensor moves: no cache key
+        block_index, nblocks = _cached_layout(length, block_size, cu, torch.device("cpu"))
+        return block_index.to(dev), nblocks
+    return _cached_layout(length, block_size, cu, dev)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_layout(
+    length: int, block_size: int | None, cu_offsets: tuple[int, ...] | None, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """The layout of ``block_layout``, a pure function of its (hashable) arguments: the length, the
+    block size, the document offsets as a tuple of ints, and the device of the result. Cached: the
+    emulation quantizes the same few layouts thousands of times. A bad ``cu_offsets`` raises (and
+    nothing is cached)."""
+    if cu_offsets is None:
+        bounds = torch.tensor([0, length], dtype=torch.int64)
+    else:
+        cu = torch.tensor(cu_offsets, dtype=torch.int64)
         if int(cu[0]) != 0:
             raise InputError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {int(cu[0])}")
         steps = cu.diff()
@@ -214,30 +243,69 @@ def block_layout(
     return block_index.to(device), int(blocks_per_doc.sum())
 
 
+def _full_block_size(length: int, nblocks: int, block_size: int | None) -> int | None:
+    """The size of every block when all ``nblocks`` blocks of a layout are full, else None.
+
+    A layout cuts the ``length`` positions, in order, into ``nblocks`` blocks of at most
+    ``block_size`` positions (``None``: one block per document). If ``nblocks * block_size ==
+    length`` every block is full and block b holds positions ``[b * block_size, (b + 1) *
+    block_size)``, so a reshape to ``(nblocks, block_size)`` lines the positions up by block; so
+    does a layout of one block (any block size) covering all positions.
+    """
+    if length > 0 and nblocks == 1:
+        return length
+    if block_size is not None and length > 0 and nblocks * block_size == length:
+        return block_size
+    return None
+
+
 def _index_along(block_index: torch.Tensor, axis: int, like: torch.Tensor) -> torch.Tensor:
     shape = [1] * like.dim()
     shape[axis] = block_index.numel()
     return block_index.view(shape).expand_as(like)
 
 
-def _block_amax(a: torch.Tensor, axis: int, block_index: torch.Tensor, nblocks: int) -> torch.Tensor:
-    """max |x| of every block (``a`` is already |x|); NaN propagates; shape: axis -> nblocks."""
+def _block_amax(
+    a: torch.Tensor, axis: int, block_index: torch.Tensor, nblocks: int, block_size: int | None
+) -> torch.Tensor:
+    """max |x| of every block (``a`` is already |x|); NaN propagates; shape: axis -> nblocks.
+
+    block_size: the layout's (None: one block per document). Full blocks are a reshape and an
+    ``amax``; other layouts a ``scatter_reduce`` over block_index (from 0: ``a`` >= 0)."""
+    full = _full_block_size(a.shape[axis], nblocks, block_size)
+    if full is not None:
+        return torch.unflatten(a, axis, (nblocks, full)).amax(dim=axis + 1)
     shape = list(a.shape)
     shape[axis] = nblocks
     out = torch.zeros(shape, dtype=a.dtype, device=a.device)
     return out.scatter_reduce(axis, _index_along(block_index, axis, a), a, reduce="amax", include_self=True)
 
 
+@functools.lru_cache(maxsize=64)
+def _scalar(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor holding ``value``, built once per (value, dtype, device); only read (an operand)."""
+    return torch.tensor(value, dtype=dtype, device=device)
+
+
 def _divide(a: torch.Tensor, divisor: float) -> torch.Tensor:
     """IEEE ``a / divisor`` on every device. CUDA torch turns a division by a Python (CPU) scalar
     into a multiplication by its rounded reciprocal, which differs from the division in the last
     bit (2688 and 6 are no powers of two); a divisor tensor on a's device keeps a true division."""
-    return a / torch.tensor(divisor, dtype=a.dtype, device=a.device)
+    return a / _scalar(divisor, a.dtype, a.device)
 
 
-def _to_positions(per_block: torch.Tensor, axis: int, block_index: torch.Tensor) -> torch.Tensor:
-    """Broadcast per-block values back to every position along ``axis`` (a gather; much faster
-    than index_select along an inner axis)."""
+def _to_positions(
+    per_block: torch.Tensor, axis: int, block_index: torch.Tensor, block_size: int | None
+) -> torch.Tensor:
+    """Broadcast per-block values back to every position along ``axis``: with full blocks (see
+    ``_full_block_size``) each value repeated block_size times, else a gather (much faster than
+    index_select along an inner axis). Either way a contiguous tensor."""
+    nblocks = per_block.shape[axis]
+    full = _full_block_size(block_index.numel(), nblocks, block_size)
+    if full is not None:
+        expanded = list(per_block.shape)
+        expanded.insert(axis + 1, full)
+        return per_block.unsqueeze(axis + 1).expand(expanded).flatten(axis, axis + 1).contiguous()
     shape = list(per_block.shape)
     shape[axis] = block_index.numel()
     view = [1] * per_block.dim()
@@ -254,15 +322,13 @@ def mx_scale_exponent(amax: torch.Tensor, elem: ElementFormat, rule: ScaleRule) 
     exponents (callers mark those blocks NaN). See the module docstring for the derivation.
     """
     mantissa, e = torch.frexp(amax)  # amax = mantissa * 2^e, mantissa in [0.5, 1)
-    floor_log2 = e - 1
-    exponent = floor_log2 - elem.emax
+    exponent = e - (1 + elem.emax)  # floor(log2 amax) - emax, floor(log2 amax) = e - 1
     if rule is ScaleRule.RCEIL:
         c = elem.max_finite / 2.0**elem.emax  # 1.75 or 1.5, exact
-        exponent = exponent + (2.0 * mantissa > c).to(torch.int32)
+        exponent = exponent + (mantissa > c / 2)  # m = 2 * mantissa > c; int32 + bool is int32
     elif rule is not ScaleRule.FLOOR:
         raise InputError(f"unknown scale rule {rule!r}; use ScaleRule.RCEIL or ScaleRule.FLOOR")
-    below = torch.full_like(exponent, C.E8M0_MIN_EXPONENT - 1)
-    return torch.where(amax == 0, below, exponent)
+    return torch.where(amax == 0, C.E8M0_MIN_EXPONENT - 1, exponent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +359,7 @@ class MXTensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``data * 2^(scale exponent)``, exact (a product with a power of two)."""
-        return self.data * _to_positions(self.scale_values(), self.axis, self.block_index)
+        return self.data * _to_positions(self.scale_values(), self.axis, self.block_index, self.block_size)
 
 
 def mx_quantize(
@@ -317,14 +383,20 @@ def mx_quantize(
         raise InputError(f"rule must be a ScaleRule (RCEIL or FLOOR), got {rule!r}")
     ax = _normalize_axis(axis, x.dim())
     xw = x.detach().to(_work_dtype(x))
-    block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
-    amax = _block_amax(xw.abs(), ax, block_index, nblocks)
+    block_index, nblocks = _layout(x.shape[ax], block_size, cu_seqlens, x.device)
+    amax = _block_amax(xw.abs(), ax, block_index, nblocks, block_size)
     scales = e8m0_from_exponent(mx_scale_exponent(amax, elem, rule))
-    scales = torch.where(torch.isfinite(amax), scales, torch.full_like(scales, C.E8M0_NAN_BYTE))
-    scale_at = _to_positions(e8m0_decode(scales), ax, block_index).to(xw.dtype)
+    scales = torch.where(torch.isfinite(amax), scales, C.E8M0_NAN_BYTE)
+    scale_at = _to_positions(e8m0_decode(scales), ax, block_index, block_size).to(xw.dtype)
     data = round_to_format(xw / scale_at, elem, saturate=True)  # power-of-two division: exact
     return MXTensor(
-        data=data, scales=scales, axis=ax, block_size=block_size, elem=elem, rule=rule, block_index=block_index
+        data=data,
+        scales=scales,
+        axis=ax,
+        block_size=block_size,
+        elem=elem,
+        rule=rule,
+        block_index=block_index.clone(),  # the caller's own copy: the cached layout is shared
     )
 
 
@@ -356,7 +428,8 @@ class NVFP4Tensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``(data * block_scale) * global_scale``, two fp32 products in that order."""
-        return (self.data * _to_positions(self.block_scales, self.axis, self.block_index)) * self.global_scale
+        block_scales = _to_positions(self.block_scales, self.axis, self.block_index, self.block_size)
+        return (self.data * block_scales) * self.global_scale
 
 
 def _global_amax_shape(x: torch.Tensor, axis: int, global_amax: torch.Tensor) -> torch.Tensor:
@@ -397,15 +470,20 @@ def nvfp4_quantize(
         amax == 0, torch.ones_like(amax), _divide(amax, C.NVFP4_GLOBAL_DIVISOR).clamp(min=C.FP32_MIN_NORMAL)
     )
     s_global = torch.where(torch.isfinite(amax), s_global, torch.full_like(s_global, math.nan))
-    block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
-    block_amax = _block_amax(a, ax, block_index, nblocks)
+    block_index, nblocks = _layout(x.shape[ax], block_size, cu_seqlens, x.device)
+    block_amax = _block_amax(a, ax, block_index, nblocks, block_size)
     s_block = round_to_format(_divide(block_amax, C.E2M1_MAX) / s_global, UE4M3, saturate=True)
-    s_block = torch.where(torch.isfinite(block_amax), s_block, torch.full_like(s_block, math.nan))
-    denom = _to_positions(s_block, ax, block_index) * s_global
+    s_block = torch.where(torch.isfinite(block_amax), s_block, math.nan)
+    denom = _to_positions(s_block, ax, block_index, block_size) * s_global
     data = round_to_format(xf / denom, E2M1)
     data = torch.where(denom == 0, torch.copysign(torch.zeros_like(xf), xf), data)
     return NVFP4Tensor(
-        data=data, block_scales=s_block, global_scale=s_global, axis=ax, block_size=block_size, block_index=block_index
+        data=data,
+        block_scales=s_block,
+        global_scale=s_global,
+        axis=ax,
+        block_size=block_size,
+        block_index=block_index.clone(),  # the caller's own copy: the cached layout is shared
     )
 
 
@@ -463,9 +541,9 @@ def fp8_row_quantize(
     if cu_seqlens is None:
         scale = _fp8_scale(xw.abs().amax(dim=ax, keepdim=True), elem, power_of_two)
     else:
-        block_index, ndocs = block_layout(x.shape[ax], block_size=None, cu_seqlens=cu_seqlens, device=x.device)
-        per_doc = _fp8_scale(_block_amax(xw.abs(), ax, block_index, ndocs), elem, power_of_two)
-        scale = _to_positions(per_doc, ax, block_index)
+        block_index, ndocs = _layout(x.shape[ax], None, cu_seqlens, x.device)
+        per_doc = _fp8_scale(_block_amax(xw.abs(), ax, block_index, ndocs, None), elem, power_of_two)
+        scale = _to_positions(per_doc, ax, block_index, None)
     return _fp8_apply(xw, scale, elem), scale
 
 
@@ -488,7 +566,7 @@ def fp8_block_quantize(
     _check_block_size(block_size)
     ax = _normalize_axis(axis, x.dim())
     xw = x.detach().to(_work_dtype(x))
-    block_index, nblocks = block_layout(x.shape[ax], block_size=block_size, cu_seqlens=cu_seqlens, device=x.device)
-    per_block = _fp8_scale(_block_amax(xw.abs(), ax, block_index, nblocks), elem, power_of_two=True)
-    scale = _to_positions(per_block, ax, block_index)
+    block_index, nblocks = _layout(x.shape[ax], block_size, cu_seqlens, x.device)
+    per_block = _fp8_scale(_block_amax(xw.abs(), ax, block_index, nblocks, block_size), elem, power_of_two=True)
+    scale = _to_positions(per_block, ax, block_index, block_size)
     return _fp8_apply(xw, scale, elem), scale

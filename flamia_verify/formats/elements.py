@@ -228,7 +228,7 @@ def round_to_format(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = Tru
         overflow_value = math.inf if fmt.has_inf else math.nan
         r = torch.where(r.abs() > fmt.max_finite, torch.copysign(torch.full_like(r, overflow_value), xw), r)
     if not fmt.signed:
-        r = torch.where(xw < 0, torch.full_like(r, 0.0 if saturate else math.nan), r)
+        r = torch.where(xw < 0, 0.0 if saturate else math.nan, r)
         r = r + 0.0  # -0.0 + 0.0 = +0.0: no sign bit
     return r.to(torch.float32)
 
@@ -295,9 +295,15 @@ def decode(codes: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
     """
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
         raise TypeError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
-    table = torch.tensor(_decode_table(fmt), dtype=torch.float32, device=codes.device)
     index = (codes & ((1 << fmt.code_bits) - 1)).to(torch.int64)
-    return table[index]
+    return _decode_table_tensor(fmt, codes.device)[index]
+
+
+@functools.cache
+def _decode_table_tensor(fmt: ElementFormat, device: torch.device) -> torch.Tensor:
+    """``_decode_table(fmt)`` as a float32 tensor on ``device``, built once per format and device.
+    Shared by every call: it is only ever indexed (the result is a new tensor), never handed out."""
+    return torch.tensor(_decode_table(fmt), dtype=torch.float32, device=device)
 
 
 @functools.cache
@@ -313,8 +319,14 @@ def e8m0_decode(b: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8:
         raise TypeError(f"E8M0 bytes must be a uint8 tensor, got {getattr(b, 'dtype', type(b).__name__)}")
-    table = torch.tensor(_e8m0_table(), dtype=torch.float32, device=b.device)
-    return table[b.to(torch.int64)]
+    return _e8m0_table_tensor(b.device)[b.to(torch.int64)]
+
+
+@functools.cache
+def _e8m0_table_tensor(device: torch.device) -> torch.Tensor:
+    """``_e8m0_table()`` as a float32 tensor on ``device``, built once per device. Shared by every
+    call: it is only ever indexed (the result is a new tensor), never handed out."""
+    return torch.tensor(_e8m0_table(), dtype=torch.float32, device=device)
 
 
 def e8m0_from_exponent(e: torch.Tensor) -> torch.Tensor:
