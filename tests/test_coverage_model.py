@@ -76,7 +76,9 @@ def test_features_read_the_call():
         "lengths=lq<lk",
         "document_length=block_edge",
     } <= f
-    assert "heads=odd" not in f and "tokens=>=4096" not in f
+    assert "heads=odd" not in f and "tokens=>=4096" not in f and "requires_grad=all" in f
+    assert "tokens=no_query" not in f and "tokens=no_query" in features(make_inputs(Case((0, 0), (3, 0))))
+    assert "requires_grad=kv" in features(make_inputs(Case((5,), call=(("grad", "kv"),))))
 
 
 @pytest.mark.parametrize("layout", ["fused", "transposed", "offset"])

@@ -38,6 +38,7 @@ from flamia_verify.settings import DTYPES
 
 __all__ = [
     "CALL_KEYS",
+    "GRADS_OF",
     "Case",
     "Inputs",
     "DISTRIBUTIONS",
@@ -105,6 +106,11 @@ class Case:
             object.__setattr__(self, "softmax_scale", self.headdim**-0.5)
         else:
             object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
+        if self.call_option("grad") != "all" and self.call_option("layout") != "contiguous":
+            raise ConfigError(
+                f"call option grad={self.call_option('grad')} needs the contiguous layout, not "
+                f"{self.call_option('layout')}"
+            )
         if self.call_option("scale_arg") == "none" and self.softmax_scale != self.headdim**-0.5:
             raise ConfigError(
                 f"call option scale_arg=none passes softmax_scale=None, which means headdim^-0.5; the case's "
@@ -171,13 +177,18 @@ class Case:
 #: ``max_seqlen_pad``: added to the true ``max_seqlen_q`` and ``max_seqlen_k`` (the convention allows
 #: any upper bound). ``cu_layout`` "contiguous" or "strided" (cu_seqlens_q and cu_seqlens_k as views
 #: with stride 2 and a storage offset of one element into int32 buffers whose other elements are -1,
-#: as a slice of a larger metadata tensor arrives: the same values, so the same bits out).
+#: as a slice of a larger metadata tensor arrives: the same values, so the same bits out). ``grad``:
+#: which inputs require grad in a call with a backward, "all", "q" (frozen keys and values, as a
+#: cache of them is) or "kv" (frozen queries); with the contiguous layout only.
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
     "max_seqlen_pad": (0,),
     "cu_layout": ("contiguous", "strided"),
+    "grad": ("all", "q", "kv"),
 }
+#: the gradients a call with a backward asks for, by its ``grad`` option
+GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}
 
 
 def _check_call(call: tuple) -> tuple:

@@ -58,6 +58,9 @@ MODEL: tuple[Row, ...] = (
     Row(
         "cu_seqlens", "strided", "cu_seqlens as strided views at a storage offset (slices of larger metadata)", (_ARG,)
     ),
+    Row("requires_grad", "all", "q, k and v all require grad", _BASE),
+    Row("requires_grad", "q", "only q requires grad (frozen keys and values, a cache of them)", (_ARG,)),
+    Row("requires_grad", "kv", "only k and v require grad (frozen queries)", (_ARG,)),
     Row("max_seqlen", "exact", "max_seqlen_q/k the true maxima", _BASE),
     Row("max_seqlen", "above", "max_seqlen_q/k above the true maxima", (_ARG, "isolation.layout")),
     Row("dtype", "bf16", "bf16 inputs", _BASE),
@@ -133,6 +136,7 @@ MODEL: tuple[Row, ...] = (
         "long_document", "yes", "a document longer than 512 tokens (every tile)", ("determinism.repeat", "bound.shapes")
     ),
     Row("long_document", "over_4096_keys", "a document with more than 4096 keys (capped tile loops)", (_ARG,)),
+    Row("tokens", "no_query", "a pack without a query (every query document empty; keys or none)", (_ARG,)),
     Row("tokens", ">=4096", f"a call of {BIG_PACK_TOKENS} tokens or more", ("isolation.layout", "determinism.repeat")),
     *(
         Row("distribution", d, f"{d} values", checks)
@@ -249,6 +253,7 @@ def features(inputs: Inputs) -> set[str]:
         f"layout={c.call_option('layout')}",
         f"max_seqlen={'above' if c.call_option('max_seqlen_pad') else 'exact'}",
         f"cu_seqlens={c.call_option('cu_layout')}",
+        f"requires_grad={c.call_option('grad')}",
         f"dtype={c.dtype}",
         f"causal={'true' if c.causal else 'false'}",
         f"gqa_group={c.heads // c.heads_k}",
@@ -290,6 +295,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("long_document=yes")
     if max(lk, default=0) > 4096:
         out.add("long_document=over_4096_keys")
+    if c.total_q == 0:
+        out.add("tokens=no_query")
     if c.total_q >= BIG_PACK_TOKENS:
         out.add("tokens=>=4096")
     tensors = [inputs.q, inputs.k, inputs.v, inputs.do]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
-from flamia_verify.properties.cases import Case, Inputs
+from flamia_verify.properties.cases import GRADS_OF, Case, Inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 
 __all__ = [
@@ -220,11 +220,15 @@ class KernelHarness:
                 grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
                 if backward:
                     stage = "backward"
-                    if out.grad_fn is None and not out.requires_grad:
-                        raise _NoBackward("the output has no grad_fn (forward-only kernel)")
                     pairs["do"] = (upstream, original_do)
-                    out.backward(upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream)
-                    grads = tuple(None if g is None else g.contiguous() for g in grads_of())  # type: ignore[assignment]
+                    if out.grad_fn is None and not out.requires_grad:
+                        if out.numel():
+                            raise _NoBackward("the output has no grad_fn (forward-only kernel)")
+                        # no query: an empty output may stand outside the graph; every gradient is 0
+                        grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in (q, k, v))  # type: ignore[assignment]
+                    else:
+                        out.backward(upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream)
+                        grads = tuple(None if g is None else g.contiguous() for g in grads_of())  # type: ignore[assignment]
             self._audit(inputs.case, stage, pairs, flagged, backward)
             self.audited += 1
             passed = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
@@ -378,8 +382,9 @@ def lay_out(inputs: Inputs, backward: bool):
     ``grads_of()`` reads the gradients of q, k, v after the backward (None where none arrived)."""
     layout = inputs.case.call_option("layout")
     q0, k0, v0 = (x.detach() for x in (inputs.q, inputs.k, inputs.v))
-    if layout == "contiguous":
-        q, k, v = (x.clone().requires_grad_(backward) for x in (q0, k0, v0))
+    if layout == "contiguous":  # with the inputs the case's ``grad`` option names requiring grad
+        wanted = GRADS_OF[inputs.case.call_option("grad")]
+        q, k, v = (x.clone().requires_grad_(backward and g in wanted) for x, g in zip((q0, k0, v0), ("dq", "dk", "dv")))
         return q, k, v, lambda: (_grad_of(q), _grad_of(k), _grad_of(v))
     if layout == "fused":
         hq, hk = q0.shape[1], k0.shape[1]

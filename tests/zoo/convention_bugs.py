@@ -110,9 +110,44 @@ def gqa_modulo(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=
     return _GOOD(q, k[:, idx], v[:, idx], cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
 
 
+class _NoGradOfQ(torch.autograd.Function):
+    """``out``'s values, and a gradient of zeros for q (the backward pass that computes dQ never ran)."""
+
+    @staticmethod
+    def forward(ctx, q, out):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.zeros((g.shape[0],) + g.shape[1:2] + g.shape[2:], dtype=g.dtype), None
+
+
+@_bug("interface.arguments")
+def dq_in_the_dkdv_pass(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The backward accumulates dQ inside the dK/dV pass over key tiles (FlashAttention-2's single
+    loop) and skips that pass when neither k nor v requires grad: with frozen keys and values (a
+    cache of them) dQ arrives as zeros."""
+    if k.requires_grad or v.requires_grad or not q.requires_grad:
+        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    with torch.no_grad():
+        out = _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return _NoGradOfQ.apply(q, out)
+
+
+@_bug("interface.arguments")
+def empty_launch_grid(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The launch grid is cdiv(max_seqlen_q, 128) query tiles per document and head; a pack without
+    queries makes an empty grid, which the launcher rejects (CUDA's "invalid configuration argument")."""
+    if max_q == 0:
+        raise RuntimeError("CUDA error: invalid configuration argument (grid (0, 2, 4))")
+    return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
 CONVENTION_BUGS = {
     f.__name__: f
     for f in (
+        dq_in_the_dkdv_pass,
+        empty_launch_grid,
         scale_none_as_one,
         assumes_contiguous,
         fp16_through_bf16,

@@ -6,8 +6,13 @@
                           storage offset; softmax_scale=None for the default scale; max_seqlen_q and
                           max_seqlen_k above the true maxima; cu_seqlens_q and cu_seqlens_k as
                           strided views at an offset; the other input dtype (bf16 <-> fp16); fp16
-                          near the top of its range (row sums of p * v past 65,504, the output not).
-                          Every result within the recipe's a-priori bound; the max_seqlen and
+                          near the top of its range (row sums of p * v past 65,504, the output not);
+                          only q, or only k and v, requiring grad (each asked-for gradient arrives);
+                          packs with no query (two empty query documents, one against keys) and with
+                          no token.
+                          Every result within the recipe's a-priori bound, and one that differs from
+                          the plain call's (the first two packings) within the error checks' rule
+                          (relative RMSE at most 2 times the rounding model's); the max_seqlen and
                           cu_seqlens calls bitwise equal to the plain call (max_seqlen is an upper
                           bound for sizing a launch, never an input of the arithmetic; cu_seqlens'
                           layout is not its value)
@@ -29,14 +34,16 @@ from dataclasses import replace
 
 import torch
 
-from flamia_verify.properties.cases import Case
+from flamia_verify.properties.cases import GRADS_OF, Case
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError
-from flamia_verify.properties.helpers import bound_report, bounds_for, case_record, verdict
+from flamia_verify.properties.helpers import bound_report, bounds_for, case_record, normalized_error, verdict
+from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
+from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
 from flamia_verify.settings import DTYPES
 
-__all__ = ["argument_cases", "LAYOUTS", "MAX_SEQLEN_PADS", "FP16_RANGE"]
+__all__ = ["argument_cases", "empty_packs", "LAYOUTS", "MAX_SEQLEN_PADS", "FP16_RANGE"]
 
 #: the strided layouts of interface.arguments (see ``CALL_KEYS``)
 LAYOUTS = ("fused", "transposed", "offset")
@@ -74,6 +81,15 @@ def argument_cases(ctx) -> list[Case]:
     ]
 
 
+def empty_packs(ctx) -> list[Case]:
+    """Packs the convention allows that hold no query: two empty query documents against 3 and 0 keys
+    (out is (0, H, D); dK and dV are exactly 0), and a pack of no token at all."""
+    return [
+        ctx.case((0, 0), (3, 0), heads=4, heads_k=2, causal=False, seed_offset=604),
+        ctx.case((0,), heads=4, heads_k=2, causal=True, seed_offset=605),
+    ]
+
+
 def _bound_of(ctx, case: Case, tensors) -> tuple[dict, dict | None]:
     """bound_report's metrics and first violation on one case, without its progress (this check
     reports its own)."""
@@ -85,6 +101,10 @@ def _bound_of(ctx, case: Case, tensors) -> tuple[dict, dict | None]:
     return metrics, worst
 
 
+def _call_words(call) -> str:
+    return ", ".join(f"{k}={v}" for k, v in call) or "the plain call"
+
+
 def _other_dtype(name: str) -> str:
     return "fp16" if name != "fp16" else "bf16"
 
@@ -92,13 +112,15 @@ def _other_dtype(name: str) -> str:
 @register(
     "interface.arguments",
     "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
-    "with max_seqlen above the true maximum, with strided cu_seqlens views, in the other input dtype "
+    "with max_seqlen above the true maximum, with strided cu_seqlens views, with only q or only k, v "
+    "requiring grad, on packs without queries, in the other input dtype "
     "and in fp16 near the top of its range: within the recipe's bound, and bitwise unchanged by max_seqlen "
     "and by the cu_seqlens layout",
     defaults=lambda recipe, dtype: {
         "violations": 0,
         "max_seqlen_mismatches": 0,
         "cu_seqlens_mismatches": 0,
+        "error_violations": 0,
         "failed_calls": 0,
     },
     cost=1.5,
@@ -106,6 +128,7 @@ def _other_dtype(name: str) -> str:
 def arguments(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
     violations, seqlen_mismatches, cu_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0, 0
+    error_violations = 0
     first, declined = None, ""
     bases = argument_cases(ctx)
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
@@ -116,6 +139,10 @@ def arguments(ctx):
     jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
     # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
     jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
+    if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
+        jobs += [(base, (("grad", g),)) for base in bases[:2] for g in ("q", "kv")]
+    # a pack without queries (the second document's keys see none), and one without any token
+    jobs += [(empty, ()) for empty in empty_packs(ctx)]
     for n, (base, call) in enumerate(jobs):
         case = base.with_(call=call)
         calls += 1
@@ -129,7 +156,18 @@ def arguments(ctx):
                 )
             continue
         ref_run = ctx.run(base)
-        key, value = call[0]
+        key, value = call[0] if call else ("", None)
+        if key == "grad":  # every gradient asked for arrives
+            missing = [t for t in GRADS_OF[str(value)] if getattr(res, t) is None]
+            if missing:
+                failed += 1
+                if first is None:
+                    first = case_record(
+                        case,
+                        call=dict(call),
+                        summary=f"with only {'q' if value == 'q' else 'k and v'} requiring grad, "
+                        f"{', '.join(missing)} did not arrive",
+                    )
         if key in ("max_seqlen_pad", "cu_layout"):  # the same numbers handed over: the same bits
             what = f"with max_seqlen + {value}" if key == "max_seqlen_pad" else "with strided cu_seqlens views"
             for t, x in res.tensors().items():
@@ -142,8 +180,24 @@ def arguments(ctx):
                     if first is None:
                         first = case_record(case, tensor=t, mismatch=m.to_dict(), summary=m.summary())
         else:
-            for t, x in res.tensors().items():
-                layout_mismatches += not compare_bitwise(x, ref_run.tensors()[t]).ok
+            changed = [t for t, x in res.tensors().items() if not compare_bitwise(x, ref_run.tensors()[t]).ok]
+            layout_mismatches += len(changed)
+            # another result than the plain call's must be as accurate as the error checks require (the
+            # a-priori bound of a gradient can exceed the gradient itself: a zero dQ can be within it)
+            if changed and base in bases[:2]:
+                for t in changed:
+                    norm = normalized_error(ctx, base, t, rel_rmse(getattr(res, t), getattr(ctx.reference(base), t)))
+                    if norm > ERROR_MODEL_FACTOR:
+                        error_violations += 1
+                        if first is None:
+                            first = case_record(
+                                case,
+                                tensor=t,
+                                call=dict(call),
+                                normalized_error=norm,
+                                summary=f"{t} with {_call_words(call)} has {norm:.3g} times the recipe's expected "
+                                f"error (at most {ERROR_MODEL_FACTOR:g}), unlike the plain call",
+                            )
         metrics, worst = _bound_of(ctx, case, tensors)
         violations += metrics["violations"]
         if worst is not None and first is None:
@@ -189,13 +243,15 @@ def arguments(ctx):
         "violations": violations,
         "max_seqlen_mismatches": seqlen_mismatches,
         "cu_seqlens_mismatches": cu_mismatches,
+        "error_violations": error_violations,
         "failed_calls": failed,
         "strided_bitwise_changes": layout_mismatches,
         "calls": calls,
     }
     ok = (
-        f"{calls} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
-        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, {other}"
+        f"{calls} calls (fused/transposed/offset views, softmax_scale=None and 0, max_seqlen + "
+        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, "
+        f"{'only q or only k, v requiring grad, ' if ctx.has_backward else ''}packs without queries, {other}"
         f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen and the "
         "cu_seqlens layout change no bit"
     )
@@ -203,7 +259,7 @@ def arguments(ctx):
         ok += f"; {declined}"
     if layout_mismatches:
         ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
-    bad = violations or seqlen_mismatches or cu_mismatches or failed
+    bad = violations or seqlen_mismatches or cu_mismatches or error_violations or failed
     failures = [first["summary"]] if first and bad else []
     return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
 
