@@ -33,6 +33,7 @@ the causal-safe split, the sequence rounding, the probabilities) for the duratio
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -249,10 +250,11 @@ def full_block_mask(vis: torch.Tensor, block: int) -> torch.Tensor:
     rows, cols = vis.shape
     if cols == 0 or block <= 0:
         return vis.all(dim=1, keepdim=True).expand(rows, cols) if block <= 0 else vis
-    blk = torch.arange(cols, device=vis.device) // block
-    nblk = int(blk[-1]) + 1
-    counts = torch.zeros(rows, nblk, dtype=torch.int64, device=vis.device)
-    counts.index_add_(1, blk, vis.to(torch.int64))
+    blk = _block_ids(cols, block, vis.device)  # the block of every column
+    nblk = (cols + block - 1) // block
+    pad = nblk * block - cols
+    # visible entries of every row in every block: a row sum per block, the padding columns unseen
+    counts = torch.nn.functional.pad(vis.to(torch.int64), (0, pad)).reshape(rows, nblk, block).sum(dim=-1)
     sizes = torch.bincount(blk, minlength=nblk)
     return (counts == sizes)[:, blk]
 
@@ -331,8 +333,17 @@ def gemm_seq(
     return gemm_q(a_full, b_q) + gemm(a_part, b_hp)
 
 
-def _block_ids(n: int, block: int, device) -> torch.Tensor:
+@functools.lru_cache(maxsize=256)
+def _block_ids(n: int, block: int, device: torch.device) -> torch.Tensor:
+    """``arange(n) // block``: the block of each of n positions. Cached per (n, block, device) and
+    shared by every caller, who only index with it (never write it)."""
     return torch.arange(n, device=device) // block
+
+
+def _per_key(per_block: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """Per-block values (..., nblk) at each of the n keys of their blocks: the values of
+    ``per_block[..., _block_ids(n, block)]``, repeated instead of gathered (faster on the CPU)."""
+    return per_block.repeat_interleave(block, dim=-1)[..., :n]
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
@@ -376,12 +387,11 @@ def pow2_block_elements(s2: torch.Tensor, block: int):
     H, Lq, Lk = s2.shape
     nblk = (Lk + block - 1) // block
     pad = nblk * block - Lk
-    padded = torch.nn.functional.pad(s2, (0, pad), value=-math.inf)
-    mb = torch.ceil(padded.view(H, Lq, nblk, block).amax(dim=-1))  # (H, Lq, nblk), -inf if fully masked
-    ids = _block_ids(Lk, block, s2.device)
-    mb_k = mb[..., ids]
+    padded = torch.nn.functional.pad(s2, (0, pad), value=-math.inf) if pad else s2
+    mb = torch.ceil(padded.reshape(H, Lq, nblk, block).amax(dim=-1))  # (H, Lq, nblk), -inf if fully masked
+    mb_k = _per_key(mb, block, Lk)
     # fully masked blocks (M_b = -inf) give 0; a NaN block maximum (NaN scores) gives NaN
-    arg = torch.where(mb_k != -math.inf, s2 - mb_k + P_POW2_OFFSET, torch.full_like(s2, -math.inf))
+    arg = torch.where(mb_k != -math.inf, s2 - mb_k + P_POW2_OFFSET, -math.inf)
     elem = round_to_format(torch.exp2(arg), E4M3, saturate=True)
     return elem, mb
 
@@ -393,8 +403,7 @@ def recomputed_probabilities(s2, vis, lse2, design: EmulatedDesign):
     if design.p_mode is PMode.POW2_BLOCKS:
         block = design.quant(Operand.P).block
         elem, mb = pow2_block_elements(s2, block)
-        ids = _block_ids(s2.shape[-1], block, s2.device)
-        mb_k = torch.nan_to_num(mb[..., ids], nan=math.nan, neginf=-1000.0)
+        mb_k = _per_key(torch.nan_to_num(mb, nan=math.nan, neginf=-1000.0), block, s2.shape[-1])
         scale = torch.exp2(mb_k - P_POW2_OFFSET - lse_safe[..., None])
         a = elem * scale
     else:
