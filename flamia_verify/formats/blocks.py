@@ -322,9 +322,10 @@ def mx_scale_exponent(amax: torch.Tensor, elem: ElementFormat, rule: ScaleRule) 
     exponents (callers mark those blocks NaN). See the module docstring for the derivation.
     """
     mantissa, e = torch.frexp(amax)  # amax = mantissa * 2^e, mantissa in [0.5, 1)
-    exponent = e - (1 + elem.emax)  # floor(log2 amax) - emax, floor(log2 amax) = e - 1
+    emax = elem.emax
+    exponent = e - (1 + emax)  # floor(log2 amax) - emax, floor(log2 amax) = e - 1
     if rule is ScaleRule.RCEIL:
-        c = elem.max_finite / 2.0**elem.emax  # 1.75 or 1.5, exact
+        c = elem.max_finite / 2.0**emax  # 1.75 or 1.5, exact
         exponent = exponent + (mantissa > c / 2)  # m = 2 * mantissa > c; int32 + bool is int32
     elif rule is not ScaleRule.FLOOR:
         raise InputError(f"unknown scale rule {rule!r}; use ScaleRule.RCEIL or ScaleRule.FLOOR")
