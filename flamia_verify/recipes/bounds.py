@@ -168,10 +168,11 @@ class OperandModel:
         if self.exact_sig is not None:
             mant, _ = torch.frexp(x_abs)  # x = mant * 2^e, mant in [0.5, 1)
             sig = 2 * mant
-            on_grid = (sig * 8 == torch.floor(sig * 8)) & (sig <= self.exact_sig)
+            sig8 = sig * 8
+            on_grid = (sig8 == torch.floor(sig8)) & (sig <= self.exact_sig)
             # x / X >= 2^-6 also when the scale X is clamped at 2^-127: x >= 2^-133
             near_max = (x_abs >= line_max * 2.0**-13) & (x_abs >= 2.0**-133)
-            r = torch.where(on_grid & near_max & (x_abs > 0), torch.zeros_like(r), r)
+            r = torch.where(on_grid & near_max & (x_abs > 0), 0.0, r)
         return r
 
     def describe(self) -> str:
@@ -359,6 +360,7 @@ def attention_bounds(
     q64, k64, v64 = (t.detach().to(dev, f64) for t in (q, k, v))
     H, Hk, Dh = q64.shape[1], k64.shape[1], q64.shape[2]
     group = H // Hk
+    mag = abs(scale)  # the sizes of the score terms: a negative scale flips the scores' sign, not their size
     # tensor-wide maxima (for per-tensor scales)
     tmax = {n: float(t.abs().max()) if t.numel() else 0.0 for n, t in (("q", q64), ("k", k64), ("v", v64))}
     # sequence-direction line maxima: per (head, channel) over every token of the packed tensor
@@ -398,22 +400,24 @@ def attention_bounds(
         vis = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=dev)
         vis = vis.expand(H, lq, lk)
         S = scale * torch.matmul(Q, K.transpose(1, 2))
-        S = torch.where(vis, S, torch.full_like(S, -math.inf))
+        S = torch.where(vis, S, -math.inf)
         row_has = vis.any(-1)  # (H, lq)
         mrow = S.amax(-1, keepdim=True)
-        mrow = torch.where(torch.isfinite(mrow), mrow, torch.zeros_like(mrow))
-        a = torch.where(vis, torch.exp(S - mrow), torch.zeros_like(S))
+        mrow = torch.where(torch.isfinite(mrow), mrow, 0.0)
+        a = torch.where(vis, torch.exp(S - mrow), 0.0)
         L = a.sum(-1, keepdim=True)
         A = a / torch.where(L > 0, L, torch.ones_like(L))
-        Sabs = torch.where(vis, S.abs(), torch.zeros_like(S))
-        delta = scale * (
+        Sabs = torch.where(vis, S.abs(), 0.0)
+        delta = mag * (
             torch.matmul(rQ, aK.transpose(1, 2))
             + torch.matmul(aQ, rK.transpose(1, 2))
             + torch.matmul(rQ, rK.transpose(1, 2))
         )
-        delta = delta + scale * m.gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
-        delta = delta + EXP_SLACK * (1 + Sabs + mrow.abs()) + f
-        delta = torch.where(vis, delta, torch.zeros_like(delta))
+        # (H, lq, lk) sums accumulate in place (delta, like dPerr below, is a fresh tensor)
+        delta += mag * m.gamma(Dh) * torch.matmul(aQ + rQ, (aK + rK).transpose(1, 2))
+        delta += EXP_SLACK * (1 + Sabs + mrow.abs())
+        delta += f
+        delta = torch.where(vis, delta, 0.0)
         dmax = delta.amax(-1, keepdim=True)
         # alpha_P is absolute in the kernel's units of P = exp(S^ - running max) <= 1 (FlashAttention
         # rounds the unnormalized P): at most alpha_P of the row maximum, like eta_gP
@@ -421,28 +425,29 @@ def attention_bounds(
         tau = (mP.eta + mP.eta_g + mP.alpha + f) * torch.exp(dmax)
         n_vis = vis.sum(-1, keepdim=True).to(f64)
         up, ep, em = mP.u + REL32, torch.exp(delta), torch.exp(-delta)
-        N_hi = torch.where(vis, a * ep * (1 + up) + tau, torch.zeros_like(a))
-        N_lo = torch.where(vis, (a * em * (1 - up) - tau).clamp_min(0), torch.zeros_like(a))
+        a_ep, a_em = a * ep, a * em  # shared by the numerator's and the normalizer's bounds
+        N_hi = torch.where(vis, a_ep * (1 + up) + tau, 0.0)
+        N_lo = torch.where(vis, (a_em * (1 - up) - tau).clamp_min(0), 0.0)
         gn = _gamma(lk)
-        D_hi = ((a * ep).sum(-1, keepdim=True) * (1 + up) + n_vis * tau) * (1 + gn)
-        D_lo = ((a * em).sum(-1, keepdim=True) * (1 - up) - n_vis * tau) * (1 - gn)
-        A_hi = torch.where(D_lo > 0, N_hi / D_lo.clamp_min(1e-300), torch.full_like(N_hi, 1 + up))
-        A_hi = torch.minimum(A_hi, torch.full_like(A_hi, 1 + up + tau.amax().item()))
+        D_hi = (a_ep.sum(-1, keepdim=True) * (1 + up) + n_vis * tau) * (1 + gn)
+        D_lo = (a_em.sum(-1, keepdim=True) * (1 - up) - n_vis * tau) * (1 - gn)
+        A_hi = torch.where(D_lo > 0, N_hi / D_lo.clamp_min(1e-300), 1 + up)
+        A_hi = torch.minimum(A_hi, A_hi.new_tensor(1 + up + tau.amax().item()))
         A_lo = N_lo / D_hi
         # lse = m + log(normalizer): the kernel's normalizer (of the scores it computed, rounded P or
         # not) lies in [D_lo, D_hi] in units of exp(m), the exact one is L
         Bl = torch.maximum(torch.log(D_hi / L.clamp_min(1e-300)), torch.log(L / D_lo.clamp_min(1e-300)))
-        Bl = torch.where(D_lo > 0, Bl, torch.full_like(Bl, math.inf)) + REL32 * (1 + mrow.abs())
-        B_lse[q0:q1] = torch.where(row_has, Bl[..., 0], torch.full_like(Bl[..., 0], math.inf)).T
-        E = torch.where(vis, torch.maximum(A_hi - A, A - A_lo).clamp_min(0), torch.zeros_like(A))
+        Bl = torch.where(D_lo > 0, Bl, math.inf) + REL32 * (1 + mrow.abs())
+        B_lse[q0:q1] = torch.where(row_has, Bl[..., 0], math.inf).T
+        E = torch.where(vis, torch.maximum(A_hi - A, A - A_lo).clamp_min(0), 0.0)
         AE = A + E
         Bo = torch.matmul(E, aV) + torch.matmul(AE, rV) + m.gamma(lk) * torch.matmul(AE, aV + rV)
         Bo = Bo * (1 + REL32) + 2 * f  # the normalized result and the output, flushed
         Oref = _heads_first(ref_out[q0:q1].to(f64))
         Bo = Bo + m.u_out * (Oref.abs() + Bo) + m.alpha_out
-        Bo = torch.where(row_has[..., None], Bo, torch.zeros_like(Bo))
+        Bo = torch.where(row_has[..., None], Bo, 0.0)
         B_out[q0:q1] = Bo.permute(1, 0, 2)
-        docs.append((b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref))
+        docs.append((b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, AE, Bo, Oref))
     if not want_grads:
         return BoundResult(B_out, lse=B_lse)
 
@@ -450,7 +455,7 @@ def attention_bounds(
     # pass 2: dS pieces per document, then the global dS maximum (for per-tensor dS scales)
     pieces = []
     ms_max = 0.0
-    for b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref in docs:
+    for b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, AE, Bo, Oref in docs:
         dO = _heads_first(do64[q0:q1])
         adO = dO.abs()
         rdO = m[Operand.DO_HD].rho(adO, adO.amax(-1, keepdim=True), tmax["do"]) + f
@@ -463,26 +468,27 @@ def attention_bounds(
             + torch.matmul(adO, rVh.transpose(1, 2))
             + torch.matmul(rdO, rVh.transpose(1, 2))
         )
-        dPerr = dPerr + m.gamma(Q.shape[-1]) * torch.matmul(adO + rdO, (aV + rVh).transpose(1, 2))
+        dPerr += m.gamma(Q.shape[-1]) * torch.matmul(adO + rdO, (aV + rVh).transpose(1, 2))
         aO = Oref.abs()
         Derr = (adO * Bo).sum(-1, keepdim=True) + (rdO * (aO + Bo)).sum(-1, keepdim=True)
         Derr = Derr + _gamma(Q.shape[-1]) * ((adO + rdO) * (aO + Bo)).sum(-1, keepdim=True)
         G = dPerr + Derr + REL32 * (dP.abs() + Dref.abs()) + 2 * f
         dS = A * g
-        Sig = E * (g.abs() + G) + A * G + REL32 * (A + E) * (g.abs() + G) + 2 * f
-        Sig = torch.where(vis, Sig, torch.zeros_like(Sig))
-        M = dS.abs() + Sig
+        gG = g.abs() + G
+        Sig = E * gG + A * G + REL32 * AE * gG + 2 * f
+        Sig = torch.where(vis, Sig, 0.0)
+        adS = dS.abs()
+        M = adS + Sig
         ms_max = max(ms_max, float(M.max()) if M.numel() else 0.0)
-        pieces.append((dO, adO, g, dS, Sig, M))
-    for doc, (dO, adO, g, dS, Sig, M) in zip(docs, pieces):
-        (b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, Bo, Oref) = doc
-        AE = A + E
+        pieces.append((dO, adO, g, dS, adS, Sig, M))
+    for doc, (dO, adO, g, dS, adS, Sig, M) in zip(docs, pieces):
+        (b, q0, q1, k0, k1, Q, K, V, aQ, aK, aV, rQ, rK, vis, A, E, AE, Bo, Oref) = doc
         lq, lk = Q.shape[1], K.shape[1]
         # dV = P^T dO: P^T blocked along queries (line = column of P), dO along queries
         cdo = colmax_do[:, None, :]
         rdOs = m[Operand.DO_SEQ].rho(adO, cdo, tmax["do"]) + f
         rPT = m[Operand.PT].rho(AE, AE.amax(dim=1, keepdim=True), 1.0 + float(E.max()) if E.numel() else 1.0)
-        rPT = torch.where(vis, rPT + f, torch.zeros_like(rPT))
+        rPT = torch.where(vis, rPT + f, 0.0)
         Bdv = (
             torch.matmul(E.transpose(1, 2), adO)
             + torch.matmul(rPT.transpose(1, 2), adO + rdOs)
@@ -493,18 +499,18 @@ def attention_bounds(
         ck = colmax_k.repeat_interleave(K.shape[0] // colmax_k.shape[0], dim=0)[:, None, :]
         rKs = m[Operand.K_SEQ].rho(aK, ck, tmax["k"]) + f
         rdS = m[Operand.DS].rho(M, M.amax(-1, keepdim=True), ms_max)
-        rdS = torch.where(vis, rdS + f, torch.zeros_like(rdS))
+        rdS = torch.where(vis, rdS + f, 0.0)
         T = Sig + rdS
-        Bdq = scale * (torch.matmul(T, aK + rKs) + torch.matmul(dS.abs(), rKs))
-        Bdq = (Bdq + scale * m.gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32) + 2 * f
+        Bdq = mag * (torch.matmul(T, aK + rKs) + torch.matmul(adS, rKs))
+        Bdq = (Bdq + mag * m.gamma(lk) * torch.matmul(M + rdS, aK + rKs)) * (1 + REL32) + 2 * f
         # dK = s dS^T Q: dS^T blocked along queries (line = column of dS), Q along queries
         cq = colmax_q[:, None, :]
         rQs = m[Operand.Q_SEQ].rho(aQ, cq, tmax["q"]) + f
         rdST = m[Operand.DST].rho(M, M.amax(dim=1, keepdim=True), ms_max)
-        rdST = torch.where(vis, rdST + f, torch.zeros_like(rdST))
+        rdST = torch.where(vis, rdST + f, 0.0)
         TT = Sig + rdST
-        Bdk = scale * (torch.matmul(TT.transpose(1, 2), aQ + rQs) + torch.matmul(dS.abs().transpose(1, 2), rQs))
-        Bdk = (Bdk + scale * m.gamma(lq) * torch.matmul((M + rdST).transpose(1, 2), aQ + rQs)) * (1 + REL32)
+        Bdk = mag * (torch.matmul(TT.transpose(1, 2), aQ + rQs) + torch.matmul(adS.transpose(1, 2), rQs))
+        Bdk = (Bdk + mag * m.gamma(lq) * torch.matmul((M + rdST).transpose(1, 2), aQ + rQs)) * (1 + REL32)
         Bdk = Bdk + 2 * f
         B_dq[q0:q1] = Bdq.permute(1, 0, 2)
         B_dk[k0:k1] = Bdk.permute(1, 0, 2)
