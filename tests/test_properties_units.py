@@ -217,6 +217,30 @@ def test_bound_is_never_violated_by_kernels_of_the_recipe(name, case):
         assert m.ok, f"{name} {t}: {m.summary()}"
 
 
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "fp8"])
+def test_the_bound_of_sign_flipped_queries_and_scale_is_the_bound(recipe):
+    """-q with -softmax_scale is the same attention (dQ changes sign): the same elementwise bounds."""
+    case = Case((40, 0, 25), (33, 0, 25), heads=4, heads_k=2, causal=True, seed=8)
+    inp = make_inputs(case)
+    model = get_recipe(recipe).bound_model(torch.bfloat16)
+    bounds = []
+    for sign in (1.0, -1.0):
+        q = inp.q * sign
+        out, lse = attention_forward(q, inp.k, inp.v, inp.cu_q, inp.cu_k, softmax_scale=sign * case.scale, causal=True)
+        grads = attention_backward(
+            inp.do, q, inp.k, inp.v, out, lse, inp.cu_q, inp.cu_k, softmax_scale=sign * case.scale, causal=True
+        )
+        cu_q, cu_k = inp.cu_q.tolist(), inp.cu_k.tolist()
+        B = attention_bounds(
+            q, inp.k, inp.v, inp.do, cu_q, cu_k, scale=sign * case.scale, causal=True, model=model,
+            ref_out=out, ref_grads=grads,
+        )  # fmt: skip
+        bounds.append(B)
+    for t in ("out", "dq", "dk", "dv"):
+        a, b = getattr(bounds[0], t), getattr(bounds[1], t)
+        assert bool((a > 0).any()) and torch.allclose(a, b, rtol=1e-12, atol=0), t
+
+
 def test_bound_is_tight_where_rounding_is_the_only_error():
     """With q, k on the exact grid and one-hot attention the bound is a few unit roundoffs of V:
     the kernel uses a sizeable part of it (the bound is not vacuous)."""

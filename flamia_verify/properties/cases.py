@@ -179,13 +179,20 @@ class Case:
 #: with stride 2 and a storage offset of one element into int32 buffers whose other elements are -1,
 #: as a slice of a larger metadata tensor arrives: the same values, so the same bits out). ``grad``:
 #: which inputs require grad in a call with a backward, "all", "q" (frozen keys and values, as a
-#: cache of them is) or "kv" (frozen queries); with the contiguous layout only.
+#: cache of them is) or "kv" (frozen queries); with the contiguous layout only. ``grad_mode``: how the
+#: forward runs, "enabled" (a training call, with its backward when the check asks for one),
+#: "no_grad" or "inference" (a forward only, under ``torch.no_grad()`` or ``torch.inference_mode()``,
+#: where kernels take their inference paths). ``out_edit``: "none", or "add" (the caller adds 1 to
+#: the output in place before the backward; autograd must then either refuse or give the gradients
+#: of the unedited call).
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
     "max_seqlen_pad": (0,),
     "cu_layout": ("contiguous", "strided"),
     "grad": ("all", "q", "kv"),
+    "grad_mode": ("enabled", "no_grad", "inference"),
+    "out_edit": ("none", "add"),
 }
 #: the gradients a call with a backward asks for, by its ``grad`` option
 GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}

@@ -50,6 +50,12 @@ MODEL: tuple[Row, ...] = (
     Row("softmax_scale", "other", "a scale other than the default", ("error.out", "bound.out", "bound.grad")),
     Row("softmax_scale", "none", "softmax_scale=None (the kernel must use headdim^-0.5)", (_ARG,)),
     Row("softmax_scale", "zero", "softmax_scale=0.0 (uniform weights; not the default)", (_ARG,)),
+    Row(
+        "softmax_scale",
+        "negative",
+        "a negative softmax_scale (on sign-flipped queries, scores spread past exp's range)",
+        (_ARG,),
+    ),
     Row("layout", "contiguous", "contiguous q, k, v", _BASE),
     Row("layout", "fused", "views into one fused QKV (or KV) buffer", (_ARG,)),
     Row("layout", "transposed", "views of (H, T, D) storage", (_ARG,)),
@@ -61,6 +67,11 @@ MODEL: tuple[Row, ...] = (
     Row("requires_grad", "all", "q, k and v all require grad", _BASE),
     Row("requires_grad", "q", "only q requires grad (frozen keys and values, a cache of them)", (_ARG,)),
     Row("requires_grad", "kv", "only k and v require grad (frozen queries)", (_ARG,)),
+    Row("grad_mode", "enabled", "a training call (forward, and backward when the check asks)", _BASE),
+    Row("grad_mode", "no_grad", "a forward under torch.no_grad() (inference paths)", (_ARG,)),
+    Row("grad_mode", "inference", "a forward under torch.inference_mode()", (_ARG,)),
+    Row("output", "returned", "the output handed to the backward as returned", _BASE),
+    Row("output", "edited_in_place", "the output edited in place before the backward", (_ARG,)),
     Row("max_seqlen", "exact", "max_seqlen_q/k the true maxima", _BASE),
     Row("max_seqlen", "above", "max_seqlen_q/k above the true maxima", (_ARG, "isolation.layout")),
     Row("dtype", "bf16", "bf16 inputs", _BASE),
@@ -94,6 +105,7 @@ MODEL: tuple[Row, ...] = (
             (128, ("error.out", "causal.forward", "bound.shapes", _ARG)),
             (192, ("bound.shapes",)),
             (256, ("bound.shapes",)),
+            (512, ("bound.shapes",)),
         )
     ),
     Row("documents", "1", "one document", ("error.out", "determinism.repeat")),
@@ -218,6 +230,25 @@ INVARIANCES: tuple[Row, ...] = (
         "equivalent calls (views, defaults, upper bounds) agree",
         ("interface.arguments",),
     ),
+    Row(
+        "invariance",
+        "grad_mode",
+        "a forward under no_grad or inference_mode is the training forward (within the bound), and which inputs "
+        "require grad changes none of the gradients asked for",
+        ("interface.arguments",),
+    ),
+    Row(
+        "invariance",
+        "sign_symmetry",
+        "negating q and softmax_scale together is the same attention",
+        ("interface.arguments",),
+    ),
+    Row(
+        "invariance",
+        "edited_output",
+        "an in-place edit of the output before the backward is refused by autograd or changes no gradient",
+        ("interface.arguments",),
+    ),
     Row("invariance", "returned_lse", "a returned log-sum-exp is that of the scores", ("interface.lse",)),
     Row("invariance", "inputs_unmodified", "the kernel never writes into its inputs", ("interface.inputs_unmodified",)),
 )
@@ -229,6 +260,8 @@ def _scale_value(inputs: Inputs) -> str:
         return "none"
     if c.softmax_scale == 0:
         return "zero"
+    if c.scale < 0:
+        return "negative"
     return "default" if c.softmax_scale == c.headdim**-0.5 else "other"
 
 
@@ -254,6 +287,8 @@ def features(inputs: Inputs) -> set[str]:
         f"max_seqlen={'above' if c.call_option('max_seqlen_pad') else 'exact'}",
         f"cu_seqlens={c.call_option('cu_layout')}",
         f"requires_grad={c.call_option('grad')}",
+        f"grad_mode={c.call_option('grad_mode')}",
+        f"output={'edited_in_place' if c.call_option('out_edit') == 'add' else 'returned'}",
         f"dtype={c.dtype}",
         f"causal={'true' if c.causal else 'false'}",
         f"gqa_group={c.heads // c.heads_k}",

@@ -189,6 +189,8 @@ class KernelHarness:
     # -- the call itself ------------------------------------------------------------------
 
     def _invoke(self, inputs: Inputs, backward: bool, do: torch.Tensor | None):
+        grad_mode = inputs.case.call_option("grad_mode")
+        backward = backward and grad_mode == "enabled"  # the other modes are forwards only
         q, k, v, grads_of = lay_out(inputs, backward)
         cu_layout = inputs.case.call_option("cu_layout")
         cu_q, cu_k = (_cu_laid_out(cu, cu_layout) for cu in (inputs.cu_q, inputs.cu_k))
@@ -204,7 +206,14 @@ class KernelHarness:
         flagged: set = set()
         stage = "forward"
         try:
-            with torch.enable_grad() if backward else torch.no_grad():
+            mode = (
+                torch.enable_grad()
+                if backward
+                else torch.inference_mode()
+                if grad_mode == "inference"
+                else torch.no_grad()
+            )
+            with mode:
                 scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
                 result = self.fn(
                     q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=inputs.case.causal
@@ -221,6 +230,8 @@ class KernelHarness:
                 if backward:
                     stage = "backward"
                     pairs["do"] = (upstream, original_do)
+                    if inputs.case.call_option("out_edit") == "add" and out.requires_grad:
+                        out.add_(1.0)  # the caller's in-place edit of the result before its backward
                     if out.grad_fn is None and not out.requires_grad:
                         if out.numel():
                             raise _NoBackward("the output has no grad_fn (forward-only kernel)")

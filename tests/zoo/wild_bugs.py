@@ -1230,6 +1230,146 @@ def _fp16_output_accumulator(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=No
     return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, **kw)
 
 
+def _training(*tensors) -> bool:
+    """Whether the call builds a graph (grad mode on and some input requiring grad)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _doc_rowmax_before_scale(qd, kd, vd, scale, vis):
+    """The running maximum over the raw q.k products, scaled afterwards: for a negative scale that is the
+    row's smallest scaled score."""
+    raw = torch.einsum("qhd,khd->hqk", qd, kd).masked_fill(~vis[None], -_INF)
+    m = scale * raw.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype))
+    s = (scale * torch.einsum("qhd,khd->hqk", qd, kd)).masked_fill(~vis[None], -_INF)
+    p = torch.exp(s - m)
+    lsum = p.sum(-1)
+    o = _pv(p, vd, vis, False)
+    ok = lsum != 0
+    o = torch.where(ok[..., None], o / torch.where(ok, lsum, torch.ones((), dtype=lsum.dtype))[..., None], 0.0)
+    return o.transpose(0, 1), (m[..., 0] + torch.log(lsum)).detach()
+
+
+@_bug(
+    "negative_scale_rowmax_before_scale",
+    "bf16",
+    "The online softmax keeps its running maximum over the raw q.k products and multiplies it by the scale "
+    "(the scale folded into the exp2 argument); with a negative softmax_scale that is the row minimum, so "
+    "exp(s - m) overflows once a row's scores spread over more than about 88.",
+    "Softmax-scale folding into the row maximum in fused attention forward loops.",
+    "a negative softmax_scale with widely spread scores",
+)
+def _negative_scale_rowmax_before_scale(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    kw = {"doc_fn": _doc_rowmax_before_scale} if _scale_of(q, softmax_scale) < 0 else {}
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, **kw)
+
+
+@_bug(
+    "inference_splits_by_sorted_index",
+    "bf16",
+    "The inference path splits each document's keys into splits of 256 after sorting the documents by key "
+    "count, and the combine step reads the split counts by the real document index: a long document after a "
+    "shorter one is combined from the shorter one's splits and loses its later keys. Training calls never split.",
+    "Varlen split-KV schedulers that sort documents by length (virtual vs real batch index in the combine).",
+    "a forward under no_grad with a document of more than 256 keys after a shorter one",
+)
+def _inference_splits_by_sorted_index(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    if _training(q, k, v):
+        return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    ck = cu_k.tolist()
+    lens = [b - a for a, b in zip(ck, ck[1:])]
+    splits = [-(-n // 256) for n in lens]
+    order = sorted(range(len(lens)), key=lambda b: -lens[b])
+    used = {ck[b]: min(splits[b], splits[order[b]]) * 256 for b in range(len(lens))}
+
+    def key_range(k0, k1, total_k):
+        return k0, min(k1, k0 + used.get(k0, k1 - k0))
+
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, key_range=key_range)
+
+
+class _OutAsAttribute(torch.autograd.Function):
+    """Attention whose backward reads D = rowsum(dO * O) from the output it returned, kept as a ctx
+    attribute (not saved for backward): an in-place edit of that output goes unnoticed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
+        out, _ = _attend(q, k, v, cu_q, cu_k, scale, causal)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, cu_q, cu_k)
+        ctx.scale, ctx.causal, ctx.out = scale, causal, out
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, cu_q, cu_k = ctx.saved_tensors
+        h, hk = q.shape[1], k.shape[1]
+        idx = _kv_divide(h, hk)
+        dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float32) for x in (q, k, v))
+        for q0, q1, k0, k1 in _documents(cu_q, cu_k):
+            if q1 <= q0 or k1 <= k0:
+                continue
+            qd, kd, vd = q[q0:q1].float(), k[k0:k1].float()[:, idx], v[k0:k1].float()[:, idx]
+            vis = _visible(q1 - q0, k1 - k0, ctx.causal)
+            s = (torch.einsum("qhd,khd->hqk", qd, kd) * ctx.scale).masked_fill(~vis[None], -_INF)
+            a = torch.where(vis.any(-1)[None, :, None], torch.softmax(s, -1), 0.0)  # rows without keys: 0
+            g, o = do[q0:q1].float(), ctx.out[q0:q1].float()  # the output as it is now
+            dvd = torch.einsum("hqk,qhd->khd", a, g)
+            ds = a * (torch.einsum("qhd,khd->hqk", g, vd) - (g * o).sum(-1).transpose(0, 1)[..., None])
+            dq[q0:q1] = torch.einsum("hqk,khd->qhd", ds, kd) * ctx.scale
+            dkd = torch.einsum("hqk,qhd->khd", ds, qd) * ctx.scale
+            dk[k0:k1] = dkd.reshape(k1 - k0, hk, h // hk, -1).sum(2)
+            dv[k0:k1] = dvd.reshape(k1 - k0, hk, h // hk, -1).sum(2)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+@_bug(
+    "out_kept_as_ctx_attribute",
+    "bf16",
+    "The autograd Function keeps its output as a ctx attribute instead of saving it for backward, so an "
+    "in-place edit of the output before the backward (dropout in place, out.mul_(gate)) is not refused and "
+    "the backward's rowsum(dO * O) reads the edited values.",
+    "Custom autograd Functions that store tensors on ctx to avoid save_for_backward's version checks.",
+    "the output edited in place before the backward",
+)
+def _out_kept_as_ctx_attribute(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    return _OutAsAttribute.apply(q, k, v, cu_q, cu_k, _scale_of(q, softmax_scale), causal)
+
+
+@_bug(
+    "headdim_over_256_math_fallback",
+    "bf16",
+    "Head dims above 256 fall back to an unfused math path that rounds the scores, P and O to the input dtype.",
+    "Fallback paths for head dims beyond the fused kernel's limit that compute in the input dtype.",
+    "head_dim above 256",
+)
+def _headdim_over_256_math_fallback(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    kw = {}
+    if q.shape[-1] > 256:
+
+        def to_input(x):
+            return _ste(x, x.to(q.dtype).to(x.dtype))
+
+        kw = {"raw_score_fn": to_input, "p_round": to_input}
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, **kw)
+
+
+@_bug(
+    "fp16_decode_read_as_bf16",
+    "bf16",
+    "The inference decode path (max_seqlen_q == 1, no gradient) is built for bf16 whatever the inputs are: fp16 "
+    "bits are read as bf16 and the result handed back as fp16 bits.",
+    "Decode kernels whose data type was hard-coded (and left out of their compiled-graph cache key).",
+    "fp16 decode under no_grad",
+)
+def _fp16_decode_read_as_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    if q.dtype != torch.float16 or max_q != 1 or _training(q, k, v):
+        return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    qb, kb, vb = (x.detach().contiguous().view(torch.bfloat16) for x in (q, k, v))
+    out = _base(qb, kb, vb, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return out.contiguous().view(torch.float16)
+
+
 # ----------------------------------------------------------------------------------------------
 # correct kernels
 # ----------------------------------------------------------------------------------------------
@@ -1691,6 +1831,47 @@ def _demo_fp16_accumulator(fn):
     return "fp16, near-uniform weights over v about 2048: " + _check_out(fn, case)
 
 
+def _demo_negative_scale(fn):
+    case = make_case([40], d=64, scale=-(64**-0.5))
+    with torch.no_grad():
+        case["q"].mul_(-32.0)
+    return "softmax_scale < 0 on q x -32: " + _check_out(fn, case)
+
+
+def _demo_inference_splits(fn):
+    case = make_case([100, 600])
+    with torch.no_grad():
+        return "no_grad, documents of 100 then 600 keys: " + _check_out(fn, case)
+
+
+def _demo_out_edit(fn):
+    case = make_case([16, 16], h=4, hk=2)
+    dout = _dout(case)
+    out, _, _ = run_case(fn, case)
+    out.add_(1.0)
+    out.backward(dout)
+    got = [case[n].grad for n in ("q", "k", "v")]
+    _, _, ref = run_reference(case, dout)
+    err = max(_diff(g, r) / max(float(r.abs().max()), 1e-12) for g, r in zip(got, ref))
+    if not err > 0.05:
+        raise AssertionError(f"gradients after out.add_(1) match the float64 reference ({err:.3g})")
+    return f"out.add_(1.0) before the backward: relative gradient error {err:.3g}"
+
+
+def _demo_headdim_512(fn):
+    case = make_case([24, 24], d=512)
+    with torch.no_grad():
+        case["q"].mul_(3.0)
+        case["k"].mul_(3.0)
+    return "head_dim 512: " + _check_out(fn, case, tol=0.01)
+
+
+def _demo_fp16_decode(fn):
+    case = make_case([1, 1], [20, 33], dtype=torch.float16)
+    with torch.no_grad():
+        return "fp16 decode under no_grad: " + _check_out(fn, case)
+
+
 _DEMOS: dict[str, Callable[[Callable], str]] = {
     "scale_default_from_nheads": lambda fn: _check_out(fn, make_case([16, 16], scale=None)),
     "bwd_scale_none_is_one": lambda fn: _check_grad(fn, make_case([16, 16], scale=None)),
@@ -1738,6 +1919,11 @@ _DEMOS: dict[str, Callable[[Callable], str]] = {
     "lse_zero_for_rows_without_keys": lambda fn: _check_lse(fn, make_case([3, 3], [4, 0])),
     "scale_zero_means_default": lambda fn: _check_out(fn, make_case([8, 8], scale=0.0)),
     "cu_seqlens_raw_pointer": _demo_cu_strided,
+    "negative_scale_rowmax_before_scale": _demo_negative_scale,
+    "inference_splits_by_sorted_index": _demo_inference_splits,
+    "out_kept_as_ctx_attribute": _demo_out_edit,
+    "headdim_over_256_math_fallback": _demo_headdim_512,
+    "fp16_decode_read_as_bf16": _demo_fp16_decode,
     "fp16_output_accumulator": _demo_fp16_accumulator,
 }
 

@@ -22,6 +22,7 @@ import math
 import torch
 
 from flamia_verify.properties.cases import Case
+from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.helpers import bias_cases, bound_report, case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import error_stats
 from flamia_verify.properties.registry import register
@@ -177,12 +178,17 @@ def bound_grad(ctx):
     )
 
 
+#: a head_dim past 256, where kernels fall back or refuse (DeepSeek's MLA decode has 512 and 576)
+WIDE_HEADDIM = 512
+
+
 def shape_cases(ctx) -> list[Case]:
     """The shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8 (odd head counts, an
     odd number of kv heads above one; 16 query heads, more than one tile of 8 heads), a non-default
     softmax_scale at a head_dim other than 64 and 128,
     head_dims 80, 96, 192 and 256 (not multiples of 64; 80 and 96 not of 32 either, so an MX block
-    straddles the end of a row), and one causal document longer than every tile (``layout_long``)."""
+    straddles the end of a row) and 512 with peaked rows (a kernel may refuse it: a fallback path must
+    still be right), and one causal document longer than every tile (``layout_long``)."""
     long_len = ctx.settings.layout_long
     return [
         ctx.case(
@@ -195,6 +201,8 @@ def shape_cases(ctx) -> list[Case]:
         ctx.case((30, 21), heads=9, heads_k=3, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
         ctx.case((long_len,), heads=3, heads_k=1, headdim=128, causal=True, seed_offset=1105),
         ctx.case((24, 9), heads=24, heads_k=3, headdim=64, causal=True, seed_offset=1106),
+        # past the fused kernels' 256 (a kernel may refuse it, never compute it otherwise)
+        ctx.case((24, 17), heads=4, heads_k=2, headdim=WIDE_HEADDIM, distribution="peaked", seed_offset=1107),
     ]
 
 
@@ -202,14 +210,22 @@ def shape_cases(ctx) -> list[Case]:
     "bound.shapes",
     "every element of O, dQ, dK, dV within the recipe's bound, and their error within the recipe's error "
     "model, on the shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8, odd kv heads, "
-    "head_dims 80, 96, 192 and 256, a causal document longer than every tile",
+    "head_dims 80, 96, 192, 256 and 512 (which a kernel may refuse), a causal document longer than every tile",
     defaults=lambda recipe, dtype: {"violations": 0, "normalized_error": ERROR_MODEL_FACTOR},
     adjustable=("normalized_error",),
     cost=1.0,
 )
 def bound_shapes(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
-    cases = shape_cases(ctx)
+    cases, refused = [], ""
+    for case in shape_cases(ctx):
+        if case.headdim > 256:  # a head_dim above the common limit may be refused with an error
+            try:
+                ctx.run(case)
+            except KernelCallError as err:
+                refused = f"the kernel refuses head_dim {case.headdim} ({err.summary})"
+                continue
+        cases.append(case)
     metrics, first, details, msg = bound_report(ctx, cases, tensors, inputs_label="shape cases")
     # the rigorous bound takes every rounding at its worst and is loose; the error model (the error
     # family's test, on these shapes) resolves what it leaves, e.g. a scale dropped at one head_dim
@@ -230,6 +246,8 @@ def bound_shapes(ctx):
         summary = f"{t} on {case.describe()}: error {worst_norm:.3g} times the recipe's model"
         first = first or case_record(case, tensor=t, normalized_error=worst_norm, summary=summary)
     msg += f"; error {worst_norm:.3g} of the recipe's model at worst"
+    if refused:
+        msg += f"; {refused}"
     return verdict(
         ctx,
         metrics,

@@ -8,6 +8,10 @@
                           strided views at an offset; the other input dtype (bf16 <-> fp16); fp16
                           near the top of its range (row sums of p * v past 65,504, the output not);
                           only q, or only k and v, requiring grad (each asked-for gradient arrives);
+                          the output edited in place before the backward (autograd refuses, or the
+                          gradients are the unedited call's); forwards under torch.no_grad() and
+                          torch.inference_mode() (both dtypes), where kernels take inference paths; a
+                          negative softmax_scale on sign-flipped queries with widely spread scores;
                           packs with no query (two empty query documents, one against keys) and with
                           no token.
                           Every result within the recipe's a-priori bound, and one that differs from
@@ -53,6 +57,9 @@ MAX_SEQLEN_PADS = (5, 3000)
 #: that a row's unnormalised sum of p * v (up to 90 keys x 2^11 = 184,320) passes fp16's largest finite
 #: value (65,504) while the output (about 2^11) and an fp32 accumulator are far from it
 FP16_RANGE = (("scale_q", 2.0**-9), ("scale_v", 2.0**8), ("shift_v", 2.0**11))
+#: the sign-flipped queries' magnitude in the negative-softmax_scale call: scores of standard deviation
+#: 32, so that a row's scores spread over more than exp's range (about 88 in fp32) before the maximum
+NEG_Q = 32.0
 
 
 def argument_cases(ctx) -> list[Case]:
@@ -101,6 +108,13 @@ def _bound_of(ctx, case: Case, tensors) -> tuple[dict, dict | None]:
     return metrics, worst
 
 
+def _autograd_refused(err: KernelCallError) -> bool:
+    """Whether autograd refused the backward after an in-place edit of the output (what a kernel
+    that saves its output for the backward gets; never a wrong gradient)."""
+    text = str(err.exc).lower()
+    return isinstance(err.exc, RuntimeError) and ("inplace" in text or "in-place" in text)
+
+
 def _call_words(call) -> str:
     return ", ".join(f"{k}={v}" for k, v in call) or "the plain call"
 
@@ -128,7 +142,7 @@ def _other_dtype(name: str) -> str:
 def arguments(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
     violations, seqlen_mismatches, cu_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0, 0
-    error_violations = 0
+    error_violations, refused_edits = 0, 0
     first, declined = None, ""
     bases = argument_cases(ctx)
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
@@ -141,14 +155,26 @@ def arguments(ctx):
     jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
         jobs += [(base, (("grad", g),)) for base in bases[:2] for g in ("q", "kv")]
+        # the caller edits the output in place before the backward
+        jobs += [(base, (("out_edit", "add"),)) for base in bases[:2]]
+    # forwards under torch.no_grad() and torch.inference_mode(), where kernels take inference paths
+    jobs += [(base, (("grad_mode", m),)) for base in bases for m in ("no_grad", "inference")]
+    # a negative softmax_scale with sign-flipped queries: the same attention as scale > 0, with scores
+    # spread over about 150 (a kernel must take its row maximum after the scale)
+    flipped = bases[1].with_(softmax_scale=-bases[1].scale, overrides=bases[1].overrides + (("scale_q", -NEG_Q),))
+    jobs.append((flipped, ()))
     # a pack without queries (the second document's keys see none), and one without any token
     jobs += [(empty, ()) for empty in empty_packs(ctx)]
     for n, (base, call) in enumerate(jobs):
         case = base.with_(call=call)
         calls += 1
+        key, value = call[0] if call else ("", None)
         try:
             res = ctx.run(case)
         except KernelCallError as err:
+            if key == "out_edit" and _autograd_refused(err):
+                refused_edits += 1
+                continue
             failed += 1
             if first is None:
                 first = case_record(
@@ -156,7 +182,10 @@ def arguments(ctx):
                 )
             continue
         ref_run = ctx.run(base)
-        key, value = call[0] if call else ("", None)
+        judged: tuple[str, ...] = tensors
+        if key == "out_edit":  # the output itself was edited: its gradients are what must not change
+            judged = tuple(t for t in tensors if t != "out")
+            res = replace(res, out=ref_run.out)
         if key == "grad":  # every gradient asked for arrives
             missing = [t for t in GRADS_OF[str(value)] if getattr(res, t) is None]
             if missing:
@@ -198,7 +227,7 @@ def arguments(ctx):
                                 summary=f"{t} with {_call_words(call)} has {norm:.3g} times the recipe's expected "
                                 f"error (at most {ERROR_MODEL_FACTOR:g}), unlike the plain call",
                             )
-        metrics, worst = _bound_of(ctx, case, tensors)
+        metrics, worst = _bound_of(ctx, case, judged)
         violations += metrics["violations"]
         if worst is not None and first is None:
             first = dict(worst, call=dict(call))
@@ -206,12 +235,18 @@ def arguments(ctx):
     # the other input dtype: judged by the recipe's bound for that dtype; declining it is allowed
     other = _other_dtype(ctx.dtype_str)
     other_ctx = replace(ctx, dtype=DTYPES[other])
-    for base in bases:
-        case = base.with_(dtype=other)
+    other_jobs = [base.with_(dtype=other) for base in bases]
+    other_jobs += [case.with_(call=(("grad_mode", "no_grad"),)) for case in other_jobs]  # its inference paths
+    for case in other_jobs:
         calls += 1
         try:
             res = other_ctx.run(case)
         except KernelCallError as err:
+            if case.call:  # took the training call and not the forward-only one
+                failed += 1
+                if first is None:
+                    first = case_record(case, summary=f"the kernel raised on {case.describe()}: {err.summary}")
+                continue
             declined = f"the kernel declines {other} inputs ({err.summary})"
             break
         bad_dtype = res.out.dtype not in (DTYPES[other], torch.float32, torch.float64)
@@ -245,13 +280,15 @@ def arguments(ctx):
         "cu_seqlens_mismatches": cu_mismatches,
         "error_violations": error_violations,
         "failed_calls": failed,
+        "refused_output_edits": refused_edits,
         "strided_bitwise_changes": layout_mismatches,
         "calls": calls,
     }
     ok = (
         f"{calls} calls (fused/transposed/offset views, softmax_scale=None and 0, max_seqlen + "
         f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, "
-        f"{'only q or only k, v requiring grad, ' if ctx.has_backward else ''}packs without queries, {other}"
+        f"{'only q or only k, v requiring grad, the output edited in place, ' if ctx.has_backward else ''}"
+        f"no_grad and inference_mode forwards, a negative scale, packs without queries, {other}"
         f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen and the "
         "cu_seqlens layout change no bit"
     )
@@ -259,6 +296,8 @@ def arguments(ctx):
         ok += f"; {declined}"
     if layout_mismatches:
         ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
+    if refused_edits:
+        ok += f"; autograd refuses the backward after an in-place edit of the output ({refused_edits} calls)"
     bad = violations or seqlen_mismatches or cu_mismatches or error_violations or failed
     failures = [first["summary"]] if first and bad else []
     return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
