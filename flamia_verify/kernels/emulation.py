@@ -275,10 +275,12 @@ def _mma_slice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     total = a.new_zeros(a.shape[:-1] + b.shape[-1:])
     for g0 in range(0, a.shape[-1], MMA_GROUP):
         prod = a[..., :, None, g0 : g0 + MMA_GROUP] * b[..., g0 : g0 + MMA_GROUP, :].transpose(-1, -2)[..., None, :, :]
-        big = prod.abs().amax(-1)
+        # the group's largest |product|, max(max p, -min p) (no |prod| tensor); NaN if a product is NaN
+        big = torch.maximum(prod.amax(-1), prod.amin(-1).neg())
         e = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
         grid = torch.exp2(e - MMA_FRACTION_BITS)[..., None]
-        total = total + (torch.trunc(prod / grid) * grid).sum(-1)  # exact: 32 terms below 2^14 steps each
+        # every product cut toward zero to the grid: trunc(prod / grid) * grid, in place in prod
+        total += prod.div_(grid).trunc_().mul_(grid).sum(-1)  # exact: 32 terms below 2^14 steps each
     return total
 
 
