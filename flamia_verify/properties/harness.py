@@ -155,7 +155,7 @@ class KernelHarness:
         self.timeout_s = timeout_s
         self.calls = 0
         self.seconds = 0.0
-        self.audited = 0  # calls whose inputs were compared after the kernel returned
+        self.audited = 0  # calls whose inputs were compared after the kernel returned or raised
         self.modifications: list[Modification] = []
         #: called with the inputs of every call (the coverage model records what each check exercises)
         self.recorder: Callable[[Inputs], None] | None = None
@@ -256,6 +256,7 @@ class KernelHarness:
         except BaseException as exc:  # the kernel's own failure, whatever it is
             if isinstance(exc, Exception):  # it may have written before it raised
                 self._audit(inputs.case, stage, pairs, flagged, backward)
+                self.audited += 1
             exc.__flamia_stage__ = stage  # type: ignore[attr-defined]
             raise
 
