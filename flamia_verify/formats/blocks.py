@@ -282,8 +282,9 @@ def _block_amax(
 
 
 @functools.lru_cache(maxsize=64)
-def _scalar(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 0-d tensor holding ``value``, built once per (value, dtype, device); only read (an operand)."""
+def _divisor(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``_divide``'s divisor as a 0-d tensor, built once per (value, dtype, device) and only read.
+    The divisors are nonzero constants (2688, 6): no -0.0 / 0.0 or NaN keys to tell apart."""
     return torch.tensor(value, dtype=dtype, device=device)
 
 
@@ -291,7 +292,7 @@ def _divide(a: torch.Tensor, divisor: float) -> torch.Tensor:
     """IEEE ``a / divisor`` on every device. CUDA torch turns a division by a Python (CPU) scalar
     into a multiplication by its rounded reciprocal, which differs from the division in the last
     bit (2688 and 6 are no powers of two); a divisor tensor on a's device keeps a true division."""
-    return a / _scalar(divisor, a.dtype, a.device)
+    return a / _divisor(divisor, a.dtype, a.device)
 
 
 def _to_positions(
@@ -326,7 +327,7 @@ def mx_scale_exponent(amax: torch.Tensor, elem: ElementFormat, rule: ScaleRule) 
     exponent = e - (1 + emax)  # floor(log2 amax) - emax, floor(log2 amax) = e - 1
     if rule is ScaleRule.RCEIL:
         c = elem.max_finite / 2.0**emax  # 1.75 or 1.5, exact
-        exponent = exponent + (mantissa > c / 2)  # m = 2 * mantissa > c; int32 + bool is int32
+        exponent = exponent + (mantissa > c / 2)  # m > c, m = 2 * mantissa (exact); int32 + bool is int32
     elif rule is not ScaleRule.FLOOR:
         raise InputError(f"unknown scale rule {rule!r}; use ScaleRule.RCEIL or ScaleRule.FLOOR")
     return torch.where(amax == 0, C.E8M0_MIN_EXPONENT - 1, exponent)

@@ -222,7 +222,7 @@ def round_to_format(x: torch.Tensor, fmt: ElementFormat, *, saturate: bool = Tru
         xw = xw.clamp(-fmt.max_finite, fmt.max_finite)  # NaN passes through clamp unchanged
     # quantum q = 2^(max(floor(log2 |x|), emin) - man_bits); x / q and r * q are exact
     q = binade(xw).clamp_(min=math.ldexp(1.0, fmt.emin)).mul_(math.ldexp(1.0, -fmt.man_bits))
-    r = (xw / q).round_().mul_(q)  # round: ties to even; the sign of zero is kept
+    r = (xw / q).round_().mul_(q)  # torch.round (in place): ties to even; the sign of zero is kept
     if not saturating:
         r = torch.where(torch.isinf(xw), xw, r)  # Inf / Inf gave NaN above
         overflow_value = math.inf if fmt.has_inf else math.nan
