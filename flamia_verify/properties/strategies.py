@@ -10,8 +10,7 @@ value and the fix. Sizes default to what a CPU runs in a fraction of a second.
                          document longer than ``max_tokens`` between short neighbours
     head_configs()       (heads, heads_k) with GQA / MQA ratios (1 < heads_k < heads included)
     call_options()       how the tensors are passed: strided views (fused QKV, transposed, offset),
-                         softmax_scale=None for the default scale, max_seqlen above the maxima,
-                         strided cu_seqlens views
+                         softmax_scale=None for the default scale, max_seqlen above the maxima
     value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked
     attention_cases()    a complete :class:`~flamia_verify.properties.cases.Case`
 
@@ -179,21 +178,15 @@ def head_configs(*, max_heads: int = 4, ratios: Sequence[int] = (1, 2, 4)) -> Se
 
 def call_options(*, default_scale: bool = True) -> SearchStrategy[tuple[tuple[str, object], ...]]:
     """How a case's tensors are handed over (``Case.call``): the layout, softmax_scale=None (only with
-    ``default_scale``, when the case's scale is headdim^-0.5), a max_seqlen above the maxima and
-    strided cu_seqlens views. Shrinks to contiguous tensors, the scale passed and the true maxima."""
+    ``default_scale``, when the case's scale is headdim^-0.5) and a max_seqlen above the maxima.
+    Shrinks to contiguous tensors, the scale passed and the true maxima."""
     layouts = st.sampled_from(CALL_KEYS["layout"])
     scale_args = st.sampled_from(CALL_KEYS["scale_arg"]) if default_scale else st.just("value")
     pads = st.sampled_from((0, 7, 1000))
-    cu_layouts = st.sampled_from(CALL_KEYS["cu_layout"])
 
     @st.composite
     def build(draw):
-        opts = {
-            "layout": draw(layouts),
-            "scale_arg": draw(scale_args),
-            "max_seqlen_pad": draw(pads),
-            "cu_layout": draw(cu_layouts),
-        }
+        opts = {"layout": draw(layouts), "scale_arg": draw(scale_args), "max_seqlen_pad": draw(pads)}
         defaults = {k: v[0] for k, v in CALL_KEYS.items()}
         return tuple((k, v) for k, v in opts.items() if v != defaults[k])
 
