@@ -127,9 +127,10 @@ def _other_dtype(name: str) -> str:
     "interface.arguments",
     "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
     "with max_seqlen above the true maximum, with strided cu_seqlens views, with only q or only k, v "
-    "requiring grad, on packs without queries, in the other input dtype "
-    "and in fp16 near the top of its range: within the recipe's bound, and bitwise unchanged by max_seqlen "
-    "and by the cu_seqlens layout",
+    "requiring grad, with the output edited in place before the backward, under no_grad and "
+    "inference_mode, with a negative softmax_scale on sign-flipped queries, on packs without queries, in "
+    "the other input dtype and in fp16 near the top of its range: within the recipe's bound (and its error "
+    "model where the bits differ), and bitwise unchanged by max_seqlen and by the cu_seqlens layout",
     defaults=lambda recipe, dtype: {
         "violations": 0,
         "max_seqlen_mismatches": 0,
