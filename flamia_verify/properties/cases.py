@@ -111,6 +111,12 @@ class Case:
                 f"call option grad={self.call_option('grad')} needs the contiguous layout, not "
                 f"{self.call_option('layout')}"
             )
+        if self.call_option("backward") == "twice" and self.call_option("layout") != "contiguous":
+            raise ConfigError(
+                f"call option backward=twice needs the contiguous layout, not {self.call_option('layout')}"
+            )
+        if self.call_option("upstream") == "broadcast" and ("const_do", True) not in self.overrides:
+            raise ConfigError("call option upstream=broadcast needs equal rows of dO: add the override const_do")
         if self.call_option("scale_arg") == "none" and self.softmax_scale != self.headdim**-0.5:
             raise ConfigError(
                 f"call option scale_arg=none passes softmax_scale=None, which means headdim^-0.5; the case's "
@@ -184,7 +190,12 @@ class Case:
 #: "no_grad" or "inference" (a forward only, under ``torch.no_grad()`` or ``torch.inference_mode()``,
 #: where kernels take their inference paths). ``out_edit``: "none", or "add" (the caller adds 1 to
 #: the output in place before the backward; autograd must then either refuse or give the gradients
-#: of the unedited call).
+#: of the unedited call). ``backward``: "once", or "twice" (the caller runs the backward with
+#: ``retain_graph=True``, clears the gradients and runs it again on the same graph, as gradient
+#: penalties and some accumulation loops do: the second gradients are the result; with the contiguous
+#: layout only). ``upstream``: "fresh" (dO a tensor of its own, in the case's layout) or "broadcast"
+#: (dO one row expanded over every token, stride 0 along the sequence, as ``(out * w).sum()`` hands it
+#: to the backward; the case's dO must have equal rows: the ``const_do`` override).
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
@@ -193,6 +204,8 @@ CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "grad": ("all", "q", "kv"),
     "grad_mode": ("enabled", "no_grad", "inference"),
     "out_edit": ("none", "add"),
+    "backward": ("once", "twice"),
+    "upstream": ("fresh", "broadcast"),
 }
 #: the gradients a call with a backward asks for, by its ``grad`` option
 GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}

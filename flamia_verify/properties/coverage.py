@@ -72,6 +72,12 @@ MODEL: tuple[Row, ...] = (
     Row("grad_mode", "inference", "a forward under torch.inference_mode()", (_ARG,)),
     Row("output", "returned", "the output handed to the backward as returned", _BASE),
     Row("output", "edited_in_place", "the output edited in place before the backward", (_ARG,)),
+    Row("backward", "once", "one backward per forward", _BASE),
+    Row("backward", "twice", "a second backward through the same graph (retain_graph=True)", (_ARG,)),
+    Row("upstream", "fresh", "dO a tensor of its own (in the layout of q, k, v)", _BASE),
+    Row(
+        "upstream", "broadcast", "dO one row expanded over every token (stride 0), as (out * w).sum() gives it", (_ARG,)
+    ),
     Row("max_seqlen", "exact", "max_seqlen_q/k the true maxima", _BASE),
     Row("max_seqlen", "above", "max_seqlen_q/k above the true maxima", (_ARG, "isolation.layout")),
     Row("dtype", "bf16", "bf16 inputs", _BASE),
@@ -249,6 +255,18 @@ INVARIANCES: tuple[Row, ...] = (
         "an in-place edit of the output before the backward is refused by autograd or changes no gradient",
         ("interface.arguments",),
     ),
+    Row(
+        "invariance",
+        "repeated_backward",
+        "a second backward through one graph gives the gradients of the first (or is refused in words)",
+        ("interface.arguments",),
+    ),
+    Row(
+        "invariance",
+        "upstream_strides",
+        "the gradients depend on dO's values, not on its strides (a broadcast dO of stride 0)",
+        ("interface.arguments",),
+    ),
     Row("invariance", "returned_lse", "a returned log-sum-exp is that of the scores", ("interface.lse",)),
     Row("invariance", "inputs_unmodified", "the kernel never writes into its inputs", ("interface.inputs_unmodified",)),
 )
@@ -289,6 +307,8 @@ def features(inputs: Inputs) -> set[str]:
         f"requires_grad={c.call_option('grad')}",
         f"grad_mode={c.call_option('grad_mode')}",
         f"output={'edited_in_place' if c.call_option('out_edit') == 'add' else 'returned'}",
+        f"backward={c.call_option('backward')}",
+        f"upstream={c.call_option('upstream')}",
         f"dtype={c.dtype}",
         f"causal={'true' if c.causal else 'false'}",
         f"gqa_group={c.heads // c.heads_k}",

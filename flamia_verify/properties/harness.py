@@ -195,7 +195,10 @@ class KernelHarness:
         cu_layout = inputs.case.call_option("cu_layout")
         cu_q, cu_k = (_cu_laid_out(cu, cu_layout) for cu in (inputs.cu_q, inputs.cu_k))
         original_do = inputs.do if do is None else do
-        upstream = _laid_out_like(original_do.detach(), inputs.case.call_option("layout"))
+        if inputs.case.call_option("upstream") == "broadcast":  # one row of dO expanded: stride 0 over tokens
+            upstream = original_do.detach()[:1].clone().expand(original_do.shape)
+        else:
+            upstream = _laid_out_like(original_do.detach(), inputs.case.call_option("layout"))
         pairs = {
             "q": (q, inputs.q),
             "k": (k, inputs.k),
@@ -238,7 +241,12 @@ class KernelHarness:
                         # no query: an empty output may stand outside the graph; every gradient is 0
                         grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in (q, k, v))  # type: ignore[assignment]
                     else:
-                        out.backward(upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream)
+                        up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
+                        if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
+                            out.backward(up, retain_graph=True)
+                            for x in (q, k, v):  # leaves: the layout is contiguous
+                                x.grad = None
+                        out.backward(up)
                         grads = tuple(None if g is None else g.contiguous() for g in grads_of())  # type: ignore[assignment]
             self._audit(inputs.case, stage, pairs, flagged, backward)
             self.audited += 1

@@ -143,9 +143,73 @@ def empty_launch_grid(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, 
     return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
 
 
+class _InnerGraph(torch.autograd.Function):
+    """The emulated flamia-mxfp8 kernel behind an autograd.Function whose backward differentiates an
+    inner graph of the forward (bitwise the plain kernel's gradients), with one defect by ``bug``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call, bug):
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = _GOOD(*leaves, *call[:4], softmax_scale=call[4], causal=call[5])
+        ctx.inner, ctx.leaves, ctx.bug, ctx.accumulated = out, leaves, bug, None
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.bug == "row_stride_from_heads":
+            g = _rows_at_packed_stride(g)
+        grads = list(torch.autograd.grad(ctx.inner, ctx.leaves, g, retain_graph=True))
+        if ctx.bug == "grad_buffers_of_the_forward":
+            if ctx.accumulated is None:
+                ctx.accumulated = [x.clone() for x in grads]
+            else:
+                for acc, x in zip(ctx.accumulated, grads):
+                    acc += x
+            grads = [acc.clone() for acc in ctx.accumulated]
+        return (*grads, None, None)
+
+
+def _rows_at_packed_stride(g: torch.Tensor) -> torch.Tensor:
+    """dO handed to a launcher whose stride arguments take 0 to mean "not given, packed rows": a dO
+    broadcast over the tokens (stride 0, as ``(out * w).sum()`` gives it) is read at the packed row
+    stride, past its one stored row (the memory after it, another allocation, reads as zeros here)."""
+    t, h, d = g.shape
+    if g.stride(0) != 0:
+        return g
+    row = h * g.stride(1)
+    stored = g.as_strided((h * g.stride(1),), (1,), g.storage_offset())
+    flat = torch.zeros(t * row, dtype=g.dtype)
+    flat[: stored.numel()] = stored
+    return flat.as_strided((t, h, d), (row, g.stride(1), g.stride(2)))
+
+
+def _via_inner_graph(bug, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal):
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
+        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return _InnerGraph.apply(q, k, v, (cu_q, cu_k, max_q, max_k, softmax_scale, causal), bug)
+
+
+@_bug("interface.arguments")
+def grad_buffers_of_the_forward(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The gradient buffers are allocated with the forward's saved state and accumulated into by each
+    backward (never cleared): a second backward through one graph (retain_graph=True) returns twice
+    the gradients."""
+    return _via_inner_graph("grad_buffers_of_the_forward", q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
+
+
+@_bug("interface.arguments")
+def row_stride_from_heads(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The backward's launcher takes a stride of 0 for "packed": a dO broadcast over the tokens
+    ((out * w).sum(), stride 0 along them) is read at the packed row stride, past its one stored row."""
+    return _via_inner_graph("row_stride_from_heads", q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
+
+
 CONVENTION_BUGS = {
     f.__name__: f
     for f in (
+        grad_buffers_of_the_forward,
+        row_stride_from_heads,
         dq_in_the_dkdv_pass,
         empty_launch_grid,
         scale_none_as_one,

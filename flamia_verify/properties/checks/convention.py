@@ -115,6 +115,14 @@ def _autograd_refused(err: KernelCallError) -> bool:
     return isinstance(err.exc, RuntimeError) and ("inplace" in text or "in-place" in text)
 
 
+def _second_backward_refused(err: KernelCallError) -> bool:
+    """Whether the kernel (or autograd) refused a second backward through one graph in words that
+    say so (saved state freed after the first): a loud limit, never a wrong gradient. Any other
+    exception there is a failure."""
+    text = str(err.exc).lower()
+    return err.stage == "backward" and any(w in text for w in ("second time", "retain_graph", "already been freed"))
+
+
 def _call_words(call) -> str:
     return ", ".join(f"{k}={v}" for k, v in call) or "the plain call"
 
@@ -127,7 +135,8 @@ def _other_dtype(name: str) -> str:
     "interface.arguments",
     "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
     "with max_seqlen above the true maximum, with strided cu_seqlens views, with only q or only k, v "
-    "requiring grad, with the output edited in place before the backward, under no_grad and "
+    "requiring grad, with the output edited in place before the backward, with the backward run twice on "
+    "one graph, with dO broadcast over the tokens (stride 0), under no_grad and "
     "inference_mode, with a negative softmax_scale on sign-flipped queries, on packs without queries, in "
     "the other input dtype and in fp16 near the top of its range: within the recipe's bound (and its error "
     "model where the bits differ), and bitwise unchanged by max_seqlen and by the cu_seqlens layout",
@@ -143,7 +152,7 @@ def _other_dtype(name: str) -> str:
 def arguments(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
     violations, seqlen_mismatches, cu_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0, 0
-    error_violations, refused_edits = 0, 0
+    error_violations, refused_edits, refused_twice = 0, 0, 0
     first, declined = None, ""
     bases = argument_cases(ctx)
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
@@ -158,6 +167,11 @@ def arguments(ctx):
         jobs += [(base, (("grad", g),)) for base in bases[:2] for g in ("q", "kv")]
         # the caller edits the output in place before the backward
         jobs += [(base, (("out_edit", "add"),)) for base in bases[:2]]
+        # the backward run twice on one graph (retain_graph=True): the second gradients are the first's
+        jobs += [(base, (("backward", "twice"),)) for base in bases[:2]]
+        # dO one row broadcast over every token (stride 0), as (out * w).sum() hands it to the backward
+        equal_rows = bases[0].with_(overrides=bases[0].overrides + (("const_do", True),))
+        jobs.append((equal_rows, (("upstream", "broadcast"),)))
     # forwards under torch.no_grad() and torch.inference_mode(), where kernels take inference paths
     jobs += [(base, (("grad_mode", m),)) for base in bases for m in ("no_grad", "inference")]
     # a negative softmax_scale with sign-flipped queries: the same attention as scale > 0, with scores
@@ -175,6 +189,9 @@ def arguments(ctx):
         except KernelCallError as err:
             if key == "out_edit" and _autograd_refused(err):
                 refused_edits += 1
+                continue
+            if key == "backward" and _second_backward_refused(err):
+                refused_twice += 1
                 continue
             failed += 1
             if first is None:
@@ -214,7 +231,7 @@ def arguments(ctx):
             layout_mismatches += len(changed)
             # another result than the plain call's must be as accurate as the error checks require (the
             # a-priori bound of a gradient can exceed the gradient itself: a zero dQ can be within it)
-            if changed and base in bases[:2]:
+            if changed and (base in bases[:2] or key == "upstream"):
                 for t in changed:
                     norm = normalized_error(ctx, base, t, rel_rmse(getattr(res, t), getattr(ctx.reference(base), t)))
                     if norm > ERROR_MODEL_FACTOR:
@@ -282,13 +299,14 @@ def arguments(ctx):
         "error_violations": error_violations,
         "failed_calls": failed,
         "refused_output_edits": refused_edits,
+        "refused_second_backwards": refused_twice,
         "strided_bitwise_changes": layout_mismatches,
         "calls": calls,
     }
     ok = (
         f"{calls} calls (fused/transposed/offset views, softmax_scale=None and 0, max_seqlen + "
         f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, "
-        f"{'only q or only k, v requiring grad, the output edited in place, ' if ctx.has_backward else ''}"
+        f"{'only q or only k, v requiring grad, the output edited in place, a second backward, a broadcast dO, ' if ctx.has_backward else ''}"
         f"no_grad and inference_mode forwards, a negative scale, packs without queries, {other}"
         f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen and the "
         "cu_seqlens layout change no bit"
@@ -297,6 +315,8 @@ def arguments(ctx):
         ok += f"; {declined}"
     if layout_mismatches:
         ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
+    if refused_twice:
+        ok += f"; the kernel refuses a second backward through one graph ({refused_twice} calls)"
     if refused_edits:
         ok += f"; autograd refuses the backward after an in-place edit of the output ({refused_edits} calls)"
     bad = violations or seqlen_mismatches or cu_mismatches or error_violations or failed
