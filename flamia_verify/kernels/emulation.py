@@ -603,9 +603,12 @@ def overriding(**steps: Callable):
 
 
 class _EmulatedAttention(torch.autograd.Function):
+    # autocast off inside: a caller's torch.autocast would run the emulation's fp32 GEMMs in bf16/fp16
+    # (interface.arguments holds the bits of a call inside autocast to those of the same call outside)
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, design):
-        out, lse2 = forward_pass(design, q, k, v, cu_q, cu_k, scale, causal)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            out, lse2 = forward_pass(design, q, k, v, cu_q, cu_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.scale, ctx.causal, ctx.design = scale, causal, design
         return out
@@ -613,7 +616,8 @@ class _EmulatedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = backward_pass(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            dq, dk, dv = backward_pass(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None, None
 
 

@@ -195,7 +195,10 @@ class Case:
 #: penalties and some accumulation loops do: the second gradients are the result; with the contiguous
 #: layout only). ``upstream``: "fresh" (dO a tensor of its own, in the case's layout) or "broadcast"
 #: (dO one row expanded over every token, stride 0 along the sequence, as ``(out * w).sum()`` hands it
-#: to the backward; the case's dO must have equal rows: the ``const_do`` override).
+#: to the backward; the case's dO must have equal rows: the ``const_do`` override). ``autocast``: "off",
+#: or "on" (the forward runs inside ``torch.autocast`` of the inputs' device and dtype, as a mixed-precision
+#: training step calls it, the backward outside, as PyTorch recommends; the same tensors arrive, so the same
+#: bits must come out: autocast rewrites the caller's ops, not the kernel's).
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
@@ -206,6 +209,7 @@ CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "out_edit": ("none", "add"),
     "backward": ("once", "twice"),
     "upstream": ("fresh", "broadcast"),
+    "autocast": ("off", "on"),
 }
 #: the gradients a call with a backward asks for, by its ``grad`` option
 GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}

@@ -72,6 +72,8 @@ MODEL: tuple[Row, ...] = (
     Row("grad_mode", "inference", "a forward under torch.inference_mode()", (_ARG,)),
     Row("output", "returned", "the output handed to the backward as returned", _BASE),
     Row("output", "edited_in_place", "the output edited in place before the backward", (_ARG,)),
+    Row("autocast", "off", "the forward outside torch.autocast", _BASE),
+    Row("autocast", "on", "the forward inside torch.autocast of the inputs' dtype (a mixed-precision step)", (_ARG,)),
     Row("backward", "once", "one backward per forward", _BASE),
     Row("backward", "twice", "a second backward through the same graph (retain_graph=True)", (_ARG,)),
     Row("upstream", "fresh", "dO a tensor of its own (in the layout of q, k, v)", _BASE),
@@ -257,6 +259,13 @@ INVARIANCES: tuple[Row, ...] = (
     ),
     Row(
         "invariance",
+        "autocast",
+        "a forward inside torch.autocast gives the bits of the same call outside it (autocast rewrites the caller's "
+        "ops, not the kernel's)",
+        ("interface.arguments",),
+    ),
+    Row(
+        "invariance",
         "repeated_backward",
         "a second backward through one graph gives the gradients of the first (or is refused in words)",
         ("interface.arguments",),
@@ -308,6 +317,7 @@ def features(inputs: Inputs) -> set[str]:
         f"grad_mode={c.call_option('grad_mode')}",
         f"output={'edited_in_place' if c.call_option('out_edit') == 'add' else 'returned'}",
         f"backward={c.call_option('backward')}",
+        f"autocast={c.call_option('autocast')}",
         f"upstream={c.call_option('upstream')}",
         f"dtype={c.dtype}",
         f"causal={'true' if c.causal else 'false'}",

@@ -20,6 +20,7 @@ is recorded with the tensor it hit.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -218,9 +219,10 @@ class KernelHarness:
             )
             with mode:
                 scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
-                result = self.fn(
-                    q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=inputs.case.causal
-                )
+                with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
+                    result = self.fn(
+                        q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=inputs.case.causal
+                    )
                 if backward:  # a forward-only call is audited once, below
                     self._audit(inputs.case, "forward", pairs, flagged, backward)
                 tuple_output = isinstance(result, (tuple, list))
@@ -458,6 +460,13 @@ def _laid_out_like(x: torch.Tensor, layout: str) -> torch.Tensor:
         return x.transpose(0, 1).contiguous().transpose(0, 1)
     pad = torch.zeros((_OFFSET_ROWS,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     return torch.cat([pad, x])[_OFFSET_ROWS:]
+
+
+def _autocast(case: Case, q: torch.Tensor):
+    """The case's ``autocast`` context for the forward: torch.autocast of q's device and dtype, or none."""
+    if case.call_option("autocast") == "on":
+        return torch.autocast(device_type=q.device.type, dtype=q.dtype)
+    return contextlib.nullcontext()
 
 
 def _cu_laid_out(cu: torch.Tensor, cu_layout: str) -> torch.Tensor:

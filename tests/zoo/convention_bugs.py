@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from flamia_verify.kernels.designs import DESIGNS
-from flamia_verify.kernels.emulation import make_kernel
+from flamia_verify.kernels.designs import DESIGNS, FLAMIA_MXFP8
+from flamia_verify.kernels.emulation import backward_pass, forward_pass, make_kernel
 from zoo.correct import sdpa_bf16
 
 __all__ = ["CONVENTION_BUGS"]
@@ -205,9 +205,36 @@ def row_stride_from_heads(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=No
     return _via_inner_graph("row_stride_from_heads", q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
 
 
+class _Unguarded(torch.autograd.Function):
+    """The flamia-mxfp8 emulation's forward and backward passes in an autograd.Function that leaves the
+    caller's autocast on."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):
+        out, lse2 = forward_pass(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = backward_pass(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None
+
+
+@_bug("interface.arguments")
+def fp32_gemms_under_autocast(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """A kernel written in torch ops (fp32 GEMMs on dequantized operands) that does not turn the
+    caller's autocast off: inside a mixed-precision training step its fp32 GEMMs run in bf16."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _Unguarded.apply(q, k, v, cu_q, cu_k, scale, bool(causal))
+
+
 CONVENTION_BUGS = {
     f.__name__: f
     for f in (
+        fp32_gemms_under_autocast,
         grad_buffers_of_the_forward,
         row_stride_from_heads,
         dq_in_the_dkdv_pass,

@@ -425,14 +425,16 @@ def _backward(run: _Runner, saved: _Saved, dout: torch.Tensor) -> tuple[torch.Te
 class _CudnnFp8Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, run, cu_q, cu_k, key, arch, need_backward):
-        out, saved = _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)
+        with torch.autocast(device_type=q.device.type, enabled=False):  # the glue's torch ops as written
+            out, saved = _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)
         ctx.run = run
         ctx.saved = saved
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        dq, dk, dv = _backward(ctx.run, ctx.saved, dout)
+        with torch.autocast(device_type=dout.device.type, enabled=False):
+            dq, dk, dv = _backward(ctx.run, ctx.saved, dout)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -566,7 +568,8 @@ def _attend(
     if grad:
         return _CudnnFp8Attention.apply(q, k, v, *args)
     with torch.no_grad():
-        return _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)[0]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)[0]
 
 
 def make_kernel(

@@ -328,7 +328,8 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, cfg):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse2 = fused_forward(cfg, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+        with torch.autocast(device_type=q.device.type, enabled=False):  # the glue's torch ops as written
+            out, lse2 = fused_forward(cfg, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
         ctx.args = (max_q, max_k, scale, causal, cfg)
         return out
@@ -337,7 +338,8 @@ class _FusedAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, scale, causal, cfg = ctx.args
-        dq, dk, dv = fused_backward(cfg, q, k, v, out, lse2, dout, cu_q, cu_k, max_q, max_k, scale, causal)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            dq, dk, dv = fused_backward(cfg, q, k, v, out, lse2, dout, cu_q, cu_k, max_q, max_k, scale, causal)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

@@ -123,6 +123,15 @@ def _second_backward_refused(err: KernelCallError) -> bool:
     return err.stage == "backward" and any(w in text for w in ("second time", "retain_graph", "already been freed"))
 
 
+#: the calls that hand over the same numbers as the plain call, so must give its bits: the call
+#: option and how a mismatch record names the call
+_BITWISE = {
+    "max_seqlen_pad": "with max_seqlen + {value}",
+    "cu_layout": "with strided cu_seqlens views",
+    "autocast": "with the forward inside torch.autocast",
+}
+
+
 def _call_words(call) -> str:
     return ", ".join(f"{k}={v}" for k, v in call) or "the plain call"
 
@@ -134,16 +143,17 @@ def _other_dtype(name: str) -> str:
 @register(
     "interface.arguments",
     "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
-    "with max_seqlen above the true maximum, with strided cu_seqlens views, with only q or only k, v "
+    "with max_seqlen above the true maximum, with strided cu_seqlens views, inside torch.autocast, with only q or only k, v "
     "requiring grad, with the output edited in place before the backward, with the backward run twice on "
     "one graph, with dO broadcast over the tokens (stride 0), under no_grad and "
     "inference_mode, with a negative softmax_scale on sign-flipped queries, on packs without queries, in "
     "the other input dtype and in fp16 near the top of its range: within the recipe's bound (and its error "
-    "model where the bits differ), and bitwise unchanged by max_seqlen and by the cu_seqlens layout",
+    "model where the bits differ), and bitwise unchanged by max_seqlen, by the cu_seqlens layout and by autocast",
     defaults=lambda recipe, dtype: {
         "violations": 0,
         "max_seqlen_mismatches": 0,
         "cu_seqlens_mismatches": 0,
+        "autocast_mismatches": 0,
         "error_violations": 0,
         "failed_calls": 0,
     },
@@ -152,7 +162,7 @@ def _other_dtype(name: str) -> str:
 def arguments(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
     violations, seqlen_mismatches, cu_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0, 0
-    error_violations, refused_edits, refused_twice = 0, 0, 0
+    error_violations, refused_edits, refused_twice, autocast_mismatches = 0, 0, 0, 0
     first, declined = None, ""
     bases = argument_cases(ctx)
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
@@ -161,6 +171,8 @@ def arguments(ctx):
     jobs += [(base, (("scale_arg", "none"),)) for base in bases]
     jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
     jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
+    # the forward inside torch.autocast (a mixed-precision training step): the same tensors, the same bits
+    jobs += [(base, (("autocast", "on"),)) for base in bases]
     # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
     jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
@@ -215,15 +227,17 @@ def arguments(ctx):
                         summary=f"with only {'q' if value == 'q' else 'k and v'} requiring grad, "
                         f"{', '.join(missing)} did not arrive",
                     )
-        if key in ("max_seqlen_pad", "cu_layout"):  # the same numbers handed over: the same bits
-            what = f"with max_seqlen + {value}" if key == "max_seqlen_pad" else "with strided cu_seqlens views"
+        if key in _BITWISE:  # the same numbers handed over: the same bits
+            what = _BITWISE[key].format(value=value)
             for t, x in res.tensors().items():
                 m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {what}")
                 if not m.ok:
                     if key == "max_seqlen_pad":
                         seqlen_mismatches += m.mismatched
-                    else:
+                    elif key == "cu_layout":
                         cu_mismatches += m.mismatched
+                    else:
+                        autocast_mismatches += m.mismatched
                     if first is None:
                         first = case_record(case, tensor=t, mismatch=m.to_dict(), summary=m.summary())
         else:
@@ -296,6 +310,7 @@ def arguments(ctx):
         "violations": violations,
         "max_seqlen_mismatches": seqlen_mismatches,
         "cu_seqlens_mismatches": cu_mismatches,
+        "autocast_mismatches": autocast_mismatches,
         "error_violations": error_violations,
         "failed_calls": failed,
         "refused_output_edits": refused_edits,
@@ -305,11 +320,11 @@ def arguments(ctx):
     }
     ok = (
         f"{calls} calls (fused/transposed/offset views, softmax_scale=None and 0, max_seqlen + "
-        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, "
+        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, autocast, "
         f"{'only q or only k, v requiring grad, the output edited in place, a second backward, a broadcast dO, ' if ctx.has_backward else ''}"
         f"no_grad and inference_mode forwards, a negative scale, packs without queries, {other}"
-        f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen and the "
-        "cu_seqlens layout change no bit"
+        f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen, the "
+        "cu_seqlens layout and autocast change no bit"
     )
     if declined:
         ok += f"; {declined}"
@@ -319,7 +334,7 @@ def arguments(ctx):
         ok += f"; the kernel refuses a second backward through one graph ({refused_twice} calls)"
     if refused_edits:
         ok += f"; autograd refuses the backward after an in-place edit of the output ({refused_edits} calls)"
-    bad = violations or seqlen_mismatches or cu_mismatches or error_violations or failed
+    bad = violations or seqlen_mismatches or cu_mismatches or autocast_mismatches or error_violations or failed
     failures = [first["summary"]] if first and bad else []
     return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
 
