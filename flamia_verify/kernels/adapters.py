@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from flamia_verify.convention import no_attention, validate_varlen_inputs, zeros_in_graph
 from flamia_verify.errors import KernelLoadError
@@ -221,6 +222,7 @@ class _DeterministicCall(torch.autograd.Function):
         return out.detach()
 
     @staticmethod
+    @once_differentiable  # the inner graph is differentiated here, outside the caller's graph
     def backward(ctx, dout):
         wanted = [t for t in ctx.leaves if t.requires_grad]
         if not ctx.out.requires_grad or not wanted:

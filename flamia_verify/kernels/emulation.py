@@ -41,6 +41,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from flamia_verify.convention import validate_varlen_inputs
 from flamia_verify.formats import (
@@ -614,6 +615,7 @@ class _EmulatedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a double backward through roundings has no meaning: refused in words
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         with torch.autocast(device_type=q.device.type, enabled=False):

@@ -111,6 +111,10 @@ class Case:
                 f"call option grad={self.call_option('grad')} needs the contiguous layout, not "
                 f"{self.call_option('layout')}"
             )
+        if self.call_option("create_graph") == "yes" and self.call_option("layout") != "contiguous":
+            raise ConfigError(
+                f"call option create_graph=yes needs the contiguous layout, not {self.call_option('layout')}"
+            )
         if self.call_option("backward") == "twice" and self.call_option("layout") != "contiguous":
             raise ConfigError(
                 f"call option backward=twice needs the contiguous layout, not {self.call_option('layout')}"
@@ -198,7 +202,14 @@ class Case:
 #: to the backward; the case's dO must have equal rows: the ``const_do`` override). ``autocast``: "off",
 #: or "on" (the forward runs inside ``torch.autocast`` of the inputs' device and dtype, as a mixed-precision
 #: training step calls it, the backward outside, as PyTorch recommends; the same tensors arrive, so the same
-#: bits must come out: autocast rewrites the caller's ops, not the kernel's).
+#: bits must come out: autocast rewrites the caller's ops, not the kernel's). ``default_dtype``: "float32",
+#: or "input" (``torch.set_default_dtype`` of the inputs' dtype around the forward and the backward, as a
+#: model built in bf16 leaves the process: a kernel's own allocations must name their dtype).
+#: ``interleave``: "none", or "other_call" (between this call's forward and its backward the kernel runs a
+#: forward and backward on another pack: other lengths, the other causal flag, half the scale; as the
+#: layers of a model interleave: a kernel's state between its forward and backward must be per call).
+#: ``create_graph``: "no", or "yes" (the backward with ``create_graph=True``, as a gradient penalty runs
+#: it: every gradient must stay in the graph, differentiable or refusing a double backward when asked).
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
@@ -210,6 +221,9 @@ CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "backward": ("once", "twice"),
     "upstream": ("fresh", "broadcast"),
     "autocast": ("off", "on"),
+    "default_dtype": ("float32", "input"),
+    "interleave": ("none", "other_call"),
+    "create_graph": ("no", "yes"),
 }
 #: the gradients a call with a backward asks for, by its ``grad`` option
 GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}

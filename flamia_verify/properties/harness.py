@@ -24,13 +24,14 @@ import contextlib
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
-from flamia_verify.properties.cases import GRADS_OF, Case, Inputs
+from flamia_verify.properties.cases import GRADS_OF, Case, Inputs, make_inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 
 __all__ = [
@@ -69,6 +70,9 @@ class KernelOutputs:
     second_item: str = ""
     # the tensors the kernel received (fresh copies of the inputs), to detect in-place writes
     passed: dict | None = None
+    #: with ``create_graph=yes``: the gradients that arrived outside the graph (detached: a gradient
+    #: penalty on them is silently a constant); empty otherwise
+    detached_grads: tuple[str, ...] = ()
 
     def tensors(self) -> dict[str, torch.Tensor]:
         d = {"out": self.out}
@@ -145,7 +149,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
-    return None if t.grad is None else t.grad.detach()
+    return t.grad  # detached by the caller (after a create_graph backward, whether it was in the graph)
 
 
 class KernelHarness:
@@ -209,6 +213,7 @@ class KernelHarness:
         }
         flagged: set = set()
         stage = "forward"
+        detached: tuple[str, ...] = ()
         try:
             mode = (
                 torch.enable_grad()
@@ -219,10 +224,19 @@ class KernelHarness:
             )
             with mode:
                 scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
-                with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
-                    result = self.fn(
-                        q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=inputs.case.causal
-                    )
+                with _default_dtype(inputs.case, q):
+                    with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
+                        result = self.fn(
+                            q,
+                            k,
+                            v,
+                            cu_q,
+                            cu_k,
+                            inputs.max_q,
+                            inputs.max_k,
+                            softmax_scale=scale,
+                            causal=inputs.case.causal,
+                        )
                 if backward:  # a forward-only call is audited once, below
                     self._audit(inputs.case, "forward", pairs, flagged, backward)
                 tuple_output = isinstance(result, (tuple, list))
@@ -244,12 +258,28 @@ class KernelHarness:
                         grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in (q, k, v))  # type: ignore[assignment]
                     else:
                         up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
-                        if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
-                            out.backward(up, retain_graph=True)
-                            for x in (q, k, v):  # leaves: the layout is contiguous
+                        create_graph = inputs.case.call_option("create_graph") == "yes"
+                        if create_graph:  # a penalty's upstream gradient depends on the graph itself
+                            up = up.detach().clone().requires_grad_()
+                        with _default_dtype(inputs.case, q):
+                            if inputs.case.call_option("interleave") == "other_call":
+                                self._other_call(inputs)
+                            if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
+                                out.backward(up, retain_graph=True)
+                                for x in (q, k, v):  # leaves: the layout is contiguous
+                                    x.grad = None
+                            with warnings.catch_warnings():  # .grad is reset below: the cycle is broken
+                                warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
+                                out.backward(up, create_graph=create_graph)
+                        raw = grads_of()
+                        if create_graph:
+                            detached = tuple(
+                                n for n, g in zip(("dq", "dk", "dv"), raw) if g is not None and not g.requires_grad
+                            )
+                        grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
+                        if create_graph:
+                            for x in (q, k, v):  # the graph held by .grad: let it go
                                 x.grad = None
-                        out.backward(up)
-                        grads = tuple(None if g is None else g.contiguous() for g in grads_of())  # type: ignore[assignment]
             self._audit(inputs.case, stage, pairs, flagged, backward)
             self.audited += 1
             passed = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
@@ -257,7 +287,13 @@ class KernelHarness:
                 passed["do"] = upstream
             lse, second = _second_item(result, inputs) if tuple_output else (None, "")
             res = KernelOutputs(
-                out.detach(), *grads, tuple_output=tuple_output, passed=passed, lse=lse, second_item=second
+                out.detach(),
+                *grads,
+                tuple_output=tuple_output,
+                passed=passed,
+                lse=lse,
+                second_item=second,
+                detached_grads=detached,
             )
             return res, stage
         except _NoBackward:
@@ -302,6 +338,26 @@ class KernelHarness:
         finally:
             self.calls += 1
         return res
+
+    def _other_call(self, inputs: Inputs) -> None:
+        """Another pack's forward and backward through the kernel (``interleave=other_call``), run while
+        the case's own call waits for its backward."""
+        other = make_inputs(interleaved_case(inputs.case), inputs.q.device)
+        q, k, v = (x.detach().clone().requires_grad_() for x in (other.q, other.k, other.v))
+        result = self.fn(
+            q,
+            k,
+            v,
+            other.cu_q,
+            other.cu_k,
+            other.max_q,
+            other.max_k,
+            softmax_scale=other.case.scale,
+            causal=other.case.causal,
+        )
+        out = result[0] if isinstance(result, (tuple, list)) else result
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.backward(other.do.to(out.dtype))
 
     def _retry_detached(self, inputs: Inputs, do) -> None:
         """The forward wrote into a leaf input that requires grad and autograd stopped it: run the
@@ -467,6 +523,41 @@ def _autocast(case: Case, q: torch.Tensor):
     if case.call_option("autocast") == "on":
         return torch.autocast(device_type=q.device.type, dtype=q.dtype)
     return contextlib.nullcontext()
+
+
+def _default_dtype(case: Case, q: torch.Tensor):
+    """The case's ``default_dtype`` context: torch's default dtype set to q's dtype, or nothing."""
+    if case.call_option("default_dtype") != "input":
+        return contextlib.nullcontext()
+    return _DefaultDtype(q.dtype)
+
+
+class _DefaultDtype:
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype, self.saved = dtype, torch.get_default_dtype()
+
+    def __enter__(self) -> None:
+        self.saved = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc) -> None:
+        torch.set_default_dtype(self.saved)
+
+
+def interleaved_case(case: Case) -> Case:
+    """The call that ``interleave=other_call`` runs between a case's forward and backward: one more
+    document (19 queries, 23 keys), the other causal flag, half the scale, another seed."""
+    return Case(
+        case.lens_q + (19,),
+        case.lens_k + (23,),
+        heads=case.heads,
+        heads_k=case.heads_k,
+        headdim=case.headdim,
+        causal=not case.causal,
+        softmax_scale=case.scale / 2,
+        dtype=case.dtype,
+        seed=case.seed + 7919,
+    )
 
 
 def _cu_laid_out(cu: torch.Tensor, cu_layout: str) -> torch.Tensor:

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from flamia_verify.convention import no_attention, seqlens
 from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, Engine, Geometry, GraphKey
@@ -432,6 +433,7 @@ class _CudnnFp8Attention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # cuDNN's gradients are outside autograd: a double backward is refused in words
     def backward(ctx, dout):
         with torch.autocast(device_type=dout.device.type, enabled=False):
             dq, dk, dv = _backward(ctx.run, ctx.saved, dout)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 
 from flamia_verify.convention import validate_varlen_inputs
 from flamia_verify.kernels.emulation import LOG2E, EmulatedDesign
@@ -335,6 +336,7 @@ class _FusedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # Triton's gradients are outside autograd: a double backward is refused in words
     def backward(ctx, dout):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, scale, causal, cfg = ctx.args

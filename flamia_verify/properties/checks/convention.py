@@ -126,9 +126,12 @@ def _second_backward_refused(err: KernelCallError) -> bool:
 #: the calls that hand over the same numbers as the plain call, so must give its bits: the call
 #: option and how a mismatch record names the call
 _BITWISE = {
-    "max_seqlen_pad": "with max_seqlen + {value}",
-    "cu_layout": "with strided cu_seqlens views",
-    "autocast": "with the forward inside torch.autocast",
+    "max_seqlen_pad": ("max_seqlen_mismatches", "with max_seqlen + {value}"),
+    "cu_layout": ("cu_seqlens_mismatches", "with strided cu_seqlens views"),
+    "autocast": ("autocast_mismatches", "with the forward inside torch.autocast"),
+    "default_dtype": ("default_dtype_mismatches", "with torch's default dtype set to the inputs' dtype"),
+    "interleave": ("interleave_mismatches", "with another pack's call between the forward and the backward"),
+    "create_graph": ("create_graph_mismatches", "with the backward run with create_graph=True"),
 }
 
 
@@ -151,9 +154,7 @@ def _other_dtype(name: str) -> str:
     "model where the bits differ), and bitwise unchanged by max_seqlen, by the cu_seqlens layout and by autocast",
     defaults=lambda recipe, dtype: {
         "violations": 0,
-        "max_seqlen_mismatches": 0,
-        "cu_seqlens_mismatches": 0,
-        "autocast_mismatches": 0,
+        **{metric: 0 for metric, _ in _BITWISE.values()},
         "error_violations": 0,
         "failed_calls": 0,
     },
@@ -161,8 +162,9 @@ def _other_dtype(name: str) -> str:
 )
 def arguments(ctx):
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
-    violations, seqlen_mismatches, cu_mismatches, layout_mismatches, failed, calls = 0, 0, 0, 0, 0, 0
-    error_violations, refused_edits, refused_twice, autocast_mismatches = 0, 0, 0, 0
+    violations, layout_mismatches, failed, calls = 0, 0, 0, 0
+    error_violations, refused_edits, refused_twice = 0, 0, 0
+    bit_mismatches = {metric: 0 for metric, _ in _BITWISE.values()}
     first, declined = None, ""
     bases = argument_cases(ctx)
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
@@ -173,6 +175,8 @@ def arguments(ctx):
     jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
     # the forward inside torch.autocast (a mixed-precision training step): the same tensors, the same bits
     jobs += [(base, (("autocast", "on"),)) for base in bases]
+    # torch's default dtype set to the inputs' dtype (a model built in bf16): the same bits
+    jobs += [(base, (("default_dtype", "input"),)) for base in bases]
     # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
     jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
@@ -184,6 +188,10 @@ def arguments(ctx):
         # dO one row broadcast over every token (stride 0), as (out * w).sum() hands it to the backward
         equal_rows = bases[0].with_(overrides=bases[0].overrides + (("const_do", True),))
         jobs.append((equal_rows, (("upstream", "broadcast"),)))
+        # another pack's forward and backward between this call's (the layers of a model interleave)
+        jobs += [(base, (("interleave", "other_call"),)) for base in bases[:2]]
+        # the backward with create_graph=True (a gradient penalty): the gradients stay in the graph
+        jobs += [(base, (("create_graph", "yes"),)) for base in bases[:2]]
     # forwards under torch.no_grad() and torch.inference_mode(), where kernels take inference paths
     jobs += [(base, (("grad_mode", m),)) for base in bases for m in ("no_grad", "inference")]
     # a negative softmax_scale with sign-flipped queries: the same attention as scale > 0, with scores
@@ -216,6 +224,16 @@ def arguments(ctx):
         if key == "out_edit":  # the output itself was edited: its gradients are what must not change
             judged = tuple(t for t in tensors if t != "out")
             res = replace(res, out=ref_run.out)
+        if res.detached_grads:  # create_graph=True: a gradient outside the graph is a silent constant
+            failed += 1
+            if first is None:
+                first = case_record(
+                    case,
+                    call=dict(call),
+                    summary=f"with create_graph=True, {', '.join(res.detached_grads)} came back detached from the "
+                    "graph: a loss on them (a gradient penalty) silently adds a constant; a backward that is not "
+                    "differentiable must say so (torch.autograd.function.once_differentiable)",
+                )
         if key == "grad":  # every gradient asked for arrives
             missing = [t for t in GRADS_OF[str(value)] if getattr(res, t) is None]
             if missing:
@@ -228,16 +246,11 @@ def arguments(ctx):
                         f"{', '.join(missing)} did not arrive",
                     )
         if key in _BITWISE:  # the same numbers handed over: the same bits
-            what = _BITWISE[key].format(value=value)
+            metric, what = _BITWISE[key]
             for t, x in res.tensors().items():
-                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {what}")
+                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {what.format(value=value)}")
                 if not m.ok:
-                    if key == "max_seqlen_pad":
-                        seqlen_mismatches += m.mismatched
-                    elif key == "cu_layout":
-                        cu_mismatches += m.mismatched
-                    else:
-                        autocast_mismatches += m.mismatched
+                    bit_mismatches[metric] += m.mismatched
                     if first is None:
                         first = case_record(case, tensor=t, mismatch=m.to_dict(), summary=m.summary())
         else:
@@ -308,9 +321,7 @@ def arguments(ctx):
     ctx.progress(1.0)
     metrics = {
         "violations": violations,
-        "max_seqlen_mismatches": seqlen_mismatches,
-        "cu_seqlens_mismatches": cu_mismatches,
-        "autocast_mismatches": autocast_mismatches,
+        **bit_mismatches,
         "error_violations": error_violations,
         "failed_calls": failed,
         "refused_output_edits": refused_edits,
@@ -334,7 +345,7 @@ def arguments(ctx):
         ok += f"; the kernel refuses a second backward through one graph ({refused_twice} calls)"
     if refused_edits:
         ok += f"; autograd refuses the backward after an in-place edit of the output ({refused_edits} calls)"
-    bad = violations or seqlen_mismatches or cu_mismatches or autocast_mismatches or error_violations or failed
+    bad = violations or any(bit_mismatches.values()) or error_violations or failed
     failures = [first["summary"]] if first and bad else []
     return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
 
