@@ -206,7 +206,8 @@ class Case:
 #: or "input" (``torch.set_default_dtype`` of the inputs' dtype around the forward and the backward, as a
 #: model built in bf16 leaves the process: a kernel's own allocations must name their dtype).
 #: ``interleave``: "none", or "other_call" (between this call's forward and its backward the kernel runs a
-#: forward and backward on another pack: other lengths, the other causal flag, half the scale; as the
+#: forward and backward on another pack: the same token counts split into other documents, the other
+#: causal flag, half the scale; as the
 #: layers of a model interleave: a kernel's state between its forward and backward must be per call).
 #: ``create_graph``: "no", or "yes" (the backward with ``create_graph=True``, as a gradient penalty runs
 #: it: every gradient must stay in the graph, differentiable or refusing a double backward when asked).

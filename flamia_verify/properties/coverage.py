@@ -308,6 +308,13 @@ INVARIANCES: tuple[Row, ...] = (
     ),
     Row("invariance", "returned_lse", "a returned log-sum-exp is that of the scores", ("interface.lse",)),
     Row("invariance", "inputs_unmodified", "the kernel never writes into its inputs", ("interface.inputs_unmodified",)),
+    Row(
+        "invariance",
+        "process_state",
+        "a call leaves the process as it found it (default dtype, grad mode, precision flags, threads, device, "
+        "random generators' seeds)",
+        ("interface.process_state",),
+    ),
 )
 
 

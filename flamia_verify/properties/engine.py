@@ -41,7 +41,12 @@ from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.catalog import all_specs, get_spec
-from flamia_verify.properties.checks.interface import INPUTS_UNMODIFIED, judge_modifications
+from flamia_verify.properties.checks.interface import (
+    INPUTS_UNMODIFIED,
+    PROCESS_STATE,
+    judge_modifications,
+    judge_process_state,
+)
 from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec
@@ -233,21 +238,27 @@ def _stop_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _rejudge_inputs(ctx: CheckContext, report: Report, audited_at: int | None) -> None:
-    """interface.inputs_unmodified again over every call of the run, when calls came after it ran."""
-    if audited_at is None or ctx.harness.calls == audited_at:
-        return
-    for i, old in enumerate(report.checks):
-        if old.name == INPUTS_UNMODIFIED:
-            ctx.spec = get_spec(INPUTS_UNMODIFIED)
-            new = judge_modifications(ctx)
+#: the checks that judge every call of a run (the harness audits each), with their judges
+RUN_WIDE = {INPUTS_UNMODIFIED: judge_modifications, PROCESS_STATE: judge_process_state}
+
+
+def _rejudge_inputs(ctx: CheckContext, report: Report, audited_at: dict[str, int]) -> None:
+    """The run-wide checks again over every call of the run, when calls came after each ran."""
+    for name, at in audited_at.items():
+        if ctx.harness.calls == at:
+            continue
+        for i, old in enumerate(report.checks):
+            if old.name != name:
+                continue
+            ctx.spec = get_spec(name)
+            new = RUN_WIDE[name](ctx)
             if old.status == "error" and new.status == "pass":
-                return  # its own calls failed; no write seen elsewhere either
+                break  # its own calls failed; nothing seen elsewhere either
             if old.status == "error":
                 new.message += f" (its own calls: {old.message})"
             new.duration_s = old.duration_s
             report.checks[i] = new
-            return
+            break
 
 
 def run_checks(
@@ -329,14 +340,14 @@ def run_checks(
 
     report.complete = False
     report.incomplete_reason = f"the run had not finished when this report was written: 0 of {len(specs)} checks done"
-    audited_at = None  # harness calls when interface.inputs_unmodified ran
+    audited_at: dict[str, int] = {}  # harness calls when each run-wide check ran
     try:
         for i, spec in enumerate(specs):
             ctx.on_fraction = lambda f, i=i: emit(i, f)
             emit(i, 0.0)
             result = run_one(ctx, spec)
-            if spec.name == INPUTS_UNMODIFIED:
-                audited_at = ctx.harness.calls
+            if spec.name in RUN_WIDE:
+                audited_at[spec.name] = ctx.harness.calls
             report.checks.append(result)
             report.incomplete_reason = (
                 f"the run had not finished when this report was written: {i + 1} of {len(specs)} checks done"

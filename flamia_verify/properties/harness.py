@@ -33,6 +33,7 @@ import torch
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
 from flamia_verify.properties.cases import GRADS_OF, Case, Inputs, make_inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
+from flamia_verify.properties.process_state import StateChange, StateProbe
 
 __all__ = [
     "KernelOutputs",
@@ -162,6 +163,9 @@ class KernelHarness:
         self.seconds = 0.0
         self.audited = 0  # calls whose inputs were compared after the kernel returned or raised
         self.modifications: list[Modification] = []
+        #: process settings a call left changed: (case, stage, change, call index)
+        self.state_changes: list[tuple[Case, str, StateChange, int]] = []
+        self._abandoned: set[int | None] = set()  # threads of calls that timed out
         #: called with the inputs of every call (the coverage model records what each check exercises)
         self.recorder: Callable[[Inputs], None] | None = None
 
@@ -190,6 +194,9 @@ class KernelHarness:
                         self.calls,
                     )
                 )
+
+    def _record_state(self, case: Case, stage: str, changes: list[StateChange]) -> None:
+        self.state_changes += [(case, stage, change, self.calls) for change in changes]
 
     # -- the call itself ------------------------------------------------------------------
 
@@ -223,63 +230,68 @@ class KernelHarness:
                 else torch.no_grad()
             )
             with mode:
-                scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
-                with _default_dtype(inputs.case, q):
-                    with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
-                        result = self.fn(
-                            q,
-                            k,
-                            v,
-                            cu_q,
-                            cu_k,
-                            inputs.max_q,
-                            inputs.max_k,
-                            softmax_scale=scale,
-                            causal=inputs.case.causal,
-                        )
-                if backward:  # a forward-only call is audited once, below
-                    self._audit(inputs.case, "forward", pairs, flagged, backward)
-                tuple_output = isinstance(result, (tuple, list))
-                out = result[0] if tuple_output and len(result) else result
-                if not isinstance(out, torch.Tensor):
-                    raise TypeError(
-                        f"kernel returned {type(result).__name__}; expected a tensor or a tuple starting with one"
-                    )
-                grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
-                if backward:
-                    stage = "backward"
-                    pairs["do"] = (upstream, original_do)
-                    if inputs.case.call_option("out_edit") == "add" and out.requires_grad:
-                        out.add_(1.0)  # the caller's in-place edit of the result before its backward
-                    if out.grad_fn is None and not out.requires_grad:
-                        if out.numel():
-                            raise _NoBackward("the output has no grad_fn (forward-only kernel)")
-                        # no query: an empty output may stand outside the graph; every gradient is 0
-                        grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in (q, k, v))  # type: ignore[assignment]
-                    else:
-                        up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
-                        create_graph = inputs.case.call_option("create_graph") == "yes"
-                        if create_graph:  # a penalty's upstream gradient depends on the graph itself
-                            up = up.detach().clone().requires_grad_()
-                        with _default_dtype(inputs.case, q):
-                            if inputs.case.call_option("interleave") == "other_call":
-                                self._other_call(inputs)
-                            if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
-                                out.backward(up, retain_graph=True)
-                                for x in (q, k, v):  # leaves: the layout is contiguous
-                                    x.grad = None
-                            with warnings.catch_warnings():  # .grad is reset below: the cycle is broken
-                                warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
-                                out.backward(up, create_graph=create_graph)
-                        raw = grads_of()
-                        if create_graph:
-                            detached = tuple(
-                                n for n, g in zip(("dq", "dk", "dv"), raw) if g is not None and not g.requires_grad
+                probe = StateProbe(q.device)  # the process state the call must leave as it found it
+                try:
+                    scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
+                    with _default_dtype(inputs.case, q):
+                        with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
+                            result = self.fn(
+                                q,
+                                k,
+                                v,
+                                cu_q,
+                                cu_k,
+                                inputs.max_q,
+                                inputs.max_k,
+                                softmax_scale=scale,
+                                causal=inputs.case.causal,
                             )
-                        grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
-                        if create_graph:
-                            for x in (q, k, v):  # the graph held by .grad: let it go
-                                x.grad = None
+                    if backward:  # a forward-only call is audited once, below
+                        self._audit(inputs.case, "forward", pairs, flagged, backward)
+                    tuple_output = isinstance(result, (tuple, list))
+                    out = result[0] if tuple_output and len(result) else result
+                    if not isinstance(out, torch.Tensor):
+                        raise TypeError(
+                            f"kernel returned {type(result).__name__}; expected a tensor or a tuple starting with one"
+                        )
+                    grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
+                    if backward:
+                        stage = "backward"
+                        pairs["do"] = (upstream, original_do)
+                        if inputs.case.call_option("out_edit") == "add" and out.requires_grad:
+                            out.add_(1.0)  # the caller's in-place edit of the result before its backward
+                        if out.grad_fn is None and not out.requires_grad:
+                            if out.numel():
+                                raise _NoBackward("the output has no grad_fn (forward-only kernel)")
+                            # no query: an empty output may stand outside the graph; every gradient is 0
+                            grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in (q, k, v))  # type: ignore[assignment]
+                        else:
+                            up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
+                            create_graph = inputs.case.call_option("create_graph") == "yes"
+                            if create_graph:  # a penalty's upstream gradient depends on the graph itself
+                                up = up.detach().clone().requires_grad_()
+                            with _default_dtype(inputs.case, q):
+                                if inputs.case.call_option("interleave") == "other_call":
+                                    self._other_call(inputs)
+                                if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
+                                    out.backward(up, retain_graph=True)
+                                    for x in (q, k, v):  # leaves: the layout is contiguous
+                                        x.grad = None
+                                with warnings.catch_warnings():  # .grad is reset below: the cycle is broken
+                                    warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
+                                    out.backward(up, create_graph=create_graph)
+                            raw = grads_of()
+                            if create_graph:
+                                detached = tuple(
+                                    n for n, g in zip(("dq", "dk", "dv"), raw) if g is not None and not g.requires_grad
+                                )
+                            grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
+                            if create_graph:
+                                for x in (q, k, v):  # the graph held by .grad: let it go
+                                    x.grad = None
+                finally:
+                    if threading.get_ident() not in self._abandoned:  # a timed-out call's thread, finishing late
+                        self._record_state(inputs.case, stage, probe.finish())
             self._audit(inputs.case, stage, pairs, flagged, backward)
             self.audited += 1
             passed = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
@@ -381,6 +393,7 @@ class KernelHarness:
         worker.start()
         worker.join(self.timeout_s)
         if worker.is_alive():
+            self._abandoned.add(worker.ident)  # its probe must not put back a process state it no longer owns
             exc = KernelTimeoutError(
                 f"the kernel did not return within {self.timeout_s:g} s (its thread keeps running: "
                 "a hung thread cannot be killed in-process)"
@@ -545,11 +558,17 @@ class _DefaultDtype:
 
 
 def interleaved_case(case: Case) -> Case:
-    """The call that ``interleave=other_call`` runs between a case's forward and backward: one more
-    document (19 queries, 23 keys), the other causal flag, half the scale, another seed."""
+    """The call that ``interleave=other_call`` runs between a case's forward and backward: the same
+    token counts, heads and head_dim (what a kernel's cache is likeliest keyed by), split into other
+    documents (two, a third and two thirds), the other causal flag, half the scale, another seed."""
+
+    def split(total: int, other: tuple[int, ...]) -> tuple[int, int]:
+        a = total // 3
+        return (total - a, a) if (total - a, a) != other else (a, total - a)
+
     return Case(
-        case.lens_q + (19,),
-        case.lens_k + (23,),
+        split(case.total_q, case.lens_q),
+        split(case.total_k, case.lens_k),
         heads=case.heads,
         heads_k=case.heads_k,
         headdim=case.headdim,

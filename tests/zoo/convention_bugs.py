@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from flamia_verify.kernels.designs import DESIGNS, FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import backward_pass, forward_pass, make_kernel
@@ -231,9 +232,91 @@ def fp32_gemms_under_autocast(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scal
     return _Unguarded.apply(q, k, v, cu_q, cu_k, scale, bool(causal))
 
 
+class _ReseedingBackward(torch.autograd.Function):
+    """The emulated flamia-mxfp8 kernel whose backward replays its forward's (unused) dropout seed on
+    the process-wide generator."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        ctx.seed = torch.initial_seed()  # "the dropout seed", recorded for the backward
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = _GOOD(*leaves, *call[:4], softmax_scale=call[4], causal=call[5])
+        ctx.inner, ctx.leaves = out, leaves
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        torch.manual_seed(ctx.seed)  # restores "the dropout RNG": every later draw of the process repeats
+        return (*torch.autograd.grad(ctx.inner, ctx.leaves, g), None)
+
+
+@_bug("interface.process_state")
+def backward_reseeds_the_process(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The backward reseeds torch's global generator with the seed its forward recorded (to replay a
+    dropout mask, also at dropout 0): out and the gradients are right; the process's random draws after
+    each backward (data order, dropout, sampling) repeat."""
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
+        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return _ReseedingBackward.apply(q, k, v, (cu_q, cu_k, max_q, max_k, softmax_scale, causal))
+
+
+@_bug("interface.arguments")
+def gradients_outside_the_graph(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The backward's gradients come from a first-order autograd.grad of an inner graph, not marked
+    once_differentiable: under create_graph=True they are detached, and a gradient penalty on them is
+    silently a constant."""
+    return _via_inner_graph("none", q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
+
+
+@_bug("interface.arguments")
+def scale_as_a_default_dtype_tensor(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """softmax_scale goes through torch.tensor(scale), of torch's default dtype: a model built with the
+    default dtype set to bf16 rounds 128^-0.5 to bf16."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    s = float(torch.tensor(scale))
+    return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=s, causal=causal)
+
+
+#: the latest forward's packing, "shared by every layer of the step", keyed by the token count
+_LATEST_PACK: dict = {}
+
+
+class _LatestPack(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        _LATEST_PACK[(q.shape, k.shape)] = call
+        ctx.save_for_backward(q, k, v)
+        return _GOOD(q.detach(), k.detach(), v.detach(), *call[:4], softmax_scale=call[4], causal=call[5])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        call = _LATEST_PACK[(q.shape, k.shape)]  # the latest forward's, not this call's
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = _GOOD(*leaves, *call[:4], softmax_scale=call[4], causal=call[5])
+            return (*torch.autograd.grad(out, leaves, g), None)
+
+
+@_bug("interface.arguments")
+def backward_reads_the_latest_pack(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The backward takes cu_seqlens, the scale and the causal flag from a module cache of the latest
+    forward with the same shapes (one per step, as if every layer had the same packing): another call
+    between a forward and its backward gives it the other call's packing."""
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
+        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    return _LatestPack.apply(q, k, v, (cu_q, cu_k, max_q, max_k, softmax_scale, causal))
+
+
 CONVENTION_BUGS = {
     f.__name__: f
     for f in (
+        gradients_outside_the_graph,
+        scale_as_a_default_dtype_tensor,
+        backward_reads_the_latest_pack,
+        backward_reseeds_the_process,
         fp32_gemms_under_autocast,
         grad_buffers_of_the_forward,
         row_stride_from_heads,

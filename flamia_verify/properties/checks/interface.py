@@ -8,9 +8,10 @@ from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.helpers import case_record, verdict
 from flamia_verify.properties.registry import register
 
-__all__ = ["INPUTS_UNMODIFIED", "judge_modifications"]
+__all__ = ["INPUTS_UNMODIFIED", "PROCESS_STATE", "judge_modifications", "judge_process_state"]
 
 INPUTS_UNMODIFIED = "interface.inputs_unmodified"
+PROCESS_STATE = "interface.process_state"
 
 #: modifications listed one by one in worst_case (the count is in the metrics)
 _LISTED = 20
@@ -83,6 +84,56 @@ def inputs_unmodified(ctx):
         ctx.run(ctx.inputs(case))  # explicit inputs: never cached; the harness passes fresh copies
         ctx.progress((n + 1) / len(cases))
     return judge_modifications(ctx)
+
+
+@register(
+    PROCESS_STATE,
+    "torch's default dtype, grad mode, deterministic mode, matmul precision and cuDNN flags, thread count, "
+    "current CUDA device and the global random generators' seeds are as every kernel call of the run found "
+    "them (drawing random numbers is allowed, reseeding is not)",
+    defaults=lambda recipe, dtype: {"changed_settings": 0},
+    cost=0.2,
+)
+def process_state(ctx):
+    # every call of the run is probed (flamia_verify.properties.process_state); these few make sure
+    # there are some when the check runs alone, and the engine judges again over all when the run ends
+    for n, case in enumerate(_cases(ctx)):
+        ctx.run(case)
+        ctx.progress((n + 1) / len(_cases(ctx)))
+    return judge_process_state(ctx)
+
+
+def judge_process_state(ctx):
+    """The verdict over every process setting the harness saw a call change so far."""
+    changes = ctx.harness.state_changes
+    names = sorted({c.what for _, _, c, _ in changes})
+    metrics = {
+        "changed_settings": len(names),
+        "changing_calls": len({i for *_, i in changes}),
+        "calls": ctx.harness.calls,
+    }
+    if not changes:
+        return verdict(
+            ctx,
+            metrics,
+            ok_message=f"the process state as each of the {ctx.harness.calls} kernel calls found it "
+            "(default dtype, grad mode, precision flags, threads, device, random generators' seeds)",
+        )
+    case, stage, first, _ = changes[0]
+    summary = f"{first.what}: {first.before} before the call, {first.after} after it ({stage})"
+    worst = case_record(case, stage=stage, summary=summary)
+    worst["changes"] = [
+        {"setting": c.what, "before": c.before, "after": c.after, "stage": st} for _, st, c, _ in changes[:_LISTED]
+    ]
+    return verdict(
+        ctx,
+        metrics,
+        ok_message="",
+        worst_case=worst,
+        failures=[
+            f"a kernel call changed the process state ({', '.join(names)}); first on {case.describe()}: {summary}"
+        ],
+    )
 
 
 def judge_modifications(ctx):

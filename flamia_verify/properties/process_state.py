@@ -1,0 +1,124 @@
+"""The process state a kernel call must leave as it found it.
+
+A kernel runs inside someone's training process. Besides its inputs (``interface.inputs_unmodified``)
+it can change what every later operation of that process does: torch's default dtype, the grad mode,
+the matmul precision flags, torch's deterministic mode, cuDNN's flags, the thread count, the current
+CUDA device, and the global random generators. :class:`StateProbe` reads all of these before a call
+and after its backward and names what changed (``interface.process_state`` judges every call of a
+run).
+
+The random generators may be drawn from (a kernel with dropout advances them), never reseeded: a
+backward that calls ``torch.manual_seed`` to replay its forward's dropout makes every later draw of
+the process (data order, dropout masks, sampling) repeat. A reseed to the generator's own seed leaves
+``initial_seed()`` unchanged, so during the call the probe gives each global generator a state of its
+own that is one draw past a fresh seed: a reseed shows as the fresh state (or another seed) after the
+call. The caller's generator states are put back afterwards, so a checked call changes no random
+stream of the process.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["StateChange", "StateProbe", "flags"]
+
+#: the seed of the probe states the global generators hold during a call
+PROBE_SEED = 0x5EED_F1A
+
+
+def flags(device: torch.device) -> dict[str, Any]:
+    """The process-wide settings a kernel must not change, by name."""
+    f: dict[str, Any] = {
+        "torch.get_default_dtype()": torch.get_default_dtype(),
+        "torch.is_grad_enabled()": torch.is_grad_enabled(),
+        "torch.is_inference_mode_enabled()": torch.is_inference_mode_enabled(),
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        ),
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        ),
+        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "torch.get_num_threads()": torch.get_num_threads(),
+    }
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        f["torch.cuda.current_device()"] = torch.cuda.current_device()
+    return f
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """One setting a call left changed (``what``: the expression that reads it)."""
+
+    what: str
+    before: str
+    after: str
+
+
+@functools.cache
+def _fresh_cpu_state(seed: int) -> torch.Tensor:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g.get_state()
+
+
+def _probe_cpu_state() -> torch.Tensor:
+    g = torch.Generator()
+    g.manual_seed(PROBE_SEED)
+    torch.rand(1, generator=g)  # one draw past the fresh state
+    return g.get_state()
+
+
+class StateProbe:
+    """Read the process state when made; :meth:`finish` reads it again, puts the caller's random
+    generators back and returns the changes."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.before = flags(device)
+        self.cpu_saved = torch.get_rng_state()
+        self.cpu_probe = _probe_cpu_state()
+        torch.set_rng_state(self.cpu_probe)
+        self.cuda_saved: torch.Tensor | None = None
+        if device.type == "cuda" and torch.cuda.is_initialized():
+            self.cuda_saved = torch.cuda.get_rng_state(device)
+            torch.cuda.manual_seed(PROBE_SEED)
+            torch.cuda.set_rng_state(_cuda_state_at(PROBE_SEED, offset=4), device)
+
+    def finish(self) -> list[StateChange]:
+        changes = []
+        after = flags(self.device)
+        for what, value in self.before.items():
+            if after.get(what) != value:
+                changes.append(StateChange(what, str(value), str(after.get(what))))
+        seed = torch.initial_seed()
+        state = torch.get_rng_state()
+        if seed != PROBE_SEED:
+            changes.append(StateChange("torch.initial_seed()", "unchanged", f"reseeded to {seed}"))
+        elif torch.equal(state, _fresh_cpu_state(seed)):
+            changes.append(StateChange("torch.get_rng_state()", "as the call left it", "reset to its seed's start"))
+        torch.set_rng_state(self.cpu_saved)
+        if self.cuda_saved is not None:
+            cuda_seed = torch.cuda.initial_seed()
+            cuda_state = torch.cuda.get_rng_state(self.device)
+            if cuda_seed != PROBE_SEED:
+                changes.append(StateChange("torch.cuda.initial_seed()", "unchanged", f"reseeded to {cuda_seed}"))
+            elif torch.equal(cuda_state, _cuda_state_at(PROBE_SEED, offset=0)):
+                changes.append(
+                    StateChange("torch.cuda.get_rng_state()", "as the call left it", "reset to its seed's start")
+                )
+            torch.cuda.set_rng_state(self.cuda_saved, self.device)
+        return changes
+
+
+def _cuda_state_at(seed: int, *, offset: int) -> torch.Tensor:
+    """A CUDA (Philox) generator state: its seed and offset as two little-endian 64-bit integers."""
+    return torch.tensor([seed, offset], dtype=torch.int64).view(torch.uint8)
