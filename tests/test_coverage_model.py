@@ -172,3 +172,15 @@ def test_a_correct_lse_in_the_padded_layout_passes():
 
     report = run_checks(padded_lse, recipe="bf16", suite="quick", only=["interface.lse"])
     assert report.checks[0].status == "pass", report.checks[0].message
+
+
+def test_a_correct_lse_in_the_graph_passes_with_its_gradients():
+    from zoo.convention_bugs import differentiable_lse
+
+    def with_lse(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+        s = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        out = sdpa_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=s, causal=causal)
+        return out, differentiable_lse(q, k, cu_q, cu_k, s, causal)
+
+    (res,) = run_checks(with_lse, recipe="bf16", suite="quick", only=["interface.lse"]).checks
+    assert res.status == "pass" and "of a loss on the log-sum-exp within the error model (4 tensors)" in res.message

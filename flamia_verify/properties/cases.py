@@ -211,6 +211,9 @@ class Case:
 #: layers of a model interleave: a kernel's state between its forward and backward must be per call).
 #: ``create_graph``: "no", or "yes" (the backward with ``create_graph=True``, as a gradient penalty runs
 #: it: every gradient must stay in the graph, differentiable or refusing a double backward when asked).
+#: ``loss``: "out" (the backward from the output), or "lse" (from a returned log-sum-exp alone, as
+#: merging partial attention results does: the first channel of dO, transposed, as its gradient; a kernel
+#: whose log-sum-exp is not in the graph gives no gradient, which is allowed).
 CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "layout": ("contiguous", "fused", "transposed", "offset"),
     "scale_arg": ("value", "none"),
@@ -225,6 +228,7 @@ CALL_KEYS: dict[str, tuple[Any, ...]] = {
     "default_dtype": ("float32", "input"),
     "interleave": ("none", "other_call"),
     "create_graph": ("no", "yes"),
+    "loss": ("out", "lse"),
 }
 #: the gradients a call with a backward asks for, by its ``grad`` option
 GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}

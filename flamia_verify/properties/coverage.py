@@ -166,6 +166,12 @@ MODEL: tuple[Row, ...] = (
     Row(
         "long_document", "yes", "a document longer than 512 tokens (every tile)", ("determinism.repeat", "bound.shapes")
     ),
+    Row(
+        "long_document",
+        "over_1024_rows",
+        "a causal document of more than 1024 queries and keys (rows past per-row softmax fast paths)",
+        ("bound.shapes",),
+    ),
     Row("long_document", "over_4096_keys", "a document with more than 4096 keys (capped tile loops)", (_ARG,)),
     Row("tokens", "no_query", "a pack without a query (every query document empty; keys or none)", (_ARG,)),
     Row("tokens", ">=4096", f"a call of {BIG_PACK_TOKENS} tokens or more", ("isolation.layout", "determinism.repeat")),
@@ -398,6 +404,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("lengths=lq>lk")
     if max(list(lq) + list(lk) + [0]) > 512:
         out.add("long_document=yes")
+    if c.causal and any(a > 1024 and b > 1024 for a, b in zip(lq, lk)):
+        out.add("long_document=over_1024_rows")
     if max(lk, default=0) > 4096:
         out.add("long_document=over_4096_keys")
     if c.total_q == 0:

@@ -71,6 +71,8 @@ class KernelOutputs:
     second_item: str = ""
     # the tensors the kernel received (fresh copies of the inputs), to detect in-place writes
     passed: dict | None = None
+    #: with ``loss=lse``: whether the returned log-sum-exp was in the graph (None for other calls)
+    lse_differentiable: bool | None = None
     #: with ``create_graph=yes``: the gradients that arrived outside the graph (detached: a gradient
     #: penalty on them is silently a constant); empty otherwise
     detached_grads: tuple[str, ...] = ()
@@ -221,6 +223,7 @@ class KernelHarness:
         flagged: set = set()
         stage = "forward"
         detached: tuple[str, ...] = ()
+        lse_differentiable: bool | None = None
         try:
             mode = (
                 torch.enable_grad()
@@ -260,7 +263,18 @@ class KernelHarness:
                         pairs["do"] = (upstream, original_do)
                         if inputs.case.call_option("out_edit") == "add" and out.requires_grad:
                             out.add_(1.0)  # the caller's in-place edit of the result before its backward
-                        if out.grad_fn is None and not out.requires_grad:
+                        if inputs.case.call_option("loss") == "lse":  # the backward from the log-sum-exp
+                            lse_t = result[1] if tuple_output and len(result) > 1 else None
+                            lse_differentiable = (
+                                isinstance(lse_t, torch.Tensor)
+                                and lse_t.requires_grad
+                                and tuple(lse_t.shape) == (q.shape[1], q.shape[0])
+                            )
+                            if lse_differentiable:
+                                assert isinstance(lse_t, torch.Tensor)
+                                lse_t.backward(lse_weights(original_do).to(device=lse_t.device, dtype=lse_t.dtype))
+                                grads = tuple(None if g is None else g.detach().contiguous() for g in grads_of())  # type: ignore[assignment]
+                        elif out.grad_fn is None and not out.requires_grad:
                             if out.numel():
                                 raise _NoBackward("the output has no grad_fn (forward-only kernel)")
                             # no query: an empty output may stand outside the graph; every gradient is 0
@@ -306,6 +320,7 @@ class KernelHarness:
                 lse=lse,
                 second_item=second,
                 detached_grads=detached,
+                lse_differentiable=lse_differentiable,
             )
             return res, stage
         except _NoBackward:
@@ -536,6 +551,12 @@ def _autocast(case: Case, q: torch.Tensor):
     if case.call_option("autocast") == "on":
         return torch.autocast(device_type=q.device.type, dtype=q.dtype)
     return contextlib.nullcontext()
+
+
+def lse_weights(do: torch.Tensor) -> torch.Tensor:
+    """The upstream gradient of a log-sum-exp (nheads, total_q) in a ``loss=lse`` call: the first
+    channel of the case's dO, transposed (drawn like dO, so a dropped or misplaced row shows)."""
+    return do.detach()[:, :, 0].T.contiguous()
 
 
 def _default_dtype(case: Case, q: torch.Tensor):

@@ -310,9 +310,47 @@ def backward_reads_the_latest_pack(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax
     return _LatestPack.apply(q, k, v, (cu_q, cu_k, max_q, max_k, softmax_scale, causal))
 
 
+def differentiable_lse(q, k, cu_q, cu_k, scale, causal):
+    """(nheads, total_q) natural-log log-sum-exp of the scaled scores in float32 torch ops (in the graph)."""
+    g = q.shape[1] // k.shape[1]
+    rows, cq, ck = [], cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        qd = q[cq[b] : cq[b + 1]].float().transpose(0, 1)
+        kd = k[ck[b] : ck[b + 1]].float().transpose(0, 1).repeat_interleave(g, 0)
+        s = scale * qd @ kd.transpose(1, 2)
+        lq, lk = qd.shape[1], kd.shape[1]
+        if causal:
+            s = s.masked_fill(torch.arange(lk)[None, :] > torch.arange(lq)[:, None] + (lk - lq), -math.inf)
+        rows.append(torch.logsumexp(s, dim=-1))
+    return torch.cat(rows, dim=1)
+
+
+class _LseWithoutGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, lse):
+        return lse.detach().clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None  # the log-sum-exp's gradient is dropped
+
+
+@_bug("interface.lse", recipe="bf16")
+def lse_gradient_dropped(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Returns (out, lse) with the log-sum-exp marked as requiring grad, but its backward ignores the
+    log-sum-exp's gradient (only out's reaches q, k, v): a merge of partial attention results that
+    differentiates through the log-sum-exp silently loses that part of the gradient."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out = sdpa_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
+    with torch.no_grad():
+        lse = differentiable_lse(q, k, cu_q, cu_k, scale, causal)
+    return out, _LseWithoutGradient.apply(q, lse)
+
+
 CONVENTION_BUGS = {
     f.__name__: f
     for f in (
+        lse_gradient_dropped,
         gradients_outside_the_graph,
         scale_as_a_default_dtype_tensor,
         backward_reads_the_latest_pack,

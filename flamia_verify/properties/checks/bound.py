@@ -182,13 +182,19 @@ def bound_grad(ctx):
 WIDE_HEADDIM = 512
 
 
+#: a causal document's length in bound.shapes past 1024 keys per row (the limit of warp-per-row softmax
+#: kernels; longer rows take a block-softmax path with its own masking)
+LONG_ROWS = 1100
+
+
 def shape_cases(ctx) -> list[Case]:
     """The shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8 (odd head counts, an
     odd number of kv heads above one; 16 query heads, more than one tile of 8 heads), a non-default
     softmax_scale at a head_dim other than 64 and 128,
     head_dims 80, 96, 192 and 256 (not multiples of 64; 80 and 96 not of 32 either, so an MX block
     straddles the end of a row) and 512 with peaked rows (a kernel may refuse it: a fallback path must
-    still be right), and one causal document longer than every tile (``layout_long``)."""
+    still be right), one causal document longer than every tile (``layout_long``) and one of
+    ``LONG_ROWS`` queries and keys, past the 1024-key rows where per-row softmax fast paths end."""
     long_len = ctx.settings.layout_long
     return [
         ctx.case(
@@ -200,6 +206,8 @@ def shape_cases(ctx) -> list[Case]:
         ctx.case((33, 9), heads=7, heads_k=1, headdim=192, causal=False, seed_offset=1103),
         ctx.case((30, 21), heads=9, heads_k=3, headdim=256, causal=True, distribution="heavy_tail", seed_offset=1104),
         ctx.case((long_len,), heads=3, heads_k=1, headdim=128, causal=True, seed_offset=1105),
+        # rows past 1024 keys, where per-row softmax fast paths end and long rows take another path
+        ctx.case((LONG_ROWS, 7), heads=2, heads_k=1, headdim=64, causal=True, seed_offset=1108),
         ctx.case((24, 9), heads=24, heads_k=3, headdim=64, causal=True, seed_offset=1106),
         # past the fused kernels' 256 (a kernel may refuse it, never compute it otherwise)
         ctx.case((24, 17), heads=4, heads_k=2, headdim=WIDE_HEADDIM, distribution="peaked", seed_offset=1107),
@@ -210,7 +218,8 @@ def shape_cases(ctx) -> list[Case]:
     "bound.shapes",
     "every element of O, dQ, dK, dV within the recipe's bound, and their error within the recipe's error "
     "model, on the shapes the base packings do not reach: GQA groups of 3, 5, 6, 7 and 8, odd kv heads, "
-    "head_dims 80, 96, 192, 256 and 512 (which a kernel may refuse), a causal document longer than every tile",
+    "head_dims 80, 96, 192, 256 and 512 (which a kernel may refuse), a causal document longer than every tile "
+    "and one past 1024 keys per row",
     defaults=lambda recipe, dtype: {"violations": 0, "normalized_error": ERROR_MODEL_FACTOR},
     adjustable=("normalized_error",),
     cost=1.0,

@@ -40,7 +40,7 @@ import torch
 
 from flamia_verify.properties.cases import GRADS_OF, Case
 from flamia_verify.properties.compare import compare_bitwise, compare_within
-from flamia_verify.properties.harness import KernelCallError
+from flamia_verify.properties.harness import KernelCallError, lse_weights
 from flamia_verify.properties.helpers import bound_report, bounds_for, case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
@@ -353,8 +353,9 @@ def arguments(ctx):
 @register(
     "interface.lse",
     "a returned log-sum-exp (the second item of a tuple output, shape (nheads, total_q)) within the "
-    "a-priori bound of the natural-log log-sum-exp of the scaled scores",
-    defaults=lambda recipe, dtype: {"violations": 0},
+    "a-priori bound of the natural-log log-sum-exp of the scaled scores; where it is in the graph, a loss on "
+    "it alone gives the gradients of the log-sum-exp (within the error model of dQ and dK)",
+    defaults=lambda recipe, dtype: {"violations": 0, "lse_gradient_errors": 0},
     cost=0.3,
 )
 def lse(ctx):
@@ -413,13 +414,76 @@ def lse(ctx):
     if not rows:
         what = f" (its second item: {seen})" if seen else ""
         return ctx.skip(f"the kernel returns no log-sum-exp of shape (nheads, total_q){what}")
+    grad_errors, grad_note = 0, ""
+    if ctx.has_backward:
+        grad_errors, grad_note, grad_first = _lse_gradients(ctx, [c for c in cases if ctx.run(c).lse is not None][:2])
+        first = first or grad_first
     return verdict(
         ctx,
-        {"violations": violations, "tightness": worst_ratio, "rows": rows},
+        {"violations": violations, "lse_gradient_errors": grad_errors, "tightness": worst_ratio, "rows": rows},
         ok_message=f"lse of {rows} rows within the bound (natural log); tightness {worst_ratio:.3g}; "
-        f"{empty_rows} rows that see no key with lse -inf or +inf",
+        f"{empty_rows} rows that see no key with lse -inf or +inf{grad_note}",
         first=first,
     )
+
+
+def _lse_gradients(ctx, cases: list[Case]) -> tuple[int, str, dict | None]:
+    """A loss on the log-sum-exp alone (``loss=lse``): dQ and dK against the float64 gradients of
+    sum(w * lse), held to the error model of dQ and dK (the same products of P with K and Q; a
+    gradient dropped or misrouted has relative error about 1). A log-sum-exp outside the graph is
+    allowed (FlashAttention's is): a loss on it then raises or gives nothing, never a wrong value."""
+    errors, checked, first = 0, 0, None
+    for case in cases:
+        res = ctx.run(case.with_(call=(("loss", "lse"),)))
+        if not res.lse_differentiable:
+            return 0, "; the log-sum-exp is outside the graph (no gradient through it)", None
+        inp = ctx.inputs(case)
+        ref = lse_gradient_reference(inp, lse_weights(inp.do).double())
+        for t, want in zip(("dq", "dk"), ref):
+            got = getattr(res, t)
+            norm = math.inf if got is None else normalized_error(ctx, case, t, rel_rmse(got, want.to(got.device)))
+            checked += 1
+            if norm > ERROR_MODEL_FACTOR:
+                errors += 1
+                if first is None:
+                    first = case_record(
+                        case,
+                        tensor=t,
+                        normalized_error=norm,
+                        summary=f"{t} of a loss on the returned log-sum-exp has {norm:.3g} times the recipe's expected "
+                        f"error of {t} (at most {ERROR_MODEL_FACTOR:g})"
+                        + (" (no gradient arrived)" if got is None else ""),
+                    )
+    return errors, f"; dQ and dK of a loss on the log-sum-exp within the error model ({checked} tensors)", first
+
+
+def lse_gradient_reference(inp, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 dQ, dK of sum(w * lse) (w: (nheads, total_q)): dQ_i = scale w_i sum_j P_ij k_j and
+    dK_j = scale sum_i w_i P_ij q_i (dV = 0), per document, GQA groups summed into their kv head; rows
+    that see no key (lse = -inf) contribute nothing."""
+    c = inp.case
+    q, k = inp.q.double().cpu(), inp.k.double().cpu()
+    w = w.cpu()
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    h, hk, d = q.shape[1], k.shape[1], q.shape[2]
+    g = h // hk
+    qs = ks = 0
+    for lq, lk in zip(c.lens_q, c.lens_k):
+        if lq and lk:
+            qd = q[qs : qs + lq].transpose(0, 1)  # (H, lq, D)
+            kd = k[ks : ks + lk].transpose(0, 1).repeat_interleave(g, 0)  # (H, lk, D)
+            s = c.scale * qd @ kd.transpose(1, 2)
+            if c.causal:
+                i = torch.arange(lq)[:, None]
+                j = torch.arange(lk)[None, :]
+                s = s.masked_fill(j > i + (lk - lq), -math.inf)
+            p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)  # a row that sees no key: 0
+            wd = w[:, qs : qs + lq, None]  # (H, lq, 1)
+            dq[qs : qs + lq] = (c.scale * wd * (p @ kd)).transpose(0, 1)
+            dkh = c.scale * p.transpose(1, 2) @ (wd * qd)  # (H, lk, D)
+            dk[ks : ks + lk] = dkh.view(hk, g, lk, d).sum(1).transpose(0, 1)
+        qs, ks = qs + lq, ks + lk
+    return dq, dk
 
 
 def _transposed(description: str, case: Case) -> bool:
