@@ -89,9 +89,15 @@ class StateProbe:
         torch.set_rng_state(self.cpu_probe)
         self.cuda_saved: torch.Tensor | None = None
         if device.type == "cuda" and torch.cuda.is_initialized():
-            self.cuda_saved = torch.cuda.get_rng_state(device)
-            torch.cuda.manual_seed(PROBE_SEED)
-            torch.cuda.set_rng_state(_cuda_state_at(PROBE_SEED, offset=4), device)
+            saved = torch.cuda.get_rng_state(device)
+            try:  # a Philox state one step past a fresh seed; any other state layout: no CUDA probe
+                torch.cuda.manual_seed(PROBE_SEED)
+                torch.cuda.set_rng_state(_cuda_state_at(PROBE_SEED, offset=4), device)
+                if not torch.equal(torch.cuda.get_rng_state(device), _cuda_state_at(PROBE_SEED, offset=4)):
+                    raise ValueError("unexpected CUDA generator state layout")
+                self.cuda_saved = saved
+            except (RuntimeError, ValueError):
+                torch.cuda.set_rng_state(saved, device)
 
     def finish(self) -> list[StateChange]:
         changes = []
