@@ -19,10 +19,12 @@ def test_drawing_is_allowed_and_the_callers_stream_comes_back():
     torch.rand(2)
     saved = torch.get_rng_state()
     probe = StateProbe(CPU)
-    assert torch.initial_seed() == PROBE_SEED  # the call sees the probe's generator, not the caller's
+    assert torch.initial_seed() == probe.seed >= PROBE_SEED  # the call sees the probe's generator
     torch.rand(3)  # a kernel with dropout draws
     assert probe.finish() == []
     assert torch.equal(torch.get_rng_state(), saved) and torch.initial_seed() == 123
+    second = StateProbe(CPU)  # another seed for every call: a kernel's random draws differ between calls
+    assert second.seed != probe.seed and second.finish() == []
 
 
 @pytest.mark.parametrize("reseed", ["own seed", "another seed"])

@@ -18,7 +18,7 @@ stream of the process.
 
 from __future__ import annotations
 
-import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +26,10 @@ import torch
 
 __all__ = ["StateChange", "StateProbe", "flags"]
 
-#: the seed of the probe states the global generators hold during a call
+#: the first seed of the probe states the global generators hold during calls (each probe the next
+#: one, so that a kernel drawing random numbers draws other numbers on every call, as it would unprobed)
 PROBE_SEED = 0x5EED_F1A
+_probes = itertools.count()
 
 
 def flags(device: torch.device) -> dict[str, Any]:
@@ -63,16 +65,15 @@ class StateChange:
     after: str
 
 
-@functools.cache
 def _fresh_cpu_state(seed: int) -> torch.Tensor:
     g = torch.Generator()
     g.manual_seed(seed)
     return g.get_state()
 
 
-def _probe_cpu_state() -> torch.Tensor:
+def _probe_cpu_state(seed: int) -> torch.Tensor:
     g = torch.Generator()
-    g.manual_seed(PROBE_SEED)
+    g.manual_seed(seed)
     torch.rand(1, generator=g)  # one draw past the fresh state
     return g.get_state()
 
@@ -84,16 +85,16 @@ class StateProbe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.before = flags(device)
+        self.seed = PROBE_SEED + next(_probes)
         self.cpu_saved = torch.get_rng_state()
-        self.cpu_probe = _probe_cpu_state()
-        torch.set_rng_state(self.cpu_probe)
+        torch.set_rng_state(_probe_cpu_state(self.seed))
         self.cuda_saved: torch.Tensor | None = None
         if device.type == "cuda" and torch.cuda.is_initialized():
             saved = torch.cuda.get_rng_state(device)
             try:  # a Philox state one step past a fresh seed; any other state layout: no CUDA probe
-                torch.cuda.manual_seed(PROBE_SEED)
-                torch.cuda.set_rng_state(_cuda_state_at(PROBE_SEED, offset=4), device)
-                if not torch.equal(torch.cuda.get_rng_state(device), _cuda_state_at(PROBE_SEED, offset=4)):
+                torch.cuda.manual_seed(self.seed)
+                torch.cuda.set_rng_state(_cuda_state_at(self.seed, offset=4), device)
+                if not torch.equal(torch.cuda.get_rng_state(device), _cuda_state_at(self.seed, offset=4)):
                     raise ValueError("unexpected CUDA generator state layout")
                 self.cuda_saved = saved
             except (RuntimeError, ValueError):
@@ -107,7 +108,7 @@ class StateProbe:
                 changes.append(StateChange(what, str(value), str(after.get(what))))
         seed = torch.initial_seed()
         state = torch.get_rng_state()
-        if seed != PROBE_SEED:
+        if seed != self.seed:
             changes.append(StateChange("torch.initial_seed()", "unchanged", f"reseeded to {seed}"))
         elif torch.equal(state, _fresh_cpu_state(seed)):
             changes.append(StateChange("torch.get_rng_state()", "as the call left it", "reset to its seed's start"))
@@ -115,9 +116,9 @@ class StateProbe:
         if self.cuda_saved is not None:
             cuda_seed = torch.cuda.initial_seed()
             cuda_state = torch.cuda.get_rng_state(self.device)
-            if cuda_seed != PROBE_SEED:
+            if cuda_seed != self.seed:
                 changes.append(StateChange("torch.cuda.initial_seed()", "unchanged", f"reseeded to {cuda_seed}"))
-            elif torch.equal(cuda_state, _cuda_state_at(PROBE_SEED, offset=0)):
+            elif torch.equal(cuda_state, _cuda_state_at(self.seed, offset=0)):
                 changes.append(
                     StateChange("torch.cuda.get_rng_state()", "as the call left it", "reset to its seed's start")
                 )

@@ -157,7 +157,8 @@ def fa2_rounded(p_round: Rounding, ds_round: Rounding, name: str, recipe: str = 
 
     def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        return _FA2Rounded.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), p_round, ds_round)
+        with torch.autocast(device_type=q.device.type, enabled=False):  # its fp32 arithmetic stays fp32
+            return _FA2Rounded.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), p_round, ds_round)
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.recipe = recipe  # type: ignore[attr-defined]  # function attribute read by the loader

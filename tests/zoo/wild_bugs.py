@@ -18,6 +18,7 @@ most ordinary inputs (contiguous bf16, scale passed, equal-length short document
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -1378,11 +1379,20 @@ CORRECT_WILD: dict[str, Callable] = {}
 
 
 def _correct(name, recipe, description):
+    """Register a correct kernel. Each turns a caller's torch.autocast off around its arithmetic, as a
+    kernel written in fp32 torch ops must (inside autocast its fp32 GEMMs would run in bf16: scores
+    rounded to bf16, outside the recipe; interface.arguments calls every kernel inside autocast)."""
+
     def register(fn):
-        _tag(recipe, description)(fn)
-        fn.__name__ = name
-        CORRECT_WILD[name] = fn
-        return fn
+        @functools.wraps(fn)
+        def guarded(q, *args, **kwargs):
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                return fn(q, *args, **kwargs)
+
+        _tag(recipe, description)(guarded)
+        guarded.__name__ = name
+        CORRECT_WILD[name] = guarded
+        return guarded
 
     return register
 
