@@ -19,7 +19,10 @@ from zoo import kernels as Z
 from zoo import targeted as T
 from zoo.quick_reports import GROUP, quick_report
 
-BUILT_INS = ("bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-mxfp8-floor", "flamia-nvfp4", "mxfp8-naive")
+#: the built-ins whose seed-to-seed noise is measured: every recipe family and scaling (the quick reports of
+#: the four shared with test_properties_correct are computed once); flamia-mxfp8-floor (mxfp8 with another
+#: scale rule) and mxfp8-naive (whose report fails) add CPU time to CI and no other kind of noise
+BUILT_INS = ("bf16", "fp8", "fp8-tensor", "flamia-mxfp8", "flamia-nvfp4")
 
 
 pytestmark = pytest.mark.xdist_group(GROUP)

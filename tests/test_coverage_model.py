@@ -37,6 +37,7 @@ def observed():
     return observe(make_kernel(DESIGNS["bf16"]), suite="standard", recipe="bf16")
 
 
+@pytest.mark.xdist_group("coverage-observed")  # one worker computes the observed standard suite once
 def test_every_row_is_exercised_by_its_declared_checks_in_standard(observed):
     standard = {s.name for s in list_checks("standard")}
     for row in MODEL:
@@ -46,6 +47,7 @@ def test_every_row_is_exercised_by_its_declared_checks_in_standard(observed):
         assert any(row.feature in f for f in observed.values())
 
 
+@pytest.mark.xdist_group("coverage-observed")
 def test_every_feature_a_call_can_have_is_a_row(observed):
     rows = {r.feature for r in MODEL}
     seen = set().union(*observed.values())

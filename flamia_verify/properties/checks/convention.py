@@ -174,9 +174,9 @@ def arguments(ctx):
     jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
     jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
     # the forward inside torch.autocast (a mixed-precision training step): the same tensors, the same bits
-    jobs += [(base, (("autocast", "on"),)) for base in bases]
+    jobs += [(base, (("autocast", "on"),)) for base in bases[:2]]
     # torch's default dtype set to the inputs' dtype (a model built in bf16): the same bits
-    jobs += [(base, (("default_dtype", "input"),)) for base in bases]
+    jobs += [(base, (("default_dtype", "input"),)) for base in bases[:2]]
     # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
     jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
