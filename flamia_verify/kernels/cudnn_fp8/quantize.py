@@ -253,8 +253,10 @@ def _dequantize_kernel(
         v = _decode_e4m3(codes)
     v = v * tl.load(Descale)
     r = quant.round_input(v, IS_FP16)
-    if IS_FP16:  # quant.round_fp16 rounds |v|: give a zero back its sign
-        r = tl.where((r == 0) & (v.to(tl.int32, bitcast=True) < 0), -tl.abs(r), r)
+    if IS_FP16:  # quant.round_fp16 rounds |v|: v's sign bit back, by integer ops (a float select of -|0|
+        # lost the sign of zero on the H200: -0.0 came out +0.0; rounding never changes a sign)
+        sign = v.to(tl.int32, bitcast=True) & -2147483648
+        r = ((r.to(tl.int32, bitcast=True) & 2147483647) | sign).to(tl.float32, bitcast=True)
     v = r
     tl.store(Out + (src[:, None] * H + h[:, None]) * D + cols[None, :], v.to(Out.dtype.element_ty), mask=mask)
 
