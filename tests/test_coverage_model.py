@@ -32,7 +32,7 @@ NEW_CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: kept while the worker runs other modules between its tests
 def observed():
     return observe(make_kernel(DESIGNS["bf16"]), suite="standard", recipe="bf16")
 

@@ -203,16 +203,16 @@ def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on
         kernels = [{{spec = "{bad}:crash", recipe = "bf16"}}, {{spec = "{bad}:hang", recipe = "bf16"}}, "bf16"]
         only = [["interface.output"]]
         device = "cpu"
-        timeout_s = 15
+        timeout_s = 10
         """,
     )
     outcome = run_sweep(path, tmp_path / "out", workers=2)
     status = {r["case"]["kernel"].rpartition(":")[2]: (r["status"], r["error"]) for r in outcome.results}
     assert status["crash"][0] == "error" and "worker crashed (exit code 7)" in status["crash"][1]
-    assert status["hang"][0] == "error" and "timed out after 15 s" in status["hang"][1]
+    assert status["hang"][0] == "error" and "timed out after 10 s" in status["hang"][1]
     assert status["bf16"] == ("pass", None)
     assert (
-        main(["sweep", str(path), "--out", str(tmp_path / "out"), "--timeout", "20"]) == 3
+        main(["sweep", str(path), "--out", str(tmp_path / "out"), "--timeout", "11"]) == 3
     )  # errors rerun, no verdict
 
 
