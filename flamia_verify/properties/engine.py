@@ -242,7 +242,7 @@ def _stop_reason(exc: BaseException) -> str:
 RUN_WIDE = {INPUTS_UNMODIFIED: judge_modifications, PROCESS_STATE: judge_process_state}
 
 
-def _rejudge_inputs(ctx: CheckContext, report: Report, audited_at: dict[str, int]) -> None:
+def _rejudge_run_wide(ctx: CheckContext, report: Report, audited_at: dict[str, int]) -> None:
     """The run-wide checks again over every call of the run, when calls came after each ran."""
     for name, at in audited_at.items():
         if ctx.harness.calls == at:
@@ -358,10 +358,10 @@ def run_checks(
                 on_result(result)
             if on_report is not None:
                 on_report(report)
-        _rejudge_inputs(ctx, report, audited_at)
+        _rejudge_run_wide(ctx, report, audited_at)
     except BaseException as exc:
         try:
-            _rejudge_inputs(ctx, report, audited_at)
+            _rejudge_run_wide(ctx, report, audited_at)
         except Exception:  # the partial report is still worth having without it
             pass
         report.incomplete_reason = (

@@ -41,6 +41,7 @@ __all__ = [
     "KernelHarness",
     "BackwardSupport",
     "Modification",
+    "StateRecord",
     "is_leaf_inplace_error",
     "kernel_traceback",
     "same_bits",
@@ -141,6 +142,16 @@ class Modification:
     call: int = 0  # the harness's call number (0-based)
 
 
+@dataclass
+class StateRecord:
+    """One process setting a call left changed (:mod:`flamia_verify.properties.process_state`)."""
+
+    case: Case
+    stage: str  # how far the call got: "forward" or "backward"
+    change: StateChange
+    call: int  # the harness's call number (0-based)
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal (-0.0 and +0.0 alike, as in compare_bitwise); the raw bytes decide the common case."""
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -166,7 +177,7 @@ class KernelHarness:
         self.audited = 0  # calls whose inputs were compared after the kernel returned or raised
         self.modifications: list[Modification] = []
         #: process settings a call left changed: (case, stage, change, call index)
-        self.state_changes: list[tuple[Case, str, StateChange, int]] = []
+        self.state_changes: list[StateRecord] = []
         self._abandoned: set[int | None] = set()  # threads of calls that timed out
         #: called with the inputs of every call (the coverage model records what each check exercises)
         self.recorder: Callable[[Inputs], None] | None = None
@@ -198,7 +209,7 @@ class KernelHarness:
                 )
 
     def _record_state(self, case: Case, stage: str, changes: list[StateChange]) -> None:
-        self.state_changes += [(case, stage, change, self.calls) for change in changes]
+        self.state_changes += [StateRecord(case, stage, change, self.calls) for change in changes]
 
     # -- the call itself ------------------------------------------------------------------
 
@@ -295,12 +306,11 @@ class KernelHarness:
                                     warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
                                     out.backward(up, create_graph=create_graph)
                             raw = grads_of()
+                            grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
                             if create_graph:
                                 detached = tuple(
                                     n for n, g in zip(("dq", "dk", "dv"), raw) if g is not None and not g.requires_grad
                                 )
-                            grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
-                            if create_graph:
                                 for x in (q, k, v):  # the graph held by .grad: let it go
                                     x.grad = None
                 finally:
@@ -559,23 +569,18 @@ def lse_weights(do: torch.Tensor) -> torch.Tensor:
     return do.detach()[:, :, 0].T.contiguous()
 
 
+@contextlib.contextmanager
 def _default_dtype(case: Case, q: torch.Tensor):
     """The case's ``default_dtype`` context: torch's default dtype set to q's dtype, or nothing."""
     if case.call_option("default_dtype") != "input":
-        return contextlib.nullcontext()
-    return _DefaultDtype(q.dtype)
-
-
-class _DefaultDtype:
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype, self.saved = dtype, torch.get_default_dtype()
-
-    def __enter__(self) -> None:
-        self.saved = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-
-    def __exit__(self, *exc) -> None:
-        torch.set_default_dtype(self.saved)
+        yield
+        return
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(q.dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def interleaved_case(case: Case) -> Case:

@@ -65,17 +65,25 @@ class StateChange:
     after: str
 
 
-def _fresh_cpu_state(seed: int) -> torch.Tensor:
+def _cpu_state_at(seed: int, *, draws: int) -> torch.Tensor:
+    """A CPU (MT19937) generator state: freshly seeded, then ``draws`` single draws on."""
     g = torch.Generator()
     g.manual_seed(seed)
+    for _ in range(draws):
+        torch.rand(1, generator=g)
     return g.get_state()
 
 
-def _probe_cpu_state(seed: int) -> torch.Tensor:
-    g = torch.Generator()
-    g.manual_seed(seed)
-    torch.rand(1, generator=g)  # one draw past the fresh state
-    return g.get_state()
+def _reseeded(
+    generator: str, seed: int, probe_seed: int, state: torch.Tensor, fresh: torch.Tensor
+) -> list[StateChange]:
+    """What a call did to a generator that held a probe state one draw past ``probe_seed``: reseeded
+    to another seed, reset to its own seed's start, or nothing (drawn from, or left)."""
+    if seed != probe_seed:
+        return [StateChange(f"{generator}.initial_seed()", "unchanged", f"reseeded to {seed}")]
+    if torch.equal(state, fresh):
+        return [StateChange(f"{generator}.get_rng_state()", "as the call left it", "reset to its seed's start")]
+    return []
 
 
 class StateProbe:
@@ -87,7 +95,7 @@ class StateProbe:
         self.before = flags(device)
         self.seed = PROBE_SEED + next(_probes)
         self.cpu_saved = torch.get_rng_state()
-        torch.set_rng_state(_probe_cpu_state(self.seed))
+        torch.set_rng_state(_cpu_state_at(self.seed, draws=1))
         self.cuda_saved: torch.Tensor | None = None
         if device.type == "cuda" and torch.cuda.is_initialized():
             saved = torch.cuda.get_rng_state(device)
@@ -101,27 +109,18 @@ class StateProbe:
                 torch.cuda.set_rng_state(saved, device)
 
     def finish(self) -> list[StateChange]:
-        changes = []
+        changes: list[StateChange] = []
         after = flags(self.device)
         for what, value in self.before.items():
             if after.get(what) != value:
                 changes.append(StateChange(what, str(value), str(after.get(what))))
-        seed = torch.initial_seed()
-        state = torch.get_rng_state()
-        if seed != self.seed:
-            changes.append(StateChange("torch.initial_seed()", "unchanged", f"reseeded to {seed}"))
-        elif torch.equal(state, _fresh_cpu_state(seed)):
-            changes.append(StateChange("torch.get_rng_state()", "as the call left it", "reset to its seed's start"))
+        fresh = _cpu_state_at(self.seed, draws=0)
+        changes += _reseeded("torch", torch.initial_seed(), self.seed, torch.get_rng_state(), fresh)
         torch.set_rng_state(self.cpu_saved)
         if self.cuda_saved is not None:
-            cuda_seed = torch.cuda.initial_seed()
-            cuda_state = torch.cuda.get_rng_state(self.device)
-            if cuda_seed != self.seed:
-                changes.append(StateChange("torch.cuda.initial_seed()", "unchanged", f"reseeded to {cuda_seed}"))
-            elif torch.equal(cuda_state, _cuda_state_at(self.seed, offset=0)):
-                changes.append(
-                    StateChange("torch.cuda.get_rng_state()", "as the call left it", "reset to its seed's start")
-                )
+            state = torch.cuda.get_rng_state(self.device)
+            fresh = _cuda_state_at(self.seed, offset=0)
+            changes += _reseeded("torch.cuda", torch.cuda.initial_seed(), self.seed, state, fresh)
             torch.cuda.set_rng_state(self.cuda_saved, self.device)
         return changes
 

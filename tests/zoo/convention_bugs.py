@@ -154,10 +154,13 @@ class _InnerGraph(torch.autograd.Function):
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             out = _GOOD(*leaves, *call[:4], softmax_scale=call[4], causal=call[5])
         ctx.inner, ctx.leaves, ctx.bug, ctx.accumulated = out, leaves, bug, None
+        ctx.seed = torch.initial_seed()  # "the dropout seed", recorded for the backward
         return out.detach()
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.bug == "backward_reseeds_the_process":  # "restores the dropout RNG": later draws repeat
+            torch.manual_seed(ctx.seed)
         if ctx.bug == "row_stride_from_heads":
             g = _rows_at_packed_stride(g)
         grads = list(torch.autograd.grad(ctx.inner, ctx.leaves, g, retain_graph=True))
@@ -232,33 +235,12 @@ def fp32_gemms_under_autocast(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scal
     return _Unguarded.apply(q, k, v, cu_q, cu_k, scale, bool(causal))
 
 
-class _ReseedingBackward(torch.autograd.Function):
-    """The emulated flamia-mxfp8 kernel whose backward replays its forward's (unused) dropout seed on
-    the process-wide generator."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, call):
-        ctx.seed = torch.initial_seed()  # "the dropout seed", recorded for the backward
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-            out = _GOOD(*leaves, *call[:4], softmax_scale=call[4], causal=call[5])
-        ctx.inner, ctx.leaves = out, leaves
-        return out.detach()
-
-    @staticmethod
-    def backward(ctx, g):
-        torch.manual_seed(ctx.seed)  # restores "the dropout RNG": every later draw of the process repeats
-        return (*torch.autograd.grad(ctx.inner, ctx.leaves, g), None)
-
-
 @_bug("interface.process_state")
 def backward_reseeds_the_process(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
     """The backward reseeds torch's global generator with the seed its forward recorded (to replay a
     dropout mask, also at dropout 0): out and the gradients are right; the process's random draws after
     each backward (data order, dropout, sampling) repeat."""
-    if not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
-        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
-    return _ReseedingBackward.apply(q, k, v, (cu_q, cu_k, max_q, max_k, softmax_scale, causal))
+    return _via_inner_graph("backward_reseeds_the_process", q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
 
 
 @_bug("interface.arguments")

@@ -569,9 +569,8 @@ def _attend(
     args: tuple[Any, ...] = (run, cu_q, cu_k, key, arch, need_backward)
     if grad:
         return _CudnnFp8Attention.apply(q, k, v, *args)
-    with torch.no_grad():
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            return _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)[0]
+    with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+        return _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)[0]
 
 
 def make_kernel(

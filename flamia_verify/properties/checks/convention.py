@@ -45,6 +45,7 @@ from flamia_verify.properties.helpers import bound_report, bounds_for, case_reco
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
+from flamia_verify.reference import attention_backward, attention_forward
 from flamia_verify.settings import DTYPES
 
 __all__ = ["argument_cases", "empty_packs", "LAYOUTS", "MAX_SEQLEN_PADS", "FP16_RANGE"]
@@ -135,6 +136,13 @@ _BITWISE = {
 }
 
 
+#: the calls of interface.arguments that only a kernel with a backward gets, as its message names them
+_BACKWARD_CALLS = (
+    "only q or only k, v requiring grad, the output edited in place, a second backward, a broadcast dO, "
+    "another call between forward and backward, create_graph, "
+)
+
+
 def _call_words(call) -> str:
     return ", ".join(f"{k}={v}" for k, v in call) or "the plain call"
 
@@ -146,12 +154,14 @@ def _other_dtype(name: str) -> str:
 @register(
     "interface.arguments",
     "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
-    "with max_seqlen above the true maximum, with strided cu_seqlens views, inside torch.autocast, with only q or only k, v "
-    "requiring grad, with the output edited in place before the backward, with the backward run twice on "
-    "one graph, with dO broadcast over the tokens (stride 0), under no_grad and "
+    "with max_seqlen above the true maximum, with strided cu_seqlens views, inside torch.autocast, with torch's "
+    "default dtype set to the inputs', with only q or only k, v requiring grad, with the output edited in place "
+    "before the backward, with the backward run twice on one graph, with dO broadcast over the tokens (stride "
+    "0), with another call between the forward and the backward, with create_graph=True, under no_grad and "
     "inference_mode, with a negative softmax_scale on sign-flipped queries, on packs without queries, in "
     "the other input dtype and in fp16 near the top of its range: within the recipe's bound (and its error "
-    "model where the bits differ), and bitwise unchanged by max_seqlen, by the cu_seqlens layout and by autocast",
+    "model where the bits differ), and bitwise unchanged by max_seqlen, the cu_seqlens layout, autocast, the "
+    "default dtype, an interleaved call and create_graph",
     defaults=lambda recipe, dtype: {
         "violations": 0,
         **{metric: 0 for metric, _ in _BITWISE.values()},
@@ -331,11 +341,12 @@ def arguments(ctx):
     }
     ok = (
         f"{calls} calls (fused/transposed/offset views, softmax_scale=None and 0, max_seqlen + "
-        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, autocast, "
-        f"{'only q or only k, v requiring grad, the output edited in place, a second backward, a broadcast dO, ' if ctx.has_backward else ''}"
+        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, autocast, the default dtype, "
+        f"{_BACKWARD_CALLS if ctx.has_backward else ''}"
         f"no_grad and inference_mode forwards, a negative scale, packs without queries, {other}"
         f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen, the "
-        "cu_seqlens layout and autocast change no bit"
+        f"cu_seqlens layout, autocast, the default dtype{', an interleaved call and create_graph' if ctx.has_backward else ''} "
+        "change no bit"
     )
     if declined:
         ok += f"; {declined}"
@@ -458,32 +469,18 @@ def _lse_gradients(ctx, cases: list[Case]) -> tuple[int, str, dict | None]:
 
 
 def lse_gradient_reference(inp, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 dQ, dK of sum(w * lse) (w: (nheads, total_q)): dQ_i = scale w_i sum_j P_ij k_j and
-    dK_j = scale sum_i w_i P_ij q_i (dV = 0), per document, GQA groups summed into their kv head; rows
-    that see no key (lse = -inf) contribute nothing."""
+    """float64 dQ, dK of sum(w * lse) (w: (nheads, total_q)) from the reference: dQ_i = scale w_i
+    sum_j P_ij k_j is scale w times the attention output with V := K, and dK_j = scale sum_i w_i P_ij q_i
+    is scale times the reference backward's dV for dO = w Q (GQA groups summed there; dV = 0 here).
+    Rows that see no key (lse = -inf) have P = 0 and contribute nothing."""
     c = inp.case
     q, k = inp.q.double().cpu(), inp.k.double().cpu()
-    w = w.cpu()
-    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-    h, hk, d = q.shape[1], k.shape[1], q.shape[2]
-    g = h // hk
-    qs = ks = 0
-    for lq, lk in zip(c.lens_q, c.lens_k):
-        if lq and lk:
-            qd = q[qs : qs + lq].transpose(0, 1)  # (H, lq, D)
-            kd = k[ks : ks + lk].transpose(0, 1).repeat_interleave(g, 0)  # (H, lk, D)
-            s = c.scale * qd @ kd.transpose(1, 2)
-            if c.causal:
-                i = torch.arange(lq)[:, None]
-                j = torch.arange(lk)[None, :]
-                s = s.masked_fill(j > i + (lk - lq), -math.inf)
-            p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)  # a row that sees no key: 0
-            wd = w[:, qs : qs + lq, None]  # (H, lq, 1)
-            dq[qs : qs + lq] = (c.scale * wd * (p @ kd)).transpose(0, 1)
-            dkh = c.scale * p.transpose(1, 2) @ (wd * qd)  # (H, lk, D)
-            dk[ks : ks + lk] = dkh.view(hk, g, lk, d).sum(1).transpose(0, 1)
-        qs, ks = qs + lq, ks + lk
-    return dq, dk
+    cu_q, cu_k = inp.cu_q.cpu(), inp.cu_k.cpu()
+    wt = w.cpu().T[..., None]  # (total_q, H, 1)
+    kw = {"softmax_scale": c.scale, "causal": c.causal}
+    out, lse = attention_forward(q, k, k, cu_q, cu_k, **kw)
+    _, _, dv = attention_backward(wt * q, q, k, k, out, lse, cu_q, cu_k, **kw)
+    return c.scale * wt * out, c.scale * dv
 
 
 def _transposed(description: str, case: Case) -> bool:

@@ -97,19 +97,20 @@ def inputs_unmodified(ctx):
 def process_state(ctx):
     # every call of the run is probed (flamia_verify.properties.process_state); these few make sure
     # there are some when the check runs alone, and the engine judges again over all when the run ends
-    for n, case in enumerate(_cases(ctx)):
+    cases = _cases(ctx)
+    for n, case in enumerate(cases):
         ctx.run(case)
-        ctx.progress((n + 1) / len(_cases(ctx)))
+        ctx.progress((n + 1) / len(cases))
     return judge_process_state(ctx)
 
 
 def judge_process_state(ctx):
     """The verdict over every process setting the harness saw a call change so far."""
     changes = ctx.harness.state_changes
-    names = sorted({c.what for _, _, c, _ in changes})
+    names = sorted({r.change.what for r in changes})
     metrics = {
         "changed_settings": len(names),
-        "changing_calls": len({i for *_, i in changes}),
+        "changing_calls": len({r.call for r in changes}),
         "calls": ctx.harness.calls,
     }
     if not changes:
@@ -119,11 +120,12 @@ def judge_process_state(ctx):
             ok_message=f"the process state as each of the {ctx.harness.calls} kernel calls found it "
             "(default dtype, grad mode, precision flags, threads, device, random generators' seeds)",
         )
-    case, stage, first, _ = changes[0]
+    case, stage, first = changes[0].case, changes[0].stage, changes[0].change
     summary = f"{first.what}: {first.before} before the call, {first.after} after it ({stage})"
     worst = case_record(case, stage=stage, summary=summary)
     worst["changes"] = [
-        {"setting": c.what, "before": c.before, "after": c.after, "stage": st} for _, st, c, _ in changes[:_LISTED]
+        {"setting": r.change.what, "before": r.change.before, "after": r.change.after, "stage": r.stage}
+        for r in changes[:_LISTED]
     ]
     return verdict(
         ctx,
