@@ -31,6 +31,7 @@ def check(
     case_timeout_s: float | None = None,
     forward_only: bool = False,
     out: str | Path | None = None,
+    require: tuple[str, ...] | list[str] = (),
 ):
     """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
 
@@ -39,6 +40,9 @@ def check(
     (:mod:`flamia_verify.settings`).
     forward_only declares a kernel without a backward: its gradient checks skip and the report says
     that gradients were not checked. Undeclared, a kernel whose backward is missing or raises fails.
+    require names the non-gating verdicts that gate as well (``["reproducibility"]``,
+    ``["robustness"]``): their checks always run and are reported in ``report.verdicts()``; only
+    required ones count toward ``report.passed``.
     A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to
     ``out``, marked incomplete, and raises again; the exception's ``partial_report`` holds them.
     """
@@ -57,6 +61,7 @@ def check(
             thresholds=thresholds,
             case_timeout_s=case_timeout_s,
             forward_only=forward_only,
+            require=require,
         )
     except BaseException as exc:
         partial = getattr(exc, "partial_report", None)

@@ -11,6 +11,7 @@
     only = ["causal", "isolation"]       # families or check names
     case_timeout_s = 300                 # a kernel call running longer is stopped and reported as an error
     forward_only = true                  # the kernel has no backward: gradient checks skip (say so deliberately)
+    require = ["reproducibility"]        # gate on these verdicts too (reproducibility, robustness); always reported
     compare_factor = 1.5                 # `compare`: a metric must get worse by more than this factor (> 1)
 
     [tool.flamia-verify.thresholds."error.out"]
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.results import OPTIONAL_VERDICTS
 from flamia_verify.settings import (
     CLI_DTYPES,
     DEVICES,
@@ -84,6 +86,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "case_timeout_s": (int, float),
     "compare_factor": (int, float),
     "forward_only": (bool,),
+    "require": (list,),
     "thresholds": (dict,),
     "train_parity": (dict,),
 }
@@ -116,6 +119,8 @@ class Config:
     compare_factor: float = 1.5
     # declared forward-only: without it a kernel whose backward is missing or raises fails the run
     forward_only: bool = False
+    # the non-gating verdicts (reproducibility, robustness) that gate as well; always reported
+    require: list[str] = field(default_factory=list)
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
     train_parity: dict[str, Any] = field(default_factory=dict)
     source: str | None = None  # the file the values came from, for messages
@@ -145,6 +150,10 @@ def _validate(
                 raise ConfigError(f"{where}: device = {value!r} is not one of {', '.join(DEVICES)}") from None
         if key == "only" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: only must be a list of family or check names, got {value!r}")
+        if key == "require" and not all(isinstance(v, str) and v in ("gating", *OPTIONAL_VERDICTS) for v in value):
+            raise ConfigError(
+                f"{where}: require must be a list of verdicts from {', '.join(OPTIONAL_VERDICTS)}, got {value!r}"
+            )
         if key == "case_timeout_s" and not (0 < value < math.inf):
             raise ConfigError(f"{where}: {key} must be a positive finite number, got {value!r}")
         if key == "compare_factor":

@@ -7,6 +7,25 @@
      "summary": {...}}
 
 `name` is always ``family.check`` (e.g. ``causal.forward``). `status` is one of pass, fail, error, skip.
+`verdict` names the verdict the check belongs to (added within v1; absent in older reports, read as
+``gating``):
+
+* ``gating``: accuracy within the recipe (error, bound, bias, consistency), information flow (a value
+  perturbation of future tokens, other documents, other heads or NaN where a query cannot see must not
+  change a bit of what must not depend on it), the calling convention and the process state. A
+  failure here means "this kernel computes something other than its recipe promises, or lets
+  information flow where it must not": do not adopt it.
+* ``reproducibility``: bitwise equality under structural changes that move no value: repeated runs,
+  the order, number and lengths of the other documents, the offset in the pack, max_seqlen, autocast.
+  Reported always; gates only when required (non-deterministic backwards and pad-to-max designs
+  train correctly).
+* ``robustness``: inputs no training run produces (NaN already in q, softmax_scale = 0, a pack
+  without queries). Reported always; gates only when required. Refusing such an input with an
+  exception is allowed.
+
+`require` (added within v1; absent read as none) lists the non-gating verdicts the run was asked to
+gate on. A check *gates* when its verdict is ``gating`` or required; `passed` and the exit code read
+only the checks that gate; `summary.verdicts` gives each verdict's status and its failed checks.
 Metrics and thresholds are flat dicts of JSON numbers, strings or booleans; `worst_case` carries enough
 to reproduce a finding (seed, packing, shapes, location, values). Extra fields per check: `message`
 (one line a person reads), `duration_s`, `details` (free-form data for plots, e.g. error per position).
@@ -55,6 +74,8 @@ __all__ = [
     "SCHEMA",
     "STATUSES",
     "FAMILIES",
+    "OPTIONAL_VERDICTS",
+    "VERDICTS",
     "CheckResult",
     "Report",
     "as_number",
@@ -69,6 +90,10 @@ SCHEMA = "flamia-verify/report/v1"
 #: the ``source`` of a threshold override passed to the Python API rather than read from a config file
 API_SOURCE = "the thresholds argument (Python API)"
 STATUSES = ("pass", "fail", "error", "skip")
+#: the verdicts a check belongs to (see the module docstring); the first always gates
+VERDICTS = ("gating", "reproducibility", "robustness")
+#: the verdicts a user may require (``require = [...]``, ``--require``)
+OPTIONAL_VERDICTS = VERDICTS[1:]
 FAMILIES = (
     "error",
     "bound",
@@ -159,10 +184,14 @@ class CheckResult:
     message: str = ""
     duration_s: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    #: the verdict the check belongs to: gating, reproducibility or robustness
+    verdict: str = "gating"
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
         if not self.name.startswith(self.family + "."):
@@ -196,11 +225,42 @@ class Report:
     incomplete_reason: str | None = None
     #: every override of a default threshold, option or suite setting (see the module docstring)
     threshold_overrides: list[dict[str, Any]] = field(default_factory=list)
+    #: the non-gating verdicts this run gates on as well (reproducibility, robustness)
+    require: list[str] = field(default_factory=list)
+
+    def gates(self, check: CheckResult) -> bool:
+        """Whether ``check`` counts toward the verdict: its verdict is gating or required."""
+        return check.verdict == "gating" or check.verdict in self.require
+
+    @property
+    def gating_checks(self) -> list[CheckResult]:
+        return [c for c in self.checks if self.gates(c)]
 
     @property
     def passed(self) -> bool:
-        """True when the run finished and no check failed or errored (skips do not fail a run)."""
-        return self.complete and all(c.status in ("pass", "skip") for c in self.checks)
+        """True when the run finished and no check that gates failed or errored (skips do not fail a
+        run; a reproducibility or robustness finding fails it only when that verdict is required)."""
+        return self.complete and all(c.status in ("pass", "skip") for c in self.gating_checks)
+
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        """Each verdict that has checks: its ``status`` (pass, fail or incomplete), whether it
+        ``gates`` this run, its number of ``checks`` and its ``failed`` and ``errored`` checks."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in VERDICTS:
+            mine = [c for c in self.checks if c.verdict == name]
+            if not mine:
+                continue
+            failed = [c.name for c in mine if c.status == "fail"]
+            errored = [c.name for c in mine if c.status == "error"]
+            status = "fail" if failed or errored else "pass" if self.complete else "incomplete"
+            out[name] = {
+                "status": status,
+                "gates": name == "gating" or name in self.require,
+                "checks": len(mine),
+                "failed": failed,
+                "errored": errored,
+            }
+        return out
 
     @property
     def status(self) -> str:
@@ -226,11 +286,14 @@ class Report:
             "total": len(self.checks),
             **counts,
             "passed": self.passed,
-            # a check that failed its property, apart from one that could not be evaluated (error)
-            "failed_checks": [c.name for c in self.checks if c.status == "fail"],
-            "errored_checks": [c.name for c in self.checks if c.status == "error"],
+            # a check that gates and failed its property, apart from one that could not be evaluated
+            # (error); the other verdicts' findings are in "verdicts"
+            "failed_checks": [c.name for c in self.gating_checks if c.status == "fail"],
+            "errored_checks": [c.name for c in self.gating_checks if c.status == "error"],
             "complete": self.complete,
             "status": self.status,
+            "require": list(self.require),
+            "verdicts": self.verdicts(),
         }
         if not self.complete:
             out["incomplete_reason"] = self.incomplete_reason or "the run did not finish"
@@ -255,6 +318,7 @@ class Report:
             "suite": self.suite,
             "seed": self.seed,
             "threshold_overrides": jsonable(self.threshold_overrides),
+            "require": list(self.require),
             "environment": jsonable(self.environment),
             "checks": [c.to_dict() for c in self.checks],
             "summary": self.summary(),
@@ -279,7 +343,11 @@ class Report:
         overrides = data.get("threshold_overrides", [])
         if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
             raise ReportSchemaError("report field 'threshold_overrides' must be a list of objects")
+        require = data.get("require", [])
+        if not isinstance(require, list) or any(r not in OPTIONAL_VERDICTS for r in require):
+            raise ReportSchemaError(f"report field 'require' must be a list of {OPTIONAL_VERDICTS}, got {require!r}")
         return cls(
+            require=list(require),
             threshold_overrides=[dict(o) for o in overrides],
             complete=complete,
             incomplete_reason=None if complete else (str(reason) if reason is not None else None),

@@ -54,7 +54,8 @@ A kernel whose backward is missing or raises fails the run (interface.backward f
 gradient checks report error) unless it is declared with --forward-only."""
 
 EPILOG = """\
-exit codes: 0 every check passed; 1 a check failed or errored, or the run is incomplete
+exit codes: 0 every gating check passed (and every check of a verdict named by --require); 1 such
+a check failed or errored, or the run is incomplete
 (interrupted by SIGINT/SIGTERM, or the reports could not be written: one line names the file);
 2 bad usage or configuration; 3 the kernel could not be loaded or crashed. The reports of an
 incomplete run say INCOMPLETE and keep the checks that finished."""
@@ -107,6 +108,16 @@ def add_parser(sub: Any) -> None:
         "skip and the reports say gradients were not checked (config: forward_only = true). "
         "Without it, a kernel whose backward is missing or raises fails",
     )
+    c.add_argument(
+        "--require",
+        nargs="+",
+        metavar="VERDICT",
+        choices=["reproducibility", "robustness"],
+        help="gate on these verdicts too: reproducibility (bitwise under repeated runs, other layouts, "
+        "max_seqlen, autocast), robustness (inputs no training run produces: NaN in q, softmax_scale=0, "
+        "packs without queries). Both are always run and reported; without --require only the gating "
+        "verdict sets the exit code (config: require = [...])",
+    )
     c.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
 
 
@@ -138,6 +149,7 @@ class CheckReporter:
         self.plain = plain(console)  # a CI log or a pipe: a line per finished check instead of a progress bar
         self.kernel, self.recipe, self.suite, self.seed, self.device = kernel, recipe, suite, seed, device
         self.total_checks = total_checks
+        self.require: list[str] = []  # the verdicts required beside gating, for each line's status
         self.finished: list[Any] = []
         self.selected: int | None = None  # the number of checks the run selected, once it says
         self.progress = Progress(
@@ -187,7 +199,7 @@ class CheckReporter:
 
         self.finished.append(result)
         if self.plain:
-            line = check_line(result, len(self.finished), self.selected, self.elapsed())
+            line = check_line(result, len(self.finished), self.selected, self.elapsed(), self.require)
             self.console.print(line, soft_wrap=True, crop=False)
 
     def show(self, report: Any) -> None:
@@ -273,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         total_checks=total_checks,
     )
+    reporter.require = list(args.require if args.require is not None else cfg.require)
     partial_reports = PartialReports(out)
     remove_stale(out, report_names())  # an earlier run's reports must not stand in for this one, even if killed
     previous_term = _install_sigterm(_on_sigterm)
@@ -293,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
                 on_report=partial_reports.on_report,
                 case_timeout_s=cfg.case_timeout_s,
                 forward_only=forward_only,
+                require=args.require if args.require is not None else cfg.require,
             )
         paths = write_reports(report, out)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm

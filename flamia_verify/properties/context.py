@@ -223,6 +223,7 @@ class CheckContext:
             worst_case=worst_case or {},
             message=message,
             details=details or {},
+            verdict=self.spec.verdict,  # type: ignore[union-attr]
         )
 
     def skip(self, reason: str) -> CheckResult:

@@ -52,10 +52,10 @@ from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
 from flamia_verify.recipes import RECIPES, Recipe, get_recipe
-from flamia_verify.results import API_SOURCE, FAMILIES, CheckResult, Report
+from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS, CheckResult, Report
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
 
-__all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks"]
+__all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks", "resolve_require"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,24 @@ class ProgressEvent:
     elapsed_s: float
     estimated_s: float | None
     overall: float
+
+
+def resolve_require(require) -> tuple[str, ...]:
+    """The required verdicts, validated: each one of ``results.OPTIONAL_VERDICTS`` (``gating`` always
+    gates and may be named too); a ConfigError names a bad one and the choices."""
+    if isinstance(require, str):
+        require = [require]
+    out: list[str] = []
+    for name in require or ():
+        if name == "gating":
+            continue
+        if name not in OPTIONAL_VERDICTS:
+            raise ConfigError(
+                f"require: unknown verdict {name!r}; choose from {', '.join(OPTIONAL_VERDICTS)} (gating always gates)"
+            )
+        if name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 def list_checks(suite: str = "quick") -> list[CheckSpec]:
@@ -203,6 +221,7 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
     except Exception as exc:  # the check could not be evaluated (e.g. the kernel returned a wrong shape)
         result = ctx.result("error", {}, message=f"check could not be evaluated: {type(exc).__name__}: {exc}")
     result.duration_s = time.perf_counter() - t0
+    result.verdict = spec.verdict  # the spec's, whoever built the result
     return result
 
 
@@ -277,6 +296,7 @@ def run_checks(
     forward_only: bool = False,
     on_report: Callable[[Report], None] | None = None,
     threshold_source: str | None = None,
+    require: tuple[str, ...] | list[str] = (),
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -292,9 +312,12 @@ def run_checks(
     until the run ends. A run that stops early raises with ``partial_report`` set on the exception.
     threshold_source names where ``thresholds`` came from (the config file; default: the Python API);
     every override is recorded in the report's ``threshold_overrides`` with its default and source.
+    require: the non-gating verdicts (``reproducibility``, ``robustness``) that gate this run as well;
+    their checks always run and are always reported (see :mod:`flamia_verify.results`).
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    required = resolve_require(require)
     loaded, chosen = resolve_kernel(kernel, recipe)
     # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
     forward_only = forward_only or getattr(loaded.fn, "forward_only", False) is True
@@ -316,6 +339,7 @@ def run_checks(
     report = Report(
         kernel=loaded.name, recipe=chosen.name, suite=suite, seed=seed, environment=environment(device, loaded.fn)
     )
+    report.require = list(required)
     report.threshold_overrides = override_records(chosen, dtype, suite, thresholds, threshold_source or API_SOURCE)
     report.environment.update(
         dtype=dtype_name(dtype),

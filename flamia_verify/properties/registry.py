@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flamia_verify.recipes import Recipe
-from flamia_verify.results import FAMILIES
+from flamia_verify.results import FAMILIES, VERDICTS
 from flamia_verify.settings import SUITES
 
 __all__ = ["CheckSpec", "register", "registered"]
@@ -44,6 +44,8 @@ class CheckSpec:
     #: threshold keys a user may override (tolerances the verdict is judged against); the others are
     #: the check's contract, fixed at their default
     adjustable: tuple[str, ...] = field(default=(), compare=False)
+    #: the verdict the check belongs to (results.VERDICTS): gating, reproducibility or robustness
+    verdict: str = "gating"
 
     def default_thresholds(self, recipe: Recipe, dtype) -> dict:
         return dict(self.defaults(recipe, dtype)) if self.defaults is not None else {}
@@ -62,13 +64,17 @@ def register(
     defaults: Callable | None = None,
     options: dict | None = None,
     adjustable: tuple[str, ...] = (),
+    verdict: str = "gating",
 ):
     """Register ``fn(ctx) -> CheckResult`` as check ``name`` (see :class:`CheckSpec` for the fields).
     ``adjustable`` names the threshold keys of ``defaults`` a user may override; every other key is
-    the check's contract, fixed (a threshold a finding fails regardless of its value)."""
+    the check's contract, fixed (a threshold a finding fails regardless of its value). ``verdict`` says
+which verdict the check belongs to (``results.VERDICTS``; docs/checks.md says why each is where)."""
     family = name.partition(".")[0]
     if family not in FAMILIES:
         raise ValueError(f"check {name!r}: family {family!r} is not one of {FAMILIES}")
+    if verdict not in VERDICTS:
+        raise ValueError(f"check {name!r}: verdict {verdict!r} is not one of {VERDICTS}")
 
     def deco(fn):
         _REGISTRY[name] = CheckSpec(
@@ -82,6 +88,7 @@ def register(
             defaults,
             dict(options or {}),
             tuple(adjustable),
+            verdict,
         )
         return fn
 

@@ -42,6 +42,7 @@ from flamia_verify.reports.plots import (
 )
 from flamia_verify.reports.wording import (
     STATUS_MARK,
+    VERDICT_WORDS,
     case_seed,
     counts_line,
     override_line,
@@ -49,6 +50,7 @@ from flamia_verify.reports.wording import (
     printable,
     rerun_command,
     run_notes,
+    shown_status,
     verdict,
 )
 from flamia_verify.results import CheckResult, Report
@@ -96,6 +98,8 @@ dl.run dt { font-weight: 600; } dl.run dd { margin: 0; word-break: break-all; }
          font-size: 12px; font-weight: 700; color: #fff; letter-spacing: .03em; }
 .badge.pass { background: var(--pass); } .badge.fail { background: var(--fail); }
 .badge.error { background: var(--error); } .badge.skip { background: var(--skip); }
+.badge.finding { background: #9a6700; }
+ul.verdicts { list-style: none; padding: 0; margin: -8px 0 16px; } ul.verdicts li { margin: 2px 0; }
 .over { color: var(--fail); font-weight: 600; } .within { color: var(--pass); }
 section.check { border: 1px solid var(--line); border-radius: 8px; padding: 4px 18px 12px; margin: 14px 0; }
 section.check.fail, section.check.error { border-left: 6px solid var(--fail); }
@@ -239,11 +243,30 @@ def _overrides(report: Report) -> str:
     return f'<div class="note" id="threshold-overrides"><p><strong>{_e(heading)}</strong></p><ul>{items}</ul></div>'
 
 
+def _verdicts(report: Report) -> str:
+    """One line per verdict under the headline: its status, whether it gates this run, what failed."""
+    table = report.verdicts()
+    if set(table) <= {"gating"}:
+        return ""
+    items = []
+    for name, row in table.items():
+        bad = row["failed"] + row["errored"]
+        status = "pass" if not bad else "fail" if row["gates"] else "finding"
+        gates = "gates this run" if row["gates"] else "reported, not gating (--require " + name + " to gate)"
+        names = ": " + ", ".join(bad) if bad else ""
+        items.append(
+            f"<li>{_badge(status)} <strong>{_e(name)}</strong> "
+            f'<span class="muted">({_e(VERDICT_WORDS[name])}; {_e(gates)})</span>{_e(names)}</li>'
+        )
+    return f'<ul class="verdicts" id="verdicts">{"".join(items)}</ul>'
+
+
 def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
+    shown = shown_status(check, report.require)
     parts = [
-        f'<section class="check {_e(check.status)}" id="{_e(anchor)}">',
-        f'<h3>{_badge(check.status)}<span class="mono">{_e(check.name)}</span>'
-        f'<span class="muted">{_e(format_seconds(check.duration_s))}</span></h3>',
+        f'<section class="check {_e(shown)}" id="{_e(anchor)}">',
+        f'<h3>{_badge(shown)}<span class="mono">{_e(check.name)}</span>'
+        f'<span class="muted">{_e(check.verdict)} · {_e(format_seconds(check.duration_s))}</span></h3>',
     ]
     if check.message:
         parts.append(f'<p class="message">{_e(check.message)}</p>')
@@ -309,7 +332,7 @@ def _checks_table(report: Report, anchors: dict[str, str]) -> str:
             value_class = {True: "num within", False: "num over", None: "num"}.get(key.within, "num")
         rows.append(
             f'<tr><td class="mono"><a href="#{_e(anchors[check.name])}">{_breakable(check.name)}</a></td>'
-            f"<td>{_badge(check.status)}</td>"
+            f'<td>{_badge(shown_status(check, report.require))}</td><td class="muted">{_e(check.verdict)}</td>'
             f'<td class="mono">{_breakable(label)}</td><td class="{value_class}">{_e(value)}</td>'
             f'<td class="num">{_e(threshold)}</td><td class="num">{_e(format_seconds(check.duration_s))}</td>'
             f'<td class="msg">{_e(check.message)}</td></tr>'
@@ -317,7 +340,7 @@ def _checks_table(report: Report, anchors: dict[str, str]) -> str:
     if not rows:
         return '<h2>Checks</h2><p class="muted">No checks ran.</p>'
     return (
-        '<h2>Checks</h2><table class="checks"><thead><tr><th>Check</th><th>Status</th><th>Key metric</th>'
+        '<h2>Checks</h2><table class="checks"><thead><tr><th>Check</th><th>Status</th><th>Verdict</th><th>Key metric</th>'
         f"<th>Value</th><th>Threshold</th><th>Time</th><th>Message</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -326,17 +349,21 @@ def render_html(report: Report) -> str:
     """The whole report as one self-contained HTML page (see the module docstring)."""
     anchors = _anchors(report)
     word = verdict(report)
-    failed = [c for c in report.checks if c.status in ("fail", "error")]
+    failed = [c for c in report.checks if shown_status(c, report.require) in ("fail", "error")]
+    findings = [c for c in report.checks if shown_status(c, report.require) == "finding"]
     failed_links = ""
-    if failed:
+    for title, chosen in (("Failed checks", failed), ("Findings (reported, not gating)", findings)):
+        if not chosen:
+            continue
         items = "".join(
-            f'<li>{_badge(c.status)} <a class="mono" href="#{_e(anchors[c.name])}">{_e(c.name)}</a>'
-            f"{' — ' + _e(c.message) if c.message else ''}</li>"
-            for c in failed
+            f'<li>{_badge(shown_status(c, report.require))} <a class="mono" href="#{_e(anchors[c.name])}">'
+            f"{_e(c.name)}</a>{' — ' + _e(c.message) if c.message else ''}</li>"
+            for c in chosen
         )
-        failed_links = f"<h2>Failed checks</h2><ul>{items}</ul>"
-    # Failed and errored checks first: they are what the reader came for. The table keeps run order.
-    ordered = failed + [c for c in report.checks if c.status not in ("fail", "error")]
+        failed_links += f"<h2>{_e(title)}</h2><ul>{items}</ul>"
+    # Failed and errored checks first: they are what the reader came for, then the findings. The table
+    # keeps run order.
+    ordered = failed + findings + [c for c in report.checks if c.status not in ("fail", "error")]
     sections = "\n".join(_check_section(report, c, anchors[c.name]) for c in ordered)
     run_line = " · ".join(
         f'{label} <span class="mono">{_e(value)}</span>'
@@ -362,6 +389,7 @@ def render_html(report: Report) -> str:
 <h1>flamia-verify report</h1>
 <div class="muted">{run_line}</div>
 <div class="verdict {word.lower()}" id="verdict"><span class="word">{word}</span><span>{counts}</span></div>
+{_verdicts(report)}
 {"".join(f'<p class="note"><strong>{_e(note)}</strong></p>' for note in run_notes(report))}
 {_overrides(report)}
 {failed_links}

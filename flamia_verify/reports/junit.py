@@ -7,7 +7,14 @@ One ``<testsuite>`` (inside a ``<testsuites>`` root, which every common viewer r
   the reproducer (seeds, command) and the worst case as JSON;
 - error -> ``<error message=MESSAGE type="error">`` with the same text;
 - skip  -> ``<skipped message=REASON>``;
-- pass  -> an empty testcase.
+- pass  -> an empty testcase;
+- a finding (a failed or errored check of a verdict that does not gate the run: reproducibility or
+  robustness, unless required) -> a testcase without failure whose ``<system-out>`` starts with
+  ``FINDING (VERDICT, not gating)`` and carries the same text, so that a viewer stays green where
+  the exit code is 0 and the finding is still one click away.
+
+Every testcase has a property ``verdict`` (gating, reproducibility, robustness); the run's properties
+``verdict.NAME`` give each verdict's status and ``require`` the verdicts required.
 
 A run that did not finish gets one more testcase, ``flamia-verify.run`` / ``run.complete``, with an
 ``<error type="incomplete">`` that gives the reason, so that a viewer never shows an interrupted run as
@@ -26,7 +33,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from flamia_verify.reports.metrics import format_value, higher_is_better, safe_json, threshold_verdict
-from flamia_verify.reports.wording import case_seed, rerun_command, run_notes
+from flamia_verify.reports.wording import case_seed, rerun_command, run_notes, shown_status
 from flamia_verify.results import CheckResult, Report
 
 __all__ = ["render_junit"]
@@ -74,7 +81,9 @@ def _failure_text(report: Report, check: CheckResult) -> str:
 
 def render_junit(report: Report) -> str:
     """The report as JUnit XML text (see the module docstring)."""
-    counts = report.counts()
+    counts = dict.fromkeys(("pass", "fail", "error", "skip", "finding"), 0)
+    for check in report.checks:
+        counts[shown_status(check, report.require)] += 1
     total_time = sum(c.duration_s or 0.0 for c in report.checks)
     incomplete = not getattr(report, "complete", True)
     totals = {
@@ -100,6 +109,11 @@ def render_junit(report: Report) -> str:
         for k, v in (report.environment or {}).items()
     ]
     run += [("complete", "true" if not incomplete else "false")]
+    run += [("require", ",".join(report.require))]
+    run += [
+        (f"verdict.{name}", f"{row['status']} ({'gates' if row['gates'] else 'not gating'})")
+        for name, row in report.verdicts().items()
+    ]
     run += [(f"note.{i}", note) for i, note in enumerate(run_notes(report), 1)]
     # every threshold override: threshold_override.CHECK.KEY = "VALUE (default D) from SOURCE"
     run += [
@@ -132,7 +146,13 @@ def render_junit(report: Report) -> str:
                 "time": f"{check.duration_s or 0.0:.3f}",
             },
         )
-        if check.status in ("fail", "error"):
+        shown = shown_status(check, report.require)
+        case_props = ET.SubElement(case, "properties")
+        ET.SubElement(case_props, "property", {"name": "verdict", "value": _x(check.verdict)})
+        if shown == "finding":
+            out = ET.SubElement(case, "system-out")
+            out.text = _x(f"FINDING ({check.verdict}, not gating)\n" + _failure_text(report, check))
+        elif check.status in ("fail", "error"):
             element = ET.SubElement(
                 case,
                 "failure" if check.status == "fail" else "error",

@@ -22,6 +22,8 @@ from typing import Any
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.wording import (
     STATUS_MARK,
+    shown_status,
+    verdicts_line,
     case_seed,
     counts_line,
     override_line,
@@ -97,7 +99,10 @@ def _overrides(report: Report) -> list[str]:
 
 def _failure_block(report: Report, check: CheckResult) -> str:
     # <summary> is raw HTML to GitHub: Markdown escapes would show literally there.
-    summary = f"<b>{_html_line(check.name)}</b> {STATUS_MARK[check.status]}"
+    shown = shown_status(check, report.require)
+    summary = f"<b>{_html_line(check.name)}</b> {STATUS_MARK[shown]}"
+    if shown == "finding":
+        summary += f" ({_html_line(check.verdict)}, not gating)"
     if check.message:
         summary += f": {_html_line(check.message)}"
     lines = [f"<details>\n<summary>{summary}</summary>", ""]
@@ -144,9 +149,12 @@ def render_markdown(report: Report) -> str:
     for note in run_notes(report):
         head, _, rest = note.partition(":")
         out += [f"> **{md_escape(head)}:** {md_escape(rest.strip())}", ""]
+    line = verdicts_line(report)
+    if line:
+        out += [f"**Verdicts:** {md_escape(line)}", ""]
     out += _overrides(report)
     if report.checks:
-        out += ["| Check | Status | Key metric | Value | Threshold |", "|---|---|---|---:|---:|"]
+        out += ["| Check | Verdict | Status | Key metric | Value | Threshold |", "|---|---|---|---|---:|---:|"]
         for check in report.checks:
             key = key_metric(check)
             if key is None:
@@ -157,12 +165,20 @@ def render_markdown(report: Report) -> str:
                     md_escape(format_value(key.value)),
                     md_escape(format_threshold(key.name, key.threshold)),
                 ]
-            out.append(f"| {md_escape(check.name)} | {_marker(check.status)} | " + " | ".join(cells) + " |")
+            out.append(
+                f"| {md_escape(check.name)} | {md_escape(check.verdict)} | "
+                f"{_marker(shown_status(check, report.require))} | " + " | ".join(cells) + " |"
+            )
         out.append("")
-    failed = [c for c in report.checks if c.status in ("fail", "error")]
+    failed = [c for c in report.checks if shown_status(c, report.require) in ("fail", "error")]
     if failed:
         out += ["#### Failures", ""]
         for check in failed:
+            out += [_failure_block(report, check), ""]
+    findings = [c for c in report.checks if shown_status(c, report.require) == "finding"]
+    if findings:  # reported beside the verdict: what a workload that needs it (--require) would gate on
+        out += ["#### Findings (reproducibility and robustness, not gating)", ""]
+        for check in findings:
             out += [_failure_block(report, check), ""]
     out.append("_Full report with plots: report.html; machine-readable: report.json._")
     return "\n".join(out) + "\n"

@@ -22,7 +22,7 @@ from flamia_verify.errors import ReportSchemaError
 from flamia_verify.reports.html_report import render_html
 from flamia_verify.reports.junit import render_junit
 from flamia_verify.reports.markdown import render_markdown
-from flamia_verify.results import FAMILIES, SCHEMA, STATUSES, Report
+from flamia_verify.results import FAMILIES, SCHEMA, STATUSES, VERDICTS, Report
 
 __all__ = ["REPORT_FILES", "atomic_write_text", "load_report", "report_json", "validate_report_data", "write_reports"]
 
@@ -176,6 +176,7 @@ _CHECK_OPTIONAL: tuple[tuple[str, type | tuple[type, ...], str], ...] = (
     ("message", str, "a string"),
     ("duration_s", (int, float), "a number"),
     ("details", dict, "an object"),
+    ("verdict", str, "a string"),
 )
 
 
@@ -265,6 +266,9 @@ def validate_report_data(data: Any) -> list[str]:
         status, family = check.get("status"), check.get("family")
         if isinstance(status, str) and status not in STATUSES:
             problems.append(f"field '{where}.status'{label}: expected one of {', '.join(STATUSES)}, got {status!r}")
+        verdict = check.get("verdict")
+        if isinstance(verdict, str) and verdict not in VERDICTS:
+            problems.append(f"field '{where}.verdict'{label}: expected one of {', '.join(VERDICTS)}, got {verdict!r}")
         if isinstance(family, str) and family not in FAMILIES:
             problems.append(
                 f"field '{where}.family'{label}: unknown family {family!r}; expected one of {', '.join(FAMILIES)}"

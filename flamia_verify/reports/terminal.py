@@ -38,7 +38,9 @@ from flamia_verify.reports.wording import (
     overrides_heading,
     printable,
     run_notes,
+    shown_status,
     verdict,
+    verdicts_line,
 )
 from flamia_verify.results import CheckResult, Report
 
@@ -54,7 +56,7 @@ __all__ = [
 ]
 
 #: Rich style of each status.
-STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta", "skip": "dim"}
+STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta", "skip": "dim", "finding": "bold yellow"}
 
 
 #: Narrower consoles (CI logs default to 80 columns) list messages under the table instead of in a column.
@@ -82,12 +84,16 @@ def _key_text(check: CheckResult) -> Text:
     return Text.assemble(printable(key.label), " ", value, " (", format_threshold(key.name, key.threshold), ")")
 
 
-def _status_text(status: str) -> Text:
+def _status_text(status: str) -> Text:  # a status as shown_status gives it
     return Text(f"{STATUS_MARK.get(status, status.upper()):<5}", STATUS_STYLE.get(status, ""))
 
 
 def check_line(
-    check: CheckResult, index: int | None = None, total: int | None = None, elapsed: float | None = None
+    check: CheckResult,
+    index: int | None = None,
+    total: int | None = None,
+    elapsed: float | None = None,
+    require: list[str] | tuple[str, ...] = (),
 ) -> Text:
     """One line for a finished check, e.g.
     ``[ 4/31] PASS  error.out  normalized_error 0.645 (≤ 2)  0.28 s  (run 4.1 s)``: its position among the
@@ -98,7 +104,7 @@ def check_line(
         width = len(str(total)) if total else 1
         parts.append(f"[{index:>{width}}/{total}] " if total else f"[{index}] ")
     parts += [
-        _status_text(check.status),
+        _status_text(shown_status(check, require)),
         " ",
         f"{printable(check.name):<{NAME_WIDTH}}",
         " ",
@@ -234,7 +240,11 @@ def _render_plain(report: Report, console: Console) -> None:
     )
     for check in report.checks:
         line = Text.assemble(
-            _status_text(check.status), " ", f"{printable(check.name):<{NAME_WIDTH}}", " ", _key_text(check)
+            _status_text(shown_status(check, report.require)),
+            " ",
+            f"{printable(check.name):<{NAME_WIDTH}}",
+            " ",
+            _key_text(check),
         )
         if check.message:
             line.append("  " + printable(check.message))
@@ -247,10 +257,13 @@ def _print_verdict(report: Report, console: Console, plain: bool = True) -> None
     _print_line(
         console, Text.assemble((word, "bold green" if word == "PASS" else "bold red"), "  ", counts_line(report))
     )
-    for status, label in (("fail", "failed: "), ("error", "errored: ")):
-        names = [c.name for c in report.checks if c.status == status]
+    for status, label in (("fail", "failed: "), ("error", "errored: "), ("finding", "findings (not gating): ")):
+        names = [c.name for c in report.checks if shown_status(c, report.require) == status]
         if names:
             _print_line(console, Text.assemble((label, "dim"), printable(", ".join(names))))
+    line = verdicts_line(report)
+    if line:  # each verdict's status: what gates, and what is reported beside it
+        _print_line(console, Text.assemble(("verdicts: ", "dim"), printable(line)))
 
     # the long lines below wrap at the console's width on a terminal; a log keeps each on one line
     def long_line(text: Text) -> None:
@@ -322,7 +335,8 @@ def render_terminal(report: Report, console: Console | None = None, *, plain: bo
             value = Text(format_value(key.value), value_style)
             threshold = Text(format_threshold(key.name, key.threshold), "" if key.threshold is not None else "dim")
         name = Text(printable(check.name))
-        status = Text(STATUS_MARK.get(check.status, check.status.upper()), STATUS_STYLE.get(check.status, ""))
+        shown = shown_status(check, report.require)
+        status = Text(STATUS_MARK.get(shown, shown.upper()), STATUS_STYLE.get(shown, ""))
         if wide:
             table.add_row(name, status, label, value, threshold, Text(printable(check.message or "")))
         else:
@@ -334,7 +348,9 @@ def render_terminal(report: Report, console: Console | None = None, *, plain: bo
             if check.message:
                 console.print(
                     Text.assemble(
-                        (printable(check.name), STATUS_STYLE.get(check.status, "")), ": ", printable(check.message)
+                        (printable(check.name), STATUS_STYLE.get(shown_status(check, report.require), "")),
+                        ": ",
+                        printable(check.message),
                     )
                 )
     _print_verdict(report, console, plain=False)

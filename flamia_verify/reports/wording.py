@@ -9,12 +9,15 @@ import re
 import shlex
 from typing import Any
 
-from flamia_verify.results import API_SOURCE, CheckResult, Report, run_notes
+from flamia_verify.results import API_SOURCE, VERDICTS, CheckResult, Report, run_notes
 from flamia_verify.settings import CLI_DTYPES, SUITES
 
 __all__ = [
     "STATUS_MARK",
+    "VERDICT_WORDS",
     "printable",
+    "shown_status",
+    "verdicts_line",
     "case_seed",
     "case_seeds_line",
     "counts_line",
@@ -26,8 +29,51 @@ __all__ = [
     "verdict",
 ]
 
-#: Emoji-free markers of a check's status, for every renderer.
-STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP"}
+#: Emoji-free markers of a check's status, for every renderer. ``finding``: a check of a verdict that does
+#: not gate this run (reproducibility, robustness, unless required) failed or errored: reported, not gating.
+STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "skip": "SKIP", "finding": "FINDING"}
+#: what each verdict is about, in a few words, for the verdict lines of every renderer
+VERDICT_WORDS = {
+    "gating": "accuracy, information flow, convention",
+    "reproducibility": "bitwise under repeated runs and other layouts",
+    "robustness": "inputs no training run produces",
+}
+
+
+def shown_status(check: CheckResult, require: list[str] | tuple[str, ...] = ()) -> str:
+    """The status a renderer shows: the check's own, except ``finding`` for a failed or errored check of a
+    verdict that does not gate (neither ``gating`` nor in ``require``)."""
+    gates = check.verdict == "gating" or check.verdict in require
+    if check.status in ("fail", "error") and not gates:
+        return "finding"
+    return check.status
+
+
+def verdicts_line(report: Report) -> str:
+    """Each verdict's status, e.g. ``gating PASS · reproducibility FINDINGS (not gating): determinism.repeat ·
+    robustness PASS`` ("" when every check is gating, as in a report written before verdicts existed)."""
+    table = report.verdicts()
+    if set(table) <= {"gating"}:
+        return ""
+    parts = []
+    for name in VERDICTS:
+        row = table.get(name)
+        if row is None:
+            continue
+        bad = row["failed"] + row["errored"]
+        if row["status"] == "pass":
+            word = "PASS"
+        elif row["status"] == "incomplete":
+            word = "INCOMPLETE"
+        else:
+            word = "FAIL" if row["gates"] else "FINDINGS (not gating)"
+        text = f"{name} {word}"
+        if bad:
+            text += ": " + ", ".join(bad)
+        elif name != "gating" and not row["gates"]:
+            text += " (not gating)"
+        parts.append(text)
+    return " · ".join(parts)
 
 
 # C0 controls except tab and newline, DEL and C1 controls (terminal escapes, NUL, carriage returns), and
@@ -49,16 +95,19 @@ def printable(value: object) -> str:
 
 
 def verdict(report: Report) -> str:
-    """``INCOMPLETE`` for a run that did not finish; else ``PASS`` when no check failed or errored (skips
-    do not fail a run), else ``FAIL``."""
+    """``INCOMPLETE`` for a run that did not finish; else ``PASS`` when no check that gates failed or
+    errored (skips do not fail a run; findings of a verdict not required do not either), else ``FAIL``."""
     if not getattr(report, "complete", True):
         return "INCOMPLETE"
     return "PASS" if report.passed else "FAIL"
 
 
 def counts_line(report: Report) -> str:
-    """E.g. ``12 checks: 8 passed, 2 failed, 1 error, 1 skipped`` (zero counts left out)."""
-    counts = report.counts()
+    """E.g. ``12 checks: 8 passed, 1 failed, 1 error, 1 finding (not gating), 1 skipped`` (zero counts
+    left out; a finding is a failed or errored check of a verdict that does not gate the run)."""
+    counts = dict.fromkeys(STATUS_MARK, 0)
+    for check in report.checks:
+        counts[shown_status(check, report.require)] += 1
     total = len(report.checks)
     if total == 0:
         return "no checks ran"
@@ -66,6 +115,7 @@ def counts_line(report: Report) -> str:
         ("pass", "passed"),
         ("fail", "failed"),
         ("error", "error" if counts["error"] == 1 else "errors"),
+        ("finding", ("finding" if counts["finding"] == 1 else "findings") + " (not gating)"),
         ("skip", "skipped"),
     )
     parts = [f"{counts[status]} {word}" for status, word in words if counts[status]]

@@ -11,15 +11,20 @@
                           the output edited in place before the backward (autograd refuses, or the
                           gradients are the unedited call's); forwards under torch.no_grad() and
                           torch.inference_mode() (both dtypes), where kernels take inference paths; a
-                          negative softmax_scale on sign-flipped queries with widely spread scores;
-                          packs with no query (two empty query documents, one against keys) and with
-                          no token.
+                          negative softmax_scale on sign-flipped queries with widely spread scores.
                           Every result within the recipe's a-priori bound, and one that differs from
                           the plain call's (the first two packings) within the error checks' rule
-                          (relative RMSE at most 2 times the rounding model's); the max_seqlen and
-                          cu_seqlens calls bitwise equal to the plain call (max_seqlen is an upper
-                          bound for sizing a launch, never an input of the arithmetic; cu_seqlens'
-                          layout is not its value)
+                          (relative RMSE at most 2 times the rounding model's); another pack's call
+                          between a forward and its backward moves no bit (an information flow)
+    interface.arguments_bitwise
+                          (reproducibility) the calls that hand over the plain call's numbers: max_seqlen
+                          above the true maxima, strided cu_seqlens views, autocast, torch's default
+                          dtype, create_graph give the plain call's bits (max_seqlen is an upper bound
+                          for sizing a launch, never an input of the arithmetic; a pad-to-max design
+                          rounds differently and is still correct)
+    special.degenerate    (robustness) softmax_scale=0 and packs with no query (two empty query
+                          documents, one against keys) and with no token: within the bound, or refused
+                          with an exception
     interface.lse         a kernel returning (out, lse, ...) with lse of FlashAttention's shape
                           (nheads, total_q): lse within the a-priori bound of the natural-log
                           log-sum-exp of the scaled scores, for every row that sees a key; -inf or
@@ -124,16 +129,22 @@ def _second_backward_refused(err: KernelCallError) -> bool:
     return err.stage == "backward" and any(w in text for w in ("second time", "retain_graph", "already been freed"))
 
 
-#: the calls that hand over the same numbers as the plain call, so must give its bits: the call
-#: option and how a mismatch record names the call
+#: the calls that hand over the same numbers as the plain call, whose bits are compared with its bits:
+#: the call option, the metric and how a mismatch record names the call. Their bitwise equality is a
+#: reproducibility property (max_seqlen is an upper bound for sizing a launch, autocast and the default
+#: dtype are the caller's mode, create_graph and the cu_seqlens layout are how values are handed over:
+#: none of them is a value), judged by interface.arguments_bitwise; their accuracy is gating: where the
+#: bits differ, interface.arguments holds the result to the error checks' rule, as any other call.
 _BITWISE = {
     "max_seqlen_pad": ("max_seqlen_mismatches", "with max_seqlen + {value}"),
     "cu_layout": ("cu_seqlens_mismatches", "with strided cu_seqlens views"),
     "autocast": ("autocast_mismatches", "with the forward inside torch.autocast"),
     "default_dtype": ("default_dtype_mismatches", "with torch's default dtype set to the inputs' dtype"),
-    "interleave": ("interleave_mismatches", "with another pack's call between the forward and the backward"),
     "create_graph": ("create_graph_mismatches", "with the backward run with create_graph=True"),
 }
+#: the calls whose bits must equal the plain call's because a difference is an information flow: another
+#: pack's forward and backward between this call's must not move a bit of this call's gradients (gating)
+_FLOW = {"interleave": ("interleave_mismatches", "with another pack's call between the forward and the backward")}
 
 
 #: the calls of interface.arguments that only a kernel with a backward gets, as its message names them
@@ -151,44 +162,18 @@ def _other_dtype(name: str) -> str:
     return "fp16" if name != "fp16" else "bf16"
 
 
-@register(
-    "interface.arguments",
-    "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
-    "with max_seqlen above the true maximum, with strided cu_seqlens views, inside torch.autocast, with torch's "
-    "default dtype set to the inputs', with only q or only k, v requiring grad, with the output edited in place "
-    "before the backward, with the backward run twice on one graph, with dO broadcast over the tokens (stride "
-    "0), with another call between the forward and the backward, with create_graph=True, under no_grad and "
-    "inference_mode, with a negative softmax_scale on sign-flipped queries, on packs without queries, in "
-    "the other input dtype and in fp16 near the top of its range: within the recipe's bound (and its error "
-    "model where the bits differ), and bitwise unchanged by max_seqlen, the cu_seqlens layout, autocast, the "
-    "default dtype, an interleaved call and create_graph",
-    defaults=lambda recipe, dtype: {
-        "violations": 0,
-        **{metric: 0 for metric, _ in _BITWISE.values()},
-        "error_violations": 0,
-        "failed_calls": 0,
-    },
-    cost=1.5,
-)
-def arguments(ctx):
-    tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
-    violations, layout_mismatches, failed, calls = 0, 0, 0, 0
-    error_violations, refused_edits, refused_twice = 0, 0, 0
-    bit_mismatches = {metric: 0 for metric, _ in _BITWISE.values()}
-    first, declined = None, ""
-    bases = argument_cases(ctx)
+def _argument_jobs(ctx, bases: list[Case]) -> list[tuple[Case, tuple[tuple[str, object], ...]]]:
+    """(case, call) of every call interface.arguments makes with the run's dtype."""
     jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
         (base, (("layout", lay),)) for base in bases for lay in LAYOUTS
     ]
     jobs += [(base, (("scale_arg", "none"),)) for base in bases]
     jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
     jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
-    # the forward inside torch.autocast (a mixed-precision training step): the same tensors, the same bits
+    # the forward inside torch.autocast (a mixed-precision training step): the same tensors
     jobs += [(base, (("autocast", "on"),)) for base in bases[:2]]
-    # torch's default dtype set to the inputs' dtype (a model built in bf16): the same bits
+    # torch's default dtype set to the inputs' dtype (a model built in bf16)
     jobs += [(base, (("default_dtype", "input"),)) for base in bases[:2]]
-    # softmax_scale=0.0: every visible key weighs the same (a value, not "use the default")
-    jobs += [(base.with_(softmax_scale=0.0), (("scale_arg", "value"),)) for base in bases[:2]]
     if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
         jobs += [(base, (("grad", g),)) for base in bases[:2] for g in ("q", "kv")]
         # the caller edits the output in place before the backward
@@ -208,8 +193,25 @@ def arguments(ctx):
     # spread over about 150 (a kernel must take its row maximum after the scale)
     flipped = bases[1].with_(softmax_scale=-bases[1].scale, overrides=bases[1].overrides + (("scale_q", -NEG_Q),))
     jobs.append((flipped, ()))
-    # a pack without queries (the second document's keys see none), and one without any token
-    jobs += [(empty, ()) for empty in empty_packs(ctx)]
+    return jobs
+
+
+def _argument_findings(ctx) -> dict:
+    """Every call of interface.arguments, made once for both of its verdicts: what gates (bound and
+    error-model violations, failed calls, interleaved calls that move bits) and what is reproducibility
+    (the bits of the calls in ``_BITWISE``)."""
+    return ctx.memo(("argument-findings",), lambda: _run_argument_calls(ctx))
+
+
+def _run_argument_calls(ctx) -> dict:
+    tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+    violations, layout_mismatches, failed, calls = 0, 0, 0, 0
+    error_violations, refused_edits, refused_twice = 0, 0, 0
+    bit_mismatches = {metric: 0 for metric, _ in _BITWISE.values()}
+    flow_mismatches = {metric: 0 for metric, _ in _FLOW.values()}
+    first, first_bits, declined = None, None, ""
+    bases = argument_cases(ctx)
+    jobs = _argument_jobs(ctx, bases)
     for n, (base, call) in enumerate(jobs):
         case = base.with_(call=call)
         calls += 1
@@ -255,33 +257,45 @@ def arguments(ctx):
                         summary=f"with only {'q' if value == 'q' else 'k and v'} requiring grad, "
                         f"{', '.join(missing)} did not arrive",
                     )
-        if key in _BITWISE:  # the same numbers handed over: the same bits
-            metric, what = _BITWISE[key]
-            for t, x in res.tensors().items():
-                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {what.format(value=value)}")
-                if not m.ok:
+        changed = []
+        for t, x in res.tensors().items():
+            m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {_call_words(call)}")
+            if m.ok:
+                continue
+            changed.append(t)
+            if key in _BITWISE or key in _FLOW:  # the same numbers handed over
+                metric, what = (_BITWISE | _FLOW)[key]
+                record = case_record(
+                    case,
+                    tensor=t,
+                    call=dict(call),
+                    mismatch=m.to_dict(),
+                    summary=f"{m.summary()} ({what.format(value=value)})",
+                )
+                if key in _FLOW:
+                    flow_mismatches[metric] += m.mismatched
+                    first = first or record
+                else:
                     bit_mismatches[metric] += m.mismatched
-                    if first is None:
-                        first = case_record(case, tensor=t, mismatch=m.to_dict(), summary=m.summary())
-        else:
-            changed = [t for t, x in res.tensors().items() if not compare_bitwise(x, ref_run.tensors()[t]).ok]
+                    first_bits = first_bits or record
+        if key not in _BITWISE and key not in _FLOW:
             layout_mismatches += len(changed)
-            # another result than the plain call's must be as accurate as the error checks require (the
-            # a-priori bound of a gradient can exceed the gradient itself: a zero dQ can be within it)
-            if changed and (base in bases[:2] or key == "upstream"):
-                for t in changed:
-                    norm = normalized_error(ctx, base, t, rel_rmse(getattr(res, t), getattr(ctx.reference(base), t)))
-                    if norm > ERROR_MODEL_FACTOR:
-                        error_violations += 1
-                        if first is None:
-                            first = case_record(
-                                case,
-                                tensor=t,
-                                call=dict(call),
-                                normalized_error=norm,
-                                summary=f"{t} with {_call_words(call)} has {norm:.3g} times the recipe's expected "
-                                f"error (at most {ERROR_MODEL_FACTOR:g}), unlike the plain call",
-                            )
+        # another result than the plain call's must be as accurate as the error checks require (the
+        # a-priori bound of a gradient can exceed the gradient itself: a zero dQ can be within it)
+        if changed and (base in bases[:2] or key == "upstream"):
+            for t in changed:
+                norm = normalized_error(ctx, base, t, rel_rmse(getattr(res, t), getattr(ctx.reference(base), t)))
+                if norm > ERROR_MODEL_FACTOR:
+                    error_violations += 1
+                    if first is None:
+                        first = case_record(
+                            case,
+                            tensor=t,
+                            call=dict(call),
+                            normalized_error=norm,
+                            summary=f"{t} with {_call_words(call)} has {norm:.3g} times the recipe's expected "
+                            f"error (at most {ERROR_MODEL_FACTOR:g}), unlike the plain call",
+                        )
         metrics, worst = _bound_of(ctx, case, judged)
         violations += metrics["violations"]
         if worst is not None and first is None:
@@ -329,36 +343,137 @@ def arguments(ctx):
             if worst is not None and first is None:
                 first = dict(worst, dtype="fp16", values="fp16 range (v about 2^11, near-uniform weights)")
     ctx.progress(1.0)
-    metrics = {
+    return {
         "violations": violations,
-        **bit_mismatches,
         "error_violations": error_violations,
         "failed_calls": failed,
+        "flow_mismatches": flow_mismatches,
+        "bit_mismatches": bit_mismatches,
         "refused_output_edits": refused_edits,
         "refused_second_backwards": refused_twice,
         "strided_bitwise_changes": layout_mismatches,
         "calls": calls,
+        "first": first,
+        "first_bits": first_bits,
+        "declined": declined,
+        "other": other,
+        "fp16": fp16_ctx is not None,
     }
+
+
+@register(
+    "interface.arguments",
+    "the same inputs as fused-QKV views, transposed storage and offset views, with softmax_scale=None, "
+    "with max_seqlen above the true maximum, with strided cu_seqlens views, inside torch.autocast, with torch's "
+    "default dtype set to the inputs', with only q or only k, v requiring grad, with the output edited in place "
+    "before the backward, with the backward run twice on one graph, with dO broadcast over the tokens (stride "
+    "0), with another call between the forward and the backward, with create_graph=True, under no_grad and "
+    "inference_mode, with a negative softmax_scale on sign-flipped queries, in the other input dtype and in "
+    "fp16 near the top of its range: within the recipe's bound (and its error model where the bits differ "
+    "from the plain call's), and bitwise unchanged by an interleaved call",
+    defaults=lambda recipe, dtype: {
+        "violations": 0,
+        **{metric: 0 for metric, _ in _FLOW.values()},
+        "error_violations": 0,
+        "failed_calls": 0,
+    },
+    cost=1.5,
+)
+def arguments(ctx):
+    f = _argument_findings(ctx)
+    metrics = {
+        "violations": f["violations"],
+        **f["flow_mismatches"],
+        "error_violations": f["error_violations"],
+        "failed_calls": f["failed_calls"],
+        "refused_output_edits": f["refused_output_edits"],
+        "refused_second_backwards": f["refused_second_backwards"],
+        "strided_bitwise_changes": f["strided_bitwise_changes"],
+        "calls": f["calls"],
+    }
+    other = f["other"]
     ok = (
-        f"{calls} calls (fused/transposed/offset views, softmax_scale=None and 0, max_seqlen + "
+        f"{f['calls']} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
         f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, autocast, the default dtype, "
         f"{_BACKWARD_CALLS if ctx.has_backward else ''}"
-        f"no_grad and inference_mode forwards, a negative scale, packs without queries, {other}"
-        f"{', fp16 near its range' if fp16_ctx is not None else ''}) within the bound; max_seqlen, the "
-        f"cu_seqlens layout, autocast, the default dtype{', an interleaved call and create_graph' if ctx.has_backward else ''} "
-        "change no bit"
+        f"no_grad and inference_mode forwards, a negative scale, {other}"
+        f"{', fp16 near its range' if f['fp16'] else ''}) within the bound, and within the error model where "
+        "their bits differ" + ("; an interleaved call changes no bit" if ctx.has_backward else "")
     )
-    if declined:
-        ok += f"; {declined}"
-    if layout_mismatches:
-        ok += f"; strided views change the bits of {layout_mismatches} tensors (within the bound)"
-    if refused_twice:
-        ok += f"; the kernel refuses a second backward through one graph ({refused_twice} calls)"
-    if refused_edits:
-        ok += f"; autograd refuses the backward after an in-place edit of the output ({refused_edits} calls)"
-    bad = violations or any(bit_mismatches.values()) or error_violations or failed
+    if f["declined"]:
+        ok += f"; {f['declined']}"
+    changed_bits = sum(f["bit_mismatches"].values())
+    if changed_bits:
+        ok += f"; {changed_bits} elements differ bitwise from the plain call (interface.arguments_bitwise)"
+    if f["strided_bitwise_changes"]:
+        ok += f"; strided views change the bits of {f['strided_bitwise_changes']} tensors (within the bound)"
+    if f["refused_second_backwards"]:
+        ok += f"; the kernel refuses a second backward through one graph ({f['refused_second_backwards']} calls)"
+    if f["refused_output_edits"]:
+        ok += (
+            f"; autograd refuses the backward after an in-place edit of the output ({f['refused_output_edits']} calls)"
+        )
+    first = f["first"]
+    bad = f["violations"] or any(f["flow_mismatches"].values()) or f["error_violations"] or f["failed_calls"]
     failures = [first["summary"]] if first and bad else []
     return verdict(ctx, metrics, ok_message=ok, worst_case=first or {}, failures=failures)
+
+
+@register(
+    "interface.arguments_bitwise",
+    "the calls of interface.arguments that hand over the plain call's numbers (max_seqlen above the true "
+    "maximum, strided cu_seqlens views, the forward inside torch.autocast, torch's default dtype set to the "
+    "inputs', create_graph=True) give the plain call's bits",
+    defaults=lambda recipe, dtype: {metric: 0 for metric, _ in _BITWISE.values()},
+    cost=0.1,
+    verdict="reproducibility",
+)
+def arguments_bitwise(ctx):
+    f = _argument_findings(ctx)
+    calls = "max_seqlen, the cu_seqlens layout, autocast, the default dtype" + (
+        " and create_graph" if ctx.has_backward else ""
+    )
+    return verdict(
+        ctx,
+        dict(f["bit_mismatches"]),
+        ok_message=f"{calls} change no bit of the plain call's results",
+        first=f["first_bits"],
+    )
+
+
+@register(
+    "special.degenerate",
+    "inputs no training run produces: softmax_scale=0 (every visible key weighs the same) and packs without "
+    "any query (two empty query documents against keys, a pack of no token): within the recipe's bound, "
+    "or refused with an exception",
+    defaults=lambda recipe, dtype: {"violations": 0},
+    cost=0.3,
+    verdict="robustness",
+)
+def degenerate(ctx):
+    tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
+    bases = argument_cases(ctx)
+    # softmax_scale=0.0: a value, not "use the default"; a pack without queries, and one without any token
+    jobs = [base.with_(softmax_scale=0.0, call=(("scale_arg", "value"),)) for base in bases[:2]]
+    jobs += empty_packs(ctx)
+    violations, refused, first = 0, [], None
+    for n, case in enumerate(jobs):
+        try:
+            ctx.run(case)
+        except KernelCallError as err:
+            refused.append(f"{case.describe()}: {err.summary}")
+            continue
+        metrics, worst = _bound_of(ctx, case, tensors)
+        violations += metrics["violations"]
+        if worst is not None and first is None:
+            first = worst
+        ctx.progress((n + 1) / len(jobs))
+    ok = f"{len(jobs) - len(refused)} calls (softmax_scale=0, packs without queries) within the bound"
+    if refused:
+        ok += f"; {len(refused)} refused with an exception (allowed): {refused[0]}"
+    return verdict(
+        ctx, {"violations": violations, "refused_calls": len(refused), "calls": len(jobs)}, ok_message=ok, first=first
+    )
 
 
 @register(

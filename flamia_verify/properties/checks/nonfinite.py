@@ -1,4 +1,9 @@
-"""special.nonfinite: a NaN or Inf reaches exactly what depends on it.
+"""special.nonfinite and isolation.nonfinite: a NaN or Inf reaches exactly what depends on it.
+
+special.nonfinite (robustness: a NaN already in q is an input no healthy training step produces, so a
+kernel that hides it is reported, gating only when robustness is required) asks the first question
+below; isolation.nonfinite (gating: a value in one document or head reaching another is an information
+flow) the second. Both read the same poisoned runs.
 
 One element of q, k, v or dO is made NaN (q, k, dO) or +-Inf (v) at a position that some query sees.
 What depends on that element is read off the float64 reference: the elements of out, dQ, dK, dV
@@ -76,58 +81,88 @@ def dependent(ctx, case: Case, tensor: str, where: tuple[int, int, int]) -> dict
     return {t: getattr(a, t) != getattr(b, t) for t in ("out", "dq", "dk", "dv")}
 
 
+def _nonfinite_findings(ctx) -> dict:
+    """Every poisoned run, once for both halves: the dependent elements left finite (hidden) and the
+    independent elements of other documents or heads made non-finite (spread)."""
+
+    def compute() -> dict:
+        found = {"hidden": 0, "spread": 0, "in_doc": 0, "runs": 0, "first_hidden": None, "first_spread": None}
+        jobs = [(c, p) for c in nonfinite_cases(ctx) for p in poisons(c)]
+        for n, (case, (tensor, where, value)) in enumerate(jobs):
+            if tensor == "do" and not ctx.has_backward:
+                continue
+            clean = ctx.run(case)
+            new = ctx.run(_with(ctx.inputs(case), tensor, where, value))
+            found["runs"] += 1
+            dep = dependent(ctx, case, tensor, where)
+            for t, x in new.tensors().items():
+                d = dep[t].to(x.device)
+                bad_hidden = d & torch.isfinite(x)
+                # reached: non-finite where the run without the poison was finite
+                reached = ~torch.isfinite(x) & torch.isfinite(clean.tensors()[t])
+                near = _own_document_and_head(case, tensor, where, t).to(x.device)
+                bad_spread = ~d & reached & ~near
+                found["in_doc"] += int((~d & reached & near).sum())
+                for kind, bad, words in (
+                    ("hidden", bad_hidden, "finite where it depends on"),
+                    ("spread", bad_spread, "non-finite where it does not depend on"),
+                ):
+                    count = int(bad.sum())
+                    found[kind] += count
+                    if count and found[f"first_{kind}"] is None:
+                        idx = torch.nonzero(bad)[0].tolist()
+                        found[f"first_{kind}"] = case_record(
+                            case,
+                            tensor=t,
+                            poisoned={"tensor": tensor, "index": list(where), "value": str(value)},
+                            element=idx,
+                            kernel_value=float(x[tuple(idx)]),
+                            summary=(
+                                f"{t}[{idx[0]}, {idx[1]}, {idx[2]}] is {words} {tensor}[{where[0]}, {where[1]}, "
+                                f"{where[2]}] = {value} ({count} elements {kind} in this run)"
+                            ),
+                        )
+            ctx.progress((n + 1) / len(jobs))
+        return found
+
+    return ctx.memo(("nonfinite-findings",), compute)
+
+
 @register(
     "special.nonfinite",
     "a NaN (q, k, dO) or Inf (v) in one element reaches every output and gradient element that depends "
-    "on it in the float64 reference (non-finite there: not hidden) and changes no other element (not spread)",
-    defaults=lambda recipe, dtype: {"hidden_elements": 0, "spread_elements": 0},
+    "on it in the float64 reference (non-finite there: not hidden); inputs no training run produces",
+    defaults=lambda recipe, dtype: {"hidden_elements": 0},
     cost=0.8,
+    verdict="robustness",
 )
 def nonfinite(ctx):
-    hidden, spread, in_doc, first, runs = 0, 0, 0, None, 0
-    jobs = [(c, p) for c in nonfinite_cases(ctx) for p in poisons(c)]
-    for n, (case, (tensor, where, value)) in enumerate(jobs):
-        if tensor == "do" and not ctx.has_backward:
-            continue
-        clean = ctx.run(case)
-        new = ctx.run(_with(ctx.inputs(case), tensor, where, value))
-        runs += 1
-        dep = dependent(ctx, case, tensor, where)
-        for t, x in new.tensors().items():
-            d = dep[t].to(x.device)
-            bad_hidden = d & torch.isfinite(x)
-            # reached: non-finite where the run without the poison was finite
-            reached = ~torch.isfinite(x) & torch.isfinite(clean.tensors()[t])
-            near = _own_document_and_head(case, tensor, where, t).to(x.device)
-            bad_spread = ~d & reached & ~near
-            nh, ns = int(bad_hidden.sum()), int(bad_spread.sum())
-            in_doc += int((~d & reached & near).sum())
-            hidden += nh
-            spread += ns
-            if (nh or ns) and first is None:
-                idx = torch.nonzero(bad_hidden if nh else bad_spread)[0].tolist()
-                kind = "finite where it depends on" if nh else "non-finite where it does not depend on"
-                summary = (
-                    f"{t}[{idx[0]}, {idx[1]}, {idx[2]}] is {kind} {tensor}[{where[0]}, {where[1]}, {where[2]}] = "
-                    f"{value} ({nh} elements hidden, {ns} spread)"
-                )
-                first = case_record(
-                    case,
-                    tensor=t,
-                    poisoned={"tensor": tensor, "index": list(where), "value": str(value)},
-                    element=idx,
-                    kernel_value=float(x[tuple(idx)]),
-                    summary=summary,
-                )
-        ctx.progress((n + 1) / len(jobs))
+    f = _nonfinite_findings(ctx)
     return verdict(
         ctx,
-        {"hidden_elements": hidden, "spread_elements": spread, "spread_in_document": in_doc, "poisoned_runs": runs},
+        {"hidden_elements": f["hidden"], "spread_in_document": f["in_doc"], "poisoned_runs": f["runs"]},
         ok_message=(
-            f"NaN and Inf reach every element that depends on them and nothing in other documents or heads "
-            f"({runs} poisoned runs; {in_doc} non-dependent elements of their own document and head became non-finite)"
+            f"NaN and Inf reach every element that depends on them ({f['runs']} poisoned runs; {f['in_doc']} "
+            "non-dependent elements of their own document and head became non-finite)"
         ),
-        first=first,
+        first=f["first_hidden"],
+    )
+
+
+@register(
+    "isolation.nonfinite",
+    "a NaN (q, k, dO) or Inf (v) in one element of a document and head makes no element of another "
+    "document or head non-finite (a NaN that crosses there went through a shared scale or a wrong index)",
+    defaults=lambda recipe, dtype: {"spread_elements": 0},
+    cost=0.1,
+)
+def nonfinite_spread(ctx):
+    f = _nonfinite_findings(ctx)
+    return verdict(
+        ctx,
+        {"spread_elements": f["spread"], "poisoned_runs": f["runs"]},
+        ok_message=f"NaN and Inf stay in their own document and head ({f['runs']} poisoned runs)",
+        first=f["first_spread"],
     )
 
 
