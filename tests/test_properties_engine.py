@@ -133,6 +133,7 @@ def test_only_selects_families_and_checks():
         "interface.process_state",
         "interface.backward",
         "interface.arguments",
+        "interface.arguments_bitwise",
         "interface.lse",
         "causal.forward",
     ]
@@ -148,7 +149,7 @@ def test_progress_and_result_callbacks():
     assert [r.name for r in results] == [c.name for c in report.checks]
     assert all(isinstance(e, ProgressEvent) for e in events)
     assert {e.check for e in events} == {c.name for c in report.checks}
-    assert all(e.total == 8 and 0 <= e.fraction <= 1 and 0 <= e.overall <= 1 + 1e-9 for e in events)
+    assert all(e.total == 9 and 0 <= e.fraction <= 1 and 0 <= e.overall <= 1 + 1e-9 for e in events)
     assert any(0 < e.fraction < 1 for e in events), "no progress within a check"
     overall = [e.overall for e in events]
     assert overall == sorted(overall) and overall[-1] == pytest.approx(1.0)

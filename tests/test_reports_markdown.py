@@ -42,14 +42,14 @@ def test_verdict_line_comes_first(md):
 
 def test_table_has_one_row_per_check_with_marker_and_key_metric(md):
     report = example_report()
-    header = "| Check | Status | Key metric | Value | Threshold |"
+    header = "| Check | Verdict | Status | Key metric | Value | Threshold |"
     start = md.splitlines().index(header)
     rows = md.splitlines()[start + 2 : start + 2 + len(report.checks)]
     assert [r.split(" | ")[0][2:].replace("\\_", "_") for r in rows] == [c.name for c in report.checks]
-    assert "| error.backward | **FAIL** | rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 |" in rows
-    assert "| causal.backward | **ERROR** | max\\_leak | — | ≤ 0 |" in rows
-    assert "| determinism.backward | SKIP | — | — | — |" in rows
-    assert "| bias.gradient\\_shrinkage | PASS | cos\\_dQ | 0.9999 | ≥ 0.999 |" in rows
+    assert "| error.backward | gating | **FAIL** | rel\\_err\\_vs\\_bf16\\_dK | 9.7 | ≤ 4 |" in rows
+    assert "| causal.backward | gating | **ERROR** | max\\_leak | — | ≤ 0 |" in rows
+    assert "| determinism.backward | gating | SKIP | — | — | — |" in rows
+    assert "| bias.gradient\\_shrinkage | gating | PASS | cos\\_dQ | 0.9999 | ≥ 0.999 |" in rows
 
 
 def test_markers_are_emoji_free(md):
@@ -88,7 +88,7 @@ def test_hostile_strings_cannot_inject_markup_or_break_the_table():
     assert XSS not in md
     assert "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in md or "&lt;script&gt;alert(1)&lt;/script&gt;" in md
     for row in _table_rows(md):
-        assert _unescaped_pipes(row) in (5, 6), f"a cell broke the table: {row}"
+        assert _unescaped_pipes(row) in (5, 7), f"a cell broke the table: {row}"
     assert "\x1b" not in md.split("```json")[0], "control characters are folded out of text lines"
     for case in _json_blocks(md):
         assert isinstance(case, dict)

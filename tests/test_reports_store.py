@@ -45,6 +45,7 @@ def test_round_trip_keeps_key_order_and_summary(tmp_path):
         "suite",
         "seed",
         "threshold_overrides",
+        "require",
         "environment",
         "checks",
         "summary",
@@ -64,6 +65,16 @@ def test_round_trip_keeps_key_order_and_summary(tmp_path):
         "errored_checks": ["causal.backward"],
         "complete": True,
         "status": "fail",
+        "require": [],
+        "verdicts": {
+            "gating": {
+                "status": "fail",
+                "gates": True,
+                "checks": 11,
+                "failed": ["error.backward", "causal.forward"],
+                "errored": ["causal.backward"],
+            }
+        },
         "gradients_checked": True,
         "forward_only": False,
     }

@@ -13,8 +13,8 @@ One ``<testsuite>`` (inside a ``<testsuites>`` root, which every common viewer r
   ``FINDING (VERDICT, not gating)`` and carries the same text, so that a viewer stays green where
   the exit code is 0 and the finding is still one click away.
 
-Every testcase has a property ``verdict`` (gating, reproducibility, robustness); the run's properties
-``verdict.NAME`` give each verdict's status and ``require`` the verdicts required.
+The run's properties ``verdict.NAME`` give each verdict's status and whether it gates, ``require`` the
+verdicts required; a failure's text names its check's verdict.
 
 A run that did not finish gets one more testcase, ``flamia-verify.run`` / ``run.complete``, with an
 ``<error type="incomplete">`` that gives the reason, so that a viewer never shows an interrupted run as
@@ -50,7 +50,7 @@ def _x(value: Any) -> str:
 
 
 def _failure_text(report: Report, check: CheckResult) -> str:
-    lines = [f"{check.name}: {check.status}"]
+    lines = [f"{check.name}: {check.status} ({check.verdict} verdict)"]
     if check.message:
         lines.append(f"message: {check.message}")
     metrics, thresholds = check.metrics or {}, check.thresholds or {}
@@ -147,8 +147,6 @@ def render_junit(report: Report) -> str:
             },
         )
         shown = shown_status(check, report.require)
-        case_props = ET.SubElement(case, "properties")
-        ET.SubElement(case_props, "property", {"name": "verdict", "value": _x(check.verdict)})
         if shown == "finding":
             out = ET.SubElement(case, "system-out")
             out.text = _x(f"FINDING ({check.verdict}, not gating)\n" + _failure_text(report, check))

@@ -1,0 +1,131 @@
+"""Correct kernels of the kinds teams train with, whose results are not bitwise reproducible under a
+structural change, and their twins with a real bug on the same structural path.
+
+``online_tiles_by_max_seqlen``: FlashAttention-2's forward structure in PyTorch: an online softmax over
+key tiles whose size the kernel picks from ``max_seqlen_k`` (64 keys up to 1024, 256 past it, as a
+launch heuristic does), P of each tile rounded to the input dtype against the running row maximum
+before P V, the accumulator rescaled when the maximum grows; the backward by autograd through it.
+Another tile size rounds P against other running maxima, so max_seqlen above the true maximum (or a
+long neighbour document) changes many last bits of out, within the bf16 recipe. A pad-to-max design
+differs from the plain call in the same way.
+
+``fp8_p_past_1024``: the same kernel whose long-row path (max_seqlen_k past 1024) rounds P to E4M3
+instead of the input dtype: a real precision bug that only a structural change reaches. It must fail
+the gating verdict (interface.arguments), not only the reproducibility one.
+
+``nan_to_zero``: torch SDPA per document whose output goes through ``torch.nan_to_num``: correct on
+every input a training step produces, but it hides a NaN already in q (a robustness finding).
+
+``refuses_degenerate``: torch SDPA per document that raises ValueError on softmax_scale = 0 and on a
+pack without queries: refusing an input no training run produces is allowed.
+
+``zero_scale_is_default``: torch SDPA per document that reads ``softmax_scale or headdim**-0.5``, so
+softmax_scale = 0 gives the default scale: a wrong answer on an input no training run produces (a
+robustness finding, a failure only when robustness is required).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zoo.correct import sdpa_bf16
+
+__all__ = [
+    "fp8_p_past_1024",
+    "nan_to_zero",
+    "online_tiles_by_max_seqlen",
+    "refuses_degenerate",
+    "zero_scale_is_default",
+]
+
+#: the key-tile sizes of the online-softmax kernel: small rows, and rows past LONG_ROWS keys
+SHORT_TILE, LONG_TILE, LONG_ROWS = 64, 256, 1024
+
+
+def _online_softmax(q, k, v, cu_q, cu_k, scale: float, causal: bool, tile: int, p_dtype: torch.dtype):
+    group = q.shape[1] // k.shape[1]
+    out = []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0:
+            continue
+        Q = q[q0:q1].float().transpose(0, 1)  # (H, lq, D)
+        K = k[k0:k1].float().transpose(0, 1).repeat_interleave(group, 0)
+        V = v[k0:k1].float().transpose(0, 1).repeat_interleave(group, 0)
+        m = torch.full((Q.shape[0], lq, 1), -math.inf)
+        l = torch.zeros((Q.shape[0], lq, 1))
+        acc = torch.zeros_like(Q[..., :1].expand(-1, -1, V.shape[-1]))
+        rows = torch.arange(lq)[:, None]
+        for j0 in range(0, lk, tile):
+            j1 = min(lk, j0 + tile)
+            S = (Q @ K[:, j0:j1].transpose(1, 2)) * scale
+            if causal:
+                vis = torch.arange(j0, j1)[None, :] <= rows + (lk - lq)
+                S = torch.where(vis, S, torch.full((), -math.inf))
+            m_new = torch.maximum(m, S.amax(-1, keepdim=True))
+            safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+            p = torch.exp(S - safe)
+            alpha = torch.exp(torch.where(m == -math.inf, torch.full_like(m, -math.inf), m - safe))
+            l = l * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + p.to(p_dtype).float() @ V[:, j0:j1]
+            m = m_new
+        seen = l > 0
+        o = torch.where(seen, acc / torch.where(seen, l, torch.ones_like(l)), torch.zeros(()))
+        out.append(o.transpose(0, 1))
+    if not out:
+        return q * 0
+    return torch.cat(out).to(q.dtype)
+
+
+def _tiled_kernel(long_p_dtype: torch.dtype | None, name: str):
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+        long_rows = int(max_seqlen_k) > LONG_ROWS
+        tile = LONG_TILE if long_rows else SHORT_TILE
+        p_dtype = long_p_dtype if long_rows and long_p_dtype is not None else q.dtype
+        with torch.autocast(device_type=q.device.type, enabled=False):  # its fp32 arithmetic stays fp32
+            return _online_softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, tile, p_dtype)
+
+    kernel.__name__ = name
+    kernel.recipe = "bf16"  # type: ignore[attr-defined]
+    return kernel
+
+
+online_tiles_by_max_seqlen = _tiled_kernel(None, "online_tiles_by_max_seqlen")
+fp8_p_past_1024 = _tiled_kernel(torch.float8_e4m3fn, "fp8_p_past_1024")
+
+
+def nan_to_zero(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+    out = sdpa_bf16(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
+    return torch.nan_to_num(out, nan=0.0)
+
+
+def refuses_degenerate(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    if q.shape[0] == 0:
+        raise ValueError("refuses_degenerate: a pack without queries")
+    if softmax_scale == 0:
+        raise ValueError("refuses_degenerate: softmax_scale must be positive")
+    return sdpa_bf16(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
+
+
+def zero_scale_is_default(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    scale = softmax_scale or q.shape[-1] ** -0.5  # the bug: 0.0 is falsy
+    return sdpa_bf16(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal
+    )
+
+
+for _fn in (nan_to_zero, refuses_degenerate, zero_scale_is_default):
+    _fn.recipe = "bf16"  # type: ignore[attr-defined]
