@@ -223,7 +223,7 @@ def test_cli_require_flag_and_config_key(tmp_path, capsys):
     kernel = _write(
         tmp_path,
         "kern.py",
-        "import sys\nsys.path.insert(0, %r)\nfrom zoo.common_kinds import nan_to_zero\n" % str(_tests_dir()),
+        f"import sys\nsys.path.insert(0, {str(_tests_dir())!r})\nfrom zoo.common_kinds import nan_to_zero\n",
     )
     base = ["check", "--kernel", f"{kernel}:nan_to_zero", "--only", "special.nonfinite", "--out"]
     code, out, _ = run_cli([*base, tmp_path / "a"], capsys)
