@@ -21,7 +21,7 @@ from flamia_verify.sweep.survey import availability, default_kernels, run_survey
 
 pytestmark = pytest.mark.xdist_group("sweep")  # the pool's workers take the machine's cores
 
-ONLY = ("interface.output", "isolation.offset", "error.out")
+ONLY = ("interface.output", "isolation.neighbours", "error.out")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_a_row_is_what_check_finds_for_that_kernel(small_survey):
     naive = next(r for r in outcome.rows if r["kernel"] == "mxfp8-naive")
     report = check("mxfp8-naive", suite="quick", device="cpu", only=list(ONLY))
     assert naive["families"]["isolation"]["verdict"] == "fail"
-    assert naive["families"]["isolation"]["reason"].startswith("isolation.offset:")
+    assert naive["families"]["isolation"]["reason"].startswith("isolation.neighbours:")
     assert naive["families"]["interface"]["verdict"] == "pass"
     out = next(c for c in report.checks if c.name == "error.out").metrics
     assert naive["error"]["out"] == {

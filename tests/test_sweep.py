@@ -21,7 +21,7 @@ from flamia_verify.sweep.worker import run_case
 pytestmark = pytest.mark.xdist_group("sweep")  # the pool's workers take the machine's cores
 
 # cheap checks of each kind of verdict: a passing one, and one the naive MXFP8 kernel fails
-ONLY = '[["interface.output", "isolation.offset"]]'
+ONLY = '[["interface.output", "isolation.neighbours"]]'
 
 
 def _write(tmp_path, body: str, name: str = "sweep.toml"):
@@ -167,8 +167,8 @@ def test_a_rerun_reads_every_case_back_and_writes_the_reports(small_sweep):
     document = json.loads((root / "out" / "sweep.json").read_text())
     assert document["schema"] == "flamia-verify/sweep/v1" and len(document["matrix"]) == 4
     markdown = (root / "out" / "sweep.md").read_text()
-    assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.offset | mxfp8 | **FAIL** |" in markdown
-    assert "isolation.offset:" in markdown  # the failing check's one-line reason
+    assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.neighbours | mxfp8 | **FAIL** |" in markdown
+    assert "isolation.neighbours:" in markdown  # the failing check's one-line reason
     assert "<table>" in (root / "out" / "sweep.html").read_text()
 
 

@@ -245,3 +245,21 @@ def _tests_dir():
     from pathlib import Path
 
     return Path(__file__).resolve().parent
+
+
+def test_survey_rows_put_findings_in_verdict_columns_not_in_families():
+    from flamia_verify.reports.survey import render_survey_markdown, survey_rows
+
+    report = _report(*FINDINGS, ("isolation.layout_bitwise", "fail", "reproducibility"))
+    result = {"case": {"kernel": "k"}, "status": report.status, "report": report.to_dict()}
+    row = survey_rows([result], label=lambda case: case["kernel"])[0]
+    assert set(row["families"]) == {"error"}  # the failed checks' families hold no gating check
+    assert row["verdicts"]["reproducibility"]["verdict"] == "finding"
+    assert row["verdicts"]["reproducibility"]["reason"].startswith("determinism.repeat:")
+    assert row["verdicts"]["robustness"]["verdict"] == "finding"
+    md = render_survey_markdown([row], "survey")
+    assert "| kernel | recipe | verdict | error | reproducibility | robustness |" in md
+    assert "| k | bf16 | **PASS** | pass | finding | finding |" in md
+    required = _report(*FINDINGS, require=["reproducibility"])
+    row = survey_rows([{"case": {"kernel": "k"}, "status": required.status, "report": required.to_dict()}])[0]
+    assert row["verdicts"]["reproducibility"]["verdict"] == "fail" and row["status"] == "fail"

@@ -6,7 +6,10 @@ report.json object, or None when the run gave no verdict), ``error`` and, when t
 ``speed`` (a row of :func:`flamia_verify.bench.measure_speed`). :func:`survey_rows` turns results
 into rows, one per run, each with
 
-- the verdict of every check family that ran, with the first failing check and its one-line reason,
+- the verdict of every check family that ran, over the checks that gate the run (the gating verdict,
+  and the others when the run required them), with the first failing check and its one-line reason,
+- the reproducibility and robustness verdicts beside them (``finding`` when one of their checks
+  failed and the run did not require that verdict, ``fail`` when it did), with the first finding,
 - the error of O and of the gradients (rel. RMSE against the float64 reference) beside the recipe's
   model of it and a BF16 run's on the same inputs (the ``error`` family's metrics),
 - the speed (forward, backward, forward+backward TFLOP/s) and its ratio to the fastest BF16 SDPA
@@ -28,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.reports.store import atomic_write_text
-from flamia_verify.results import FAMILIES
+from flamia_verify.results import FAMILIES, OPTIONAL_VERDICTS
 
 __all__ = [
     "family_cells",
+    "verdict_cells",
     "error_summary",
     "survey_rows",
     "render_survey_markdown",
@@ -44,7 +48,7 @@ __all__ = [
 ]
 
 #: a family's verdict from its checks' statuses: the worst one wins
-_RANK = {"error": 3, "fail": 4, "pass": 1, "skip": 0}
+_RANK = {"error": 3, "fail": 4, "finding": 2, "pass": 1, "skip": 0}
 #: the tensors of the error family, in the order the tables show them
 _TENSORS = ("out", "dq", "dk", "dv")
 #: the BF16 kernels whose fastest forward+backward is a survey's speed reference
@@ -68,20 +72,48 @@ def _one_line(text: Any, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def _gates(report: dict[str, Any], check: dict[str, Any]) -> bool:
+    """Whether a report.json check counts toward its run's verdict (a report without verdicts: all do)."""
+    verdict = check.get("verdict", "gating")
+    return verdict == "gating" or verdict in (report.get("require") or [])
+
+
 def family_cells(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """Per family that ran: (verdict, reason), the reason naming the first failing or errored check."""
+    """Per family that ran a check that gates: (verdict, reason), the reason naming the first failing or
+    errored check. Checks of a verdict the run did not require are in :func:`verdict_cells`."""
     report = result.get("report")
     if not isinstance(report, dict):
         return {}
     cells: dict[str, tuple[str, str]] = {}
     for check in report.get("checks", []):
         family, status = check.get("family"), check.get("status")
-        if family is None or status not in _RANK:
+        if family is None or status not in _RANK or not _gates(report, check):
             continue
         have = cells.get(family)
         reason = f"{check.get('name')}: {_one_line(check.get('message'))}" if status in ("fail", "error") else ""
         if have is None or _RANK[status] > _RANK[have[0]]:
             cells[family] = (status, reason)
+    return cells
+
+
+def verdict_cells(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Per non-gating verdict that ran (reproducibility, robustness): (status, reason): ``pass``;
+    ``finding`` when a check of it failed or errored and the run did not require it; ``fail`` when
+    the run required it; the reason names the first such check."""
+    report = result.get("report")
+    if not isinstance(report, dict):
+        return {}
+    cells: dict[str, tuple[str, str]] = {}
+    for check in report.get("checks", []):
+        verdict, status = check.get("verdict", "gating"), check.get("status")
+        if verdict not in OPTIONAL_VERDICTS or status not in _RANK:
+            continue
+        if status in ("fail", "error"):
+            status = "fail" if _gates(report, check) else "finding"
+        reason = f"{check.get('name')}: {_one_line(check.get('message'))}" if status in ("fail", "finding") else ""
+        have = cells.get(verdict)
+        if have is None or _RANK[status] > _RANK[have[0]]:
+            cells[verdict] = (status, reason)
     return cells
 
 
@@ -156,6 +188,7 @@ def survey_rows(
                 "status": r["status"],
                 "reason": _one_line(r.get("error"), 400) if r.get("error") else "",
                 "families": {f: {"verdict": v, "reason": why} for f, (v, why) in cells.items()},
+                "verdicts": {n: {"verdict": v, "reason": why} for n, (v, why) in verdict_cells(r).items()},
                 "error": error_summary(report),
                 "speed": dict(r["speed"]) if isinstance(r.get("speed"), dict) else None,
                 "report": (reports or {}).get(r.get("key", "")),
@@ -169,8 +202,17 @@ def survey_rows(
 
 
 def _families(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The gating families that ran, then the other verdicts that ran (their columns)."""
     seen = {f for r in rows for f in r["families"]}
-    return [f for f in FAMILIES if f in seen]
+    verdicts = {v for r in rows for v in r.get("verdicts", {})}
+    return [f for f in FAMILIES if f in seen] + [v for v in OPTIONAL_VERDICTS if v in verdicts]
+
+
+def _cell(row: dict[str, Any], column: str) -> dict[str, str] | None:
+    """A row's cell of a family or verdict column."""
+    if column in OPTIONAL_VERDICTS:
+        return row.get("verdicts", {}).get(column)
+    return row["families"].get(column)
 
 
 def _columns(rows: Sequence[dict[str, Any]], error_head: str, time_head: str) -> tuple[list[str], bool, list[str]]:
@@ -248,7 +290,7 @@ def render_survey_markdown(rows: Sequence[dict[str, Any]], title: str, notes: Se
     for r in rows:
         row = [str(r["label"]), str(r.get("recipe") or ""), f"**{r['status'].upper()}**"]
         for f in families:
-            cell = r["families"].get(f)
+            cell = _cell(r, f)
             row.append(cell["verdict"] if cell else "—")
             if cell and cell["reason"]:
                 reasons.append(f"- {r['label']}: {cell['reason']}")
@@ -276,7 +318,7 @@ body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d1d1f;max-width:110r
 table{border-collapse:collapse;width:100%;table-layout:auto}
 th,td{border:1px solid #d0d0d7;padding:.3rem .45rem;font-size:.85rem;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f3f3f6;cursor:pointer;user-select:none}
-td.pass{background:#e6f6ea}td.fail{background:#fde4e1}td.error{background:#fff1cc}td.skip{color:#777}
+td.pass{background:#e6f6ea}td.fail{background:#fde4e1}td.error{background:#fff1cc}td.skip{color:#777}td.finding{background:#fff8c5}
 td.incomplete{background:#fff1cc}td.unavailable{color:#777;background:#f3f3f6}
 .why{font-size:.75rem;color:#555}.plot{max-width:46rem}.plot svg{width:100%;height:auto}
 """
@@ -341,7 +383,7 @@ def render_survey_html(rows: Sequence[dict[str, Any]], title: str, notes: Sequen
             f"<td class='{esc(status)}'><b>{esc(status.upper())}</b></td>",
         ]
         for f in families:
-            cell = r["families"].get(f) or {"verdict": "", "reason": ""}
+            cell = _cell(r, f) or {"verdict": "", "reason": ""}
             note = f"<div class='why'>{esc(cell['reason'])}</div>" if cell["reason"] else ""
             tds.append(
                 f"<td class='{esc(cell['verdict'])}' title='{esc(cell['reason'])}'>{esc(cell['verdict'] or '—')}{note}</td>"
