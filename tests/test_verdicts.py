@@ -263,3 +263,15 @@ def test_survey_rows_put_findings_in_verdict_columns_not_in_families():
     required = _report(*FINDINGS, require=["reproducibility"])
     row = survey_rows([{"case": {"kernel": "k"}, "status": required.status, "report": required.to_dict()}])[0]
     assert row["verdicts"]["reproducibility"]["verdict"] == "fail" and row["status"] == "fail"
+
+
+def test_compare_notes_findings_and_gates_required_ones():
+    from flamia_verify.reports.compare import compare_reports
+
+    base = _report(("error.out", "pass", "gating"), ("determinism.repeat", "pass", "reproducibility"))
+    new = _report(*FINDINGS)
+    cmp = compare_reports(base, new)
+    assert not cmp.regressions, cmp.regressions
+    assert {c.check for c in cmp.status_notes} >= {"determinism.repeat", "special.nonfinite"}
+    required = _report(*FINDINGS, require=["reproducibility"])
+    assert [c.check for c in compare_reports(base, required).regressions] == ["determinism.repeat"]

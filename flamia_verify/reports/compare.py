@@ -3,7 +3,11 @@
 A check present in both reports regresses when
 
 - its status got worse: it passed or was skipped in BASE and now fails or errors; or
-- one of its thresholded metrics got worse in a way a reviewer cares about (the metric rule below).
+- one of its thresholded metrics got worse in a way a reviewer cares about (the metric rule below);
+
+and the check gates the NEW run (its verdict is gating, or one the new run required: a reproducibility
+or robustness check that got worse in a run that does not require it is a status note, not a
+regression, as it does not fail the run either).
 
 Which metrics are compared, and which way is worse, is decided by ``higher_is_worse(check, metric)``,
 called with the NEW report's `CheckResult` and a metric name present in both reports. It returns True
@@ -275,14 +279,18 @@ def compare_reports(
                 cmp.regressions.append(Change(name, "status", base_checks[name].status, "missing", worse=True))
     for name in cmp.new_checks:
         if new_checks[name].status in _BAD:
-            cmp.regressions.append(Change(name, "status", "absent", new_checks[name].status, worse=True))
+            change = Change(name, "status", "absent", new_checks[name].status, worse=new.gates(new_checks[name]))
+            (cmp.regressions if change.worse else cmp.status_notes).append(change)
 
     for name, after in new_checks.items():
         before = base_checks.get(name)
         if before is None:
             continue
+        # a check of a verdict the new run does not gate on (reproducibility, robustness unless required):
+        # its changes are reported as notes, never as regressions
+        gates = new.gates(after)
         if before.status != after.status:
-            regressed = before.status in _GOOD and after.status in _BAD
+            regressed = gates and before.status in _GOOD and after.status in _BAD
             change = Change(name, "status", before.status, after.status, worse=regressed)
             if regressed:
                 cmp.regressions.append(change)
@@ -304,8 +312,10 @@ def compare_reports(
                 for v in (before.metrics[metric], after.metrics[metric])
             ):
                 cmp.past_limit.append(moved)
-            elif moved.worse:
+            elif moved.worse and gates:
                 cmp.regressions.append(moved)
+            elif moved.worse:
+                continue  # a metric of a check that does not gate this run
             else:
                 cmp.improvements.append(moved)
     return cmp
