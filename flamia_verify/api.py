@@ -43,6 +43,8 @@ def check(
     require names the non-gating verdicts that gate as well (``["reproducibility"]``,
     ``["robustness"]``): their checks always run and are reported in ``report.verdicts()``; only
     required ones count toward ``report.passed``.
+    A kernel call past ``case_timeout_s`` is an ``error`` row of the returned report; its thread cannot
+    be killed and is left running (a daemon thread), so the caller's process decides when to end.
     A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to
     ``out``, marked incomplete, and raises again; the exception's ``partial_report`` holds them.
     """

@@ -255,6 +255,7 @@ class PartialReports:
 def run(args: argparse.Namespace) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
+    from flamia_verify.properties.harness import exit_when_stuck
     from flamia_verify.reports import write_reports
 
     cfg = load_config(args.config)
@@ -289,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     partial_reports = PartialReports(out)
     remove_stale(out, report_names())  # an earlier run's reports must not stand in for this one, even if killed
     previous_term = _install_sigterm(_on_sigterm)
+    previous_grace = exit_when_stuck(STUCK_GRACE_S)  # a kernel holding the GIL past its limit: exit 1
     try:
         with reporter.live():
             report = run_checks(
@@ -344,9 +346,16 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         _install_sigterm(previous_term)
+        exit_when_stuck(previous_grace)
     reporter.finish(report, paths)
     print_tracebacks(args, report.checks)
     return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+#: seconds past case_timeout_s after which a kernel call that holds the GIL (so that not even the
+#: timeout can be acted on) ends the process: exit 1 with every thread's traceback on stderr, the
+#: reports as last written (INCOMPLETE). A caller that only needs the GIL back gets it in milliseconds.
+STUCK_GRACE_S = 10.0
 
 
 class _Terminated(KeyboardInterrupt):

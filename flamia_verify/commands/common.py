@@ -124,7 +124,24 @@ def mark_interrupted() -> None:
 
 
 def interrupted() -> bool:
-    return _INTERRUPTED[0]
+    """Whether main() must end the process with os._exit (its exit code, stdout and stderr flushed)
+    instead of returning: a run interrupted mid-kernel, or kernel calls still running after their time
+    limit (case_timeout_s), whose threads Python can neither kill nor safely shut down beside (said in
+    one line on stderr). Asked once, when the command has ended and its reports are written."""
+    left = _calls_left_running()
+    return _INTERRUPTED[0] or left > 0
+
+
+def _calls_left_running() -> int:
+    # the harness is loaded only once a command called a kernel: no need to import torch to know
+    harness = sys.modules.get("flamia_verify.properties.harness")
+    left = harness.calls_left_running() if harness is not None else 0
+    if left:
+        sys.stderr.write(
+            f"flamia-verify: {left} kernel call(s) still running after their time limit; "
+            "exiting without waiting for them\n"
+        )
+    return int(left)
 
 
 # ---------------------------------------------------------------------------------------------- --out

@@ -55,7 +55,15 @@ from flamia_verify.recipes import RECIPES, Recipe, get_recipe
 from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS, CheckResult, Report
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
 
-__all__ = ["run_checks", "list_checks", "ProgressEvent", "environment", "resolve_kernel", "select_checks", "resolve_require"]
+__all__ = [
+    "run_checks",
+    "list_checks",
+    "ProgressEvent",
+    "environment",
+    "resolve_kernel",
+    "select_checks",
+    "resolve_require",
+]
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,23 @@ with what reproduces it.
 
 Timeouts: with ``timeout_s`` set, each call runs in a fresh daemon thread and the caller waits at
 most that long. Python cannot kill a thread: a kernel that hangs keeps its thread (and whatever
-it holds: GPU stream, locks) until it returns or the process exits. The check reports ``error`` and
-the run continues; a kernel that hangs for good needs the process to be restarted.
+it holds: GPU stream, its own locks) until it returns or the process exits. The check reports
+``error`` naming the time limit and the run continues: the harness holds no lock across a call, puts
+back the caller's default dtype and random generators the abandoned call may have left changed, and
+ignores whatever the thread does if it finishes late (no audit, no process-state record).
+:func:`calls_left_running` counts the abandoned calls still running in the process. Such a thread
+must not meet interpreter finalization: a thread that returns from C++ (a torch op) while Python
+shuts down aborts the process ("terminate called without an active exception", exit 134) after the
+reports are written. The command line therefore ends a process that has one with ``os._exit`` and
+its documented exit code, once the reports are written (``commands.common.interrupted``); the
+Python API (``flamia_verify.check``) returns its report and leaves the daemon thread running, as it
+must not end its caller's process.
+
+A kernel that blocks in C while holding the GIL (an extension that never releases it) stops the
+whole process: the caller cannot even get back from its timed wait. The command line opts in to a
+last resort (:func:`exit_when_stuck`): a faulthandler watchdog, which needs no GIL, that dumps every
+thread's traceback to stderr and ends the process with exit code 1 (the run did not complete) when
+the caller is not back ``grace`` seconds after the time limit.
 
 In-place writes: the kernel gets fresh copies of the case's tensors, and after the forward and again
 after the backward of every call the harness compares each copy bitwise with the case's original. A
@@ -21,6 +36,8 @@ is recorded with the tensor it hit.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import sys
 import threading
 import time
 import traceback
@@ -40,6 +57,8 @@ __all__ = [
     "KernelCallError",
     "KernelHarness",
     "BackwardSupport",
+    "calls_left_running",
+    "exit_when_stuck",
     "Modification",
     "StateRecord",
     "is_leaf_inplace_error",
@@ -162,6 +181,70 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(_bits(a), _bits(b))
 
 
+#: the threads of every kernel call abandoned after its time limit, by any harness of the process
+_ABANDONED: list[threading.Thread] = []
+
+#: seconds past a call's time limit after which a caller still not back ends the process (None: never)
+_STUCK_GRACE_S: list[float | None] = [None]
+
+
+def calls_left_running() -> int:
+    """How many kernel calls of this process ran past their time limit and are still running (their
+    daemon threads cannot be killed; see the module's docstring)."""
+    _ABANDONED[:] = [t for t in _ABANDONED if t.is_alive()]
+    return len(_ABANDONED)
+
+
+def exit_when_stuck(grace_s: float | None) -> float | None:
+    """For a command line only, never a library caller: while a timed call runs, arm a faulthandler
+    watchdog that, when the caller is still not back ``grace_s`` seconds after the call's time limit
+    (the kernel holds the GIL in C and never lets it go), writes every thread's traceback to stderr
+    and ends the process with exit code 1. None disarms it. Returns the previous setting. The
+    watchdog is faulthandler's one ``dump_traceback_later`` timer: a timer someone else armed is
+    cancelled by the next timed call."""
+    previous = _STUCK_GRACE_S[0]
+    _STUCK_GRACE_S[0] = grace_s
+    return previous
+
+
+@contextlib.contextmanager
+def _stuck_watchdog(timeout_s: float):
+    grace = _STUCK_GRACE_S[0]
+    stderr = sys.__stderr__  # the process's own (sys.stderr may be a capture without a file descriptor)
+    armed = False
+    if grace is not None and stderr is not None:
+        try:
+            faulthandler.dump_traceback_later(timeout_s + grace, exit=True, file=stderr)
+            armed = True
+        except (AttributeError, ValueError, OSError, RuntimeError):  # no stderr to write to: no watchdog
+            pass
+    try:
+        yield
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _caller_state(device: torch.device) -> Callable[[], None]:
+    """The process state a call changes while it runs (the default dtype of a ``default_dtype`` case,
+    the random generators the call's probe replaces): returns what puts the caller's back."""
+    dtype = torch.get_default_dtype()
+    cpu = torch.get_rng_state()
+    cuda = None
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        with contextlib.suppress(RuntimeError):
+            cuda = torch.cuda.get_rng_state(device)
+
+    def put_back() -> None:
+        torch.set_default_dtype(dtype)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            with contextlib.suppress(RuntimeError):
+                torch.cuda.set_rng_state(cuda, device)
+
+    return put_back
+
+
 def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
     return t.grad  # detached by the caller (after a create_graph backward, whether it was in the graph)
 
@@ -178,14 +261,20 @@ class KernelHarness:
         self.modifications: list[Modification] = []
         #: process settings a call left changed: (case, stage, change, call index)
         self.state_changes: list[StateRecord] = []
-        self._abandoned: set[int | None] = set()  # threads of calls that timed out
+        self._abandoned: set[threading.Thread] = set()  # threads of calls that timed out
         #: called with the inputs of every call (the coverage model records what each check exercises)
         self.recorder: Callable[[Inputs], None] | None = None
 
     # -- in-place writes ------------------------------------------------------------------
 
+    def _late(self) -> bool:
+        """This is the thread of a call abandoned after its time limit, finishing late: it records nothing."""
+        return threading.current_thread() in self._abandoned
+
     def _audit(self, case: Case, stage: str, pairs: dict, flagged: set, backward: bool) -> None:
         """Compare the tensors handed to the kernel with the originals; record each new change."""
+        if self._late():
+            return
         for name, (passed, original) in pairs.items():
             if name in flagged:
                 continue
@@ -314,7 +403,7 @@ class KernelHarness:
                                 for x in (q, k, v):  # the graph held by .grad: let it go
                                     x.grad = None
                 finally:
-                    if threading.get_ident() not in self._abandoned:  # a timed-out call's thread, finishing late
+                    if not self._late():  # a timed-out call's thread must not put back a state it no longer owns
                         self._record_state(inputs.case, stage, probe.finish())
             self._audit(inputs.case, stage, pairs, flagged, backward)
             self.audited += 1
@@ -414,14 +503,19 @@ class KernelHarness:
                 box["error"] = exc
                 box["trace"] = traceback.format_exc()
 
+        assert self.timeout_s is not None
         worker = threading.Thread(target=target, name="flamia-verify-kernel-call", daemon=True)
-        worker.start()
-        worker.join(self.timeout_s)
+        put_back = _caller_state(inputs.q.device)
+        with _stuck_watchdog(self.timeout_s):
+            worker.start()
+            worker.join(self.timeout_s)
         if worker.is_alive():
-            self._abandoned.add(worker.ident)  # its probe must not put back a process state it no longer owns
+            self._abandoned.add(worker)  # what it does if it ever finishes is not this run's any more
+            _ABANDONED.append(worker)
+            put_back()  # the call's default dtype and the probe's random generators are not the caller's
             exc = KernelTimeoutError(
-                f"the kernel did not return within {self.timeout_s:g} s (its thread keeps running: "
-                "a hung thread cannot be killed in-process)"
+                f"the kernel did not return within {self.timeout_s:g} s, the time limit of one kernel call "
+                "(case_timeout_s); its thread was left running (a hung thread cannot be killed in-process)"
             )
             raise KernelCallError(inputs.case, exc, "call")
         if "error" in box:

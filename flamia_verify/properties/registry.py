@@ -69,7 +69,7 @@ def register(
     """Register ``fn(ctx) -> CheckResult`` as check ``name`` (see :class:`CheckSpec` for the fields).
     ``adjustable`` names the threshold keys of ``defaults`` a user may override; every other key is
     the check's contract, fixed (a threshold a finding fails regardless of its value). ``verdict`` says
-which verdict the check belongs to (``results.VERDICTS``; docs/checks.md says why each is where)."""
+    which verdict the check belongs to (``results.VERDICTS``; docs/checks.md says why each is where)."""
     family = name.partition(".")[0]
     if family not in FAMILIES:
         raise ValueError(f"check {name!r}: family {family!r} is not one of {FAMILIES}")

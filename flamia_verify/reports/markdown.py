@@ -22,8 +22,6 @@ from typing import Any
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.wording import (
     STATUS_MARK,
-    shown_status,
-    verdicts_line,
     case_seed,
     counts_line,
     override_line,
@@ -32,7 +30,9 @@ from flamia_verify.reports.wording import (
     rerun_command,
     run_line,
     run_notes,
+    shown_status,
     verdict,
+    verdicts_line,
 )
 from flamia_verify.results import CheckResult, Report
 

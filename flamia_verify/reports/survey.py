@@ -210,9 +210,8 @@ def _families(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def _cell(row: dict[str, Any], column: str) -> dict[str, str] | None:
     """A row's cell of a family or verdict column."""
-    if column in OPTIONAL_VERDICTS:
-        return row.get("verdicts", {}).get(column)
-    return row["families"].get(column)
+    cells: dict[str, dict[str, str]] = row.get("verdicts", {}) if column in OPTIONAL_VERDICTS else row["families"]
+    return cells.get(column)
 
 
 def _columns(rows: Sequence[dict[str, Any]], error_head: str, time_head: str) -> tuple[list[str], bool, list[str]]:

@@ -56,7 +56,13 @@ __all__ = [
 ]
 
 #: Rich style of each status.
-STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta", "skip": "dim", "finding": "bold yellow"}
+STATUS_STYLE = {
+    "pass": "bold green",
+    "fail": "bold red",
+    "error": "bold magenta",
+    "skip": "dim",
+    "finding": "bold yellow",
+}
 
 
 #: Narrower consoles (CI logs default to 80 columns) list messages under the table instead of in a column.

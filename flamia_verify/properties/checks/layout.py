@@ -29,6 +29,7 @@ half; one whose numbers break the recipe there fails the gating half.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -184,7 +185,13 @@ def _layout_findings(ctx) -> dict:
     def compute() -> dict:
         heads, heads_k = LAYOUT_HEADS
         docs = layout_docs(ctx)
-        found = {"changed": 0, "first_bits": None, "violations": 0, "error_violations": 0, "first_accuracy": None}
+        found: dict[str, Any] = {
+            "changed": 0,
+            "first_bits": None,
+            "violations": 0,
+            "error_violations": 0,
+            "first_accuracy": None,
+        }
         found.update(packs=0, compared=0, judged=0, worst_normalized=0.0)
         variants = _variants(ctx, docs)
         # every variant causal; the order and the number of documents not causal too

@@ -28,6 +28,7 @@ may resolve it either way; an infinite value does not.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -86,7 +87,14 @@ def _nonfinite_findings(ctx) -> dict:
     independent elements of other documents or heads made non-finite (spread)."""
 
     def compute() -> dict:
-        found = {"hidden": 0, "spread": 0, "in_doc": 0, "runs": 0, "first_hidden": None, "first_spread": None}
+        found: dict[str, Any] = {
+            "hidden": 0,
+            "spread": 0,
+            "in_doc": 0,
+            "runs": 0,
+            "first_hidden": None,
+            "first_spread": None,
+        }
         jobs = [(c, p) for c in nonfinite_cases(ctx) for p in poisons(c)]
         for n, (case, (tensor, where, value)) in enumerate(jobs):
             if tensor == "do" and not ctx.has_backward:
