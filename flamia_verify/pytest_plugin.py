@@ -65,7 +65,7 @@ def worker_device(device: str, worker_id: str | None, gpu_count: int) -> str:
 
 def _reasons(report) -> str:
     lines = []
-    for c in report.checks:
+    for c in report.gating_checks:
         if c.status in ("fail", "error"):
             lines.append(f"  {c.name}: {c.status}: {' '.join(str(c.message).split())}")
     if not report.complete:
@@ -103,11 +103,12 @@ def flamia_check(request, record_property):
         record_property("flamia.suite", report.suite)
         for c in report.checks:
             record_property(f"flamia.{c.name}.status", c.status)
+            record_property(f"flamia.{c.name}.verdict", c.verdict)
             metric = key_metric(c)
             if metric is not None and metric.metric is not None:
                 record_property(f"flamia.{c.name}.{metric.metric}", metric.value)
         if not report.passed:
-            failed = [c.name for c in report.checks if c.status in ("fail", "error")]
+            failed = [c.name for c in report.gating_checks if c.status in ("fail", "error")]
             pytest.fail(
                 f"flamia-verify: {report.kernel} ({report.recipe}, {report.suite}) did not pass: "
                 f"{len(failed)} check(s) failed or errored\n{_reasons(report)}",

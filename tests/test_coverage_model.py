@@ -24,10 +24,14 @@ from flamia_verify.properties.harness import KernelHarness
 
 NEW_CHECKS = [
     "interface.arguments",
+    "interface.arguments_bitwise",
     "interface.lse",
     "isolation.heads",
     "isolation.layout",
+    "isolation.layout_bitwise",
+    "isolation.nonfinite",
     "special.nonfinite",
+    "special.degenerate",
     "bound.shapes",
 ]
 
@@ -147,7 +151,9 @@ def test_correct_kernels_pass_the_new_checks(kernel):
 
 
 def test_per_tensor_scaling_fails_head_and_batch_invariance():
-    report = run_checks("fp8-tensor", suite="quick", only=["isolation.heads", "isolation.layout"])
+    # per-tensor scales move within the fp8 recipe's bound: the layout dependence is a reproducibility
+    # finding (its cross-document leak gates through isolation.neighbours)
+    report = run_checks("fp8-tensor", suite="quick", only=["isolation.heads", "isolation.layout_bitwise"])
     assert [c.status for c in report.checks] == ["fail", "fail"]
 
 

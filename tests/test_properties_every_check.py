@@ -34,7 +34,7 @@ def _run(kernel, only, **kw):
 def test_every_check_has_a_planted_bug_that_must_fail_it():
     """The standard: no check without a kernel that a test asserts it fails on."""
     every = {s.name for s in list_checks("full")}
-    assert len(every) == 42
+    assert len(every) == 48
     covered = {c for k in list(Z.BUGS.values()) + list(T.TARGETED.values()) for c in k.catches}
     # the convention and invariance checks, asserted in test_coverage_model.py
     covered |= {k.catches for k in CONVENTION_BUGS.values()}
@@ -63,13 +63,17 @@ def test_the_correct_builtin_passes_the_same_checks(recipe):
 
 
 def test_isolation_offset_rel_diff_fails_a_gross_offset_bug_when_bits_may_differ():
-    """With ``bitwise_mismatches`` raised (offset dependence by rounding accepted), a kernel whose
-    tiles only change the rounding passes, one that loses keys at unaligned offsets fails on rel_diff."""
-    relaxed = {"isolation.offset": {"bitwise_mismatches": math.inf}}
-    ok = _run(T.packed_tiles, ["isolation.offset"], thresholds=relaxed).check("isolation.offset")
-    assert ok.status == "pass" and ok.metrics["bitwise_mismatches"] > 0
-    assert "differ" in ok.message and "identical" not in ok.message
-    bad = _run(T.packed_tiles_skip_head, ["isolation.offset"], thresholds=relaxed).check("isolation.offset")
+    """A kernel whose tiles only change the rounding at another offset passes isolation.offset (its
+    bits are a reproducibility finding of isolation.offset_bitwise, accepted there when
+    ``bitwise_mismatches`` is raised); one that loses keys at unaligned offsets fails on rel_diff."""
+    report = _run(T.packed_tiles, ["isolation.offset", "isolation.offset_bitwise"])
+    ok, bits = report.check("isolation.offset"), report.check("isolation.offset_bitwise")
+    assert ok.status == "pass" and "differ" in ok.message and "identical" not in ok.message
+    assert bits.status == "fail" and bits.metrics["bitwise_mismatches"] > 0 and report.passed
+    relaxed = {"isolation.offset_bitwise": {"bitwise_mismatches": math.inf}}
+    accepted = _run(T.packed_tiles, ["isolation.offset_bitwise"], thresholds=relaxed).check("isolation.offset_bitwise")
+    assert accepted.status == "pass" and "accepted up to" in accepted.message
+    bad = _run(T.packed_tiles_skip_head, ["isolation.offset"]).check("isolation.offset")
     assert bad.status == "fail" and bad.message.startswith("rel_diff"), bad.message
     assert bad.metrics["rel_diff"] > 100 * bad.thresholds["rel_diff"]
 

@@ -40,7 +40,7 @@ def test_a_buggy_kernel_fails_the_test_with_reasons_and_a_correct_one_passes(pyt
         """
         import pytest
 
-        pytestmark = pytest.mark.flamia(suite="quick", only=["isolation.offset"])
+        pytestmark = pytest.mark.flamia(suite="quick", only=["isolation.neighbours"])
 
         def test_correct(flamia_check):
             report = flamia_check("flamia-mxfp8")
@@ -64,7 +64,7 @@ def test_a_buggy_kernel_fails_the_test_with_reasons_and_a_correct_one_passes(pyt
     cuda = torch.cuda.is_available()
     assert outcomes.get("passed") == (3 if cuda else 2) and outcomes.get("failed") == 1
     result.stdout.fnmatch_lines(
-        ["*mxfp8-naive (mxfp8, quick) did not pass: 1 check(s) failed or errored*", "*isolation.offset: fail: *"]
+        ["*mxfp8-naive (mxfp8, quick) did not pass: 1 check(s) failed or errored*", "*isolation.neighbours: fail: *"]
     )
     if not cuda:
         assert outcomes.get("skipped") == 1
@@ -75,5 +75,5 @@ def test_a_buggy_kernel_fails_the_test_with_reasons_and_a_correct_one_passes(pyt
         if case.get("name") == "test_naive"
         for p in case.iter("property")
     }
-    assert props["flamia.kernel"] == "mxfp8-naive" and props["flamia.isolation.offset.status"] == "fail"
-    assert any(k.startswith("flamia.isolation.offset.") and not k.endswith(".status") for k in props)
+    assert props["flamia.kernel"] == "mxfp8-naive" and props["flamia.isolation.neighbours.status"] == "fail"
+    assert any(k.startswith("flamia.isolation.neighbours.") and not k.endswith((".status", ".verdict")) for k in props)

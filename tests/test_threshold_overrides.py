@@ -141,7 +141,7 @@ def test_every_threshold_key_gates_the_verdict_or_is_refused(tmp_path):
     # the refused keys are exactly the fixed ones the registry declares
     assert sorted((n, k) for n, k, _ in refused) == sorted((n, k) for n, ks in fixed_keys().items() for k in ks)
     assert ("causal.forward", "leaked_elements") in {(n, k) for n, k, _ in refused}
-    assert ("error.out", "normalized_error") in gated and ("isolation.offset", "bitwise_mismatches") in gated
+    assert ("error.out", "normalized_error") in gated and ("isolation.offset_bitwise", "bitwise_mismatches") in gated
 
 
 def test_the_reported_leak_override_is_refused_on_one_line(tmp_path, capsys):

@@ -57,14 +57,40 @@ def fp16_through_bf16(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, 
     return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
 
 
-@_bug("isolation.layout")
+@_bug("isolation.layout_bitwise")
 def split_by_max_seqlen(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
     """Above max_seqlen_k = 1024 a split-KV path whose partial results are added in bf16 (a dispatch on
-    the max_seqlen argument, not on the data)."""
+    the max_seqlen argument, not on the data): the output moves by about one bf16 ulp, within the
+    recipe's bound and error model (isolation.layout passes it), but a document's bits depend on the
+    longest neighbour and on max_seqlen (a reproducibility finding)."""
     out = _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
     if max_k > 1024:
         out = (out.float() * (1 + 2.0**-8)).to(out.dtype)
     return out
+
+
+@_bug("isolation.layout")
+def split_kv_drops_the_tail(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """Above max_seqlen_k = 1024 a split-KV path of 1024-key splits whose last, partial split is never
+    reduced: a document longer than 1024 keys loses its keys past 1024 (a dispatch on the max_seqlen
+    argument; only a pack with such a document, or a neighbour raising max_seqlen, reaches it)."""
+    if max_k <= 1024:
+        return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    ck = cu_k.tolist()
+    keep = torch.cat([torch.arange(ck[b], min(ck[b + 1], ck[b] + 1024)) for b in range(len(ck) - 1)])
+    lens = torch.tensor([min(ck[b + 1] - ck[b], 1024) for b in range(len(ck) - 1)])
+    cu_kept = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)])
+    return _GOOD(
+        q, k[keep], v[keep], cu_q, cu_kept, max_q, min(max_k, 1024), softmax_scale=softmax_scale, causal=causal
+    )
+
+
+@_bug("special.degenerate")
+def zero_scale_is_default(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """softmax_scale read as ``softmax_scale or headdim**-0.5``: 0.0 is falsy, so a zero scale (uniform
+    weights, an input no training run passes) gets the default scale."""
+    scale = softmax_scale or q.shape[-1] ** -0.5
+    return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
 
 
 @_bug("isolation.heads")
@@ -133,15 +159,6 @@ def dq_in_the_dkdv_pass(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None
     with torch.no_grad():
         out = _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
     return _NoGradOfQ.apply(q, out)
-
-
-@_bug("interface.arguments")
-def empty_launch_grid(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
-    """The launch grid is cdiv(max_seqlen_q, 128) query tiles per document and head; a pack without
-    queries makes an empty grid, which the launcher rejects (CUDA's "invalid configuration argument")."""
-    if max_q == 0:
-        raise RuntimeError("CUDA error: invalid configuration argument (grid (0, 2, 4))")
-    return _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
 
 
 class _InnerGraph(torch.autograd.Function):
@@ -227,7 +244,7 @@ class _Unguarded(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-@_bug("interface.arguments")
+@_bug("interface.arguments_bitwise")
 def fp32_gemms_under_autocast(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
     """A kernel written in torch ops (fp32 GEMMs on dequantized operands) that does not turn the
     caller's autocast off: inside a mixed-precision training step its fp32 GEMMs run in bf16."""
@@ -251,7 +268,7 @@ def gradients_outside_the_graph(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_sc
     return _via_inner_graph("none", q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
 
 
-@_bug("interface.arguments")
+@_bug("interface.arguments_bitwise")
 def scale_as_a_default_dtype_tensor(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
     """softmax_scale goes through torch.tensor(scale), of torch's default dtype: a model built with the
     default dtype set to bf16 rounds 128^-0.5 to bf16."""
@@ -341,11 +358,12 @@ CONVENTION_BUGS = {
         grad_buffers_of_the_forward,
         row_stride_from_heads,
         dq_in_the_dkdv_pass,
-        empty_launch_grid,
         scale_none_as_one,
         assumes_contiguous,
         fp16_through_bf16,
         split_by_max_seqlen,
+        split_kv_drops_the_tail,
+        zero_scale_is_default,
         amax_over_heads,
         nan_to_num_output,
         lse_in_log2,

@@ -100,7 +100,7 @@ backward_leak = _tag(
 document_leak = _tag(
     make_kernel(replace(FLAMIA_MXFP8, name="document-leak", seq_blocks="packed")),
     "mxfp8",
-    ("isolation.neighbours", "isolation.nan", "isolation.offset"),
+    ("isolation.neighbours", "isolation.nan", "isolation.offset_bitwise", "isolation.nonfinite"),
     "FLAMIA MXFP8 with sequence blocks at packed positions (a block spans two documents)",
 )
 

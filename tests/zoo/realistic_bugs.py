@@ -124,7 +124,7 @@ def _swap_offsets(replace_k: bool):
 kv_blocks_at_cu_q = _tag(
     _patched_kernel(_swap_offsets(True), _swap_offsets(True)),
     "mxfp8",
-    ("isolation.neighbours", "isolation.offset"),
+    ("isolation.neighbours", "isolation.offset_bitwise"),
     ("causal", "determinism"),
     "FLAMIA MXFP8 whose K and V sequence blocks restart at cu_seqlens_q instead of cu_seqlens_k",
 )
@@ -132,7 +132,7 @@ kv_blocks_at_cu_q = _tag(
 do_blocks_at_cu_k = _tag(
     _patched_kernel(None, _swap_offsets(False)),
     "mxfp8",
-    ("isolation.neighbours", "isolation.offset"),
+    ("isolation.neighbours", "isolation.offset_bitwise"),
     ("causal.forward", "determinism", "error.out", "bound.out"),
     "FLAMIA MXFP8 whose backward lays out dO's and Q's sequence blocks at cu_seqlens_k",
 )

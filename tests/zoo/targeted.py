@@ -409,8 +409,8 @@ KEY_TILE = 16
 packed_tiles = _tag(
     _fp32_kernel(key_tile=KEY_TILE),
     "bf16",
-    ("isolation.offset",),
-    ("isolation.neighbours", "isolation.nan", "causal", "error", "bound"),
+    ("isolation.offset_bitwise",),
+    ("isolation.neighbours", "isolation.nan", "isolation.offset", "causal", "error", "bound"),
     "fp32 attention whose key tiles are aligned to the packed batch, not to the document: the order of "
     "the fp32 sums, hence the bits of a document's output, depend on its offset",
 )
