@@ -15,24 +15,36 @@ from flamia_verify.properties import run_checks
 
 #: bugs whose dimension the quick suite does not reach, with the suite and check that catch them
 NEEDS_STANDARD = {"nondeterministic_dq_long": "determinism.repeat"}
+#: bugs that change bits under a structural change only (another run, another layout), within the
+#: recipe: reported in the reproducibility verdict, which gates only when required (docs/checks.md)
+REPRODUCIBILITY_ONLY = {"nondeterministic_dq_long"}
+
+
+def _reported(report) -> list[str]:
+    return [c.name for c in report.checks if c.status in ("fail", "error")]
 
 
 @pytest.mark.parametrize("name", sorted(set(WILD) - set(NEEDS_STANDARD)))
 def test_wild_bug_fails_the_quick_suite(name):
-    """Family by family, cheap ones first, up to the first failing check (as `mutate` does)."""
+    """Family by family, cheap ones first, up to the first check that gates and fails (as `mutate`
+    does); a bug reported only in the reproducibility or robustness verdict must be one named so."""
     kernel = WILD[name]
+    findings: list[str] = []
     for family in FAMILY_ORDER:
         report = run_checks(kernel, recipe=getattr(kernel, "recipe", None), suite="quick", only=[family])
         if not report.passed:
             return
-    raise AssertionError(f"{name} ({kernel.dimension}) passed the quick suite")
+        findings += _reported(report)
+    assert findings, f"{name} ({kernel.dimension}) passed the quick suite"
+    assert name in REPRODUCIBILITY_ONLY, f"{name} ({kernel.dimension}) is only reported beside the gate: {findings}"
 
 
 @pytest.mark.parametrize("name", sorted(NEEDS_STANDARD))
 def test_wild_bug_fails_its_standard_check(name):
     kernel = WILD[name]
     report = run_checks(kernel, recipe=getattr(kernel, "recipe", None), suite="standard", only=[NEEDS_STANDARD[name]])
-    assert not report.passed, f"{name} passed {NEEDS_STANDARD[name]} in the standard suite"
+    assert _reported(report), f"{name} passed {NEEDS_STANDARD[name]} in the standard suite"
+    assert report.passed == (name in REPRODUCIBILITY_ONLY)
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT_WILD))
