@@ -27,6 +27,7 @@ NEW_CHECKS = [
     "interface.arguments_bitwise",
     "interface.lse",
     "isolation.heads",
+    "isolation.heads_bitwise",
     "isolation.layout",
     "isolation.layout_bitwise",
     "isolation.nonfinite",
@@ -153,7 +154,9 @@ def test_correct_kernels_pass_the_new_checks(kernel):
 def test_per_tensor_scaling_fails_head_and_batch_invariance():
     # per-tensor scales move within the fp8 recipe's bound: the layout dependence is a reproducibility
     # finding (its cross-document leak gates through isolation.neighbours)
-    report = run_checks("fp8-tensor", suite="quick", only=["isolation.heads", "isolation.layout_bitwise"])
+    report = run_checks(
+        "fp8-tensor", suite="quick", only=["isolation.heads", "isolation.layout_bitwise"]
+    )  # scales across heads: a value flow
     assert [c.status for c in report.checks] == ["fail", "fail"]
 
 

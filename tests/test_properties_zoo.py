@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from zoo import kernels as Z
+from zoo.verdicts import matches
 
 from flamia_verify.properties import run_checks
 
@@ -51,7 +52,12 @@ QUIET = {
 @pytest.mark.parametrize("name", sorted(QUIET))
 def test_zoo_kernel_is_quiet_elsewhere(name):
     report = _run(Z.BUGS[name], QUIET[name])
-    loud = [f"{c.name}: {c.status}: {c.message}" for c in report.checks if c.status != "pass"]
+    # a family named quiet does not cover its accuracy judges (zoo/verdicts.py ACCURACY_JUDGES)
+    loud = [
+        f"{c.name}: {c.status}: {c.message}"
+        for c in report.checks
+        if c.status != "pass" and any(matches(c.name, q) for q in QUIET[name])
+    ]
     assert not loud, f"{name} trips checks its bug cannot reach:\n" + "\n".join(loud)
 
 

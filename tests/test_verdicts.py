@@ -95,6 +95,7 @@ def test_every_registered_check_has_a_verdict_and_the_structural_ones_are_not_ga
         "determinism.repeat",
         "isolation.layout_bitwise",
         "isolation.offset_bitwise",
+        "isolation.heads_bitwise",
         "interface.arguments_bitwise",
     ):
         assert verdicts[name] == "reproducibility", name

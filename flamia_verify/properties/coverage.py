@@ -43,13 +43,19 @@ class Row:
 
 _ARG = "interface.arguments"
 _BASE = ("error.out", "bound.out", "determinism.repeat")
+#: the checks that run the dimension cases (cases.dimension_cases) but the long document
+_WIDE = ("error.out", "bound.out", "consistency.homogeneity")
+#: the checks that run a document past 2048 keys (4096 in the standard suite on the CPU)
+_LONG = ("error.out", "bound.out", "causal.forward", "causal.dq", "special.attention_sink")
+#: the factor between two heads' RMS that counts as a magnitude spread between heads
+HEAD_SPREAD_RATIO = 10.0
 
 #: every value of every input dimension and the checks (standard suite) whose calls exercise it
 MODEL: tuple[Row, ...] = (
     Row("softmax_scale", "default", "the default headdim^-0.5, passed", _BASE),
     Row("softmax_scale", "other", "a scale other than the default", ("error.out", "bound.out", "bound.grad")),
     Row("softmax_scale", "none", "softmax_scale=None (the kernel must use headdim^-0.5)", (_ARG,)),
-    Row("softmax_scale", "zero", "softmax_scale=0.0 (uniform weights; not the default)", (_ARG,)),
+    Row("softmax_scale", "zero", "softmax_scale=0.0 (uniform weights; not the default)", ("special.degenerate",)),
     Row(
         "softmax_scale",
         "negative",
@@ -116,11 +122,18 @@ MODEL: tuple[Row, ...] = (
     Row("heads_k", "odd_over_1", "an odd number of kv heads above one", ("bound.shapes",)),
     *(
         Row("headdim", str(d), f"head_dim {d}", checks)
+        # 8, 24, 40, 72, 88, 100: not multiples of 16 (cases.RESIDUE_HEADDIMS; 40 and 72 in the quick suite)
         for d, checks in (
+            (8, _WIDE),
+            (24, _WIDE),
             (32, ("isolation.fuzz",)),
+            (40, _WIDE),
             (64, _BASE),
+            (72, _WIDE),
             (80, ("bound.shapes", _ARG)),
+            (88, _WIDE),
             (96, ("bound.shapes",)),
+            (100, _WIDE),
             (128, ("error.out", "causal.forward", "bound.shapes", _ARG)),
             (192, ("bound.shapes",)),
             (256, ("bound.shapes",)),
@@ -172,8 +185,20 @@ MODEL: tuple[Row, ...] = (
         "a causal document of more than 1024 queries and keys (rows past per-row softmax fast paths)",
         ("bound.shapes",),
     ),
-    Row("long_document", "over_4096_keys", "a document with more than 4096 keys (capped tile loops)", (_ARG,)),
-    Row("tokens", "no_query", "a pack without a query (every query document empty; keys or none)", (_ARG,)),
+    Row(
+        "long_document",
+        "over_2048_keys",
+        "a document with more than 2048 keys (split-K and long-row paths; values judged by error, bound, causal "
+        "and special)",
+        _LONG,
+    ),
+    Row("long_document", "over_4096_keys", "a document with more than 4096 keys (capped tile loops)", (_ARG,) + _LONG),
+    Row(
+        "tokens",
+        "no_query",
+        "a pack without a query (every query document empty; keys or none)",
+        ("special.degenerate",),
+    ),
     Row("tokens", ">=4096", f"a call of {BIG_PACK_TOKENS} tokens or more", ("isolation.layout", "determinism.repeat")),
     *(
         Row("distribution", d, f"{d} values", checks)
@@ -185,7 +210,17 @@ MODEL: tuple[Row, ...] = (
             ("sink", ("special.attention_sink",)),
             ("low_rank", ("error.out",)),
             ("peaked", ("error.out", "determinism.repeat")),
+            ("late_max", _WIDE),
+            ("late_sink", _WIDE + ("special.attention_sink",)),
+            ("head_spread", _WIDE),
         )
+    ),
+    Row(
+        "values",
+        "head_spread",
+        f"one head's RMS {HEAD_SPREAD_RATIO:g}x another's in q, k, v or dO (a scale shared by the heads, or taken "
+        "from another head, is off by that much)",
+        ("error.out", "consistency.homogeneity"),
     ),
     Row("values", "nonfinite", "a NaN or Inf in q, k, v or dO", ("special.nonfinite", "isolation.nan", "causal.nan")),
     Row("values", "huge", "elements of 1e4 or more", ("isolation.neighbours", "special.magnitudes")),
@@ -239,6 +274,13 @@ INVARIANCES: tuple[Row, ...] = (
         "probability_conservation",
         "weights sum to one in the forward and the backward",
         ("consistency.conservation_forward", "consistency.conservation_backward"),
+    ),
+    Row(
+        "invariance",
+        "positive_homogeneity",
+        "c V gives c O (c dQ, c dK, the same dV) and c dO gives c dQ, c dK, c dV for a power of two c, bitwise "
+        "where the recipe's scales follow the data",
+        ("consistency.homogeneity",),
     ),
     Row(
         "invariance",
@@ -406,6 +448,8 @@ def features(inputs: Inputs) -> set[str]:
         out.add("long_document=yes")
     if c.causal and any(a > 1024 and b > 1024 for a, b in zip(lq, lk)):
         out.add("long_document=over_1024_rows")
+    if max(lk, default=0) > 2048:
+        out.add("long_document=over_2048_keys")
     if max(lk, default=0) > 4096:
         out.add("long_document=over_4096_keys")
     if c.total_q == 0:
@@ -419,7 +463,19 @@ def features(inputs: Inputs) -> set[str]:
         out.add("values=huge")
     if c.dtype == "fp16" and _document_value_sum(inputs) > FP16_MAX:
         out.add("values=fp16_range")
+    if any(_head_spread(t) >= HEAD_SPREAD_RATIO for t in tensors):
+        out.add("values=head_spread")
     return out
+
+
+def _head_spread(x: torch.Tensor) -> float:
+    """The largest ratio of two heads' RMS in a (tokens, heads, channels) tensor (1 for one head, NaN
+    and Inf ignored; 0 when every head is zero)."""
+    if x.dim() != 3 or x.shape[1] < 2 or not x.numel():
+        return 1.0
+    rms = torch.nan_to_num(x.double(), nan=0.0, posinf=0.0, neginf=0.0).pow(2).mean(dim=(0, 2)).sqrt()
+    top, low = float(rms.max()), float(rms.min())
+    return 0.0 if top == 0 else (float("inf") if low == 0 else top / low)
 
 
 def observe(

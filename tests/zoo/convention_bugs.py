@@ -85,6 +85,17 @@ def split_kv_drops_the_tail(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=
     )
 
 
+@_bug("isolation.heads_bitwise")
+def second_launch_for_upper_heads(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
+    """The query heads run in two launches split at H // 2; the second one merges its partial results in
+    bf16 (about one ulp of the output away from the first launch's arithmetic): within the recipe, but a
+    head's bits depend on where it sits in the head order (reproducibility)."""
+    out = _GOOD(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+    upper = torch.arange(out.shape[1]) >= out.shape[1] // 2
+    scale = torch.where(upper, 1 + 2.0**-8, 1.0).to(torch.float32)[None, :, None]
+    return (out.float() * scale).to(out.dtype)
+
+
 @_bug("special.degenerate")
 def zero_scale_is_default(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale=None, causal=False):
     """softmax_scale read as ``softmax_scale or headdim**-0.5``: 0.0 is falsy, so a zero scale (uniform
@@ -364,6 +375,7 @@ CONVENTION_BUGS = {
         split_by_max_seqlen,
         split_kv_drops_the_tail,
         zero_scale_is_default,
+        second_launch_for_upper_heads,
         amax_over_heads,
         nan_to_num_output,
         lse_in_log2,

@@ -151,7 +151,7 @@ gqa_repeat = _tag(
     "mxfp8",
     ("error.out", "error.dq", "error.dk", "error.dv"),
     # isolation.heads is reached: a query head reads another group's kv head
-    ("causal", "isolation.neighbours", "isolation.nan", "isolation.offset", "isolation.layout", "determinism"),
+    ("causal", "isolation.neighbours", "isolation.nan", "isolation.offset", "isolation.layout_bitwise", "determinism"),
     "FLAMIA MXFP8 that expands the kv heads with repeat (k0 k1 k0 k1) instead of repeat_interleave (k0 k0 k1 k1)",
 )
 

@@ -1,10 +1,12 @@
 """isolation across heads and across the layout of a batch: attention's invariances that value
 perturbations of one neighbour do not state.
 
-    isolation.heads   head independence: new values in one query head's q and dO leave every other
-                      query head's out and dQ, and every other kv head's dK and dV, bitwise unchanged;
-                      new k, v in one kv head leave the query heads outside its group and the other kv
-                      heads bitwise unchanged. Equivariance: permuting the query heads inside each
+    isolation.heads   head independence (information flow, gating): new values in one query head's q
+                      and dO leave every other query head's out and dQ, and every other kv head's dK
+                      and dV, bitwise unchanged; new k, v in one kv head leave the query heads outside
+                      its group and the other kv heads bitwise unchanged
+    isolation.heads_bitwise
+                      equivariance (structure, reproducibility): permuting the query heads inside each
                       GQA group permutes out and dQ; permuting the kv heads with their groups permutes
                       out, dQ, dK, dV, bitwise
     isolation.layout  the pack's layout judged for accuracy (gating): with the other documents in
@@ -87,73 +89,102 @@ def _permuted(inp: Inputs, perm_q: list[int], perm_k: list[int]) -> Inputs:
     return inp.replace(q=inp.q[:, perm_q], do=inp.do[:, perm_q], k=inp.k[:, perm_k], v=inp.v[:, perm_k])
 
 
+def _head_findings(ctx) -> dict:
+    """The head cases, their one-head perturbations (information flow) and their head permutations
+    (structure), run once for both halves of isolation.heads."""
+
+    def compute() -> dict:
+        changed, perm_bad, first, first_perm, runs = 0, 0, None, None, 0
+        cases = head_cases(ctx)
+        for n, case in enumerate(cases):
+            inp = ctx.inputs(case)
+            base = ctx.run(case)
+            H, Hk = case.heads, case.heads_k
+            group = H // Hk
+            h0, g0 = 1, Hk - 1
+            perturbations = [
+                # (what changed, inputs, query heads that may change, kv heads that may change)
+                (f"q, dO of query head {h0}", _with_head(inp, ("q", "do"), h0, case.seed + 7), {h0}, {h0 // group}),
+                (
+                    f"k, v of kv head {g0}",
+                    _with_head(inp, ("k", "v"), g0, case.seed + 11),
+                    set(range(g0 * group, (g0 + 1) * group)),
+                    {g0},
+                ),
+            ]
+            for what, new_inp, may_q, may_k in perturbations:
+                new = ctx.run(new_inp)
+                runs += 1
+                for t, x in new.tensors().items():
+                    heads_here = may_q if _SLICE[t] == "q" else may_k
+                    keep = [h for h in range(x.shape[1]) if h not in heads_here]
+                    if not keep:
+                        continue
+                    m = compare_bitwise(x[:, keep], base.tensors()[t][:, keep], what=f"{t} of the other heads ({what})")
+                    if not m.ok:
+                        changed += m.mismatched
+                        if first is None:
+                            first = case_record(case, tensor=t, changed=what, mismatch=m.to_dict(), summary=m.summary())
+            # permutations: query heads reversed inside each group; kv heads reversed with their groups
+            inside = [g * group + (group - 1 - j) for g in range(Hk) for j in range(group)]
+            whole_k = list(reversed(range(Hk)))
+            whole_q = [g * group + j for g in whole_k for j in range(group)]
+            for what, pq, pk, grads_k in (
+                ("query heads reversed inside each group", inside, list(range(Hk)), False),
+                ("kv heads reversed with their groups", whole_q, whole_k, True),
+            ):
+                if pq == list(range(H)) and pk == list(range(Hk)):
+                    continue
+                new = ctx.run(_permuted(inp, pq, pk))
+                runs += 1
+                for t, x in new.tensors().items():
+                    if _SLICE[t] == "k" and not grads_k:
+                        continue  # dK, dV sum the group's heads in another order: not bitwise
+                    perm = pq if _SLICE[t] == "q" else pk
+                    m = compare_bitwise(x, base.tensors()[t][:, perm], what=f"{t} ({what})")
+                    if not m.ok:
+                        perm_bad += m.mismatched
+                        if first_perm is None:
+                            first_perm = case_record(
+                                case, tensor=t, permutation=what, mismatch=m.to_dict(), summary=m.summary()
+                            )
+            ctx.progress((n + 1) / len(cases))
+        return {"changed": changed, "perm_bad": perm_bad, "first": first, "first_perm": first_perm, "runs": runs}
+
+    return ctx.memo(("head-findings",), compute)
+
+
 @register(
     "isolation.heads",
-    "new values in one head leave every other head's out, dQ, dK, dV bitwise unchanged (GQA groups of 3 "
-    "and 7); permuting the query heads inside a group, or the kv heads with their groups, permutes the "
-    "results bitwise",
-    defaults=lambda recipe, dtype: {"changed_elements": 0, "permutation_mismatches": 0},
+    "new values in one head leave every other head's out, dQ, dK, dV bitwise unchanged (GQA groups of 3 and 7)",
+    defaults=lambda recipe, dtype: {"changed_elements": 0},
     cost=1.0,
 )
 def heads(ctx):
-    changed, perm_bad, first, runs = 0, 0, None, 0
-    cases = head_cases(ctx)
-    for n, case in enumerate(cases):
-        inp = ctx.inputs(case)
-        base = ctx.run(case)
-        H, Hk = case.heads, case.heads_k
-        group = H // Hk
-        h0, g0 = 1, Hk - 1
-        perturbations = [
-            # (what changed, inputs, query heads that may change, kv heads that may change)
-            (f"q, dO of query head {h0}", _with_head(inp, ("q", "do"), h0, case.seed + 7), {h0}, {h0 // group}),
-            (
-                f"k, v of kv head {g0}",
-                _with_head(inp, ("k", "v"), g0, case.seed + 11),
-                set(range(g0 * group, (g0 + 1) * group)),
-                {g0},
-            ),
-        ]
-        for what, new_inp, may_q, may_k in perturbations:
-            new = ctx.run(new_inp)
-            runs += 1
-            for t, x in new.tensors().items():
-                heads_here = may_q if _SLICE[t] == "q" else may_k
-                keep = [h for h in range(x.shape[1]) if h not in heads_here]
-                if not keep:
-                    continue
-                m = compare_bitwise(x[:, keep], base.tensors()[t][:, keep], what=f"{t} of the other heads ({what})")
-                if not m.ok:
-                    changed += m.mismatched
-                    if first is None:
-                        first = case_record(case, tensor=t, changed=what, mismatch=m.to_dict(), summary=m.summary())
-        # permutations: query heads reversed inside each group; kv heads reversed with their groups
-        inside = [g * group + (group - 1 - j) for g in range(Hk) for j in range(group)]
-        whole_k = list(reversed(range(Hk)))
-        whole_q = [g * group + j for g in whole_k for j in range(group)]
-        for what, pq, pk, grads_k in (
-            ("query heads reversed inside each group", inside, list(range(Hk)), False),
-            ("kv heads reversed with their groups", whole_q, whole_k, True),
-        ):
-            if pq == list(range(H)) and pk == list(range(Hk)):
-                continue
-            new = ctx.run(_permuted(inp, pq, pk))
-            runs += 1
-            for t, x in new.tensors().items():
-                if _SLICE[t] == "k" and not grads_k:
-                    continue  # dK, dV sum the group's heads in another order: not bitwise
-                perm = pq if _SLICE[t] == "q" else pk
-                m = compare_bitwise(x, base.tensors()[t][:, perm], what=f"{t} ({what})")
-                if not m.ok:
-                    perm_bad += m.mismatched
-                    if first is None:
-                        first = case_record(case, tensor=t, permutation=what, mismatch=m.to_dict(), summary=m.summary())
-        ctx.progress((n + 1) / len(cases))
+    f = _head_findings(ctx)
     return verdict(
         ctx,
-        {"changed_elements": changed, "permutation_mismatches": perm_bad, "runs": runs},
-        ok_message=f"heads independent and permutation-equivariant, bitwise ({runs} perturbed or permuted runs)",
-        first=first,
+        {"changed_elements": f["changed"], "runs": f["runs"]},
+        ok_message=f"heads independent, bitwise ({f['runs']} perturbed or permuted runs)",
+        first=f["first"],
+    )
+
+
+@register(
+    "isolation.heads_bitwise",
+    "permuting the query heads inside a group, or the kv heads with their groups, permutes out, dQ, dK, dV "
+    "bitwise (head-order invariance: a structural change)",
+    defaults=lambda recipe, dtype: {"permutation_mismatches": 0},
+    cost=0.1,
+    verdict="reproducibility",
+)
+def heads_bitwise(ctx):
+    f = _head_findings(ctx)
+    return verdict(
+        ctx,
+        {"permutation_mismatches": f["perm_bad"], "runs": f["runs"]},
+        ok_message="permuted heads permute the results, bitwise",
+        first=f["first_perm"],
     )
 
 
