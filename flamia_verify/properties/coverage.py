@@ -108,7 +108,7 @@ MODEL: tuple[Row, ...] = (
         for g, checks in (
             (1, ("error.out", "bound.out")),
             (2, ("error.out", "isolation.neighbours")),
-            (3, (_ARG, "isolation.heads", "bound.shapes", "special.nonfinite")),
+            (3, (_ARG, "isolation.heads", "bound.shapes", "isolation.nonfinite")),
             (4, ("error.out",)),
             (5, (_ARG, "bound.shapes")),
             (6, ("bound.shapes",)),
@@ -222,7 +222,7 @@ MODEL: tuple[Row, ...] = (
         "from another head, is off by that much)",
         ("error.out", "consistency.homogeneity"),
     ),
-    Row("values", "nonfinite", "a NaN or Inf in q, k, v or dO", ("special.nonfinite", "isolation.nan", "causal.nan")),
+    Row("values", "nonfinite", "a NaN or Inf in q, k, v or dO", ("isolation.nonfinite", "isolation.nan", "causal.nan")),
     Row("values", "huge", "elements of 1e4 or more", ("isolation.neighbours", "special.magnitudes")),
     Row(
         "values",
@@ -262,7 +262,12 @@ INVARIANCES: tuple[Row, ...] = (
         "permuting heads (inside a group, or kv groups) permutes the results",
         ("isolation.heads",),
     ),
-    Row("invariance", "nonfinite_reach", "a NaN or Inf reaches exactly what depends on it", ("special.nonfinite",)),
+    Row(
+        "invariance",
+        "nonfinite_reach",
+        "a NaN or Inf reaches exactly what depends on it",
+        ("special.nonfinite",),
+    ),
     Row(
         "invariance",
         "shift_invariance",
