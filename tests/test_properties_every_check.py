@@ -18,6 +18,7 @@ from zoo import fuzz_bugs as FB
 from zoo import kernels as Z
 from zoo import targeted as T
 from zoo.convention_bugs import CONVENTION_BUGS
+from zoo.dimension_bugs import DIMENSION_BUGS
 from zoo.verdicts import assert_caught_and_quiet
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
@@ -34,11 +35,13 @@ def _run(kernel, only, **kw):
 def test_every_check_has_a_planted_bug_that_must_fail_it():
     """The standard: no check without a kernel that a test asserts it fails on."""
     every = {s.name for s in list_checks("full")}
-    assert len(every) == 48
+    assert len(every) == 49
     covered = {c for k in list(Z.BUGS.values()) + list(T.TARGETED.values()) for c in k.catches}
     # the convention and invariance checks, asserted in test_coverage_model.py
     covered |= {k.catches for k in CONVENTION_BUGS.values()}
     covered |= set(FB.STANDARD)  # standard-suite-only checks, asserted in test_fuzz_coverage.py
+    # the checks of the new input dimensions (consistency.homogeneity), asserted in test_new_dimensions.py
+    covered |= {c for k in DIMENSION_BUGS.values() for c in k.catches}
     assert covered <= every, f"catches names unknown checks: {sorted(covered - every)}"
     assert every <= covered, f"checks that no planted bug is asserted to fail: {sorted(every - covered)}"
 

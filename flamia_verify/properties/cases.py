@@ -20,6 +20,17 @@ Value distributions (``DISTRIBUTIONS``) model what training feeds a kernel:
                  ~ N(0.5, 1)
     low_rank     q and k of rank 2 plus N(0, 0.01) noise (peaked, correlated attention)
     peaked       q scaled by 4: scores spread over many units, rows close to one-hot
+    late_max     recency: every row's scores rise along the keys of its document, by a median
+                 LATE_RISE (12) natural-log units from the first key to the last, so each row's
+                 largest score lies at its last keys (the last key tile), its running maximum grows
+                 tile after tile (an online softmax must rescale late, and by more than a lazy
+                 rescale's threshold)
+    late_sink    the sink of ``sink`` at key 3 Lk / 4 of every document instead of its first key (a
+                 register or summary token placed late): the rows that see it find their maximum in a
+                 late key tile, a jump of a median 12 log2 units over the keys before it
+    head_spread  N(0, 1) with the last kv head's v and the last query head's dO x HEAD_SPREAD (100):
+                 heads of very different magnitudes in one tensor (a scale shared across heads, or
+                 taken from another head, is wrong by that factor)
 """
 
 from __future__ import annotations
@@ -46,9 +57,23 @@ __all__ = [
     "make_tensors",
     "cu_from_lens",
     "e4m3_grid",
+    "RESIDUE_HEADDIMS",
+    "long_document",
+    "dimension_cases",
 ]
 
-DISTRIBUTIONS = ("gaussian", "shifted", "heavy_tail", "outliers", "sink", "low_rank", "peaked")
+DISTRIBUTIONS = (
+    "gaussian",
+    "shifted",
+    "heavy_tail",
+    "outliers",
+    "sink",
+    "low_rank",
+    "peaked",
+    "late_max",
+    "late_sink",
+    "head_spread",
+)
 
 # outlier channels are this many times larger than the rest (the issue's "outlier channels (x100)")
 OUTLIER_FACTOR = 100.0
@@ -56,6 +81,14 @@ OUTLIER_FACTOR = 100.0
 # keys of median 8.5, measured over seeds); its value row is scaled by SINK_VALUE
 SINK_STRENGTH = 2.5
 SINK_VALUE = 0.05
+#: late_max: the median rise of a row's scores from its document's first key to its last (natural-log
+#: units: the last keys weigh e^12 ~ 1.6e5 times the first; 17 log2 units, past a lazy rescale's
+#: threshold of 8 within two tiles); the queries share the direction the keys drift along, at
+#: LATE_QUERY times its unit length (so that the rise varies from row to row: q . u ~ N(3, 1))
+LATE_RISE = 12.0
+LATE_QUERY = 3.0
+#: head_spread: one head's magnitude over the others' (v of the last kv head, dO of the last query head)
+HEAD_SPREAD = 100.0
 
 
 @dataclass(frozen=True)
@@ -316,18 +349,37 @@ def _sample(case: Case, g: torch.Generator):
         k = torch.einsum("thr,hrd->thd", b, basis_k) + 0.1 * k
     elif dist == "peaked":
         q = q * 4.0
-    elif dist == "sink":
+    elif dist in ("sink", "late_sink"):
         group = h // hk
         start = 0
         for lk in case.lens_k:
             if lk:
+                at = start + (3 * lk // 4 if dist == "late_sink" else 0)
                 mean_q = q.view(tq, hk, group, d).mean(dim=(0, 2))  # (hk, d)
                 direction = mean_q / mean_q.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-                k[start] = direction * SINK_STRENGTH * math.sqrt(d)
+                k[at] = direction * SINK_STRENGTH * math.sqrt(d)
                 v[start : start + lk] += 0.5
-                v[start] *= SINK_VALUE
+                v[at] *= SINK_VALUE
             start += lk
         q = q + 0.5 * q.mean(dim=0, keepdim=True).sign()  # every query shares a direction with the sink
+    elif dist == "late_max":
+        group = h // hk
+        u = torch.randn(hk, d, generator=g)
+        u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # (hk, d): the drift of each kv head's keys
+        # q . u ~ N(LATE_QUERY, 1); score rise over a document = scale * (q . u) * ramp_end
+        q = q + LATE_QUERY * u.repeat_interleave(group, dim=0)
+        ramp_end = LATE_RISE * math.sqrt(d) / LATE_QUERY
+        start = 0
+        for lk in case.lens_k:
+            if lk:
+                frac = torch.arange(lk, dtype=torch.float32) / max(lk - 1, 1)  # 0 at the first key, 1 at the last
+                k[start : start + lk] += (ramp_end * frac)[:, None, None] * u
+            start += lk
+    elif dist == "head_spread":
+        if hk > 1:
+            v[:, hk - 1] *= HEAD_SPREAD
+        if h > 1:
+            do[:, h - 1] *= HEAD_SPREAD
     return q, k, v, do
 
 
@@ -366,7 +418,8 @@ def _require_probe_shape(case: Case, what: str, length: int, dim: int) -> None:
 
 
 def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
-    """Structured edits: ``scale_<t>`` multiplies tensor t; ``shift_<t>`` adds a value to it; ``zero_<t>`` zeroes rows [a, b) of t;
+    """Structured edits: ``scale_<t>`` multiplies tensor t; ``headscale_<t>`` (value ``(h, c)``)
+    multiplies head h of t by c; ``shift_<t>`` adds a value to it; ``zero_<t>`` zeroes rows [a, b) of t;
     ``const_<t>`` sets every row of t to its first row; ``rowconst_<t>`` sets every channel of a row of t
     to that row's first channel; ``fill_<t>`` sets rows [a, b) to a value;
     ``grid_<t>`` rounds t to the MX-exact E4M3 grid (:func:`e4m3_grid`); ``int_<t>`` rounds t to
@@ -418,10 +471,15 @@ def _apply_override(tensors: dict, key: str, value, case: Case) -> None:
         t[int(a) : int(b)] = float(x)
     elif kind == "shift":
         tensors[name] = t + float(value)
+    elif kind == "headscale":
+        head, factor = value
+        if not 0 <= int(head) < t.shape[1]:
+            raise ConfigError(f"override {key!r}: head {head} is not one of the {t.shape[1]} heads of {name}")
+        t[:, int(head)] *= float(factor)
     else:
         raise ConfigError(
-            f"unknown override {key!r}; use scale_, shift_, zero_, const_, rowconst_, fill_, grid_, int_ or onehot_ "
-            "with q, k, v or do, or probe, accprobe"
+            f"unknown override {key!r}; use scale_, headscale_, shift_, zero_, const_, rowconst_, fill_, grid_, int_ "
+            "or onehot_ with q, k, v or do, or probe, accprobe"
         )
 
 
@@ -436,3 +494,75 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
         cu_from_lens(case.lens_q, device),
         cu_from_lens(case.lens_k, device),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# the dimension cases: what the suites' base packings (settings.py) do not draw
+# ----------------------------------------------------------------------------------------------
+
+#: head_dims that are not multiples of 16: a tensor core's k-step (16 channels) ends inside the row,
+#: and so does an MX block of the head_dim GEMMs (32); 8 and 24 are shorter than one block, 100 not
+#: even a multiple of 8 (a vector load of 8 channels straddles the row's end); 72 is a production
+#: vision tower's (SigLIP's 1152 = 16 x 72)
+RESIDUE_HEADDIMS = (8, 24, 40, 72, 88, 100)
+
+#: keys of the long document of the dimension cases per suite on the CPU: past 2048 keys per row in
+#: the quick suite, past 4096 in the others (split-K and long-row paths switch on at such lengths)
+LONG_KEYS = {"quick": 2080, "standard": 4160, "full": 4160}
+#: its queries, bottom-right aligned (the last keys' rows, as a chunk of queries against a long key
+#: cache): every row sees between LONG_KEYS - LONG_QUERIES + 1 and LONG_KEYS keys, at a cost of
+#: LONG_QUERIES rows
+LONG_QUERIES = {"quick": 64, "standard": 128, "full": 128}
+#: on a GPU (fused kernels, where the tiles, splits and atomics engage on long rows): past 8192 keys
+GPU_LONG_KEYS = 8320
+GPU_LONG_QUERIES = 512
+
+
+def long_document(suite: str, device: str | torch.device) -> tuple[int, int]:
+    """(queries, keys) of the long causal document of :func:`dimension_cases` for ``suite`` on ``device``."""
+    if str(device).startswith("cuda"):
+        return GPU_LONG_QUERIES, GPU_LONG_KEYS
+    name = suite if suite in LONG_KEYS else "standard"
+    return LONG_QUERIES[name], LONG_KEYS[name]
+
+
+def dimension_cases(
+    suite: str, *, seed: int, dtype: str = "bf16", device: str | torch.device = "cpu", long: bool = True
+) -> list[Case]:
+    """The cases of the input dimensions the suites' base packings do not draw, one seed each (the
+    error family runs them beside the base cases, the bound family too, consistency.homogeneity
+    all but the long one):
+
+    * head_dims not multiples of 16 (:data:`RESIDUE_HEADDIMS`): 72 and 40 in the quick suite, all six
+      in the others;
+    * where each row's maximum lies: scores rising along the keys (``late_max``) and a sink late in
+      the document (``late_sink``), causal and not, rows of two and three 64-key tiles;
+    * heads of different magnitudes (``head_spread``: one kv head's V and one query head's dO x 100);
+    * with ``long``: one causal document of :func:`long_document` keys (2080 quick, 4160 standard on the
+      CPU; 8320 on a GPU), every row past 2048 (4096, 8192) keys but the first few.
+
+    ``seed`` is the run's seed (each case adds its own offset)."""
+    quick = suite == "quick"
+
+    def case(offset: int, lens_q, lens_k=None, **kw) -> Case:
+        keys = None if lens_k is None else tuple(lens_k)
+        return Case(tuple(lens_q), keys, seed=seed + offset, dtype=dtype, **kw)  # type: ignore[arg-type]  # None: filled in
+
+    cases = [
+        case(5001, (77, 130), heads=4, heads_k=2, headdim=72, causal=False, distribution="late_max"),
+        case(5002, (130, 45), (130, 60), heads=2, heads_k=1, headdim=40, causal=True, distribution="late_sink"),
+        case(5003, (64, 96), heads=4, heads_k=2, headdim=64, causal=True, distribution="head_spread"),
+    ]
+    if not quick:
+        cases += [
+            case(5004, (100, 33), heads=3, heads_k=1, headdim=24, causal=True, distribution="late_max"),
+            case(
+                5005, (50, 7, 40), (64, 7, 40), heads=2, heads_k=2, headdim=88, causal=False, distribution="late_sink"
+            ),
+            case(5006, (45, 70), heads=6, heads_k=3, headdim=100, causal=True, distribution="head_spread"),
+            case(5007, (96, 17), heads=2, heads_k=1, headdim=8, causal=True, distribution="late_max"),
+        ]
+    if long:
+        lq, lk = long_document(suite, device)
+        cases.append(case(5009, (lq,), (lk,), heads=2, heads_k=1, headdim=64, causal=True, distribution="late_max"))
+    return cases

@@ -8,11 +8,15 @@ only records registrations; the thresholds and the engine above it ask the catal
 from __future__ import annotations
 
 from flamia_verify.properties import checks
+
+# isort: split
+# consistency.homogeneity after the consistency family's other checks (the same base runs, scaled)
+from flamia_verify.properties.checks import homogeneity
 from flamia_verify.properties.registry import CheckSpec, registered
 
 __all__ = ["FAMILY_ORDER", "all_specs", "get_spec", "specs_by_name"]
 
-del checks  # imported for its registrations
+del checks, homogeneity  # imported for their registrations
 
 #: the order the families run in (interface first: it fails fast and cheaply)
 FAMILY_ORDER = ("interface", "error", "bound", "bias", "consistency", "causal", "isolation", "special", "determinism")

@@ -11,7 +11,8 @@ value and the fix. Sizes default to what a CPU runs in a fraction of a second.
     head_configs()       (heads, heads_k) with GQA / MQA ratios (1 < heads_k < heads included)
     call_options()       how the tensors are passed: strided views (fused QKV, transposed, offset),
                          softmax_scale=None for the default scale, max_seqlen above the maxima
-    value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked
+    value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked,
+                         late row maxima and late sinks, heads 100x apart
     attention_cases()    a complete :class:`~flamia_verify.properties.cases.Case`
 
 Everything shrinks toward the simple end: shorter and fewer documents, no long document, Lq = Lk,
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from flamia_verify.properties.cases import CALL_KEYS, DISTRIBUTIONS, Case
+from flamia_verify.properties.cases import CALL_KEYS, DISTRIBUTIONS, RESIDUE_HEADDIMS, Case
 from flamia_verify.settings import DTYPES
 
 __all__ = [
@@ -51,8 +52,11 @@ BOUNDARY_LENGTHS = (0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129)
 #: (12:4, 28:4, 14:2 and the like), which an index written for powers of two gets wrong
 GQA_RATIOS = (1, 2, 3, 4, 5, 6, 7)
 
-#: head_dims the cases draw: 80 and 96 are not multiples of 32 (an MX block straddles a row's end)
-HEADDIMS = (32, 64, 80, 96, 128, 192, 256)
+#: head_dims the cases draw: 80 and 96 are not multiples of 32 (an MX block straddles a row's end);
+#: 8, 24, 40, 72, 88 and 100 not multiples of 16 either (a tensor core's k-step ends inside the row,
+#: 8 and 24 are shorter than one MX block, 100 not a multiple of 8: cases.RESIDUE_HEADDIMS), after
+#: the others so that shrinking still goes to 32
+HEADDIMS = (32, 64, 80, 96, 128, 192, 256) + RESIDUE_HEADDIMS
 
 #: one packing draw in LONG_ODDS holds a document longer than ``max_tokens`` (when ``long_tokens``
 #: allows one): rare, so that most examples stay small and cheap

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from flamia_verify.properties.cases import Case
+from flamia_verify.properties.cases import Case, dimension_cases, long_document
 from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.helpers import bias_cases, bound_report, case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import error_stats
@@ -36,16 +36,23 @@ LN2 = math.log(2.0)
 
 
 def _cases(ctx):
-    """The base cases, and the bias cases whose q and k lie on the MX-exact grid: there the scores
-    are exact, the bound loses the slack of worst-case score errors and bites on V, P and dO; with
-    q x 16 the rows are nearly one-hot (O_i ~ V_j) and the bound nearly V's own rounding."""
+    """The base cases, the dimension cases of the error family (head_dims that are not multiples of 16,
+    late row maxima, heads 100x apart, rows past 2048 keys: :func:`~flamia_verify.properties.cases.dimension_cases`)
+    with the long document once more with Gaussian values (rows of uniform weights below 2^-11 each:
+    where an unscaled P^T underflows, which the bound admits for recipes that allow it and the error
+    model does not describe), and the bias cases whose q and k lie on the MX-exact grid: there the
+    scores are exact, the bound loses the slack of worst-case score errors and bites on V, P and dO;
+    with q x 16 the rows are nearly one-hot (O_i ~ V_j) and the bound nearly V's own rounding."""
     one_hot = ctx.case(
         (96,),
         distribution="shifted",
         overrides=(("scale_q", 16.0), ("grid_q", True), ("grid_k", True)),
         seed_offset=3001,
     )
-    return ctx.base_cases() + bias_cases(ctx) + [one_hot, one_hot_keys_case(ctx)]
+    wide = dimension_cases(ctx.settings.name, seed=ctx.seed, dtype=ctx.dtype_str, device=ctx.device)
+    lq, lk = long_document(ctx.settings.name, ctx.device)
+    uniform_long = ctx.case((lq,), (lk,), heads=2, heads_k=1, headdim=64, causal=True, seed_offset=5010)
+    return ctx.base_cases() + wide + [uniform_long] + bias_cases(ctx) + [one_hot, one_hot_keys_case(ctx)]
 
 
 def one_hot_keys_case(ctx):

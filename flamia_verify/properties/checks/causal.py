@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import torch
 
-from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
-from flamia_verify.properties.compare import compare_bitwise
+from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, long_document
+from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.helpers import ADVERSARIAL, case_record, doc_bounds, future_inputs, perturb_rows, verdict
 from flamia_verify.properties.registry import register
 
@@ -71,6 +71,40 @@ def _causal_cases(ctx) -> list[tuple[Case, int]]:
     for n, d in enumerate(dims[1:]):
         out.append((ctx.case((L,), heads=2, heads_k=1, headdim=d, causal=True, seed_offset=16 + n), 0))
     return out
+
+
+def _long_case(ctx) -> Case:
+    """The long document of the dimension cases (:func:`~flamia_verify.properties.cases.long_document`:
+    64 queries against 2080 keys in the quick suite, 128 against 4160 in the others, 512 against 8320 on
+    a GPU; bottom-right aligned, every row past 2016, 4032, 7808 keys), GQA 2:1, head_dim 64."""
+    lq, lk = long_document(ctx.settings.name, ctx.device)
+    return ctx.case((lq,), (lk,), heads=2, heads_k=1, headdim=64, causal=True, seed_offset=19)
+
+
+def _long_positions(ctx, case: Case) -> list[tuple[int, tuple[str, ...]]]:
+    """(t, perturbations) of the long document: the rows around the one whose last visible key is the
+    first past the largest power of two below its key count (2048, 4096, 8192: where long-row paths
+    switch on), a row 8 past it (its 32-key block straddles the diagonal), and the last row that has a
+    later one. Only a few rows: every perturbation is a run of the whole long document."""
+    lq, lk = case.lens_q[0], case.lens_k[0]
+    off = lk - lq
+    edge = 1 << (lk - 1).bit_length() - 1  # the largest power of two below lk
+    tb = edge - off  # the row whose last visible key is key `edge`
+    ts = {tb - 1: ("huge",), tb: tuple(ADVERSARIAL), tb + 8: ("huge",), lq - 2: ("huge",)}
+    return sorted((t, kinds) for t, kinds in ts.items() if 0 <= t <= lq - 2)
+
+
+def _last_unit_note(metrics: dict) -> str:
+    n = metrics.get("long_last_unit_changes", 0)
+    if not n:
+        return ""
+    return f" ({n} elements of the long document moved by one unit in the last place: another summation order)"
+
+
+def _last_unit(x: torch.Tensor) -> torch.Tensor:
+    """One unit in the last place of every element of ``x`` in its own dtype, at most (eps |x|)."""
+    eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+    return x.detach().double().abs() * eps
 
 
 def _grid_points(length: int, start: int, block: int, residues) -> set[int]:
@@ -126,6 +160,8 @@ def _future_runs(ctx):
         runs = []
         cases = _causal_cases(ctx)
         jobs = [(c, b, t, kind) for c, b in cases for t, kinds in _positions(ctx, c, b, "future") for kind in kinds]
+        long = _long_case(ctx)
+        jobs += [(long, 0, t, kind) for t, kinds in _long_positions(ctx, long) for kind in kinds]
         for n, (case, b, t, kind) in enumerate(jobs):
             base = ctx.run(case)
             inp = future_inputs(ctx.inputs(case), b, t, kind, seed=case.seed * 1009 + t)
@@ -137,7 +173,17 @@ def _future_runs(ctx):
 
 
 def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
-    """Compare ``tensor`` on the protected rows of every run; build metrics, worst case, heatmaps."""
+    """Compare ``tensor`` on the protected rows of every run; build metrics, worst case, heatmaps.
+
+    Bitwise, except on the long document (:func:`_long_case`), where a protected element may move by
+    one unit in its last place: rows of thousands of keys are summed in another order from call to
+    call by split-K and atomics kernels (reproducibility, which determinism.repeat asks; measured: a
+    dQ summed over key tiles in a random order past 1024 keys changes 1 of 8064 protected elements
+    by one unit between two calls), while a leak through a shared scale or a maximum over masked
+    keys moves them by a rounding of the recipe's format or more. Those last-unit changes are counted
+    (``long_last_unit_changes``), not failed."""
+    long = _long_case(ctx)
+    last_unit = 0
     leaked_elements = 0
     leaking = 0
     first = None
@@ -156,6 +202,18 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
         region[lo:hi] = True
         cu = cu_from_lens(case.lens_q if tensor in ("out", "dq") else case.lens_k).tolist()
         m = compare_bitwise(x_new, x_base, what=f"{what}", region=region[:, None, None], cu_seqlens=cu)
+        if case == long and not m.ok:  # the last unit may move (another summation order)
+            bits = m.mismatched
+            m = compare_within(
+                torch.where(region[:, None, None], x_new.double(), x_base.double()),
+                x_base.double(),
+                _last_unit(x_base),
+                what=f"{what} (beyond one unit in the last place)",
+                rule="within one unit in the last place",
+                cu_seqlens=cu,
+            )
+            m.total = int(region[:, None, None].expand_as(x_base).sum())
+            last_unit += bits - m.mismatched
         changed = m.mask.flatten(1).sum(dim=1) if m.mask is not None else torch.zeros(x_new.shape[0])
         key = (case, b, kind)
         doc_start = q0 if tensor in ("out", "dq") else k0
@@ -188,7 +246,12 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
                 "y": [f"t={t}" for t, _ in rows],
             }
         )
-    metrics = {"leaked_elements": leaked_elements, "leaking_perturbations": leaking, "perturbations": len(runs)}
+    metrics = {
+        "leaked_elements": leaked_elements,
+        "leaking_perturbations": leaking,
+        "perturbations": len(runs),
+        "long_last_unit_changes": last_unit,
+    }
     return metrics, first, heatmaps
 
 
@@ -205,7 +268,8 @@ def forward(ctx):
     return verdict(
         ctx,
         metrics,
-        ok_message=f"out at/before t bitwise unchanged under {len(runs)} future perturbations",
+        ok_message=f"out at/before t bitwise unchanged under {len(runs)} future perturbations"
+        + _last_unit_note(metrics),
         first=first,
         details={"heatmaps": maps},
     )
@@ -225,7 +289,8 @@ def dq(ctx):
     return verdict(
         ctx,
         metrics,
-        ok_message=f"dQ at/before t bitwise unchanged under {len(runs)} future perturbations",
+        ok_message=f"dQ at/before t bitwise unchanged under {len(runs)} future perturbations"
+        + _last_unit_note(metrics),
         first=first,
         details={"heatmaps": maps},
     )
@@ -242,6 +307,8 @@ def dq(ctx):
 def dk_dv(ctx):
     cases = _causal_cases(ctx)
     jobs = [(c, b, t, kind) for c, b in cases for t, kinds in _positions(ctx, c, b, "past") for kind in kinds]
+    long = _long_case(ctx)  # one row of the long document: the first past the power of two
+    jobs += [(long, 0, t, "huge") for t, kinds in _long_positions(ctx, long)[1:2]]
     runs = []
     for n, (case, b, t, kind) in enumerate(jobs):
         inp = ctx.inputs(case)

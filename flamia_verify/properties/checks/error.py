@@ -1,7 +1,10 @@
 """error: how far O, dQ, dK, dV are from the float64 reference, and how many times a BF16 run's error.
 
 Each check runs the suite's base cases (shared with bound, bias and consistency.grad_forward_ratio)
-and the built-in BF16 kernel (FlashAttention-2 numerics) on the same inputs.
+and its dimension cases (:func:`~flamia_verify.properties.cases.dimension_cases`: head_dims that are
+not multiples of 16, rows whose maximum lies late, heads 100x apart, a causal document past 2048
+keys per row, 4096 in the standard suite, 8192 on a GPU), and the built-in BF16 kernel
+(FlashAttention-2 numerics) on the same inputs.
 
 Threshold (docs/checks.md "error"): the recipe's expected error on the same inputs, ``pred``, is
 measured by running float64 attention with the first-order rounding model (every operand the
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flamia_verify.properties.cases import dimension_cases
 from flamia_verify.properties.helpers import case_record, normalized_error, predicted, verdict, worst_element
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
@@ -37,8 +41,14 @@ def _defaults(tensor):
     return f
 
 
+def _cases(ctx):
+    """The base cases and the dimension cases (one seed each)."""
+    wide = dimension_cases(ctx.settings.name, seed=ctx.seed, dtype=ctx.dtype_str, device=ctx.device)
+    return ctx.base_cases() + wide
+
+
 def _error_check(ctx, tensor: str):
-    cases = ctx.base_cases()
+    cases = _cases(ctx)
     rows = []
     worst: Any = None  # the row of the largest normalized error
     for n, case in enumerate(cases):

@@ -17,7 +17,10 @@ Every special check runs the kernel (forward and backward) on structured cases a
     special.outlier_channels  two channels of v x 100 and of k x 100/sqrt(d) (O's error / BF16's reported:
                               outlier keys make the scores peaked, which amplifies FP8 score errors
                               beyond the Gaussian model, 66x BF16 measured for correct MXFP8)
-    special.attention_sink    the first key takes most of the probability, the rest far below it
+    special.attention_sink    the first key takes most of the probability, the rest far below it; the
+                              same with the sink late in the document (key 3 Lk / 4: the rows that see
+                              it find their maximum in a late key tile), and in a causal document past
+                              2048 keys per row (4096 in the standard suite, 8192 on a GPU)
     special.constant_rows     all keys equal (uniform attention), all queries equal, all values and dO
                               rows equal (also with q, k on the MX-exact grid: a tight bound on dV)
     special.negative_scores   every score about -1000 with a spread of a few units
@@ -30,7 +33,7 @@ import math
 
 import torch
 
-from flamia_verify.properties.cases import Case
+from flamia_verify.properties.cases import Case, long_document
 from flamia_verify.properties.helpers import GRID_QK, bound_report, case_record, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
@@ -216,13 +219,15 @@ def outlier_channels(ctx):
 
 @register(
     "special.attention_sink",
-    "a sink key that takes most of the probability while the rest sits far below it: "
+    "a sink key that takes most of the probability while the rest sits far below it, at the first key, at "
+    "key 3 Lk / 4 (the row maximum in a late key tile), and in a causal document past 2048 keys per row: "
     "within the bound (underflow of the small probabilities is bounded, not free)",
     defaults=_SPECIAL_TH,
     cost=0.7,
 )
 def attention_sink(ctx):
     L = ctx.settings.special_len
+    lq, lk = long_document(ctx.settings.name, ctx.device)
     cases = [
         ctx.case((L,), distribution="sink", overrides=GRID_QK, seed_offset=84),
         ctx.case((L, 40), distribution="sink", heads=2, heads_k=1, seed_offset=82),
@@ -231,6 +236,13 @@ def attention_sink(ctx):
         ),
         ctx.case((L,), distribution="sink", seed_offset=81),
         ctx.case((L,), distribution="sink", overrides=(("scale_k", 2.0),), seed_offset=83),
+        # the sink late: rows that see it find their maximum in a late key tile (a jump a lazy or
+        # missing rescale mishandles), not in the first
+        ctx.case((L,), distribution="late_sink", seed_offset=86),
+        ctx.case((L, 40), distribution="late_sink", heads=2, heads_k=1, causal=False, seed_offset=87),
+        # rows past 2048 keys (4096, 8192 on a GPU) whose mass sits on one key: the other probabilities,
+        # each far below 1 / Lk, are where underflow takes mass in long rows
+        ctx.case((lq,), (lk,), distribution="sink", heads=2, heads_k=1, seed_offset=88),
     ]
     return _special(ctx, cases, label="attention-sink cases")
 
