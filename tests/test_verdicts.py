@@ -276,3 +276,12 @@ def test_compare_notes_findings_and_gates_required_ones():
     assert {c.check for c in cmp.status_notes} >= {"determinism.repeat", "special.nonfinite"}
     required = _report(*FINDINGS, require=["reproducibility"])
     assert [c.check for c in compare_reports(base, required).regressions] == ["determinism.repeat"]
+
+
+def test_a_pad_to_max_design_out_of_memory_at_a_huge_max_seqlen_is_a_reproducibility_finding():
+    report = run_checks(K.pads_to_max_seqlen, only=LAYOUT)
+    assert report.check("isolation.layout").status == "pass", report.check("isolation.layout").message
+    bits = report.check("isolation.layout_bitwise")
+    assert bits.status == "fail" and bits.metrics["refused_layouts"] > 0
+    assert "could not run the same pack with max_seqlen_q/k passed 4096 above" in bits.message
+    assert report.passed

@@ -34,6 +34,7 @@ from zoo.correct import sdpa_bf16
 
 __all__ = [
     "fp8_p_past_1024",
+    "pads_to_max_seqlen",
     "nan_to_zero",
     "online_tiles_by_max_seqlen",
     "refuses_degenerate",
@@ -129,3 +130,20 @@ def zero_scale_is_default(
 
 for _fn in (nan_to_zero, refuses_degenerate, zero_scale_is_default):
     _fn.recipe = "bf16"  # type: ignore[attr-defined]
+
+
+def pads_to_max_seqlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    """torch SDPA per document behind a pad-to-max buffer budget: a (batch, heads, max_seqlen_q,
+    max_seqlen_k) score buffer past 2^29 elements cannot be allocated (as a pad-to-max design runs out
+    of memory when the caller passes max_seqlen far above the true maxima)."""
+    batch = cu_seqlens_q.numel() - 1
+    if batch * q.shape[1] * int(max_seqlen_q) * int(max_seqlen_k) > 2**29:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory for the padded score buffer")
+    return sdpa_bf16(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
+
+
+pads_to_max_seqlen.recipe = "bf16"  # type: ignore[attr-defined]
