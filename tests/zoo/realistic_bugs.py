@@ -282,7 +282,10 @@ skip_rescale_after_256 = _tag(
     _patched_kernel(_stale_rescale_patch, None),
     "mxfp8",
     ("bound.out", "bound.grad", "bias.gain"),
-    ("causal", "isolation", "determinism"),
+    # not causal.dk_dv: on the long document (2080 keys) the huge queries before t overflow the stale
+    # rescale to NaN rows, and the backward's 0 x NaN (masked weights times D of those rows) reaches
+    # later keys' dK, as in any FlashAttention-style backward
+    ("causal.forward", "causal.dq", "causal.nan", "causal.diagonal", "isolation", "determinism"),
     "FLAMIA MXFP8 whose forward stops rescaling its accumulator and row sum when the running maximum "
     "rises after key 256",
 )
