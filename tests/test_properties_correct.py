@@ -23,6 +23,13 @@ CORRECT = {
 }
 
 
+#: reproducibility findings a correct kernel may have, with the reason: the float64 reference in the
+#: convention returns float64 results whose last bit depends on the order of the heads (measured: about
+#: 1.2% of out's elements move by one float64 unit under a head permutation, seeds 0 and 1): correct,
+#: not head-order invariant bit for bit
+FINDINGS = {"reference": {"isolation.heads_bitwise"}}
+
+
 def _explain(report) -> str:
     lines = []
     for c in report.checks:
@@ -38,4 +45,7 @@ def test_correct_kernel_passes_every_check(name, seed):
     report = quick_report(kernel, seed, recipe)
     assert [c.name for c in report.checks] == [s.name for s in list_checks("quick")]
     assert report.passed, f"{name} (seed {seed}) raised false alarms:\n{_explain(report)}"
-    assert all(quiet_for_recipe(report, c) for c in report.checks), _explain(report)
+    allowed = FINDINGS.get(name, set())
+    loud = [c for c in report.checks if not quiet_for_recipe(report, c) and c.name not in allowed]
+    assert not loud, _explain(report)
+    assert all(report.check(c).verdict == "reproducibility" for c in allowed)
