@@ -14,11 +14,16 @@ One element is made non-finite per case (the positions of ``special.nonfinite``:
 * the same NaN positions (NaN payloads and signs are not compared), the same infinities, and
 * every other element the same bits (signed zeros included),
 
-except where the kernels deviate from the emulation's rounding by design: flamia-nvfp4's kernels
-apply NVFP4's fp32 row scale to each accumulated dot instead of to every product, and on CUDA the
-tensor cores sum in another order; there finite gradients are held to the accumulation-order bound
-of ``test_triton_attention`` on the CPU, and on CUDA only their non-finite positions are compared
-(measured on the H200: the finite dQ next to a poisoned row moves by up to 5.5 times that bound).
+except in the gradients. The backward rebuilds P = 2^(s - lse) with the real log-sum-exp, and
+exp2 is not correctly rounded: the interpreter's (numpy's) and the emulation's (torch's) differ in
+the last bit of 6 % of fp32 arguments on an AMD EPYC with numpy 2.4 (and agreed on the Intel
+machines these tests were first written on). The finite gradients of the bf16 and MXFP8 designs are
+therefore held to the accumulation-order bound of ``test_triton_attention`` (which covers one bf16
+ulp); for flamia-nvfp4 a last-bit change of P can cross an FP4 rounding boundary and move a whole
+row of dV by one quantum, and on CUDA the tensor cores sum in another order (measured on the H200:
+the finite dQ next to a poisoned row moves by up to 5.5 times that bound): there only the
+non-finite positions are compared. Their finite values are held by ``test_triton_attention``'s
+exact-input tests, which give both sides an integer lse so that P is exact.
 
 The documents fit one tile of every kernel (64 or 128 rows under the interpreter, 128 keys on the
 GPU), so the kernels visit the whole of each document as the emulation does: inside a document both
@@ -89,10 +94,15 @@ def poisoned(case: str, which: str):
     return q, k, v, do, cu_q, cu_k, causal
 
 
-def bitwise_exact(device: str, name: str, what: str) -> bool:
-    """Whether the kernel's finite elements are the emulation's bits here (see the module docstring)."""
-    if what == "out":  # exact inputs: every design's forward is the emulation's bits on both devices
-        return True
+def bitwise_exact(what: str) -> bool:
+    """Whether the kernel's finite elements are the emulation's bits (see the module docstring): the
+    forward on exact inputs, on both devices; not the gradients, which go through exp2."""
+    return what == "out"
+
+
+def values_compared(device: str, name: str) -> bool:
+    """Whether the finite gradients are held to the accumulation-order bound, or only the positions of
+    their non-finite elements are compared (flamia-nvfp4's P rounding; CUDA's summation order)."""
     return device == "cpu" and name != "flamia-nvfp4"
 
 
@@ -142,18 +152,12 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, what: str, tol: torch.Ten
 def check_like_the_emulation(device, name, q, k, v, do, cu_q, cu_k, causal):
     got = run(fused(name), *to(device, q, k, v, do, cu_q, cu_k), causal=causal, scale=LN2)
     want = run(E.make_kernel(DESIGNS[name]), q, k, v, do, cu_q, cu_k, causal=causal, scale=LN2)
-    tols: dict[str, torch.Tensor] = {}
-    if not all(bitwise_exact(device, name, w) for w in ("dq", "dk", "dv")):
-        tols = accumulation_bound(name, q, k, v, do, cu_q, cu_k, causal)
+    tols = accumulation_bound(name, q, k, v, do, cu_q, cu_k, causal) if values_compared(device, name) else {}
     for what, g_, w_ in zip(("out", "dq", "dk", "dv"), got, want):
-        if device != "cpu" and what != "out":
-            # CUDA: the tensor cores' summation order moves finite gradients next to a poisoned row by
-            # more than the accumulation-order bound of finite inputs (measured on the H200: up to 5.5x
-            # for dQ); the finite values are held by test_triton_attention's exact-input tests, and
-            # here only where NaN and Inf land is compared
-            assert_same(g_, w_, f"{name} {what}", torch.full(w_.shape, math.inf))
-            continue
-        assert_same(g_, w_, f"{name} {what}", None if bitwise_exact(device, name, what) else tols[what])
+        if bitwise_exact(what):
+            assert_same(g_, w_, f"{name} {what}")
+        else:  # where NaN and Inf land, always; the finite values where the bound holds them
+            assert_same(g_, w_, f"{name} {what}", tols.get(what, torch.full(w_.shape, math.inf)))
     return got, want
 
 
