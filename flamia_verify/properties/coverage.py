@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flamia_verify.properties.cases import Inputs
+from flamia_verify.properties.cases import Case, Inputs
 from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
 from flamia_verify.recipes import Recipe
 
@@ -486,14 +486,43 @@ def _head_spread(x: torch.Tensor) -> float:
 def observe(
     kernel, *, suite: str = "standard", seed: int = 0, recipe: str | Recipe | None = None
 ) -> dict[str, set[str]]:
-    """Run ``suite`` on ``kernel`` and return, for every check, the features of the kernel calls it made."""
+    """Run ``suite`` on ``kernel`` and return, for every check, the features of the kernel calls it
+    judges: the calls it made, the cached runs of cases another check ran first (bound.out judges the
+    runs error.out made of the same cases) and the runs behind a shared value (``ctx.memo``: the
+    perturbed runs causal.forward makes and causal.dq reads)."""
     loaded, chosen = resolve_kernel(kernel, recipe)
     ctx = build_context(
         loaded, chosen, suite=suite, device="cpu", dtype=torch.bfloat16, seed=seed, thresholds=None, case_timeout_s=None
     )
     seen: dict[str, set[str]] = {}
+    open_buckets: list[set[str]] = []  # the current check's, then one per shared value being computed
+    behind: dict = {}  # memo key -> the features of the runs made to compute it
+    run, memo = ctx.run, ctx.memo
+
+    def record(found: set[str]) -> None:
+        for b in open_buckets:
+            b.update(found)
+
+    def judged_run(what, **kw):
+        if isinstance(what, Case):
+            record(features(ctx.inputs(what)))
+        return run(what, **kw)
+
+    def judged_memo(key, compute):
+        if key not in behind:
+            open_buckets.append(set())
+            try:
+                value = memo(key, compute)
+            finally:
+                behind[key] = open_buckets.pop()
+        else:
+            value = memo(key, compute)
+        record(behind[key])
+        return value
+
+    ctx.run, ctx.memo = judged_run, judged_memo  # type: ignore[method-assign]
+    ctx.harness.recorder = lambda inputs: record(features(inputs))
     for spec in list_checks(suite):
-        bucket = seen.setdefault(spec.name, set())
-        ctx.harness.recorder = lambda inputs, bucket=bucket: bucket.update(features(inputs))
+        open_buckets[:] = [seen.setdefault(spec.name, set())]
         run_one(ctx, spec)
     return seen

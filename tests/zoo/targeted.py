@@ -458,8 +458,9 @@ STATIC_V_SCALE = 2.0**-4
 static_v_scale = _tag(
     _v_elementwise_kernel(STATIC_V_SCALE),
     "mxfp8",
-    ("special.outlier_channels",),
-    ("error.out", "bound.out", "causal", "isolation"),
+    # the base cases' loud head (100 times the others' scale) saturates too: error.out and bound.out see it
+    ("special.outlier_channels", "error.out", "bound.out"),
+    ("causal", "isolation"),
     "MXFP8 whose V is cast to E4M3 with a fixed scale calibrated on outlier-free data (|v| > 28 saturates)",
 )
 
