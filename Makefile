@@ -2,8 +2,9 @@
 #   make check   set up .venv and run `flamia-verify check` with its defaults
 #   make test    set up .venv, check the formatting and lint (ruff), the import layers
 #                (lint-imports, pyproject.toml), the types (mypy), then run the fast tier of the tests
+#                (what CI runs, .ci/run)
 #   make test-slow  the slow tier: the tests listed in tests/slow_tests.txt (measured, 2 s or more each)
-#   make test-all   the lint and types, then every test in one run (what CI runs, .ci/run)
+#   make test-all   the lint and types, then every test in one run (before pushing a change to the checks)
 #   make format  apply ruff's formatting and its safe lint fixes
 PYTHON ?= python3
 VENV   := .venv
