@@ -51,6 +51,7 @@ def test_the_former_quick_settings_miss_it(name, monkeypatch):
     )
     monkeypatch.setitem(S._BY_NAME, "quick", narrow)
     monkeypatch.setattr(causal_checks, "_long_positions", lambda ctx, case: [])  # nor the long document
+    monkeypatch.setattr(causal_checks, "DECODE_NEIGHBOUR", 0)  # nor a neighbour of another offset
     report = run_checks(CAUSAL_BUGS[name], suite="quick", only=[c for c in CAUSAL if c != "causal.diagonal"])
     loud = [f"{c.name}: {c.message}" for c in report.checks if c.status != "pass"]
     assert not loud, f"{name} was already caught by the former settings: {loud}"

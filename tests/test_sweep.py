@@ -5,6 +5,7 @@ same case bit for bit (apart from times and host names), on the emulated kernels
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import textwrap
@@ -14,7 +15,8 @@ import pytest
 from flamia_verify.api import check
 from flamia_verify.cli import main
 from flamia_verify.errors import ConfigError
-from flamia_verify.sweep import comparable, load_sweep, merge_sweeps, run_sweep
+from flamia_verify.reports.survey import case_label
+from flamia_verify.sweep import comparable, exit_code, load_sweep, merge_sweeps, run_sweep
 from flamia_verify.sweep.matrix import case_key, shard_of
 from flamia_verify.sweep.worker import run_case
 
@@ -185,6 +187,20 @@ def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     merged = merge_sweeps(shard_dirs, tmp_path / "merged")
     assert partial.missing and not merged.missing
     assert [comparable(r) for r in merged.results] == [comparable(r) for r in outcome.results]
+    # an incomplete merge says so in every artifact, names what is missing, and exits 2 whatever the
+    # present cases say (a failing case included)
+    labels = {r["key"]: case_label(r["case"]) for r in outcome.results}
+    absent = [labels[k] for k in partial.missing]
+    document = json.loads((tmp_path / "partial" / "sweep.json").read_text())
+    assert document["complete"] is False and [m["label"] for m in document["missing"]] == absent
+    for name in ("sweep.md", "sweep.html"):
+        text = (tmp_path / "partial" / name).read_text()
+        assert f"INCOMPLETE: {len(absent)} of 4 case(s) missing" in text, name
+        assert all(html.escape(a) in text for a in absent), name
+    assert exit_code(partial) == 2 and exit_code(merged) == 1  # mxfp8-naive fails
+    whole = json.loads((tmp_path / "merged" / "sweep.json").read_text())
+    assert whole["complete"] is True and whole["missing"] == []
+    assert "INCOMPLETE" not in (tmp_path / "merged" / "sweep.md").read_text()
 
 
 def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on(tmp_path):

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     counts = outcome.counts()
     summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     if outcome.missing:
-        summary += f", {len(outcome.missing)} missing (no directory has them)"
+        summary = f"INCOMPLETE, {len(outcome.missing)} missing (no directory has them; listed in sweep.md), " + summary
     print(
         f"sweep: {len(outcome.results)} case(s): {summary or 'none'}; reports in {outcome.out}/sweep.html", flush=True
     )

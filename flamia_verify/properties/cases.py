@@ -211,7 +211,8 @@ class Case:
 #: (each starts 7 rows into a larger buffer: a nonzero storage offset). ``scale_arg`` "value" or
 #: "none" (``softmax_scale=None``, allowed only when the case's scale is the default headdim^-0.5).
 #: ``max_seqlen_pad``: added to the true ``max_seqlen_q`` and ``max_seqlen_k`` (the convention allows
-#: any upper bound). ``cu_layout`` "contiguous" or "strided" (cu_seqlens_q and cu_seqlens_k as views
+#: any upper bound): one integer for both, or a pair (q, k) that raises them by different amounts (a
+#: kernel that derives a causal offset from max_seqlen_k - max_seqlen_q then moves its diagonal). ``cu_layout`` "contiguous" or "strided" (cu_seqlens_q and cu_seqlens_k as views
 #: with stride 2 and a storage offset of one element into int32 buffers whose other elements are -1,
 #: as a slice of a larger metadata tensor arrives: the same values, so the same bits out). ``grad``:
 #: which inputs require grad in a call with a backward, "all", "q" (frozen keys and values, as a
@@ -267,8 +268,11 @@ def _check_call(call: tuple) -> tuple:
         if key not in CALL_KEYS:
             raise ConfigError(f"unknown call option {key!r}; known: {', '.join(CALL_KEYS)}")
         if key == "max_seqlen_pad":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"call option max_seqlen_pad must be a non-negative integer, got {value!r}")
+            pads = value if isinstance(value, tuple) and len(value) == 2 else (value,)
+            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in pads):
+                raise ConfigError(
+                    f"call option max_seqlen_pad must be a non-negative integer or a pair of them (q, k), got {value!r}"
+                )
         elif value not in CALL_KEYS[key]:
             raise ConfigError(f"call option {key} must be one of {', '.join(CALL_KEYS[key])}, got {value!r}")
     return call
@@ -279,6 +283,12 @@ def _frozen(v):
     if isinstance(v, (list, tuple)):
         return tuple(_frozen(x) for x in v)
     return v
+
+
+def max_seqlen_pads(case: Case) -> tuple[int, int]:
+    """What the call adds to the true max_seqlen_q and max_seqlen_k (the ``max_seqlen_pad`` option)."""
+    pad = case.call_option("max_seqlen_pad")
+    return (int(pad[0]), int(pad[1])) if isinstance(pad, tuple) else (int(pad), int(pad))
 
 
 def cu_from_lens(lens, device=None) -> torch.Tensor:
@@ -303,11 +313,12 @@ class Inputs:
     @property
     def max_q(self) -> int:
         """max_seqlen_q as the call passes it: the true maximum plus the case's ``max_seqlen_pad``."""
-        return max(self.case.lens_q, default=0) + int(self.case.call_option("max_seqlen_pad"))
+        return max(self.case.lens_q, default=0) + max_seqlen_pads(self.case)[0]
 
     @property
     def max_k(self) -> int:
-        return max(self.case.lens_k, default=0) + int(self.case.call_option("max_seqlen_pad"))
+        """max_seqlen_k as the call passes it: the true maximum plus the case's ``max_seqlen_pad``."""
+        return max(self.case.lens_k, default=0) + max_seqlen_pads(self.case)[1]
 
     def replace(self, **tensors) -> Inputs:
         return replace(self, **tensors)

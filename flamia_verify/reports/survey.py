@@ -274,10 +274,23 @@ def _shapes(rows: Sequence[dict[str, Any]]) -> list[str]:
     return sorted({str((r.get("speed") or {}).get("shape")) for r in rows if (r.get("speed") or {}).get("shape")})
 
 
-def render_survey_markdown(rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
-    """The table for a PR comment: verdicts per family, errors, speed, and why each failure failed."""
+def _missing_line(rows: Sequence[dict[str, Any]], missing: Sequence[str]) -> str:
+    return (
+        f"INCOMPLETE: {len(missing)} of {len(rows) + len(missing)} case(s) missing (no merged directory has them; "
+        "run their shards and merge again): " + "; ".join(missing)
+    )
+
+
+def render_survey_markdown(
+    rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = (), missing: Sequence[str] = ()
+) -> str:
+    """The table for a PR comment: verdicts per family, errors, speed, and why each failure failed;
+    ``missing``: the cases of the matrix that no merged directory has (an incomplete merge)."""
     families, speed, head = _columns(rows, "O rel. RMSE (model, BF16)", "time")
-    lines = [f"# {title}", "", f"{len(rows)} row(s): {_counts(rows)}", ""]
+    lines = [f"# {title}", ""]
+    if missing:
+        lines += [f"**{_missing_line(rows, missing)}**", ""]
+    lines += [f"{len(rows)} row(s): {_counts(rows)}", ""]
     lines += [f"- {n}" for n in notes]
     for shape in _shapes(rows):
         lines.append(f"- speed: {shape}; x BF16: forward+backward over the fastest of {', '.join(BASELINE_KERNELS)}")
@@ -369,7 +382,9 @@ def error_speed_svg(rows: Sequence[dict[str, Any]]) -> str | None:
     return svg[svg.index("<svg") :]
 
 
-def render_survey_html(rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = ()) -> str:
+def render_survey_html(
+    rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = (), missing: Sequence[str] = ()
+) -> str:
     esc = html.escape
     families, speed, head = _columns(rows, "O rel. RMSE", "time (s)")
     body = []
@@ -414,7 +429,9 @@ def render_survey_html(rows: Sequence[dict[str, Any]], title: str, notes: Sequen
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{esc(title)}</h1><p>{len(rows)} row(s): {esc(_counts(rows))}; click a column to sort.</p>"
+        f"<h1>{esc(title)}</h1>"
+        + (f"<p class='incomplete'><b>{esc(_missing_line(rows, missing))}</b></p>" if missing else "")
+        + f"<p>{len(rows)} row(s): {esc(_counts(rows))}; click a column to sort.</p>"
         f"<ul>{note_items}</ul>"
         f"<table><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table>{plot}"
@@ -430,7 +447,9 @@ def render_sweep_html(results: Sequence[dict[str, Any]], title: str = "flamia-ve
     return render_survey_html(survey_rows(results), title)
 
 
-def write_sweep_reports(results: Sequence[dict[str, Any]], out: Path, title: str = "flamia-verify sweep") -> None:
+def write_sweep_reports(
+    results: Sequence[dict[str, Any]], out: Path, title: str = "flamia-verify sweep", missing: Sequence[str] = ()
+) -> None:
     rows = survey_rows(results)
-    atomic_write_text(out / "sweep.md", render_survey_markdown(rows, title))
-    atomic_write_text(out / "sweep.html", render_survey_html(rows, title))
+    atomic_write_text(out / "sweep.md", render_survey_markdown(rows, title, missing=missing))
+    atomic_write_text(out / "sweep.html", render_survey_html(rows, title, missing=missing))

@@ -74,15 +74,16 @@ class SweepOutcome:
 
 
 def exit_code(outcome: SweepOutcome) -> int:
-    """0 every case passed; 1 a case failed (or did not finish); 3 no case failed but one produced no
-    verdict (its kernel did not load, its worker crashed or hung); 2 cases of the matrix are missing."""
+    """2 cases of the matrix are missing (a merge without every shard: no verdict on the matrix,
+    whatever the present cases say); else 1 a case failed (or did not finish); 3 no case failed but
+    one produced no verdict (its kernel did not load, its worker crashed or hung); 0 every case passed."""
     counts = outcome.counts()
+    if outcome.missing:
+        return 2
     if counts["fail"] or counts["incomplete"]:
         return 1
     if counts["error"]:
         return 3
-    if outcome.missing:
-        return 2
     return 0
 
 
@@ -99,13 +100,36 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _write_outputs(out: Path, source: str, keys: list[str], results: list[dict[str, Any]], shard: str | None) -> None:
+def _write_outputs(
+    out: Path,
+    source: str,
+    labels: dict[str, str],
+    results: list[dict[str, Any]],
+    shard: str | None,
+    missing: Sequence[str] = (),
+) -> None:
+    """sweep.json (the matrix's keys in order, each case's label, the results; a merge that lacks cases
+    says ``complete: false`` and lists them), sweep.md and sweep.html."""
     from flamia_verify.reports.survey import write_sweep_reports
 
     out.mkdir(parents=True, exist_ok=True)
-    document = {"schema": SCHEMA, "source": source, "shard": shard, "matrix": keys, "results": results}
+    document = {
+        "schema": SCHEMA,
+        "source": source,
+        "shard": shard,
+        "matrix": list(labels),
+        "labels": labels,
+        "complete": not missing,
+        "missing": [{"key": k, "label": labels.get(k, k)} for k in missing],
+        "results": results,
+    }
     (out / "sweep.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
-    write_sweep_reports(results, out, title=f"flamia-verify sweep: {source}" + (f" (shard {shard})" if shard else ""))
+    write_sweep_reports(
+        results,
+        out,
+        title=f"flamia-verify sweep: {source}" + (f" (shard {shard})" if shard else ""),
+        missing=[labels.get(k, k) for k in missing],
+    )
 
 
 def run_sweep(
@@ -141,7 +165,7 @@ def run_sweep(
     out = Path(out)
     store = CaseStore(out)
     keyed = [(case_key(c), c) for c in sweep.cases]
-    all_keys = [k for k, _ in keyed]
+    labels = {k: c.label() for k, c in keyed}
     if shard is not None:
         keyed = [(k, c) for k, c in keyed if shard_of(k, shard[1]) == shard[0]]
     todo, reused = [], 0
@@ -172,7 +196,7 @@ def run_sweep(
             used = run_local(todo, record, device=device, workers=workers, timeout_s=timeout, per_gpu=per_gpu)
     results = [r for r in (store.get(k) for k, _ in keyed) if r is not None]
     label = f"{shard[0]}/{shard[1]}" if shard else None
-    _write_outputs(out, sweep.source, all_keys, results, label)
+    _write_outputs(out, sweep.source, labels, results, label)
     return SweepOutcome(out=out, results=results, ran=len(todo), reused=reused, workers=used)
 
 
@@ -183,6 +207,7 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
         raise ConfigError("sweep merge needs at least one sweep output directory")
     by_key: dict[str, dict[str, Any]] = {}
     matrix: list[str] = []
+    labels: dict[str, str] = {}
     sources = []
     for d in dirs:
         path = Path(d) / "sweep.json"
@@ -197,6 +222,7 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
         if matrix and document["matrix"] != matrix:
             raise ConfigError(f"{path} comes from another matrix than {dirs[0]}: merge shards of one sweep")
         matrix = document["matrix"]
+        labels.update(document.get("labels") or {})  # sweeps written before labels were kept name keys
         sources.append(document.get("source", ""))
         for result in document["results"]:
             have = by_key.get(result["key"])
@@ -206,5 +232,5 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
     missing = [k for k in matrix if k not in by_key]
     out = Path(out)
     source = sources[0] if len(set(sources)) == 1 else ", ".join(sorted(set(sources)))
-    _write_outputs(out, source, matrix, results, None)
+    _write_outputs(out, source, {k: labels.get(k, k) for k in matrix}, results, None, missing)
     return SweepOutcome(out=out, results=results, missing=missing)

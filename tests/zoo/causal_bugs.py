@@ -19,6 +19,9 @@ carries ``recipe``, ``catches`` (the causal checks that must report ``fail`` on 
     no_fallback_hd128              no diagonal fallback on the head_dim-128 code path only
     backward_mask_plus1            the backward's causal mask one position too far (j <= i + offset + 1),
                                    the forward's right
+    offset_from_max_seqlens        torch SDPA per document with one offset for the batch,
+                                   max_seqlen_k - max_seqlen_q, instead of each document's Lk - Lq
+                                   (bf16)
 
 The fallback bugs leak only at rows whose diagonal sits 1 or 2 positions from a 32-block boundary
 (t + offset = 32n - 2 or 32n - 1 for V and K; t = 32n + 1 or 32n + 2 for dO and Q).
@@ -36,6 +39,7 @@ from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, make_kernel
 from flamia_verify.mutation import by_name, mutant_kernel
 from flamia_verify.recipes.operands import Operand
+from zoo.correct import sdpa_documents
 from zoo.kernels import _flamia, _split_kernel
 
 __all__ = ["CAUSAL_BUGS"]
@@ -171,8 +175,29 @@ backward_mask_plus1 = _tag(
     "FLAMIA MXFP8 whose backward masks with j <= i + offset + 1 (one key too many); the forward is right",
 )
 
+# ---------------------------------------------------------------------------------------------
+# one causal offset per batch
+# ---------------------------------------------------------------------------------------------
+
+
+def offset_from_max_seqlens(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    return sdpa_documents(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, offset=max_seqlen_k - max_seqlen_q)
+
+
+offset_from_max_seqlens = _tag(
+    offset_from_max_seqlens,
+    ("causal.forward", "causal.dq", "causal.dk_dv", "causal.diagonal"),
+    "documents whose Lk - Lq is not max_seqlen_k - max_seqlen_q",
+    "torch SDPA per document whose bottom-right offset is max_seqlen_k - max_seqlen_q for every document "
+    "(a wrapper that assumes one key length per batch) instead of each document's Lk - Lq",
+    recipe="bf16",
+)
+
 CAUSAL_BUGS.update(
     {
+        "offset_from_max_seqlens": offset_from_max_seqlens,
         "top_left_if_lq_gt_lk": top_left_if_lq_gt_lk,
         "top_left_if_lq_lt_lk": top_left_if_lq_lt_lk,
         "no_fallback_hd128": no_fallback_hd128,

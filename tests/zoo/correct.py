@@ -20,11 +20,20 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["sdpa_bf16", "bf16_p_fp16", "fa2_rounded", "to_dtype", "to_input"]
+__all__ = ["sdpa_bf16", "sdpa_documents", "bf16_p_fp16", "fa2_rounded", "to_dtype", "to_input"]
 
 
 def sdpa_bf16(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
     """torch SDPA per document (q: (total_q, H, D); k, v: (total_k, Hk, D)) -> out (total_q, H, D)."""
+    return sdpa_documents(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+
+
+sdpa_bf16.recipe = "bf16"
+
+
+def sdpa_documents(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, offset=None):
+    """torch SDPA per document; a causal query i sees key j <= i + offset, where ``offset`` is the
+    document's Lk - Lq unless given (one offset for every document)."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     group = q.shape[1] // k.shape[1]
     outs = []
@@ -42,7 +51,7 @@ def sdpa_bf16(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *
         if causal:
             i = torch.arange(lq, device=q.device)[:, None]
             j = torch.arange(lk, device=q.device)[None, :]
-            mask = j <= i + (lk - lq)
+            mask = j <= i + (lk - lq if offset is None else offset)
             seen = mask.any(-1)
             # rows that see nothing: give them key 0 (harmless), then zero their output
             mask = mask | (~seen[:, None] & (j == 0))
@@ -53,9 +62,6 @@ def sdpa_bf16(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *
     if not outs:
         return q * 0
     return torch.cat(outs)
-
-
-sdpa_bf16.recipe = "bf16"
 
 
 #: how a GEMM operand is rounded: fp32 values and the kernel's input dtype in, fp32 values out

@@ -59,18 +59,37 @@ def _causal_cases(ctx) -> list[tuple[Case, int]]:
     (a kernel may run another code path per head_dim). With ``causal_neighbours`` also: Lq < Lk
     (offset +17) and Lq > Lk (offset -17: the first 17 query rows see no key), so that the key grid
     and the query grid of the document differ, and the document packed between neighbours of 37
-    and 20 tokens (it starts off the 32-grid of the pack)."""
+    and 20 tokens (it starts off the 32-grid of the pack).
+
+    Every pack ends with a short document of :data:`DECODE_NEIGHBOUR` queries against
+    ``DECODE_EXTRA`` keys more than the pack's longest key document: its Lk - Lq differs from the
+    target's, and so does the pack's max_seqlen_k - max_seqlen_q (the target's offset plus
+    ``DECODE_EXTRA``): a kernel that takes one causal offset per batch from the max_seqlens instead
+    of each document's Lk - Lq moves the target's diagonal, and these checks see it."""
     s = ctx.settings
     L = s.causal_len
     dims = list(dict.fromkeys(s.causal_headdims)) or [ctx.settings.headdim]
-    out = [(ctx.case((L,), heads=2, heads_k=1, headdim=dims[0], causal=True, seed_offset=11), 0)]
+
+    def case(lens_q, lens_k=None, **kw) -> Case:
+        lens_k = lens_q if lens_k is None else lens_k
+        if DECODE_NEIGHBOUR:
+            lens_q, lens_k = (*lens_q, DECODE_NEIGHBOUR), (*lens_k, max(lens_k) + DECODE_EXTRA)
+        return ctx.case(lens_q, lens_k, causal=True, **kw)
+
+    out = [(case((L,), heads=2, heads_k=1, headdim=dims[0], seed_offset=11), 0)]
     if s.causal_neighbours:
-        out.append((ctx.case((L - 17,), (L,), heads=2, heads_k=2, headdim=dims[0], causal=True, seed_offset=12), 0))
-        out.append((ctx.case((L,), (L - 17,), heads=2, heads_k=1, headdim=dims[0], causal=True, seed_offset=14), 0))
-        out.append((ctx.case((37, L, 20), heads=2, heads_k=1, headdim=dims[0], causal=True, seed_offset=13), 1))
+        out.append((case((L - 17,), (L,), heads=2, heads_k=2, headdim=dims[0], seed_offset=12), 0))
+        out.append((case((L,), (L - 17,), heads=2, heads_k=1, headdim=dims[0], seed_offset=14), 0))
+        out.append((case((37, L, 20), heads=2, heads_k=1, headdim=dims[0], seed_offset=13), 1))
     for n, d in enumerate(dims[1:]):
-        out.append((ctx.case((L,), heads=2, heads_k=1, headdim=d, causal=True, seed_offset=16 + n), 0))
+        out.append((case((L,), heads=2, heads_k=1, headdim=d, seed_offset=16 + n), 0))
     return out
+
+
+#: the queries of the short last document of every causal pack (:func:`_causal_cases`), and how many
+#: keys it has beyond the pack's longest key document
+DECODE_NEIGHBOUR = 9
+DECODE_EXTRA = 29
 
 
 def _long_case(ctx) -> Case:

@@ -57,8 +57,14 @@ __all__ = ["argument_cases", "empty_packs", "LAYOUTS", "MAX_SEQLEN_PADS", "FP16_
 
 #: the strided layouts of interface.arguments (see ``CALL_KEYS``)
 LAYOUTS = ("fused", "transposed", "offset")
-#: added to max_seqlen_q and max_seqlen_k: a little, and past every tile or split threshold
-MAX_SEQLEN_PADS = (5, 3000)
+#: added to (max_seqlen_q, max_seqlen_k): a little, and past every tile or split threshold; by different
+#: amounts, so that max_seqlen_k - max_seqlen_q moves both ways (a kernel that takes its causal offset
+#: from it instead of each document's Lk - Lq moves its diagonal)
+MAX_SEQLEN_PADS = ((5, 12), (3000, 2950))
+
+
+def _pads_words(pad) -> str:
+    return f"{pad[0]}/{pad[1]}" if isinstance(pad, tuple) else str(pad)
 #: fp16 at the top of its range: near-uniform weights (q x 2^-9) over values of about 2^11 +- 2^8, so
 #: that a row's unnormalised sum of p * v (up to 90 keys x 2^11 = 184,320) passes fp16's largest finite
 #: value (65,504) while the output (about 2^11) and an fp32 accumulator are far from it
@@ -136,7 +142,7 @@ def _second_backward_refused(err: KernelCallError) -> bool:
 #: none of them is a value), judged by interface.arguments_bitwise; their accuracy is gating: where the
 #: bits differ, interface.arguments holds the result to the error checks' rule, as any other call.
 _BITWISE = {
-    "max_seqlen_pad": ("max_seqlen_mismatches", "with max_seqlen + {value}"),
+    "max_seqlen_pad": ("max_seqlen_mismatches", "with max_seqlen_q, max_seqlen_k + {value}"),
     "cu_layout": ("cu_seqlens_mismatches", "with strided cu_seqlens views"),
     "autocast": ("autocast_mismatches", "with the forward inside torch.autocast"),
     "default_dtype": ("default_dtype_mismatches", "with torch's default dtype set to the inputs' dtype"),
@@ -270,7 +276,7 @@ def _run_argument_calls(ctx) -> dict:
                     tensor=t,
                     call=dict(call),
                     mismatch=m.to_dict(),
-                    summary=f"{m.summary()} ({what.format(value=value)})",
+                    summary=f"{m.summary()} ({what.format(value=_pads_words(value) if key == 'max_seqlen_pad' else value)})",
                 )
                 if key in _FLOW:
                     flow_mismatches[metric] += m.mismatched
@@ -394,7 +400,7 @@ def arguments(ctx):
     other = f["other"]
     ok = (
         f"{f['calls']} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
-        f"{'/'.join(map(str, MAX_SEQLEN_PADS))}, strided cu_seqlens, autocast, the default dtype, "
+        f"{' and '.join(_pads_words(p) for p in MAX_SEQLEN_PADS)}, strided cu_seqlens, autocast, the default dtype, "
         f"{_BACKWARD_CALLS if ctx.has_backward else ''}"
         f"no_grad and inference_mode forwards, a negative scale, {other}"
         f"{', fp16 near its range' if f['fp16'] else ''}) within the bound, and within the error model where "
