@@ -59,7 +59,10 @@ def test_a_buggy_kernel_fails_the_test_with_reasons_and_a_correct_one_passes(pyt
         """
     )
     junit = pytester.path / "junit.xml"
-    result = pytester.runpytest("-p", "no:randomly", "--flamia-device", "cpu", f"--junitxml={junit}", "-rs")
+    # -W error: the plugin adds no warning under pytest's default junit_family (xunit2)
+    result = pytester.runpytest(
+        "-p", "no:randomly", "-W", "error", "--flamia-device", "cpu", f"--junitxml={junit}", "-rs"
+    )
     outcomes = result.parseoutcomes()
     cuda = torch.cuda.is_available()
     assert outcomes.get("passed") == (3 if cuda else 2) and outcomes.get("failed") == 1
@@ -69,11 +72,39 @@ def test_a_buggy_kernel_fails_the_test_with_reasons_and_a_correct_one_passes(pyt
     if not cuda:
         assert outcomes.get("skipped") == 1
         result.stdout.fnmatch_lines(["*device cuda was asked for but no CUDA device is present*"])
+    assert "PytestWarning" not in result.stdout.str()
+    # xunit2: the properties are the suite's (its schema has none per test case), named by test
+    root = ET.parse(junit).getroot()
+    assert not [p for case in root.iter("testcase") for p in case.iter("property")]
+    prefix = "test_a_buggy_kernel_fails_the_test_with_reasons_and_a_correct_one_passes.py::test_naive::"
     props = {
+        p.get("name")[len(prefix) :]: p.get("value")
+        for suite in root.iter("testsuite")
+        for p in suite.iter("property")
+        if p.get("name").startswith(prefix)
+    }
+    assert props["flamia.kernel"] == "mxfp8-naive" and props["flamia.isolation.neighbours.status"] == "fail"
+    assert props["flamia.isolation.neighbours.verdict"] == "gating"
+    assert any(k.startswith("flamia.isolation.neighbours.") and not k.endswith((".status", ".verdict")) for k in props)
+    # xunit1: on the test case
+    junit1 = pytester.path / "junit1.xml"
+    pytester.runpytest(
+        "-p",
+        "no:randomly",
+        "-W",
+        "error",
+        "-o",
+        "junit_family=xunit1",
+        "--flamia-device",
+        "cpu",
+        f"--junitxml={junit1}",
+        "-k",
+        "naive",
+    )
+    props1 = {
         p.get("name"): p.get("value")
-        for case in ET.parse(junit).getroot().iter("testcase")
+        for case in ET.parse(junit1).getroot().iter("testcase")
         if case.get("name") == "test_naive"
         for p in case.iter("property")
     }
-    assert props["flamia.kernel"] == "mxfp8-naive" and props["flamia.isolation.neighbours.status"] == "fail"
-    assert any(k.startswith("flamia.isolation.neighbours.") and not k.endswith((".status", ".verdict")) for k in props)
+    assert props1["flamia.kernel"] == "mxfp8-naive" and props1["flamia.isolation.neighbours.status"] == "fail"

@@ -183,7 +183,9 @@ backward_mask_plus1 = _tag(
 def offset_from_max_seqlens(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
 ):
-    return sdpa_documents(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, offset=max_seqlen_k - max_seqlen_q)
+    return sdpa_documents(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, offset=max_seqlen_k - max_seqlen_q
+    )
 
 
 offset_from_max_seqlens = _tag(

@@ -65,6 +65,8 @@ MAX_SEQLEN_PADS = ((5, 12), (3000, 2950))
 
 def _pads_words(pad) -> str:
     return f"{pad[0]}/{pad[1]}" if isinstance(pad, tuple) else str(pad)
+
+
 #: fp16 at the top of its range: near-uniform weights (q x 2^-9) over values of about 2^11 +- 2^8, so
 #: that a row's unnormalised sum of p * v (up to 90 keys x 2^11 = 184,320) passes fp16's largest finite
 #: value (65,504) while the output (about 2^11) and an fp32 accumulator are far from it
