@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flamia_verify.settings import resolve_device, resolve_dtype
+from flamia_verify.settings import DEFAULT_THREADS, resolve_device, resolve_dtype, torch_threads
 
 __all__ = ["check", "fuzz"]
 
@@ -32,6 +32,7 @@ def check(
     forward_only: bool = False,
     out: str | Path | None = None,
     require: tuple[str, ...] | list[str] = (),
+    threads: int | None = DEFAULT_THREADS,
 ):
     """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
 
@@ -47,6 +48,8 @@ def check(
     be killed and is left running (a daemon thread), so the caller's process decides when to end.
     A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to
     ``out``, marked incomplete, and raises again; the exception's ``partial_report`` holds them.
+    threads: torch's intra-op CPU threads during the run, restored after it (default one, as the CLI;
+    None leaves torch's setting); the report records the count (``environment.torch_threads``).
     """
     from flamia_verify.properties import run_checks
     from flamia_verify.reports import write_reports
@@ -64,6 +67,7 @@ def check(
             case_timeout_s=case_timeout_s,
             forward_only=forward_only,
             require=require,
+            threads=threads,
         )
     except BaseException as exc:
         partial = getattr(exc, "partial_report", None)
@@ -84,18 +88,21 @@ def fuzz(
     device: str = "auto",
     dtype="bf16",
     forward_only: bool = False,
+    threads: int | None = DEFAULT_THREADS,
 ):
     """Fuzz ``kernel`` over odd variable-length packings; returns a FuzzResult with a reproducer on failure.
 
-    A missing or raising backward fails the result unless ``forward_only`` declares it."""
+    A missing or raising backward fails the result unless ``forward_only`` declares it. ``threads`` as
+    for :func:`check`."""
     from flamia_verify.properties import fuzz as _fuzz
 
-    return _fuzz(
-        kernel,
-        recipe=recipe,
-        examples=examples,
-        seed=seed,
-        device=resolve_device(device),
-        dtype=resolve_dtype(dtype),
-        forward_only=forward_only,
-    )
+    with torch_threads(threads):
+        return _fuzz(
+            kernel,
+            recipe=recipe,
+            examples=examples,
+            seed=seed,
+            device=resolve_device(device),
+            dtype=resolve_dtype(dtype),
+            forward_only=forward_only,
+        )

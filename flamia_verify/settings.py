@@ -29,10 +29,11 @@ supplies those), and which threshold keys are a check's contract (fixed: an over
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import tomllib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ import torch
 from flamia_verify.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_THREADS",
+    "torch_threads",
     "read_toml",
     "SUITES",
     "SuiteSettings",
@@ -117,6 +120,27 @@ def resolve_device(text: Any) -> str:
             f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})"
         )
     return name
+
+
+#: torch's intra-op CPU threads of a check or fuzz run unless --threads says otherwise: one (measured on
+#: a 2-core machine: the quick suite's cases are small, so more threads gain little when the machine
+#: is idle and lose several times over when other jobs share it; benchmarks/RESULTS.md)
+DEFAULT_THREADS = 1
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op CPU threads set to ``threads`` inside the block, restored after it (None: left
+    as they are)."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resolve_dtype(value: Any) -> torch.dtype:

@@ -17,6 +17,7 @@ from flamia_verify.commands.common import (
     EXIT_KERNEL,
     EXIT_PASS,
     TRACEBACK_HELP,
+    add_threads_argument,
     console,
     device_arg,
     device_metavar,
@@ -118,6 +119,7 @@ def add_parser(sub: Any) -> None:
         "packs without queries). Both are always run and reported; without --require only the gating "
         "verdict sets the exit code (config: require = [...])",
     )
+    add_threads_argument(c)
     c.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
 
 
@@ -309,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
                 case_timeout_s=cfg.case_timeout_s,
                 forward_only=forward_only,
                 require=args.require if args.require is not None else cfg.require,
+                threads=args.threads,
             )
         paths = write_reports(report, out)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm

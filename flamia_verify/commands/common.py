@@ -268,6 +268,31 @@ def run_options(args: argparse.Namespace, cfg: Config) -> RunOptions:
     )
 
 
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's intra-op CPU threads of the run (check, fuzz)."""
+    from flamia_verify.settings import DEFAULT_THREADS
+
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=DEFAULT_THREADS,
+        metavar="N",
+        help=f"torch's CPU threads for the run (default {DEFAULT_THREADS}: the cases are small, and more threads "
+        "are several times slower on a machine other jobs share; the report records the count)",
+    )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 # ---------------------------------------------------------------------------------------------- sweep backends
 
 

@@ -13,6 +13,7 @@ from flamia_verify.commands.common import (
     EXIT_PASS,
     TRACEBACK_HELP,
     RunOptions,
+    add_threads_argument,
     console,
     device_arg,
     device_metavar,
@@ -26,6 +27,7 @@ from flamia_verify.commands.common import (
     run_options,
 )
 from flamia_verify.errors import FlamiaVerifyError, KernelCrashError, UsageError
+from flamia_verify.settings import torch_threads
 
 __all__ = ["add_parser", "run"]
 
@@ -69,6 +71,7 @@ def add_parser(sub: Any) -> None:
         help="the kernel has no backward: fuzz the forward and say that gradients were not checked "
         "(config: forward_only = true; without it, a missing or raising backward fails the run)",
     )
+    add_threads_argument(f)
     f.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
 
 
@@ -93,15 +96,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     out = prepare_out(options.out)
     try:
-        result = fuzz(
-            kernel,
-            recipe=options.recipe,
-            examples=args.examples,
-            seed=options.seed,
-            device=options.device,
-            dtype=options.dtype,
-            forward_only=options.forward_only,
-        )
+        with torch_threads(args.threads):
+            result = fuzz(
+                kernel,
+                recipe=options.recipe,
+                examples=args.examples,
+                seed=options.seed,
+                device=options.device,
+                dtype=options.dtype,
+                forward_only=options.forward_only,
+            )
     except KernelCrashError:
         remove_stale(out, report_names() + ("fuzz-case.json",))
         raise

@@ -53,7 +53,7 @@ from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
 from flamia_verify.recipes import RECIPES, Recipe, get_recipe
 from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS, CheckResult, Report
-from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings
+from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings, torch_threads
 
 __all__ = [
     "run_checks",
@@ -305,6 +305,7 @@ def run_checks(
     on_report: Callable[[Report], None] | None = None,
     threshold_source: str | None = None,
     require: tuple[str, ...] | list[str] = (),
+    threads: int | None = None,
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -322,9 +323,23 @@ def run_checks(
     every override is recorded in the report's ``threshold_overrides`` with its default and source.
     require: the non-gating verdicts (``reproducibility``, ``robustness``) that gate this run as well;
     their checks always run and are always reported (see :mod:`flamia_verify.results`).
+    threads: torch's intra-op CPU threads during the run (restored after it; None leaves torch's
+    setting); the report's environment records the count that ran (``torch_threads``).
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    with torch_threads(threads):
+        return _run(
+            kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
+            forward_only, on_report, threshold_source, require,
+        )  # fmt: skip
+
+
+def _run(
+    kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
+    forward_only, on_report, threshold_source, require,
+) -> Report:  # fmt: skip
+    """The body of :func:`run_checks`, under its thread count."""
     required = resolve_require(require)
     loaded, chosen = resolve_kernel(kernel, recipe)
     # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
