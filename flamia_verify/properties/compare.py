@@ -12,7 +12,11 @@ Front ends:
 * :func:`compare_bitwise` -- bit patterns must match (so +0 and -0 differ, and a NaN that appears
   where there was a number is a mismatch; the same NaN bits on both sides are equal);
 * :func:`compare_within` -- ``|actual - expected| <= tolerance`` elementwise (a tensor or a number);
-  a non-finite actual value next to a finite expected one always violates.
+  a non-finite actual value next to a finite expected one always violates;
+* :func:`compare_beyond_noise` -- bitwise for a kernel that repeats itself bit for bit; for one that
+  does not (a backward that accumulates with atomics), an element counts as changed when it moved by
+  more than :data:`NOISE_FACTOR` times the largest difference between two runs of the same inputs
+  (:func:`run_to_run_noise`), or changed between finite and not.
 """
 
 from __future__ import annotations
@@ -24,10 +28,30 @@ import torch
 
 from flamia_verify.results import json_number
 
-__all__ = ["Mismatch", "compare_bitwise", "compare_within", "locate", "FIRST_FEW"]
+__all__ = [
+    "Mismatch",
+    "compare_bitwise",
+    "compare_within",
+    "compare_beyond_noise",
+    "run_to_run_noise",
+    "noise_tolerance",
+    "last_unit",
+    "ulp",
+    "locate",
+    "FIRST_FEW",
+    "NOISE_FACTOR",
+]
 
 #: offending positions listed in full (numpy.testing prints a few; so do we)
 FIRST_FEW = 5
+
+#: how many times a kernel's own run-to-run difference a perturbation may move an element of a tensor
+#: that is not bitwise repeatable before the move counts as information flow: two runs sample the
+#: spread of the summation orders (measured: an atomics-style dK/dV of 16-query tiles in a random
+#: order differs by at most 1 bf16 unit in the last place between two calls, by 2 units in other
+#: pairs), and a leak through a shared scale or a masked maximum moves elements by a rounding of the
+#: recipe's format, 2^-4 relative for FP8 and more: orders of magnitude above it
+NOISE_FACTOR = 4.0
 
 _INT_VIEW = {
     torch.float64: torch.int64,
@@ -232,3 +256,85 @@ def compare_within(
     both_nan = torch.isnan(a64) & torch.isnan(e64)
     bad = bad & ~both_nan
     return _finish(what, rule, a64, e64, bad, cu_seqlens, extra=tol)
+
+
+def last_unit(x: torch.Tensor) -> torch.Tensor:
+    """One unit in the last place of every element of ``x`` in its own dtype, at most (eps |x|), in
+    float64."""
+    eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+    return x.detach().double().abs() * eps
+
+
+def ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of ``x``'s dtype at every element's magnitude (one unit in the last place: 2^-7 at 1
+    in bf16), the subnormal spacing at 0 and below the smallest normal, in float64."""
+    fi = torch.finfo(x.dtype)
+    a = x.detach().double().abs()
+    _, e = torch.frexp(a)
+    spacing = torch.ldexp(torch.full_like(a, fi.eps), e - 1)
+    smallest = fi.smallest_normal * fi.eps
+    return torch.where(a < fi.smallest_normal, torch.full_like(a, smallest), spacing.clamp_min(smallest))
+
+
+def run_to_run_noise(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> dict[str, float | None]:
+    """For each tensor of two runs of the same inputs: None where the two agree bit for bit (a
+    repeatable kernel), else the largest |difference| between their finite elements beyond one unit
+    in the last place (a sum rounded the other way in its last step moves an element by one unit; a
+    sum taken in another order can move a small result of large terms by more, in absolute terms the
+    size of the terms' rounding)."""
+    noise: dict[str, float | None] = {}
+    for name, a in first.items():
+        b = second.get(name)
+        if b is None or a.shape != b.shape:
+            continue
+        if bool((_bits(a) == _bits(b)).all()):
+            noise[name] = None
+            continue
+        a64, b64 = a.detach().double(), b.detach().double().to(a.device)
+        finite = torch.isfinite(a64) & torch.isfinite(b64)
+        excess = ((a64 - b64).abs() - ulp(a)).clamp_min(0.0)
+        excess = torch.where(finite, excess, torch.zeros_like(excess))
+        noise[name] = float(excess.max()) if excess.numel() else 0.0
+    return noise
+
+
+def noise_tolerance(expected: torch.Tensor, noise: float | None) -> torch.Tensor | None:
+    """What a perturbation may move each element of a tensor whose run-to-run ``noise`` is given (see
+    :func:`run_to_run_noise`): None (bitwise) for a repeatable tensor, else two units in the last place
+    (each of the two runs may have rounded its last step the other way) plus :data:`NOISE_FACTOR`
+    times the noise beyond one unit."""
+    if noise is None:
+        return None
+    return 2 * ulp(expected) + NOISE_FACTOR * noise
+
+
+def compare_beyond_noise(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    noise: float | None,
+    *,
+    what: str = "tensor",
+    region: torch.Tensor | None = None,
+    cu_seqlens: list[int] | None = None,
+) -> Mismatch:
+    """:func:`compare_bitwise` where ``noise`` is None (a repeatable kernel); otherwise an element
+    counts when its bits differ and it moved by more than :func:`noise_tolerance`, or is finite on
+    one side only (NaN on both sides is equal)."""
+    tol = noise_tolerance(expected, noise)
+    if tol is None or actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return compare_bitwise(actual, expected, what=what, region=region, cu_seqlens=cu_seqlens)
+    a64, e64 = actual.detach().double(), expected.detach().double().to(actual.device)
+    tol = tol.to(a64.device)
+    finite = torch.isfinite(a64) & torch.isfinite(e64)
+    moved = torch.where(finite, (a64 - e64).abs() > tol, torch.isfinite(a64) != torch.isfinite(e64))
+    bad = (_bits(actual) != _bits(expected)) & moved
+    if region is not None:
+        bad = bad & region.to(bad.device)
+    rule = (
+        f"bitwise equal, or within two units in the last place + {NOISE_FACTOR:g} x the kernel's run-to-run "
+        f"difference beyond it ({noise:.3g}): the kernel does not repeat itself bitwise"
+    )
+    m = _finish(what, rule, actual, expected, bad, cu_seqlens, extra=tol)
+    if region is not None:
+        m.total = int(region.expand_as(bad).sum())
+    return m

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, make_inputs
-from flamia_verify.properties.compare import compare_within
-from flamia_verify.properties.harness import KernelOutputs
+from flamia_verify.properties.compare import compare_within, run_to_run_noise
+from flamia_verify.properties.harness import KernelCallError, KernelOutputs
 from flamia_verify.recipes.bounds import BoundResult, RecipeBoundModel, attention_bounds
 from flamia_verify.recipes.noise_model import predicted_errors
 from flamia_verify.recipes.operands import Operand
@@ -536,3 +536,35 @@ def bound_report(ctx, cases, tensors, *, inputs_label: str = "base cases", exact
         if metrics["admitted_elements"]:
             msg += "; " + admission_summary(admissions, admitted)
     return metrics, first, details, msg
+
+
+# ----------------------------------------------------------------------------------------------
+# the kernel's run-to-run noise, which the information-flow checks judge beyond
+# ----------------------------------------------------------------------------------------------
+
+
+def unrepeatable_tensors(ctx) -> frozenset[str]:
+    """The tensors in which the kernel does not repeat itself bitwise, seen on the suite's pack (dozens
+    of documents, one longer than every tile: where split-K and atomics engage) run twice; empty for a
+    repeatable kernel, and when the kernel cannot run the pack (the checks that need it say why)."""
+
+    def compute() -> frozenset[str]:
+        docs = layout_docs(ctx)
+        try:
+            first = layout_base_run(ctx, docs, True)
+            again = ctx.run(pack_docs(ctx, docs, heads=LAYOUT_HEADS[0], heads_k=LAYOUT_HEADS[1], causal=True))
+        except KernelCallError:
+            return frozenset()
+        return frozenset(t for t, n in run_to_run_noise(first.tensors(), again.tensors()).items() if n is not None)
+
+    return ctx.memo(("unrepeatable tensors",), compute)
+
+
+def run_noise(ctx, key, base: KernelOutputs, rerun) -> dict[str, float | None]:
+    """The kernel's run-to-run noise on the inputs of ``base`` (``rerun()``: a second run of them),
+    per tensor: None (judge bitwise) where the kernel repeats itself bitwise; for a tensor that
+    :func:`unrepeatable_tensors` names, at least 0 (one unit in the last place may move) even where
+    these two runs happened to agree. Computed once per ``key``."""
+    noise = dict(ctx.noise(key, base, rerun))
+    unrepeatable = unrepeatable_tensors(ctx)
+    return {t: (0.0 if n is None and t in unrepeatable else n) for t, n in noise.items()}

@@ -45,8 +45,16 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, long_document
-from flamia_verify.properties.compare import compare_bitwise, compare_within
-from flamia_verify.properties.helpers import ADVERSARIAL, case_record, doc_bounds, future_inputs, perturb_rows, verdict
+from flamia_verify.properties.compare import compare_beyond_noise, compare_within, last_unit
+from flamia_verify.properties.helpers import (
+    ADVERSARIAL,
+    case_record,
+    doc_bounds,
+    future_inputs,
+    perturb_rows,
+    run_noise,
+    verdict,
+)
 from flamia_verify.properties.registry import register
 
 __all__: list[str] = []
@@ -118,12 +126,6 @@ def _last_unit_note(metrics: dict) -> str:
     if not n:
         return ""
     return f" ({n} elements of the long document moved by one unit in the last place: another summation order)"
-
-
-def _last_unit(x: torch.Tensor) -> torch.Tensor:
-    """One unit in the last place of every element of ``x`` in its own dtype, at most (eps |x|)."""
-    eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
-    return x.detach().double().abs() * eps
 
 
 def _grid_points(length: int, start: int, block: int, residues) -> set[int]:
@@ -202,7 +204,7 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
     keys moves them by a rounding of the recipe's format or more. Those last-unit changes are counted
     (``long_last_unit_changes``), not failed."""
     long = _long_case(ctx)
-    last_unit = 0
+    last_units = 0
     leaked_elements = 0
     leaking = 0
     first = None
@@ -220,19 +222,20 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
         region = torch.zeros(x_new.shape[0], dtype=torch.bool, device=x_new.device)
         region[lo:hi] = True
         cu = cu_from_lens(case.lens_q if tensor in ("out", "dq") else case.lens_k).tolist()
-        m = compare_bitwise(x_new, x_base, what=f"{what}", region=region[:, None, None], cu_seqlens=cu)
+        noise = _noise(ctx, case, base).get(tensor)
+        m = compare_beyond_noise(x_new, x_base, noise, what=f"{what}", region=region[:, None, None], cu_seqlens=cu)
         if case == long and not m.ok:  # the last unit may move (another summation order)
             bits = m.mismatched
             m = compare_within(
                 torch.where(region[:, None, None], x_new.double(), x_base.double()),
                 x_base.double(),
-                _last_unit(x_base),
+                last_unit(x_base),
                 what=f"{what} (beyond one unit in the last place)",
                 rule="within one unit in the last place",
                 cu_seqlens=cu,
             )
             m.total = int(region[:, None, None].expand_as(x_base).sum())
-            last_unit += bits - m.mismatched
+            last_units += bits - m.mismatched
         changed = m.mask.flatten(1).sum(dim=1) if m.mask is not None else torch.zeros(x_new.shape[0])
         key = (case, b, kind)
         doc_start = q0 if tensor in ("out", "dq") else k0
@@ -269,7 +272,7 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
         "leaked_elements": leaked_elements,
         "leaking_perturbations": leaking,
         "perturbations": len(runs),
-        "long_last_unit_changes": last_unit,
+        "long_last_unit_changes": last_units,
     }
     return metrics, first, heatmaps
 
@@ -464,13 +467,20 @@ def _diagonal_probe(inp: Inputs, b: int, t: int, which: str, seed: int) -> Input
     return inp.replace(q=new_q, do=perturb_rows(inp.do, slice(q0 + t, q0 + t + 1), "huge", g))
 
 
-def _rows_changed(new: torch.Tensor, base: torch.Tensor, lo: int, hi: int) -> int:
-    """Elements of rows [lo, hi) whose bits differ (-0.0 read as +0.0)."""
+def _noise(ctx, case: Case, base) -> dict[str, float | None]:
+    """The kernel's run-to-run noise on ``case`` (``base`` its cached run): None everywhere for a
+    kernel that repeats itself bitwise, where the causal checks stay bitwise."""
+    return run_noise(ctx, ("case", case), base, lambda: ctx.run(case, cache=False))
+
+
+def _rows_changed(new: torch.Tensor, base: torch.Tensor, lo: int, hi: int, noise: float | None = None) -> int:
+    """Elements of rows [lo, hi) whose bits differ (-0.0 read as +0.0) and, for a tensor that is not
+    bitwise repeatable, that moved beyond its run-to-run ``noise``."""
     if hi <= lo:
         return 0
     region = torch.zeros(new.shape[0], dtype=torch.bool, device=new.device)
     region[lo:hi] = True
-    return compare_bitwise(new, base, region=region[:, None, None]).mismatched
+    return compare_beyond_noise(new, base, noise, region=region[:, None, None]).mismatched
 
 
 @register(
@@ -531,7 +541,7 @@ def diagonal(ctx):
             x_new, x_base = getattr(new, name), getattr(base, name)
             if x_new is None or x_base is None:
                 continue
-            if _rows_changed(x_new, x_base, row, row + 1) == 0:
+            if _rows_changed(x_new, x_base, row, row + 1, _noise(ctx, case, base).get(name)) == 0:
                 missed += 1
                 pos = t if name in ("out", "dq") else d
                 findings.append(
@@ -548,7 +558,7 @@ def diagonal(ctx):
             x_new, x_base = getattr(new, name), getattr(base, name)
             if x_new is None or x_base is None:
                 continue
-            c = _rows_changed(x_new, x_base, lo, hi)
+            c = _rows_changed(x_new, x_base, lo, hi, _noise(ctx, case, base).get(name))
             if c:
                 leaked += c
                 side = f"rows before {t}" if name in ("out", "dq") else f"keys after {d}"
