@@ -580,3 +580,24 @@ def test_only_the_kernel_with_an_nvfp4_operand_sweeps_twice(device, monkeypatch)
     assert all(nv.two_pass_dkdv(p) for p in (0, 1, 2)) and nv.two_pass_dq()
     monkeypatch.setitem(DESIGNS, design.name, design)
     check_backward_on_exact_inputs(device, design.name, [17, 50, 9], [30, 20, 9], 4, 2, True)
+
+
+@pytest.mark.parametrize("name", ["bf16", "flamia-mxfp8"])
+def test_strided_cu_seqlens_views_give_the_contiguous_calls_bits_and_leave_do_alone(device, name):
+    """cu_seqlens as views with stride 2 into buffers whose other elements are -1 (a slice of a larger
+    metadata tensor; interface.arguments' cu_layout=strided): the same bits as contiguous cu_seqlens,
+    and dO unmodified. Measured on an H100 before the fix: the kernels read the view's storage as
+    contiguous (documents from -1 offsets), out 99 % wrong and NaN written into dO."""
+    q, k, v, do, _, cu_q, cu_k = to(device, *exact_case([37, 20, 51], [40, 20, 45], heads=4, heads_k=2))
+    plain = run(fused(name), q, k, v, do, cu_q, cu_k, causal=True, scale=LN2)
+
+    def strided(cu):
+        buf = torch.full((2 * cu.numel() + 1,), -1, dtype=cu.dtype, device=cu.device)
+        buf[1::2] = cu
+        return buf[1::2]
+
+    do_before = do.clone()
+    got = run(fused(name), q, k, v, do, strided(cu_q), strided(cu_k), causal=True, scale=LN2)
+    assert torch.equal(do, do_before), "the kernel wrote into dO"
+    for what, a, b in zip(("out", "dq", "dk", "dv"), got, plain):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name} {what} differs with strided cu_seqlens"

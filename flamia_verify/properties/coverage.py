@@ -60,7 +60,7 @@ MODEL: tuple[Row, ...] = (
         "softmax_scale",
         "negative",
         "a negative softmax_scale (on sign-flipped queries, scores spread past exp's range)",
-        (_ARG,),
+        ("special.degenerate",),
     ),
     Row("layout", "contiguous", "contiguous q, k, v", _BASE),
     Row("layout", "fused", "views into one fused QKV (or KV) buffer", (_ARG,)),

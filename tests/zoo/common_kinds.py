@@ -16,7 +16,7 @@ the gating verdict (interface.arguments), not only the reproducibility one.
 ``nan_to_zero``: torch SDPA per document whose output goes through ``torch.nan_to_num``: correct on
 every input a training step produces, but it hides a NaN already in q (a robustness finding).
 
-``refuses_degenerate``: torch SDPA per document that raises ValueError on softmax_scale = 0 and on a
+``refuses_degenerate``: torch SDPA per document that raises ValueError on softmax_scale <= 0 and on a
 pack without queries: refusing an input no training run produces is allowed.
 
 ``zero_scale_is_default``: torch SDPA per document that reads ``softmax_scale or headdim**-0.5``, so
@@ -112,7 +112,7 @@ def refuses_degenerate(
 ):
     if q.shape[0] == 0:
         raise ValueError("refuses_degenerate: a pack without queries")
-    if softmax_scale == 0:
+    if softmax_scale is not None and softmax_scale <= 0:
         raise ValueError("refuses_degenerate: softmax_scale must be positive")
     return sdpa_bf16(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal

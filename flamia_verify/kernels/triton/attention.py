@@ -178,6 +178,9 @@ def fused_forward(
 ):
     """Forward kernel: (out in q's dtype, lse2 (nheads, total_q) fp32 in log2 units)."""
     _check_inputs(cfg, q)
+    # the kernels index cu_seqlens as contiguous int32 arrays: a strided view (a slice of a larger
+    # metadata tensor) is read through its own strides only after this copy
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     total_q, H, D = q.shape
     Hk = k.shape[1]
@@ -234,6 +237,9 @@ def fused_backward(
 ):
     """Backward kernels from the forward's out and lse2 ((nheads, total_q), log2 units): (dq, dk, dv)."""
     _check_inputs(cfg, q)
+    # the kernels index cu_seqlens as contiguous int32 arrays: a strided view (a slice of a larger
+    # metadata tensor) is read through its own strides only after this copy
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     total_q, H, D = q.shape
     total_k, Hk, _ = k.shape
