@@ -374,6 +374,42 @@ v_scale_across_heads = _tag(
     "FLAMIA MXFP8 whose forward takes V's block scales from the block amax over all kv heads",
 )
 
+# ---------------------------------------------------------------------------------------------
+# head_dim not a multiple of 32: MX blocks laid over the flattened heads
+# ---------------------------------------------------------------------------------------------
+
+
+def _flat_heads(x: torch.Tensor) -> torch.Tensor:
+    """MXFP8 of a (tokens, heads, head_dim) operand in 32-blocks along the flattened heads x head_dim
+    row: where head_dim % 32 != 0 a block straddles two heads and takes the scale of the larger."""
+    t, h, d = x.shape
+    flat = x.float().reshape(t, h * d)
+    q = mx_quantize(flat, axis=-1, block_size=32, elem=E4M3, rule=ScaleRule.RCEIL)
+    return (q.data * q.scale_values().repeat_interleave(32, dim=-1)[..., : h * d]).reshape(t, h, d)
+
+
+def _flat_heads_patch(shape):
+    """quantize_operand with Q's and K's head_dim operands blocked over the flattened heads."""
+    tq, tk, d = shape
+
+    def quantize(x, quant, axis, *, input_dtype, cu_seqlens=None):
+        head_dim_operand = x.dim() == 3 and x.shape[0] in (tq, tk) and x.shape[-1] == d and axis in (-1, 2)
+        if head_dim_operand and _is_mx(quant) and d % 32:
+            return _flat_heads(x)
+        return _QUANTIZE_OPERAND(x, quant, axis, input_dtype=input_dtype, cu_seqlens=cu_seqlens)
+
+    return _patching(quantize_operand=quantize)
+
+
+mx_blocks_straddle_heads = _tag(
+    _kernel(fwd=_flat_heads_patch, bwd=_flat_heads_patch),
+    ("isolation.heads",),
+    ("error.out", "causal.forward"),
+    "FLAMIA MXFP8 whose head_dim operands take 32-blocks over the flattened heads x head_dim row: at a "
+    "head_dim that is not a multiple of 32 a block straddles two heads, and a huge value in one head "
+    "flushes its neighbour's small elements",
+)
+
 #: every planted kernel of this file, by name
 DIMENSION_BUGS = {
     name: globals()[name]
@@ -388,5 +424,6 @@ DIMENSION_BUGS = {
         "long_rows_no_fallback",
         "v_scale_head0",
         "v_scale_across_heads",
+        "mx_blocks_straddle_heads",
     )
 }

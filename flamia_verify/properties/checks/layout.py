@@ -64,11 +64,18 @@ _SLICE = {"out": "q", "dq": "q", "dk": "k", "dv": "k"}
 
 
 def head_cases(ctx) -> list[Case]:
-    """6:2 GQA (groups of 3) with an empty document, causal, Lq != Lk; 7:1 (one group of 7), not causal."""
+    """6:2 GQA (groups of 3) with an empty document, causal, Lq != Lk; 7:1 (one group of 7), not causal;
+    4:2 at head_dim 80, where a 32-block laid over the flattened heads straddles two of them."""
     return [
         ctx.case((40, 0, 57), (45, 3, 57), heads=6, heads_k=2, causal=True, seed_offset=701),
         ctx.case((33, 20), heads=7, heads_k=1, causal=False, distribution="shifted", seed_offset=702),
+        ctx.case((29, 24), (35, 24), heads=4, heads_k=2, headdim=80, causal=True, seed_offset=703),
     ]
+
+
+#: the factor of the "huge" one-head perturbation: a value this far above the others pushes a
+#: neighbour's elements that share a block scale with it below E4M3's normal range (2^-6 of 448)
+HUGE_HEAD = 2.0**14
 
 
 def _fresh(x: torch.Tensor, seed: int) -> torch.Tensor:
@@ -76,12 +83,12 @@ def _fresh(x: torch.Tensor, seed: int) -> torch.Tensor:
     return (torch.randn(x.shape, generator=g) * 3.0).to(x.dtype).to(x.device)
 
 
-def _with_head(inp: Inputs, names: tuple[str, ...], head: int, seed: int) -> Inputs:
-    """The inputs with new values in head ``head`` of the tensors ``names``."""
+def _with_head(inp: Inputs, names: tuple[str, ...], head: int, seed: int, factor: float = 1.0) -> Inputs:
+    """The inputs with new values in head ``head`` of the tensors ``names`` (times ``factor``)."""
     new = {}
     for i, n in enumerate(names):
         x = getattr(inp, n).clone()
-        x[:, head] = _fresh(x[:, head], seed + i)
+        x[:, head] = (_fresh(x[:, head], seed + i).double() * factor).to(x.dtype)
         new[n] = x
     return inp.replace(**new)
 
@@ -106,6 +113,12 @@ def _head_findings(ctx) -> dict:
             perturbations = [
                 # (what changed, inputs, query heads that may change, kv heads that may change)
                 (f"q, dO of query head {h0}", _with_head(inp, ("q", "do"), h0, case.seed + 7), {h0}, {h0 // group}),
+                (
+                    f"q of query head {h0} x 2^14",
+                    _with_head(inp, ("q",), h0, case.seed + 13, factor=HUGE_HEAD),
+                    {h0},
+                    {h0 // group},
+                ),
                 (
                     f"k, v of kv head {g0}",
                     _with_head(inp, ("k", "v"), g0, case.seed + 11),
@@ -157,7 +170,8 @@ def _head_findings(ctx) -> dict:
 
 @register(
     "isolation.heads",
-    "new values in one head leave every other head's out, dQ, dK, dV bitwise unchanged (GQA groups of 3 and 7)",
+    "new values in one head (random, and 2^14 times larger) leave every other head's out, dQ, dK, dV bitwise "
+    "unchanged (GQA groups of 3 and 7; head_dim 80, where 32-blocks over the flattened heads straddle two)",
     defaults=lambda recipe, dtype: {"changed_elements": 0},
     cost=1.0,
 )
