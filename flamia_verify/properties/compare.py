@@ -114,6 +114,9 @@ class Mismatch:
     first: list[dict] = field(default_factory=list)
     worst: dict | None = None
     mask: torch.Tensor | None = None  # bool, True where the rule breaks (same shape as the inputs)
+    #: what the expected side is, in the summary's words: the float64 reference, or the kernel's own
+    #: base run (bitwise comparisons: the unperturbed run, the plain call, the first of repeated runs)
+    against: str = "the reference"
 
     @property
     def ok(self) -> bool:
@@ -133,20 +136,20 @@ class Mismatch:
         if self.max_rel_diff is not None:
             text += f", max rel diff {self.max_rel_diff:.4g}"
         if self.zero_reference == self.mismatched:
-            text += " (the reference is 0 at every mismatch: no relative difference)"
+            text += f" ({self.against} is 0 at every mismatch: no relative difference)"
         elif self.zero_reference:
             text += (
-                f" ({self.zero_reference} where the reference is 0: max abs diff there "
+                f" ({self.zero_reference} where {self.against} is 0: max abs diff there "
                 f"{self.max_abs_diff_zero_reference:.4g})"
             )
         if self.nonfinite:
-            text += f", {self.nonfinite} non-finite where the reference is finite"
+            text += f", {self.nonfinite} non-finite where {self.against} is finite"
         if self.worst is not None:
             w = self.worst
             pos = f"token {w.get('token')}, head {w.get('head')}, channel {w.get('channel')}"
             if "document" in w:
                 pos += f" (document {w['document']}, position {w['position']})"
-            text += f"; worst at {pos}: {w['actual']!r} vs {w['expected']!r}"
+            text += f"; worst at {pos}: {w['actual']!r} here vs {w['expected']!r} in {self.against}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,10 +169,12 @@ class Mismatch:
         }
 
 
-def _finish(what, rule, actual, expected, bad, cu, extra: torch.Tensor | None = None) -> Mismatch:
+def _finish(
+    what, rule, actual, expected, bad, cu, extra: torch.Tensor | None = None, against: str = "the reference"
+) -> Mismatch:
     total = actual.numel()
     n_bad = int(bad.sum())
-    m = Mismatch(what, rule, total, n_bad, mask=bad)
+    m = Mismatch(what, rule, total, n_bad, mask=bad, against=against)
     if n_bad == 0:
         return m
     a64 = actual.detach().double()
@@ -221,10 +226,14 @@ def compare_bitwise(
     what: str = "tensor",
     region: torch.Tensor | None = None,
     cu_seqlens: list[int] | None = None,
+    against: str = "the base run",
 ) -> Mismatch:
-    """Bit patterns must match wherever ``region`` (bool, broadcastable) is True (everywhere if None)."""
+    """Bit patterns must match wherever ``region`` (bool, broadcastable) is True (everywhere if None);
+    ``against`` names the expected side in the summary (a run of the kernel itself, by default)."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        m = Mismatch(what, "bitwise equal", max(actual.numel(), expected.numel()), max(actual.numel(), 1))
+        m = Mismatch(
+            what, "bitwise equal", max(actual.numel(), expected.numel()), max(actual.numel(), 1), against=against
+        )
         m.first = [
             {"shape_or_dtype": f"{tuple(actual.shape)} {actual.dtype} vs {tuple(expected.shape)} {expected.dtype}"}
         ]
@@ -232,7 +241,7 @@ def compare_bitwise(
     bad = _bits(actual) != _bits(expected)
     if region is not None:
         bad = bad & region.to(bad.device)
-    m = _finish(what, "bitwise equal", actual, expected, bad, cu_seqlens)
+    m = _finish(what, "bitwise equal", actual, expected, bad, cu_seqlens, against=against)
     if region is not None:
         m.total = int(region.expand_as(bad).sum())
     return m
@@ -246,6 +255,7 @@ def compare_within(
     what: str = "tensor",
     rule: str = "within tolerance",
     cu_seqlens: list[int] | None = None,
+    against: str = "the reference",
 ) -> Mismatch:
     """``|actual - expected| <= tolerance`` elementwise; non-finite actual next to finite expected fails."""
     a64, e64 = actual.detach().double(), expected.detach().double().to(actual.device)
@@ -255,7 +265,7 @@ def compare_within(
     bad = ~(diff <= tol)  # NaN differences violate
     both_nan = torch.isnan(a64) & torch.isnan(e64)
     bad = bad & ~both_nan
-    return _finish(what, rule, a64, e64, bad, cu_seqlens, extra=tol)
+    return _finish(what, rule, a64, e64, bad, cu_seqlens, extra=tol, against=against)
 
 
 def last_unit(x: torch.Tensor) -> torch.Tensor:
@@ -316,13 +326,14 @@ def compare_beyond_noise(
     what: str = "tensor",
     region: torch.Tensor | None = None,
     cu_seqlens: list[int] | None = None,
+    against: str = "the unperturbed run",
 ) -> Mismatch:
     """:func:`compare_bitwise` where ``noise`` is None (a repeatable kernel); otherwise an element
     counts when its bits differ and it moved by more than :func:`noise_tolerance`, or is finite on
     one side only (NaN on both sides is equal)."""
     tol = noise_tolerance(expected, noise)
     if tol is None or actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return compare_bitwise(actual, expected, what=what, region=region, cu_seqlens=cu_seqlens)
+        return compare_bitwise(actual, expected, what=what, region=region, cu_seqlens=cu_seqlens, against=against)
     a64, e64 = actual.detach().double(), expected.detach().double().to(actual.device)
     tol = tol.to(a64.device)
     finite = torch.isfinite(a64) & torch.isfinite(e64)
@@ -334,7 +345,7 @@ def compare_beyond_noise(
         f"bitwise equal, or within two units in the last place + {NOISE_FACTOR:g} x the kernel's run-to-run "
         f"difference beyond it ({noise:.3g}): the kernel does not repeat itself bitwise"
     )
-    m = _finish(what, rule, actual, expected, bad, cu_seqlens, extra=tol)
+    m = _finish(what, rule, actual, expected, bad, cu_seqlens, extra=tol, against=against)
     if region is not None:
         m.total = int(region.expand_as(bad).sum())
     return m

@@ -233,6 +233,7 @@ def _leak_report(ctx, runs, tensor: str, direction: str, what: str):
                 what=f"{what} (beyond one unit in the last place)",
                 rule="within one unit in the last place",
                 cu_seqlens=cu,
+                against="the unperturbed run",
             )
             m.total = int(region[:, None, None].expand_as(x_base).sum())
             last_units += bits - m.mismatched

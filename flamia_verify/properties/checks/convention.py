@@ -278,9 +278,11 @@ def _run_argument_calls(ctx) -> dict:
         noise = run_noise(ctx, ("case", base), ref_run, lambda: ctx.run(base, cache=False)) if key in _FLOW else {}  # noqa: B023 (ctx.noise calls it at once)
         for t, x in res.tensors().items():
             if key in _FLOW:
-                m = compare_beyond_noise(x, ref_run.tensors()[t], noise.get(t), what=f"{t} {_call_words(call)}")
+                m = compare_beyond_noise(
+                    x, ref_run.tensors()[t], noise.get(t), what=f"{t} {_call_words(call)}", against="the plain call"
+                )
             else:
-                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {_call_words(call)}")
+                m = compare_bitwise(x, ref_run.tensors()[t], what=f"{t} {_call_words(call)}", against="the plain call")
             if m.ok:
                 continue
             changed.append(t)

@@ -71,7 +71,9 @@ def repeat(ctx):
             again = ctx.run(inputs)
             runs += 1
             for name, x in again.tensors().items():
-                m = compare_bitwise(x, first_run.tensors()[name], what=f"{name}, run vs first run")
+                m = compare_bitwise(
+                    x, first_run.tensors()[name], what=f"{name}, run vs first run", against="the first run"
+                )
                 if not m.ok:
                     mismatched += m.mismatched
                     if first is None:

@@ -267,6 +267,7 @@ def _compare(ctx, case: Case, runs: list[Scaling]):
                 y1.detach().double(),
                 _relative_tolerance(y1, f) + _noise_allowance(y1, noise.get(t)),
                 what=f"{t} with {s.label}, over its factor",
+                against="the unscaled run",
                 rule=f"{t} of the unscaled inputs, bitwise",
                 cu_seqlens=cu,
             )

@@ -130,10 +130,11 @@ def _compare_target(
         sl = _target_slice(target_case, name, before, before_k)
         a_t = a if alone else a[sl]
         label = f"{name} of the target document ({what})"
+        against = "the document alone" if alone else "the pack with random neighbours"
         if noise is None:
-            out.append((name, compare_bitwise(p[sl], a_t, what=label)))
+            out.append((name, compare_bitwise(p[sl], a_t, what=label, against=against)))
         else:
-            out.append((name, compare_beyond_noise(p[sl], a_t, noise.get(name), what=label)))
+            out.append((name, compare_beyond_noise(p[sl], a_t, noise.get(name), what=label, against=against)))
     return out
 
 

@@ -134,7 +134,12 @@ def _head_findings(ctx) -> dict:
                     keep = [h for h in range(x.shape[1]) if h not in heads_here]
                     if not keep:
                         continue
-                    m = compare_bitwise(x[:, keep], base.tensors()[t][:, keep], what=f"{t} of the other heads ({what})")
+                    m = compare_bitwise(
+                        x[:, keep],
+                        base.tensors()[t][:, keep],
+                        what=f"{t} of the other heads ({what})",
+                        against="the unperturbed run",
+                    )
                     if not m.ok:
                         changed += m.mismatched
                         if first is None:
@@ -155,7 +160,9 @@ def _head_findings(ctx) -> dict:
                     if _SLICE[t] == "k" and not grads_k:
                         continue  # dK, dV sum the group's heads in another order: not bitwise
                     perm = pq if _SLICE[t] == "q" else pk
-                    m = compare_bitwise(x, base.tensors()[t][:, perm], what=f"{t} ({what})")
+                    m = compare_bitwise(
+                        x, base.tensors()[t][:, perm], what=f"{t} ({what})", against="the unpermuted run, permuted"
+                    )
                     if not m.ok:
                         perm_bad += m.mismatched
                         if first_perm is None:
@@ -267,7 +274,10 @@ def _layout_findings(ctx) -> dict:
                 for t, x in new.tensors().items():
                     a, b, length = (nq, bq, d.lq) if _SLICE[t] == "q" else (nk, bk, d.lk)
                     m = compare_bitwise(
-                        x[a : a + length], base.tensors()[t][b : b + length], what=f"{t} of a document ({what})"
+                        x[a : a + length],
+                        base.tensors()[t][b : b + length],
+                        what=f"{t} of a document ({what})",
+                        against="the suite's pack",
                     )
                     if not m.ok:
                         found["changed"] += m.mismatched
