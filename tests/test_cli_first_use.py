@@ -310,3 +310,34 @@ def test_a_mismatch_against_a_zero_reference_says_so_instead_of_a_huge_relative_
     m = compare_bitwise(actual, expected, what="out")
     assert m.max_rel_diff == 0.5 and "max rel diff 0.5" in m.summary() and "the base run is 0" in m.summary()
     assert "3.0 here vs 2.0 in the base run" in m.summary()
+
+
+# ---------------------------------------------------------------------------------------------
+# a kernel that returns one token too few: told its output shape, not "declare forward-only"
+# ---------------------------------------------------------------------------------------------
+
+
+def _one_token_short(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    from zoo.correct import sdpa_bf16
+
+    out = sdpa_bf16(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
+    )
+    return out[:-1]
+
+
+_one_token_short.recipe = "bf16"
+
+
+def test_a_kernel_one_token_short_is_told_its_output_shape_everywhere():
+    from flamia_verify.properties import run_checks
+
+    report = run_checks(
+        _one_token_short, suite="quick", only=["interface.output", "interface.backward", "interface.arguments"]
+    )
+    for name in ("interface.output", "interface.backward", "interface.arguments"):
+        check = report.check(name)
+        assert check.status == "fail", f"{name}: {check.status}: {check.message}"
+        assert "shape" in check.message and "forward-only" not in check.message, check.message

@@ -538,6 +538,16 @@ class KernelHarness:
             return fwd, BackwardSupport(
                 False, "the kernel is declared forward-only", declared=True, cause="declared", case=case
             )
+        want = (inputs.q.shape[0], inputs.q.shape[1], inputs.v.shape[-1])
+        if fwd.out is not None and tuple(fwd.out.shape) != want:
+            # the backward of a wrongly shaped output cannot take dO: say what is wrong, not "forward-only"
+            return fwd, BackwardSupport(
+                False,
+                f"the output has shape {tuple(fwd.out.shape)}, not (total_q, nheads, head_dim) = {want}, so its "
+                "backward cannot take dO (interface.output reports the shape)",
+                cause="bad_output",
+                case=case,
+            )
         try:
             both = self.call(inputs, backward=True)
         except _NoBackward as nb:

@@ -114,6 +114,13 @@ def empty_packs(ctx) -> list[Case]:
 def _bound_of(ctx, case: Case, tensors) -> tuple[dict, dict | None]:
     """bound_report's metrics and first violation on one case, without its progress (this check
     reports its own)."""
+    out = ctx.run(case).out
+    want = (case.total_q, case.heads, case.headdim)
+    if out is not None and tuple(out.shape) != want:  # nothing to hold to a bound: the shape is wrong
+        summary = (
+            f"the output has shape {tuple(out.shape)}, not (total_q, nheads, head_dim) = {want}, on {case.describe()}"
+        )
+        return {"violations": max(1, math.prod(want))}, case_record(case, summary=summary)
     saved, ctx.on_fraction = ctx.on_fraction, None
     try:
         metrics, worst, _, _ = bound_report(ctx, [case], tensors)
@@ -244,6 +251,17 @@ def _run_argument_calls(ctx) -> dict:
             if first is None:
                 first = case_record(
                     case, call=dict(call), summary=f"the kernel raised on {case.describe()}: {err.summary}"
+                )
+            continue
+        want = (case.total_q, case.heads, case.headdim)
+        if res.out is not None and tuple(res.out.shape) != want:
+            failed += 1
+            if first is None:
+                first = case_record(
+                    case,
+                    call=dict(call),
+                    summary=f"the output has shape {tuple(res.out.shape)}, not (total_q, nheads, head_dim) = {want}, "
+                    f"on {case.describe()}",
                 )
             continue
         ref_run = ctx.run(base)

@@ -194,7 +194,7 @@ def backward(ctx):
         # undeclared: a backward that cannot run on the smallest case is a finding
         problem = f"no usable backward: {b.reason}" + (
             ""
-            if b.cause == "inplace"
+            if b.cause in ("inplace", "bad_output")
             else "; a kernel without a backward must be declared forward-only (--forward-only, forward_only = true)"
         )
         worst = case_record(b.case, problem=problem, cause=b.cause) if b.case is not None else {"problem": problem}
