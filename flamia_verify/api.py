@@ -89,11 +89,12 @@ def fuzz(
     dtype="bf16",
     forward_only: bool = False,
     threads: int | None = DEFAULT_THREADS,
+    case_timeout_s: float | None = None,
 ):
     """Fuzz ``kernel`` over odd variable-length packings; returns a FuzzResult with a reproducer on failure.
 
-    A missing or raising backward fails the result unless ``forward_only`` declares it. ``threads`` as
-    for :func:`check`."""
+    A missing or raising backward fails the result unless ``forward_only`` declares it. ``threads`` and
+    ``case_timeout_s`` as for :func:`check`."""
     from flamia_verify.properties import fuzz as _fuzz
 
     with torch_threads(threads):
@@ -105,4 +106,5 @@ def fuzz(
             device=resolve_device(device),
             dtype=resolve_dtype(dtype),
             forward_only=forward_only,
+            case_timeout_s=case_timeout_s,
         )

@@ -4,7 +4,8 @@ code in bounded time, whatever the abandoned thread is doing (sleeping in Python
 ops in C++, blocked in a C call). Before, a thread returning from C++ while the interpreter shut down
 aborted the process (exit 134, "terminate called without an active exception") after the reports.
 
-A kernel that holds the GIL in C for good stops even the wait for its time limit: the command line
+After a call hangs the kernel is not called again: every later check that would call it is an
+ERROR that says so. A kernel that holds the GIL in C for good stops even the wait for its time limit: the command line
 ends such a process with exit 1 and every thread's traceback (faulthandler), its reports INCOMPLETE.
 The Python API never ends its caller's process: it returns the report and leaves the thread running.
 """
@@ -110,7 +111,7 @@ def test_a_call_past_its_time_limit_is_an_error_row_of_a_complete_report_and_the
         assert (out / name).is_file(), name
     data = json.loads((out / "report.json").read_text())
     assert data["summary"]["complete"] is True and data["summary"]["status"] == "fail", data["summary"]
-    assert data["summary"]["errored_checks"] == ["interface.output"]
+    assert data["summary"]["errored_checks"] == ["interface.output", "interface.backward"]
     checks = {c["name"]: c for c in data["checks"]}
     timed_out = checks["interface.output"]
     assert timed_out["status"] == "error"
@@ -119,7 +120,10 @@ def test_a_call_past_its_time_limit_is_an_error_row_of_a_complete_report_and_the
         in (timed_out["message"])
     )
     assert timed_out["worst_case"]["exception"].startswith("KernelTimeoutError")
-    assert checks["interface.backward"]["status"] == "pass"  # the next check ran, its calls unhindered
+    # the next check is an error without a call: a hung kernel is not called again (each call would
+    # wait out the limit and leave another thread behind)
+    after = checks["interface.backward"]
+    assert after["status"] == "error" and after["message"].startswith("not run: the kernel hung on an earlier call")
     assert "<error" in (out / "junit.xml").read_text()
 
 
@@ -179,6 +183,37 @@ def test_the_python_api_returns_the_report_and_leaves_the_thread_running(tmp_pat
     finally:
         release.set()
     deadline = time.monotonic() + 30
+    while calls_left_running() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert calls_left_running() == before
+
+
+@pytest.mark.slow
+def test_fuzz_takes_the_call_limit_and_stops_calling_a_hung_kernel(tmp_path):
+    """fuzz bounds each call by case_timeout_s as check does: the example whose call hangs is a crash
+    finding, every later example is judged without a call, and the search ends in bounded time."""
+    release = threading.Event()
+    calls = [0]
+    bf16 = flamia_verify.load_kernel("bf16").fn
+    hang_at = 8
+
+    def attn(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=None, causal=False):
+        calls[0] += 1
+        if calls[0] == hang_at:
+            release.wait(600)
+        return bf16(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=softmax_scale, causal=causal)
+
+    before = calls_left_running()
+    t0 = time.monotonic()
+    try:
+        result = flamia_verify.fuzz(attn, recipe="bf16", device="cpu", examples=20, case_timeout_s=3)
+        seconds = time.monotonic() - t0
+        crash = result.report.check("interface.fuzz")
+        assert crash.status == "fail" and calls[0] == hang_at, (crash.message, calls[0])
+        assert seconds < BOUND_S, seconds  # one wait of the limit, not one per example
+    finally:
+        release.set()
+    deadline = time.monotonic() + 30  # the released call finishes before the test process ends
     while calls_left_running() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert calls_left_running() == before

@@ -77,8 +77,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fuzz (or replay one reproducer). The config's kernel, recipe, device, dtype, seed, out and
-    forward_only apply as in check, the flags winning; its suite, only, thresholds and case_timeout_s
-    are check's (fuzz judges every example against the rigorous bound and bitwise comparisons)."""
+    forward_only apply as in check, the flags winning, and so does case_timeout_s (a call past it is a
+    crash finding, and the kernel is not called again); its suite, only and thresholds are check's (fuzz
+    judges every example against the rigorous bound and bitwise comparisons)."""
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import fuzz
     from flamia_verify.reports import render_terminal, write_reports
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 device=options.device,
                 dtype=options.dtype,
                 forward_only=options.forward_only,
+                case_timeout_s=cfg.case_timeout_s,
             )
     except KernelCrashError:
         remove_stale(out, report_names() + ("fuzz-case.json",))

@@ -48,7 +48,7 @@ from flamia_verify.properties.checks.interface import (
     judge_process_state,
 )
 from flamia_verify.properties.context import CheckContext
-from flamia_verify.properties.harness import KernelCallError, KernelHarness
+from flamia_verify.properties.harness import KernelCallError, KernelHarness, KernelHungError
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
 from flamia_verify.recipes import RECIPES, Recipe, get_recipe
@@ -224,6 +224,8 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
                 "traceback": err.traceback,
             },
         )
+    except KernelHungError as err:  # an earlier call hung: this check would call the kernel again
+        result = ctx.result("error", {}, message=str(err))
     except FlamiaVerifyError:
         raise
     except Exception as exc:  # the check could not be evaluated (e.g. the kernel returned a wrong shape)

@@ -95,6 +95,7 @@ def fuzz(
     max_tokens: int | None = None,
     long_tokens: int | None = None,
     forward_only: bool = False,
+    case_timeout_s: float | None = None,
 ) -> FuzzResult:
     """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``).
 
@@ -105,7 +106,8 @@ def fuzz(
     Examples hold at most ``max_tokens`` tokens; one packing in
     :data:`~flamia_verify.properties.strategies.LONG_ODDS` holds a document of up to ``long_tokens``
     (at most two heads); by default :func:`fuzz_sizes` of the device (256 and 1024 tokens on the
-    CPU, 1024 and 8192 on a GPU)."""
+    CPU, 1024 and 8192 on a GPU). ``case_timeout_s`` bounds each kernel call as in ``check``: the
+    example whose call runs past it is a crash finding, and the kernel is not called again."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ConfigError(f"examples must be a positive integer, got {examples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -124,7 +126,7 @@ def fuzz(
         dtype=dtype,
         seed=seed,
         thresholds=None,
-        case_timeout_s=None,
+        case_timeout_s=case_timeout_s,
         forward_only=forward_only,
     )
     start = time.perf_counter()

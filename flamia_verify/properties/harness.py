@@ -58,6 +58,7 @@ __all__ = [
     "KernelHarness",
     "BackwardSupport",
     "calls_left_running",
+    "KernelHungError",
     "exit_when_stuck",
     "Modification",
     "StateRecord",
@@ -249,12 +250,19 @@ def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
     return t.grad  # detached by the caller (after a create_graph backward, whether it was in the graph)
 
 
+class KernelHungError(Exception):
+    """The kernel hung on an earlier call (past the per-call limit): it is not called again, and every
+    check that would call it is an error that says so (not a refusal, not a pass)."""
+
+
 class KernelHarness:
     """Runs one kernel (a callable in the calling convention) on :class:`Inputs`."""
 
     def __init__(self, fn, *, timeout_s: float | None = None):
         self.fn = fn
         self.timeout_s = timeout_s
+        #: the call that hung past ``timeout_s`` (its case, described); no call is made after it
+        self.hung: str | None = None
         self.calls = 0
         self.seconds = 0.0
         self.audited = 0  # calls whose inputs were compared after the kernel returned or raised
@@ -435,6 +443,11 @@ class KernelHarness:
     def call(self, inputs: Inputs, *, backward: bool = True, do: torch.Tensor | None = None) -> KernelOutputs:
         """Run the kernel; raise :class:`KernelCallError` if it raises or exceeds the timeout."""
         t0 = time.perf_counter()
+        if self.hung is not None:
+            raise KernelHungError(
+                f"not run: the kernel hung on an earlier call ({self.hung}) past the {self.timeout_s:g} s limit "
+                "(case_timeout_s), and a hung kernel is not called again"
+            )
         if self.recorder is not None:
             self.recorder(inputs)
         try:
@@ -512,6 +525,7 @@ class KernelHarness:
         if worker.is_alive():
             self._abandoned.add(worker)  # what it does if it ever finishes is not this run's any more
             _ABANDONED.append(worker)
+            self.hung = inputs.case.describe()
             put_back()  # the call's default dtype and the probe's random generators are not the caller's
             exc = KernelTimeoutError(
                 f"the kernel did not return within {self.timeout_s:g} s, the time limit of one kernel call "

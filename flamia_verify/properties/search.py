@@ -53,7 +53,7 @@ from hypothesis.errors import NoSuchExample
 
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.compare import compare_bitwise, compare_within
-from flamia_verify.properties.harness import KernelCallError, KernelOutputs, _NoBackward
+from flamia_verify.properties.harness import KernelCallError, KernelHungError, KernelOutputs, _NoBackward
 from flamia_verify.properties.helpers import bounds_of, doc_bounds, future_inputs, perturb_rows
 from flamia_verify.properties.strategies import attention_cases
 from flamia_verify.settings import dtype_name
@@ -170,6 +170,8 @@ def evaluate_example(
     is allowed (special.degenerate, robustness, asks it)."""
     try:
         return _evaluate(ctx, case, document=document, t=t, perturbation=perturbation, only=only)
+    except KernelHungError as err:  # an earlier example's call hung: no call is made any more
+        return Finding("crash", str(err), {"exception": "hung", "stage": "call"})
     except KernelCallError as err:
         if case.total_q == 0:
             return None
