@@ -272,3 +272,27 @@ def test_off_a_terminal_each_change_is_one_unwrapped_line():
         for line in lines
     ), lines
     assert not any("│" in line or "┃" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "base_kernel,new_kernel,same",
+    [
+        ("kern.py:attn", "./kern.py:attn", True),
+        ("sub/../kern.py:attn", "kern.py:attn", True),
+        ("/home/ci/repo/kern.py:attn", "kern.py:attn", True),
+        ("kern.py:attn", "kern.py:attn_fast", False),
+        ("a/kern.py:attn", "b/kern.py:attn", False),
+        ("bf16", "flamia-mxfp8", False),
+    ],
+)
+def test_a_kernel_path_spelled_another_way_is_the_same_cases(base_kernel, new_kernel, same):
+    base = passing_report()
+    new = copy.deepcopy(base)
+    base.kernel, new.kernel = base_kernel, new_kernel
+    cmp = compare_reports(base, new)
+    text = _text(cmp)
+    if same:
+        assert cmp.context_notes == [] and "metrics come from different cases" not in text
+        assert "the same file and function" in text
+    else:
+        assert cmp.context_notes == [f"kernel differs: {base_kernel!r} in base, {new_kernel!r} in new"]

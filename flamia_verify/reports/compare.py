@@ -69,6 +69,7 @@ limits).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,6 +221,8 @@ class Comparison:
     new_checks: list[str] = field(default_factory=list)
     removed_checks: list[str] = field(default_factory=list)
     context_notes: list[str] = field(default_factory=list)  # kernel/recipe/suite/seed differences
+    #: differences that change no case (the same kernel file spelled another way)
+    spelling_notes: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -228,6 +231,21 @@ class Comparison:
     @property
     def exit_code(self) -> int:
         return 1 if self.regressions else 0
+
+
+def _same_kernel_file(a: str, b: str) -> bool:
+    """Whether two kernel specs name the same function of the same .py file, spelled differently
+    (``./k.py:attn``, ``k.py:attn``, ``dir/../k.py:attn``; an absolute path and a relative one of the
+    same file name): the runs then checked the same kernel on the same cases."""
+    (pa, _, fa), (pb, _, fb) = a.rpartition(":"), b.rpartition(":")
+    if not (pa.endswith(".py") and pb.endswith(".py")) or fa != fb:
+        return False
+    na, nb = os.path.normpath(pa), os.path.normpath(pb)
+    if na == nb:
+        return True
+    return os.path.basename(na) == os.path.basename(nb) and (
+        os.path.isabs(na) != os.path.isabs(nb) or na.endswith(nb) or nb.endswith(na)
+    )
 
 
 def compare_reports(
@@ -249,7 +267,9 @@ def compare_reports(
         ("suite", base.suite, new.suite),
         ("seed", base.seed, new.seed),
     ):
-        if a != b:
+        if a != b and label == "kernel" and _same_kernel_file(a, b):
+            cmp.spelling_notes.append(f"kernel spelled {a!r} in base, {b!r} in new: the same file and function")
+        elif a != b:
             cmp.context_notes.append(f"{label} differs: {a!r} in base, {b!r} in new")
 
     # a gate loosened (or tightened) in one run only: its verdicts were judged against other limits
@@ -429,6 +449,8 @@ def render_comparison(cmp: Comparison, console: Console | None = None, *, plain:
     say(Text.assemble(("base ", "dim"), _run_label(cmp.base), ("  ->  new ", "dim"), _run_label(cmp.new)))
     for note in cmp.context_notes:
         say(Text.assemble(("note: ", "yellow"), printable(note), ("; metrics come from different cases", "dim")))
+    for note in cmp.spelling_notes:
+        say(Text.assemble(("note: ", "dim"), printable(note)))
     for title, changes, style, word in (
         (f"Regressions ({len(cmp.regressions)})", cmp.regressions, "bold red", "regression"),
         (f"Improvements ({len(cmp.improvements)})", cmp.improvements, "green", "improvement"),
