@@ -267,7 +267,7 @@ def compare_reports(
         ("suite", base.suite, new.suite),
         ("seed", base.seed, new.seed),
     ):
-        if a != b and label == "kernel" and _same_kernel_file(a, b):
+        if a != b and label == "kernel" and _same_kernel_file(str(a), str(b)):
             cmp.spelling_notes.append(f"kernel spelled {a!r} in base, {b!r} in new: the same file and function")
         elif a != b:
             cmp.context_notes.append(f"{label} differs: {a!r} in base, {b!r} in new")
