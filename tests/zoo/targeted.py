@@ -398,7 +398,9 @@ no_row_max = _tag(
     _fp32_kernel(row_max=False),
     "bf16",
     ("special.negative_scores",),
-    ("error.out", "special.constant_rows", "special.short_documents", "special.zero_blocks", "isolation", "causal"),
+    # not causal: in the causal packs whose last document has more keys than the target (max_seqlen_k
+    # above the target's Lk), a huge earlier query's overflow reaches the target's later dV as NaN
+    ("error.out", "special.constant_rows", "special.short_documents", "special.zero_blocks", "isolation"),
     "fp32 attention whose softmax does not subtract the row maximum: exp(-1000) = 0, the row loses its "
     "mass (and scores above 88 overflow)",
 )
