@@ -8,9 +8,7 @@ The public API: ``check`` and ``fuzz`` (the command line's ``check`` and ``fuzz`
 ``load_kernel`` (a kernel spec to a callable) and ``Report`` (what ``check`` returns).
 """
 
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib
 
 from flamia_verify._version import __version__
 
@@ -26,12 +24,13 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(_importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'flamia_verify' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    # the lazy names too, without loading them (tab completion, help(), dir())
-    return sorted(set(globals()) | set(__all__))
+    # the public names, the lazy ones without loading them (tab completion, help(), dir()); not the
+    # module's own machinery
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})

@@ -272,6 +272,8 @@ def test_dir_of_the_package_lists_its_public_api_without_importing_torch():
         "missing = [n for n in flamia_verify.__all__ if n not in names]\n"
         "assert not missing, missing\n"
         "assert {'check', 'fuzz', 'load_kernel', 'Report'} <= set(flamia_verify.__all__)\n"
+        "extra = [n for n in names if not n.startswith('_') and n not in flamia_verify.__all__]\n"
+        "assert not extra, extra  # no module machinery (annotations, importlib) among the public names\n"
         "assert all(getattr(flamia_verify, n) is not None for n in flamia_verify.__all__)\n"
     )
     proc = subprocess.run(
