@@ -343,3 +343,10 @@ def test_a_kernel_one_token_short_is_told_its_output_shape_everywhere():
         check = report.check(name)
         assert check.status == "fail", f"{name}: {check.status}: {check.message}"
         assert "shape" in check.message and "forward-only" not in check.message, check.message
+
+
+def test_a_run_of_one_check_says_one_check(tmp_path, capsys):
+    from cli_run import run_cli
+
+    code, out, _ = run_cli(["check", "--kernel", "bf16", "--only", "interface.output", "--out", tmp_path], capsys)
+    assert code == 0 and ": 1 check\n" in out and "1 checks" not in out, out

@@ -184,9 +184,10 @@ class CheckReporter:
         index = getattr(event, "index", 0) or 0
         total = getattr(event, "total", None) or self.total_checks or 1
         if self.plain and self.selected is None:  # the log says what runs before the first check finishes
+            count = getattr(event, "total", None) or self.total_checks
             self.console.print(
                 f"checking {printable(self.kernel)}  recipe {printable(self.recipe)}  suite {self.suite}  "
-                f"seed {self.seed}  device {self.device}: {getattr(event, 'total', None) or self.total_checks} checks",
+                f"seed {self.seed}  device {self.device}: {count} check{'' if count == 1 else 's'}",
                 markup=False,
                 soft_wrap=True,
                 crop=False,
