@@ -350,3 +350,20 @@ def test_a_run_of_one_check_says_one_check(tmp_path, capsys):
 
     code, out, _ = run_cli(["check", "--kernel", "bf16", "--only", "interface.output", "--out", tmp_path], capsys)
     assert code == 0 and ": 1 check\n" in out and "1 checks" not in out, out
+
+
+def test_rendered_reports_leave_out_environment_entries_without_a_value():
+    """No ``cuda null`` on a CPU machine, no empty ``backward_reason`` in report.html and junit.xml;
+    report.json keeps every entry."""
+    from reports_examples import passing_report
+
+    from flamia_verify.reports import render_html, render_junit
+
+    report = passing_report()
+    report.environment.update(cuda=None, backward_reason="", torch="2.13.0")
+    html, junit = render_html(report), render_junit(report)
+    assert "2.13.0" in html and "environment.torch" in junit
+    for text in (html, junit):
+        assert ">cuda<" not in text and "environment.cuda" not in text
+        assert "backward_reason" not in text
+    assert report.to_dict()["environment"]["cuda"] is None

@@ -50,6 +50,7 @@ from flamia_verify.reports.wording import (
     printable,
     rerun_command,
     run_notes,
+    shown_environment,
     shown_status,
     verdict,
 )
@@ -308,7 +309,7 @@ def _run_summary(report: Report) -> str:
         "".join(
             f'<dt class="mono">{_e(k)}</dt><dd class="mono">'
             f"{_e(v if isinstance(v, str) else safe_json(v, indent=None))}</dd>"
-            for k, v in (report.environment or {}).items()
+            for k, v in shown_environment(report)
         )
         or '<dt class="muted">none recorded</dt><dd></dd>'
     )

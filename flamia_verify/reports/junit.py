@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from flamia_verify.reports.metrics import format_value, higher_is_better, safe_json, threshold_verdict
-from flamia_verify.reports.wording import case_seed, rerun_command, run_notes, shown_status
+from flamia_verify.reports.wording import case_seed, rerun_command, run_notes, shown_environment, shown_status
 from flamia_verify.results import CheckResult, Report
 
 __all__ = ["render_junit"]
@@ -106,7 +106,7 @@ def render_junit(report: Report) -> str:
     ]
     run += [
         (f"environment.{k}", v if isinstance(v, str) else safe_json(v, indent=None))
-        for k, v in (report.environment or {}).items()
+        for k, v in shown_environment(report)
     ]
     run += [("complete", "true" if not incomplete else "false")]
     run += [("require", ",".join(report.require))]

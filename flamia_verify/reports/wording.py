@@ -225,3 +225,9 @@ def rerun_command(report: Report, check: CheckResult) -> str | None:
         args += ["--config", config]
     args += ["--only", check.family]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def shown_environment(report: Report) -> list[tuple[str, Any]]:
+    """The environment entries a rendered report shows: those with a value (no CUDA version on a CPU
+    machine, no backward_reason when the backward works); report.json keeps every entry."""
+    return [(k, v) for k, v in (report.environment or {}).items() if v is not None and v != ""]
