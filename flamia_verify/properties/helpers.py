@@ -563,7 +563,7 @@ def unrepeatable_tensors(ctx) -> frozenset[str]:
 def run_noise(ctx, key, base: KernelOutputs, rerun) -> dict[str, float | None]:
     """The kernel's run-to-run noise on the inputs of ``base`` (``rerun()``: a second run of them),
     per tensor: None (judge bitwise) where the kernel repeats itself bitwise; for a tensor that
-    :func:`unrepeatable_tensors` names, at least 0 (one unit in the last place may move) even where
+    :func:`unrepeatable_tensors` names, at least 0 (two units in the last place may move) even where
     these two runs happened to agree. Computed once per ``key``."""
     noise = dict(ctx.noise(key, base, rerun))
     unrepeatable = unrepeatable_tensors(ctx)
