@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flamia_verify.settings import DEFAULT_THREADS, resolve_device, resolve_dtype, torch_threads
+from flamia_verify.settings import DEFAULT_THREADS, resolve_device, resolve_dtype
 
 __all__ = ["check", "fuzz"]
 
@@ -97,14 +97,14 @@ def fuzz(
     ``case_timeout_s`` as for :func:`check`."""
     from flamia_verify.properties import fuzz as _fuzz
 
-    with torch_threads(threads):
-        return _fuzz(
-            kernel,
-            recipe=recipe,
-            examples=examples,
-            seed=seed,
-            device=resolve_device(device),
-            dtype=resolve_dtype(dtype),
-            forward_only=forward_only,
-            case_timeout_s=case_timeout_s,
-        )
+    return _fuzz(
+        kernel,
+        recipe=recipe,
+        examples=examples,
+        seed=seed,
+        device=resolve_device(device),
+        dtype=resolve_dtype(dtype),
+        forward_only=forward_only,
+        case_timeout_s=case_timeout_s,
+        threads=threads,
+    )

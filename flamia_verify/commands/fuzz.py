@@ -27,7 +27,6 @@ from flamia_verify.commands.common import (
     run_options,
 )
 from flamia_verify.errors import FlamiaVerifyError, KernelCrashError, UsageError
-from flamia_verify.settings import torch_threads
 
 __all__ = ["add_parser", "run"]
 
@@ -97,17 +96,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     out = prepare_out(options.out)
     try:
-        with torch_threads(args.threads):
-            result = fuzz(
-                kernel,
-                recipe=options.recipe,
-                examples=args.examples,
-                seed=options.seed,
-                device=options.device,
-                dtype=options.dtype,
-                forward_only=options.forward_only,
-                case_timeout_s=cfg.case_timeout_s,
-            )
+        result = fuzz(
+            kernel,
+            recipe=options.recipe,
+            examples=args.examples,
+            seed=options.seed,
+            device=options.device,
+            dtype=options.dtype,
+            forward_only=options.forward_only,
+            case_timeout_s=cfg.case_timeout_s,
+            threads=args.threads,
+        )
     except KernelCrashError:
         remove_stale(out, report_names() + ("fuzz-case.json",))
         raise

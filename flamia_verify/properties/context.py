@@ -195,15 +195,6 @@ class CheckContext:
             self._baseline[case] = self._baseline_fn.call(self.inputs(case), backward=True)
         return self._baseline[case]
 
-    def noise(self, key, base: KernelOutputs, rerun: Callable[[], KernelOutputs]) -> dict[str, float | None]:
-        """The kernel's run-to-run noise on the inputs of ``base`` (:func:`~flamia_verify.properties.compare.run_to_run_noise`
-        of ``base`` and ``rerun()``, a second run of the same inputs), computed once per ``key``: None for
-        every tensor of a kernel that repeats itself bitwise, so that the information-flow checks stay
-        bitwise there, and the spread that a perturbation's change is judged against elsewhere."""
-        from flamia_verify.properties.compare import run_to_run_noise
-
-        return self.memo(("run-to-run noise", key), lambda: run_to_run_noise(base.tensors(), rerun().tensors()))
-
     def memo(self, key, compute: Callable[[], Any]):
         """A value shared between checks (e.g. perturbed runs read by two causal checks)."""
         if key not in self._memo:

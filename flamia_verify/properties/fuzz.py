@@ -38,7 +38,7 @@ from flamia_verify.properties.search import (
 )
 from flamia_verify.recipes import Recipe
 from flamia_verify.results import CheckResult, Report
-from flamia_verify.settings import DTYPES, dtype_name, resolve_device, resolve_dtype
+from flamia_verify.settings import DTYPES, dtype_name, resolve_device, resolve_dtype, torch_threads
 
 __all__ = ["FuzzResult", "fuzz", "fuzz_sizes", "replay_case", "search", "Search", "PROPERTIES"]
 
@@ -96,6 +96,7 @@ def fuzz(
     long_tokens: int | None = None,
     forward_only: bool = False,
     case_timeout_s: float | None = None,
+    threads: int | None = None,
 ) -> FuzzResult:
     """Fuzz ``kernel`` with ``examples`` hypothesis examples (deterministic in ``seed``).
 
@@ -107,7 +108,28 @@ def fuzz(
     :data:`~flamia_verify.properties.strategies.LONG_ODDS` holds a document of up to ``long_tokens``
     (at most two heads); by default :func:`fuzz_sizes` of the device (256 and 1024 tokens on the
     CPU, 1024 and 8192 on a GPU). ``case_timeout_s`` bounds each kernel call as in ``check``: the
-    example whose call runs past it is a crash finding, and the kernel is not called again."""
+    example whose call runs past it is a crash finding, and the kernel is not called again. ``threads``
+    as for :func:`~flamia_verify.properties.engine.run_checks`."""
+    with torch_threads(threads):
+        return _fuzz(
+            kernel,
+            recipe,
+            examples,
+            seed,
+            device,
+            dtype,
+            on_progress,
+            max_tokens,
+            long_tokens,
+            forward_only,
+            case_timeout_s,
+        )
+
+
+def _fuzz(
+    kernel, recipe, examples, seed, device, dtype, on_progress, max_tokens, long_tokens, forward_only, case_timeout_s
+) -> FuzzResult:
+    """The body of :func:`fuzz`, under its thread count."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ConfigError(f"examples must be a positive integer, got {examples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

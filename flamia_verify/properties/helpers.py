@@ -565,6 +565,6 @@ def run_noise(ctx, key, base: KernelOutputs, rerun) -> dict[str, float | None]:
     per tensor: None (judge bitwise) where the kernel repeats itself bitwise; for a tensor that
     :func:`unrepeatable_tensors` names, at least 0 (two units in the last place may move) even where
     these two runs happened to agree. Computed once per ``key``."""
-    noise = dict(ctx.noise(key, base, rerun))
+    noise = ctx.memo(("run-to-run noise", key), lambda: run_to_run_noise(base.tensors(), rerun().tensors()))
     unrepeatable = unrepeatable_tensors(ctx)
     return {t: (0.0 if n is None and t in unrepeatable else n) for t, n in noise.items()}

@@ -111,16 +111,20 @@ def empty_packs(ctx) -> list[Case]:
     ]
 
 
+def _wrong_shape(case: Case, out) -> str:
+    """What is wrong with the shape of ``out`` on ``case`` ("" when it is (total_q, nheads, head_dim))."""
+    want = (case.total_q, case.heads, case.headdim)
+    if out is None or tuple(out.shape) == want:
+        return ""
+    return f"the output has shape {tuple(out.shape)}, not (total_q, nheads, head_dim) = {want}, on {case.describe()}"
+
+
 def _bound_of(ctx, case: Case, tensors) -> tuple[dict, dict | None]:
     """bound_report's metrics and first violation on one case, without its progress (this check
     reports its own)."""
-    out = ctx.run(case).out
-    want = (case.total_q, case.heads, case.headdim)
-    if out is not None and tuple(out.shape) != want:  # nothing to hold to a bound: the shape is wrong
-        summary = (
-            f"the output has shape {tuple(out.shape)}, not (total_q, nheads, head_dim) = {want}, on {case.describe()}"
-        )
-        return {"violations": max(1, math.prod(want))}, case_record(case, summary=summary)
+    shape = _wrong_shape(case, ctx.run(case).out)
+    if shape:  # nothing to hold to a bound
+        return {"violations": max(1, case.total_q * case.heads * case.headdim)}, case_record(case, summary=shape)
     saved, ctx.on_fraction = ctx.on_fraction, None
     try:
         metrics, worst, _, _ = bound_report(ctx, [case], tensors)
@@ -253,16 +257,11 @@ def _run_argument_calls(ctx) -> dict:
                     case, call=dict(call), summary=f"the kernel raised on {case.describe()}: {err.summary}"
                 )
             continue
-        want = (case.total_q, case.heads, case.headdim)
-        if res.out is not None and tuple(res.out.shape) != want:
+        shape = _wrong_shape(case, res.out)
+        if shape:
             failed += 1
             if first is None:
-                first = case_record(
-                    case,
-                    call=dict(call),
-                    summary=f"the output has shape {tuple(res.out.shape)}, not (total_q, nheads, head_dim) = {want}, "
-                    f"on {case.describe()}",
-                )
+                first = case_record(case, call=dict(call), summary=shape)
             continue
         ref_run = ctx.run(base)
         judged: tuple[str, ...] = tensors
@@ -293,7 +292,7 @@ def _run_argument_calls(ctx) -> dict:
         changed = []
         # another call's values reaching this one is a flow: judged beyond the kernel's own run-to-run
         # noise (None for a repeatable kernel: bitwise), as the causal and isolation checks judge it
-        noise = run_noise(ctx, ("case", base), ref_run, lambda: ctx.run(base, cache=False)) if key in _FLOW else {}  # noqa: B023 (ctx.noise calls it at once)
+        noise = run_noise(ctx, ("case", base), ref_run, lambda: ctx.run(base, cache=False)) if key in _FLOW else {}  # noqa: B023 (run_noise calls it at once)
         for t, x in res.tensors().items():
             if key in _FLOW:
                 m = compare_beyond_noise(

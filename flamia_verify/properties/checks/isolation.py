@@ -118,7 +118,7 @@ def _compare_target(
     ctx, target_case, alone_or_base, packed, before: int, what: str, *, alone: bool = False, noise=None
 ):
     """Bitwise comparison of the target slice of every tensor; returns list of (name, Mismatch).
-    ``noise``: the run-to-run noise of the base (:meth:`~flamia_verify.properties.context.CheckContext.noise`),
+    ``noise``: the run-to-run noise of the base (:func:`~flamia_verify.properties.helpers.run_noise`),
     for an information-flow comparison that a kernel without bitwise repeatability can pass."""
     out = []
     before_k = _k_layout(target_case, before, 0)[0]
