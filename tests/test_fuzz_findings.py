@@ -26,8 +26,11 @@ def test_a_kernel_that_attends_across_documents_fails_isolation_fuzz():
     assert rep["property"] == "isolation", rep["message"]
     assert res.report.check("isolation.fuzz").status == "fail"
     assert res.report.check("isolation.fuzz").worst_case["lens_q"] == rep["lens_q"]
-    assert res.report.check("bound.fuzz").status == "pass", res.report.check("bound.fuzz").message
+    bound = res.report.check("bound.fuzz")
     assert "outside the bound" in rep["message"]  # the symptom is named beside the cause
+    # and the bound's own check does not read "no failure" beside it: it fails, naming the leak
+    assert bound.status == "fail" and "no failure" not in bound.message, bound.message
+    assert "isolation.fuzz" in bound.message and bound.metrics["failing_examples"] >= 1
     assert len([n for n in rep["lens_q"] if n]) >= 2
     case = json.loads(json.dumps(rep))
     assert replay_case(FB.attends_across_documents, case).status == "fail"
@@ -40,7 +43,8 @@ def test_a_kernel_that_ignores_causal_fails_causal_fuzz():
     rep = res.reproducer
     assert rep["property"] == "causal" and rep["causal"] is True, rep["message"]
     assert res.report.check("causal.fuzz").status == "fail"
-    assert res.report.check("bound.fuzz").status == "pass", res.report.check("bound.fuzz").message
+    bound = res.report.check("bound.fuzz")
+    assert bound.status == "fail" and "causal.fuzz" in bound.message and "no failure" not in bound.message
     assert replay_case(FB.ignores_causal, json.loads(json.dumps(rep))).status == "fail"
 
 
@@ -74,7 +78,7 @@ def test_the_counts_say_what_they_are():
     assert m["distinct_examples"] <= res.examples
     generated = res.examples - res.shrinking
     words = (
-        f"30 examples asked for; {res.examples} drawn: {generated} until the first failure and "
+        f"30 examples asked for; {res.examples} drawn: {generated} until the first failure stopped the search and "
         f"{res.shrinking} while shrinking it; {m['distinct_examples']} distinct ones run on the kernel"
     )
     assert words in other.message, other.message
@@ -133,3 +137,27 @@ def test_minimal_cases_of_the_fuzz_pass_hold_no_unneeded_empty_documents(kernel,
     assert len(wc["lens_q"]) == docs, (wc["lens_q"], wc["lens_k"])
     assert all(q or k for q, k in zip(wc["lens_q"], wc["lens_k"])), (wc["lens_q"], wc["lens_k"])
     assert replay_case(kernel, json.loads(json.dumps(wc))).status == "fail"
+
+
+def test_a_property_without_failure_says_on_how_many_examples_it_ran():
+    """It read "no failure; 50 examples asked for" when the search had stopped after 3."""
+    res = fuzz(Z.v_scale_leak, examples=50, seed=0)
+    assert res.reproducer["property"] == "causal"
+    for name, prop in (("bound.fuzz", "bound"), ("isolation.fuzz", "isolation")):
+        check = res.report.check(name)
+        n = check.metrics["distinct_examples"]
+        assert check.status == "pass"
+        assert check.message.startswith(f"{prop}: no failure on the {n} distinct examples run"), check.message
+    iso = res.report.check("isolation.fuzz")
+    assert f"({iso.metrics['tested_examples']} of them with 2+ documents)" in iso.message
+    assert iso.metrics["tested_examples"] <= iso.metrics["distinct_examples"]
+
+
+def test_a_leak_that_two_tokens_show_shrinks_to_two_tokens():
+    """The single-long-document shape starts at 64 tokens, and hypothesis shrinks within it: the
+    reproducer of a V-scale causal leak stayed a 64-token document."""
+    res = fuzz(Z.v_scale_leak, examples=50, seed=0)
+    rep = res.reproducer
+    assert rep["property"] == "causal"
+    assert sum(rep["lens_q"]) <= 2 and len(rep["lens_q"]) == 1, rep
+    assert replay_case(Z.v_scale_leak, json.loads(json.dumps(rep))).status == "fail"

@@ -180,20 +180,27 @@ def _fuzz(
             message = found.message  # type: ignore[union-attr]  # shrunk: found is set
         elif counts[prop]:
             # the search shrinks only its first failure; this property failed on other examples too
-            first = f", a {found.prop} one" if found is not None else ""
+            first = f", {'an' if found.prop[0] in 'aeiou' else 'a'} {found.prop} one" if found is not None else ""
             message = (
                 f"{prop}: failed on {counts[prop]} of the {res.distinct} distinct examples run (not shrunk: the "
                 f"search shrinks only its first failure{first}); {numbers}"
             )
+        elif found is not None and res.attributed.get(prop):
+            message = (
+                f"{prop}: {'outside the bound' if prop == 'bound' else 'non-finite'} on {res.attributed[prop]} of "
+                f"the failing examples, each reported under the leak behind it ({PROPERTIES[found.prop]}); no "
+                f"example failed {prop} alone; {numbers}"
+            )
         else:
-            message = f"{prop}: no failure; {numbers}"
+            message = f"{prop}: no failure on {_tested(res, prop)}; {numbers}"
         report.checks.append(
             CheckResult(
                 name=name,
                 family=family,
-                status="fail" if shrunk or counts[prop] else "pass",
+                status="fail" if shrunk or counts[prop] or res.attributed.get(prop) else "pass",
                 metrics={
-                    "failing_examples": counts[prop],
+                    "failing_examples": counts[prop] + res.attributed.get(prop, 0),
+                    "tested_examples": res.applicable(prop),
                     "examples_requested": res.requested,
                     "examples_drawn": n,
                     "examples_shrinking": res.shrinking,
@@ -248,6 +255,17 @@ def _fuzz(
         requested=examples,
         shrinking=res.shrinking,
     )
+
+
+def _tested(res: Search, prop: str) -> str:
+    """The examples ``prop`` was tested on, in words: "the 35 distinct examples run (12 of them causal
+    ones with 2+ queries)"."""
+    n = len(res.cases)
+    text = f"the {n} distinct example{'s' if n != 1 else ''} run"
+    kinds = {"causal": "causal ones with 2+ queries", "isolation": "with 2+ documents"}
+    if prop in kinds:
+        text += f" ({res.applicable(prop)} of them {kinds[prop]})"
+    return text
 
 
 def replay_case(kernel, case: dict, *, recipe: str | Recipe | None = None, device: str = "cpu") -> CheckResult:

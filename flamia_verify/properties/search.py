@@ -20,7 +20,8 @@ fails finite or bound is also tested for causal and isolation (on its target doc
 documents where the violations are), and is reported under the leak when there is one, with the
 bound failure noted beside it (``detail["also_failed"]``). Shrinking keeps the kind of the first
 failure (a leak stays a leak); after hypothesis's shrinking, empty documents the failure does not
-need are dropped.
+need are dropped, and a leak's other documents too, and its document is shortened while it still
+leaks (:func:`_shorten`).
 
 A kernel that raises on a valid case breaks the calling convention ("crash"); so does one whose
 output has no grad_fn on a case whose reference gradients are not all zero, when its backward works
@@ -397,8 +398,10 @@ class Search:
     examples drawn after the first failure to shrink it (hypothesis's shrinker, then the attempts to
     drop empty documents); ``examples`` = generated + shrinking, every example drawn; ``distinct``:
     of those, the ones run on the kernel (a repeated example is answered from its first run);
-    ``counts``: per property, the distinct examples that failed it; the minimal failing example
-    (``finding`` with its ``reproducer``) or None; ``shrink_stopped``: the shrinking budget ran out.
+    ``counts``: per property, the distinct examples that failed it; ``attributed``: per symptom
+    (finite, bound), the distinct examples that failed it too but were reported under the leak behind
+    it; the minimal failing example (``finding`` with its ``reproducer``) or None;
+    ``shrink_stopped``: the shrinking budget ran out.
     """
 
     examples: int
@@ -411,6 +414,17 @@ class Search:
     requested: int = 0
     generated: int = 0
     shrinking: int = 0
+    attributed: dict = field(default_factory=dict)
+
+    def applicable(self, prop: str) -> int:
+        """Of the distinct examples run, those ``prop`` is tested on: causal needs a causal case with
+        a document of 2 or more queries, isolation two or more non-empty documents; the others run on
+        every example."""
+        if prop == "causal":
+            return sum(c.causal and max(c.lens_q, default=0) >= 2 for c in self.cases)
+        if prop == "isolation":
+            return sum(sum(bool(a or b) for a, b in zip(c.lens_q, c.lens_k)) >= 2 for c in self.cases)
+        return len(self.cases)
 
     def coverage(self, max_tokens: int = MAX_TOKENS) -> dict[str, int]:
         """How many evaluated examples reached each shape the strategies aim at."""
@@ -425,10 +439,12 @@ class Search:
 
     def counts_text(self) -> str:
         """The numbers of the search in words, e.g. "30 examples asked for; 92 drawn: 12 until the first
-        failure and 80 while shrinking it; 61 distinct ones run on the kernel"."""
+        failure stopped the search and 80 while shrinking it; 61 distinct ones run on the kernel"."""
         text = f"{self.requested} examples asked for; {self.examples} drawn"
         if self.shrinking:
-            text += f": {self.generated} until the first failure and {self.shrinking} while shrinking it"
+            text += (
+                f": {self.generated} until the first failure stopped the search and {self.shrinking} while shrinking it"
+            )
         return text + f"; {self.distinct} distinct ones run on the kernel"
 
 
@@ -453,6 +469,7 @@ def search(
     turn, kept out when the failure persists: hypothesis cannot remove one itself when the target
     document's index would move, nor once the shrinking budget is spent."""
     counts = {p: 0 for p in PROPERTIES}
+    attributed = {p: 0 for p in SYMPTOMS}
     state: dict[str, Any] = {"n": 0, "distinct": 0, "failed": 0, "last": None, "stopped": False, "prop": None}
     cases: list[Case] = []  # the distinct examples' cases, in evaluation order
     seen: dict = {}  # example -> its finding (None: passed); a repeated example is not rerun
@@ -491,6 +508,8 @@ def search(
         seen[key] = f
         if f is not None:
             counts[f.prop] += 1
+            for symptom in f.detail.get("also_failed", {}):
+                attributed[symptom] += 1
             if not state["failed"]:
                 state["failed_at"] = state["distinct"]
                 state["generated"] = state["n"]
@@ -528,6 +547,7 @@ def search(
         document, kind = f.example(document, kind)
         # past the shrinking budget too: at most one evaluation per empty document (8 at most)
         case, document = _drop_empty_documents(case, document, t, kind, unbudgeted, f.prop)
+        case, document = _shorten(case, document, t, kind, unbudgeted, f.prop)
         # hypothesis ends on the minimal example; rerun it to make sure it fails deterministically
         again = evaluate_example(ctx, case, document=document, t=t, perturbation=kind)
         if again is not None:
@@ -546,6 +566,7 @@ def search(
         requested=examples,
         generated=generated,
         shrinking=state["n"] - generated,
+        attributed=attributed,
     )
 
 
@@ -577,4 +598,43 @@ def _drop_empty_documents(case: Case, document: int, t: int, kind: str, evaluate
             if g and _keeps(prop, g.prop) and g.example(target, kind) == (target, kind):
                 case, document = smaller, target
         b -= 1
+    return case, document
+
+
+#: lengths tried for the failing document after hypothesis's shrinking, shortest first (see
+#: :func:`_shorten`): the smallest packs, then the 32-block boundaries block-scaled kernels break at
+SHORTER = (1, 2, 3, 4, 8, 16, 31, 32, 33, 63, 64)
+
+
+def _shorten(case: Case, document: int, t: int, kind: str, evaluate, prop: str):
+    """(case, document) of the failing example with the other documents dropped and the target
+    document shortened, where the failure persists. Hypothesis shrinks within the shape an example was
+    drawn in, and one of them, the single long document, starts at 64 tokens: a leak that two tokens
+    show would stay a 64-token reproducer. A leak (causal, isolation) is tried without each other
+    document, then its target at each length of :data:`SHORTER` below its own, shortest first, with
+    the document's keys changed by as much (its Lk - Lq kept); the first that still fails ``prop``
+    stands. Other findings are left as hypothesis shrank them. At most len(SHORTER) + 7 evaluations."""
+    if prop not in ATTRIBUTABLE_TO:
+        return case, document
+
+    def still_fails(smaller: Case, target: int) -> bool:
+        g = evaluate(smaller, target, t, kind)
+        return bool(g) and _keeps(prop, g.prop) and g.example(target, kind) == (target, kind)
+
+    b = len(case.lens_q) - 1
+    while b >= 0 and len(case.lens_q) > 1:
+        if b != document:
+            smaller, target = _without_document(case, b), document - (b < document)
+            if still_fails(smaller, target):
+                case, document = smaller, target
+        b -= 1
+    lq, lk = case.lens_q[document], case.lens_k[document]
+    for n in SHORTER:
+        if n >= lq or lk + n - lq < 0:
+            continue
+        new_q = case.lens_q[:document] + (n,) + case.lens_q[document + 1 :]
+        new_k = case.lens_k[:document] + (lk + n - lq,) + case.lens_k[document + 1 :]
+        smaller = case.with_(lens_q=tuple(new_q), lens_k=tuple(new_k))
+        if still_fails(smaller, document):
+            return smaller, document
     return case, document
