@@ -68,6 +68,23 @@ def test_an_errored_check_keeps_the_kernels_traceback_and_traceback_prints_it(ca
         assert "Traceback" not in err
 
 
+def test_traceback_names_every_check_that_met_one_place_and_interface_arguments_keeps_its_own(capsys, tmp_path):
+    """interface.arguments' failed calls kept no traceback, and one place raising messages that differ
+    (the token count in the text) printed one block per check, each naming one check."""
+    spec = f"{_write(tmp_path, 'picky.py', PICKY_KERNEL)}:attn"
+    out = tmp_path / "r"
+    only = ["interface.output", "interface.arguments"]
+    code, _, err = run_cli(
+        ["check", "--kernel", spec, "--recipe", "bf16", "--only", *only, "--out", out, "--traceback"], capsys
+    )
+    assert code == 1, err
+    checks = {c["name"]: c for c in json.loads((out / "report.json").read_text())["checks"]}
+    assert "_tile_check_deep_inside" in checks["interface.arguments"]["worst_case"]["traceback"]
+    blocks = [line for line in err.splitlines() if line.startswith("flamia-verify: the kernel's exception in")]
+    assert len(blocks) == 1, err
+    assert "interface.output" in blocks[0] and "interface.arguments" in blocks[0], blocks
+
+
 @pytest.mark.parametrize("flag", [[], ["--traceback"]])
 def test_a_kernel_that_crashes_on_the_smallest_case_prints_its_traceback_on_request(capsys, tmp_path, flag):
     spec = f"{_write(tmp_path, 'crash.py', CRASHING_KERNEL)}:attn"

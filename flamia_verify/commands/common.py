@@ -199,23 +199,36 @@ def report_names() -> tuple[str, ...]:
 
 def print_tracebacks(args: argparse.Namespace, checks: Any = (), crash: BaseException | None = None) -> None:
     """--traceback: print to stderr the full traceback of each exception the kernel raised, as the
-    checks' worst cases keep it (once per distinct traceback, naming the checks that met it), and of
-    the one behind a crash."""
+    checks' worst cases keep it, and of the one behind a crash. One block per place in the kernel that
+    raised (the same frames), naming every check that met it; where those checks' messages differ
+    (e.g. the shape in the text), the first is printed in full and the others' last lines follow."""
     if not getattr(args, "traceback", False):
         return
-    where: dict[str, list[str]] = {}
+    places: dict[tuple[str, ...], list[tuple[str, str]]] = {}
     for check in checks:
         trace = (check.worst_case or {}).get("traceback")
         if isinstance(trace, str) and trace:
-            where.setdefault(trace, []).append(check.name)
+            places.setdefault(_frames(trace), []).append((check.name, trace))
     cause = crash.__cause__ if crash is not None else None
     if cause is not None:
         trace = getattr(cause, "traceback", None) or "".join(traceback.format_exception(cause))
-        where.setdefault(trace, []).append("the crash")
-    for trace, names in where.items():
-        sys.stderr.write(f"flamia-verify: the kernel's exception in {', '.join(names)}:\n{trace}")
-        if not trace.endswith("\n"):
+        places.setdefault(_frames(trace), []).append(("the crash", trace))
+    for met in places.values():
+        names = list(dict.fromkeys(name for name, _ in met))
+        first = met[0][1]
+        sys.stderr.write(f"flamia-verify: the kernel's exception in {', '.join(names)}:\n{first}")
+        if not first.endswith("\n"):
             sys.stderr.write("\n")
+        for name, trace in met[1:]:
+            if trace != first:
+                last = trace.rstrip("\n").rpartition("\n")[2]
+                sys.stderr.write(f"  (in {name}, the same place raised: {last})\n")
+
+
+def _frames(trace: str) -> tuple[str, ...]:
+    """The frame lines of a traceback text (file, line, function): where it was raised, without the
+    exception's message."""
+    return tuple(line for line in trace.splitlines() if line.startswith("  File ")) or (trace,)
 
 
 # ---------------------------------------------------------------------------------------------- config

@@ -254,7 +254,10 @@ def _run_argument_calls(ctx) -> dict:
             failed += 1
             if first is None:
                 first = case_record(
-                    case, call=dict(call), summary=f"the kernel raised on {case.describe()}: {err.summary}"
+                    case,
+                    call=dict(call),
+                    summary=f"the kernel raised on {case.describe()}: {err.summary}",
+                    traceback=err.traceback,
                 )
             continue
         shape = _wrong_shape(case, res.out)
@@ -354,7 +357,11 @@ def _run_argument_calls(ctx) -> dict:
             if case.call:  # took the training call and not the forward-only one
                 failed += 1
                 if first is None:
-                    first = case_record(case, summary=f"the kernel raised on {case.describe()}: {err.summary}")
+                    first = case_record(
+                        case,
+                        summary=f"the kernel raised on {case.describe()}: {err.summary}",
+                        traceback=err.traceback,
+                    )
                 continue
             declined = f"the kernel declines {other} inputs ({err.summary})"
             break
@@ -376,7 +383,11 @@ def _run_argument_calls(ctx) -> dict:
         except KernelCallError as err:
             failed += 1
             if first is None:
-                first = case_record(case, summary=f"the kernel raised on {case.describe()}: {err.summary}")
+                first = case_record(
+                    case,
+                    summary=f"the kernel raised on {case.describe()}: {err.summary}",
+                    traceback=err.traceback,
+                )
         else:
             metrics, worst = _bound_of(fp16_ctx, case, tensors)
             violations += metrics["violations"]
