@@ -32,6 +32,7 @@ the verdict of the report it renders.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from types import ModuleType
@@ -146,8 +147,15 @@ def _main(argv: list[str] | None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout must not raise again
         return EXIT_BROKEN_PIPE
     except OSError as exc:  # a file the command reads or writes (reports, --out): not the kernel's failure
+        if exc.errno in _DISK_FULL:  # the run could not be recorded: incomplete, as check says
+            target = exc.filename or getattr(args, "out", None) or "the output directory"
+            return fail(f"cannot write {target}: {exc.strerror or exc}; the run is incomplete", EXIT_FAIL)
         where = f" {exc.filename!r}" if exc.filename else ""
         return fail(f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE)
+
+
+#: errno values of a write that ran out of room: the run is incomplete (exit 1), the paths were right
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -526,6 +526,8 @@ def test_an_empty_kernel_name_is_a_usage_error_not_the_builtin(tmp_path, capsys,
     err = capsys.readouterr().err
     assert code == 2 and "empty" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "r" / "report.json").exists()
+    if where == "config":  # which file says so
+        assert "c.toml" in err, err
 
 
 def test_a_ci_run_without_a_kernel_says_it_checks_the_builtin(tmp_path, capsys, monkeypatch):

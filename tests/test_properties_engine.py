@@ -124,6 +124,10 @@ def test_recipe_is_required_for_a_kernel_without_one_and_validated():
         run_checks(plain, recipe="mxfp9", only=["interface"])
     report = run_checks(plain, recipe="bf16", only=["interface"])
     assert report.recipe == "bf16" and report.passed
+    plain.recipe = "mxfp88"  # a typo in the kernel's own attribute: the message says where it came from
+    with pytest.raises(ConfigError, match=r"declares recipe 'mxfp88' \(its `recipe` attribute\).*--recipe"):
+        run_checks(plain, only=["interface"])
+    assert run_checks(plain, recipe="bf16", only=["interface.output"]).passed  # --recipe still overrides it
 
 
 def test_only_selects_families_and_checks():

@@ -154,8 +154,11 @@ def test_default_kernels_and_availability():
 
 
 def test_bad_input_is_refused_before_anything_runs(tmp_path):
-    with pytest.raises(ConfigError, match="listed twice"):
+    with pytest.raises(ConfigError, match="listed twice: bf16"):
         run_survey(["bf16", "bf16"], tmp_path, device="cpu")
+    with pytest.raises(ConfigError, match=r"unknown kernel 'sdpa-flsh' \(did you mean 'sdpa-flash'\?\)"):
+        run_survey(["bf16", "sdpa-flsh"], tmp_path, device="cpu")
+    assert not (tmp_path / "cases").exists()  # nothing ran
     with pytest.raises(ConfigError, match="positive integer"):
         speed_shape({"seqlen": 0}, "test")
 
@@ -167,3 +170,5 @@ def test_the_command(tmp_path, capsys):
     assert (tmp_path / "survey.html").is_file()
     assert main(["survey", "--kernel", "bf16", "--device", "cpu", "--only", "nonsense", "--out", str(tmp_path)]) == 2
     assert main(["survey", "--address", "x", "--out", str(tmp_path)]) == 2
+    assert main(["survey", "--kernel", "bf16", "sdpa-flsh", "--device", "cpu", "--out", str(tmp_path / "typo")]) == 2
+    assert "did you mean 'sdpa-flash'" in capsys.readouterr().err

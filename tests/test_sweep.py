@@ -66,8 +66,10 @@ def test_the_matrix_is_the_product_in_file_order(tmp_path):
         ('kernels = ["bf16"]\nseeds = [-1]', "non-negative"),
         ('kernels = ["bf16"]\nsettings = [{nope = 1}]', "nope"),
         ('kernels = ["bf16"]\ndevice = "cuda:1"', "each worker gets its own GPU"),
-        ('kernels = ["bf16", "bf16"]', "same case twice"),
+        ('kernels = ["bf16", "bf16"]', r"same case twice: bf16 .*quick bf16 seed=0 \(cases 1 and 2 of 2"),
+        ('kernels = ["bf16"]\nseeds = [0, 1, 0]', r"same case twice: .*seed=0 \(cases 1 and 3 of 3"),
         ('kernels = [{spec = "bf16", recipe = 3}]', "spec and recipe"),
+        ('kernels = ["bf16", "sdpa-flsh"]', r"unknown kernel 'sdpa-flsh' \(did you mean 'sdpa-flash'\?\)"),
     ],
 )
 def test_a_bad_sweep_file_is_a_config_error_naming_it(tmp_path, body, message):
@@ -245,6 +247,26 @@ def test_the_sweep_command_exit_codes(small_sweep, tmp_path, capsys):
     assert "the --out of a sweep?" in capsys.readouterr().err
     assert main(["sweep", str(path), "--shard", "3/2"]) == 2
     assert main(["sweep", str(path), "--address", "auto"]) == 2
+
+
+def test_a_full_disk_names_the_file_and_says_incomplete(small_sweep, tmp_path, capsys, monkeypatch):
+    """It said "cannot access: No space left on device" (no file) and exited 2, a usage error; check
+    names the file and exits 1 (the run is incomplete)."""
+    import errno
+    import os
+
+    path, root, _, _ = small_sweep
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    out = tmp_path / "full"
+    assert main(["sweep", str(path), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"flamia-verify: cannot write {out}"), err
+    assert "No space left on device; the run is incomplete" in err
+    assert not [p for p in out.rglob("*") if p.is_file()], "no partial file is left behind"
 
 
 def test_a_ray_sweep_on_a_local_cluster_of_two_workers_equals_the_local_one(small_sweep, tmp_path):

@@ -123,11 +123,12 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
 
 
-def kernel_spec(flag: str | None, configured: str | None) -> str:
-    """The kernel a check runs: --kernel, else the config's, else the built-in example. An empty name
-    (``--kernel "$KERNEL"`` with the variable unset, ``kernel = ""``) is a usage error, never the
-    built-in: a CI job must not go green on the wrong kernel."""
-    for value, where in ((flag, "--kernel"), (configured, "kernel in the config")):
+def kernel_spec(flag: str | None, configured: str | None, source: str | None = None) -> str:
+    """The kernel a check runs: --kernel, else the config's (read from ``source``), else the built-in
+    example. An empty name (``--kernel "$KERNEL"`` with the variable unset, ``kernel = ""``) is a usage
+    error, never the built-in: a CI job must not go green on the wrong kernel."""
+    in_config = f"kernel in {source}" if source else "kernel in the config"
+    for value, where in ((flag, "--kernel"), (configured, in_config)):
         if value is not None and not value.strip():
             raise UsageError(f"{where} is empty; name a kernel (built-in name, module:function or file.py:function)")
     return flag or configured or DEFAULT_KERNEL
@@ -262,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     from flamia_verify.reports import write_reports
 
     cfg = load_config(args.config)
-    spec = kernel_spec(args.kernel, cfg.kernel)
+    spec = kernel_spec(args.kernel, cfg.kernel, cfg.source)
     if not (args.kernel or cfg.kernel) and os.environ.get("CI"):
         print(
             f"flamia-verify: note: no kernel named (--kernel or kernel = in the config): checking the built-in "

@@ -22,7 +22,14 @@ from pathlib import Path
 from flamia_verify.errors import KernelLoadError
 from flamia_verify.kernels.metadata import kernel_recipe
 
-__all__ = ["LoadedKernel", "load_kernel", "builtin_kernels", "entry_point_kernels", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "LoadedKernel",
+    "load_kernel",
+    "builtin_kernels",
+    "entry_point_kernels",
+    "unknown_kernel_name",
+    "ENTRY_POINT_GROUP",
+]
 
 ENTRY_POINT_GROUP = "flamia_verify.kernels"
 
@@ -198,8 +205,31 @@ def load_kernel(spec) -> LoadedKernel:
             raise KernelLoadError(f"entry point {spec!r} failed to load: {type(exc).__name__}: {exc}") from exc
         loaded = load_kernel(obj)
         return LoadedKernel(spec, loaded.fn, loaded.recipe, "entry-point", loaded.description)
-    known = ", ".join(sorted(builtins) + sorted(ADAPTERS) + sorted(eps))
-    raise KernelLoadError(
-        f"unknown kernel {spec!r}; built-in, adapter and registered kernels: {known}; "
+    raise KernelLoadError(_unknown(spec, _known_names()))
+
+
+def _known_names() -> list[str]:
+    from flamia_verify.kernels.adapters import ADAPTERS
+
+    return sorted(builtin_kernels()) + sorted(ADAPTERS) + sorted(entry_point_kernels())
+
+
+def _unknown(spec: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(spec, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (
+        f"unknown kernel {spec!r}{hint}; built-in, adapter and registered kernels: {', '.join(known)}; "
         "or use module:function or file.py:function"
     )
+
+
+def unknown_kernel_name(spec: str) -> str | None:
+    """The message for a kernel name that names no built-in, adapter or registered kernel (None when it
+    names one, or is a ``module:function`` / ``file.py:function`` spec, whose loading is the run's
+    business): what a command that runs many kernels checks up front, before any of them runs."""
+    if not isinstance(spec, str) or ":" in spec:
+        return None
+    known = _known_names()
+    return None if spec in known else _unknown(spec, known)

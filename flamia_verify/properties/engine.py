@@ -173,7 +173,15 @@ def resolve_kernel(kernel, recipe: str | Recipe | None) -> tuple[LoadedKernel, R
     chosen = recipe or loaded.recipe
     if chosen is None:
         raise ConfigError(f"kernel {loaded.name!r} declares no recipe; name one of: {', '.join(RECIPES)} (--recipe)")
-    return loaded, get_recipe(chosen)
+    if recipe or isinstance(chosen, Recipe):
+        return loaded, get_recipe(chosen)
+    try:
+        return loaded, get_recipe(chosen)
+    except ConfigError as exc:  # the kernel's own attribute named it: say so, and how to override it
+        raise ConfigError(
+            f"kernel {loaded.name!r} declares recipe {chosen!r} (its `recipe` attribute), which is not a recipe: "
+            f"{exc}; fix the attribute or give --recipe"
+        ) from None
 
 
 def build_context(

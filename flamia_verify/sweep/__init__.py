@@ -110,6 +110,7 @@ def _write_outputs(
 ) -> None:
     """sweep.json (the matrix's keys in order, each case's label, the results; a merge that lacks cases
     says ``complete: false`` and lists them), sweep.md and sweep.html."""
+    from flamia_verify.reports.store import atomic_write_text
     from flamia_verify.reports.survey import write_sweep_reports
 
     out.mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,7 @@ def _write_outputs(
         "missing": [{"key": k, "label": labels.get(k, k)} for k in missing],
         "results": results,
     }
-    (out / "sweep.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
+    atomic_write_text(out / "sweep.json", json.dumps(document, separators=(",", ":")) + "\n")
     write_sweep_reports(
         results,
         out,

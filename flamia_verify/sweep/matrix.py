@@ -152,6 +152,12 @@ def load_sweep(path: str | Path) -> Sweep:
             kernels.append((item["spec"], item.get("recipe")))
         else:
             raise ConfigError(f"{where}: each of sweep.kernels is a kernel spec or {{spec, recipe}}, got {item!r}")
+    from flamia_verify.kernels.loader import unknown_kernel_name
+
+    for spec, _ in kernels:  # a typo is the file's error, before anything runs
+        problem = unknown_kernel_name(spec)
+        if problem:
+            raise ConfigError(f"{where}: sweep.kernels: {problem}")
     suites = _as_list(table, "suites", ["quick"], where)
     for suite in suites:
         if suite not in SUITES:
@@ -199,8 +205,14 @@ def load_sweep(path: str | Path) -> Sweep:
         )
     )
     keys = [case_key(c) for c in cases]
-    if len(set(keys)) != len(keys):
-        raise ConfigError(f"{where}: the matrix lists the same case twice")
+    seen: dict[str, int] = {}
+    for n, key in enumerate(keys):
+        if key in seen:
+            raise ConfigError(
+                f"{where}: the matrix lists the same case twice: {cases[n].label()} (cases {seen[key] + 1} and "
+                f"{n + 1} of {len(cases)}; a kernel, suite, only list, dtype, setting or seed given twice)"
+            )
+        seen[key] = n
     return Sweep(cases=cases, timeout_s=float(timeout) if timeout is not None else None, source=where)
 
 

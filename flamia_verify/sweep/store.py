@@ -6,8 +6,6 @@ that were running, and a rerun reads every finished case back instead of running
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +29,11 @@ class CaseStore:
         return data if isinstance(data, dict) and data.get("key") == key else None
 
     def put(self, result: dict[str, Any]) -> Path:
+        """Store one result atomically (a full disk is an OSError naming the case's file)."""
+        from flamia_verify.reports.store import atomic_write_text
+
         self.cases.mkdir(parents=True, exist_ok=True)
-        target = self.path(result["key"])
-        fd, tmp = tempfile.mkstemp(dir=self.cases, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(result, fh, separators=(",", ":"))
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return target
+        return atomic_write_text(self.path(result["key"]), json.dumps(result, separators=(",", ":")))
 
     def all(self) -> list[dict[str, Any]]:
         """Every stored result (any sweep that wrote to this directory)."""

@@ -143,10 +143,17 @@ def run_survey(
     from flamia_verify.sweep import run_sweep
 
     names = list(kernels) if kernels else default_kernels()
-    if len(set(names)) != len(names):
-        raise ConfigError("survey: a kernel is listed twice")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"survey: a kernel is listed twice: {', '.join(twice)}")
     if any(not n for n in names):
         raise ConfigError("survey: an empty kernel name")
+    from flamia_verify.kernels.loader import unknown_kernel_name
+
+    for name in names:  # a typo is a usage error before anything runs, not an error row at the end
+        problem = unknown_kernel_name(name)
+        if problem:
+            raise ConfigError(f"survey: {problem}")
     device = resolve_device(device)
     notes = []
     if device == "cpu" and speed is not None:
