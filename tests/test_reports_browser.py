@@ -160,3 +160,34 @@ def test_the_checks_table_fits_an_800_pixel_window(browser, tmp_path):
         assert [n.replace("\n", "") for n in names] == [c.name for c in example_report().checks]
     finally:
         browser.close_page(session)
+
+
+def test_the_run_block_keeps_its_rows_together_beside_a_long_environment(browser, tmp_path):
+    """The Run block's five rows were spread over the height of the Environment column beside it
+    (about 75 px apart at 1400 px, where the environment's rows are 21 px apart)."""
+    report = example_report()
+    # what a run on a machine records (check's environment: versions, device, threads, timings)
+    report.environment.update(
+        {k: "x" for k in ("triton", "python", "platform", "torch_threads", "dtype", "backward", "case_timeout_s")}
+        | {"kernel_source": "builtin", "kernel_calls": 5, "kernel_seconds": 0.7, "total_seconds": 0.03}
+    )
+    paths = write_reports(report, tmp_path)
+    session, record = browser.open(paths["html"].as_uri(), width=1400)
+    try:
+        _assert_clean(record, paths["html"].as_uri())
+        tops = browser.evaluate(
+            session,
+            "Array.from(document.querySelectorAll('div.columns > dl.run > dt'))"
+            ".map(dt => dt.getBoundingClientRect().top)",
+        )
+        env = browser.evaluate(
+            session,
+            "Array.from(document.querySelectorAll('div.columns > div > dl.run > dt'))"
+            ".map(dt => dt.getBoundingClientRect().top)",
+        )
+        assert len(tops) == 5 and len(env) >= 12
+        run_step = max(b - a for a, b in zip(tops, tops[1:]))
+        env_step = max(b - a for a, b in zip(env, env[1:]))
+        assert run_step <= 1.5 * env_step, (tops, env)
+    finally:
+        browser.close_page(session)

@@ -91,9 +91,11 @@ td { overflow-wrap: break-word; }
 table.checks th { white-space: normal; }
 table.checks td.msg { overflow-wrap: anywhere; }
 tbody tr:hover { background: #fafbfc; }
-dl.run { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0 0 8px; }
+dl.run { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0 0 8px;
+  align-content: start; }
 dl.run dt { font-weight: 600; } dl.run dd { margin: 0; word-break: break-all; }
-.columns { display: grid; grid-template-columns: repeat(auto-fit, minmax(320px, 1fr)); gap: 0 32px; }
+.columns { display: grid; grid-template-columns: repeat(auto-fit, minmax(320px, 1fr)); gap: 0 32px;
+  align-items: start; }
 .columns h3 { margin-top: 0; }
 .badge { display: inline-block; min-width: 54px; text-align: center; padding: 0 8px; border-radius: 10px;
          font-size: 12px; font-weight: 700; color: #fff; letter-spacing: .03em; }
