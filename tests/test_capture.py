@@ -226,6 +226,17 @@ def test_other_keyword_arguments_are_kept_and_positional_ones_are_not_recorded(t
     assert torch.equal(call.run(kernel), kernel(q, q, q, cu, cu, n, n, causal=True))
 
 
+@pytest.mark.parametrize("dtype", [d for d in store.DTYPES.values() if d.is_floating_point])
+def test_every_floating_dtype_of_a_capture_round_trips_bitwise(tmp_path, dtype):
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q = (torch.randn(8, 2, 8) * 4).to(dtype)
+    with recording(lambda *a, **kw: q.float(), tmp_path / "cap") as rec:
+        rec(q, q[:, :1], q[:, 1:], cu, cu, 5, 5, softmax_scale=0.5, causal=True)
+    (call,) = load_capture(tmp_path / "cap")
+    assert call.q.dtype == dtype and torch.equal(call.q.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(call.k.float(), q[:, :1].float()) and call.k.is_contiguous()  # a strided view, stored whole
+
+
 # -- bounded and atomic -------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load
 
 from flamia_verify.capture.store import (
     CALL_FORMAT,
@@ -265,9 +267,6 @@ def _load_call(root: Path, entry: dict[str, Any], where: str) -> CapturedCall:
 
 
 def _parse(file: Path, data: bytes) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
     header = _header(file, data)
     meta = header.get("__metadata__")
     if not isinstance(meta, dict) or meta.get("format") != CALL_FORMAT:

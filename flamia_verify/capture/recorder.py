@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save
 
 from flamia_verify._version import __version__
 from flamia_verify.capture.store import (
@@ -429,8 +430,6 @@ class Recorder:
         self._drop(call)
         name = call_file_name(call.site.index)
         try:
-            from safetensors.torch import save
-
             data = save(call.tensors, metadata={"format": CALL_FORMAT})
             if self._bytes + len(data) > self.max_bytes:
                 self._stop(self._cap_message(call.site))
