@@ -11,6 +11,7 @@ __all__ = [
     "KernelCrashError",
     "KernelTimeoutError",
     "ReportSchemaError",
+    "CaptureError",
 ]
 
 
@@ -34,6 +35,10 @@ class InputError(FlamiaVerifyError, ValueError):
 
 class ReportSchemaError(FlamiaVerifyError):
     """A report file that does not follow the report schema (exit 2)."""
+
+
+class CaptureError(FlamiaVerifyError):
+    """A capture of attention calls that cannot be written or read as complete and valid (exit 2)."""
 
 
 class KernelLoadError(FlamiaVerifyError):

@@ -28,7 +28,16 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.training.corpus import Corpus, build_corpus, make_batches
 from flamia_verify.training.model import AttentionProbe, ModelConfig, TinyLM
 
-__all__ = ["ParityConfig", "PRESETS", "TrainResult", "train_one", "run_parity", "SCHEMA"]
+__all__ = [
+    "ParityConfig",
+    "PRESETS",
+    "TrainResult",
+    "make_optimizer",
+    "train_step",
+    "train_one",
+    "run_parity",
+    "SCHEMA",
+]
 
 SCHEMA = "flamia-verify/train-parity/v1"
 
@@ -124,6 +133,36 @@ def _evaluate(model, batches, kernel, device, probe=None) -> float:
     return total / n
 
 
+def make_optimizer(model: torch.nn.Module, cfg: ParityConfig) -> torch.optim.AdamW:
+    """AdamW (beta 0.9, 0.95) with weight decay on the matrices only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def train_step(
+    model: TinyLM, opt: torch.optim.Optimizer, cfg: ParityConfig, step: int, batch, kernel, device
+) -> tuple[float, float]:
+    """One optimizer step on ``batch`` with ``kernel`` in every attention layer: the learning rate of
+    ``step``, forward, backward, gradient clipping at 1, AdamW. Returns (loss, gradient norm); a
+    non-finite loss or norm skips the update (and its backward, for the loss)."""
+    for group in opt.param_groups:
+        group["lr"] = _lr(cfg, step)
+    loss = _loss(model, batch, kernel, device)
+    opt.zero_grad(set_to_none=True)
+    gn = float("nan")
+    if torch.isfinite(loss):
+        loss.backward()
+        gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    if math.isfinite(gn):
+        opt.step()
+    return float(loss.detach()), gn
+
+
 def train_one(
     kernel: Callable,
     name: str,
@@ -142,13 +181,7 @@ def train_one(
     batches = [
         b.to(device) for b in make_batches(corpus.train, n=cfg.steps, tokens=cfg.tokens, max_len=cfg.max_len, seed=seed)
     ]
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
+    opt = make_optimizer(model, cfg)
     res = TrainResult(name, seed, [], [], [], [], [], [], [], 0, 0.0)
     t0 = time.perf_counter()
 
@@ -162,16 +195,9 @@ def train_one(
         model.train()
 
     for step, batch in enumerate(batches):
-        for group in opt.param_groups:
-            group["lr"] = _lr(cfg, step)
-        loss = _loss(model, batch, kernel, device)
-        opt.zero_grad(set_to_none=True)
-        gn = float("nan")
-        if torch.isfinite(loss):
-            loss.backward()
-            gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        loss, gn = train_step(model, opt, cfg, step, batch, kernel, device)
         res.steps.append(step)
-        res.train_loss.append(float(loss.detach()))
+        res.train_loss.append(loss)
         res.grad_norm.append(gn)
         if not math.isfinite(gn):
             # the run diverged: a finding about the kernel, not a crash of the tool; its row fails
@@ -180,10 +206,9 @@ def train_one(
                 series.append(float("nan"))
             res.eval_steps.append(step)
             break
-        opt.step()
         res.tokens_seen += int(batch.tokens.numel())
         if on_step is not None:
-            on_step(name, step, float(loss.detach()))
+            on_step(name, step, loss)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             evaluate(step + 1)
     if device.startswith("cuda"):
