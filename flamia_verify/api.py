@@ -33,6 +33,7 @@ def check(
     out: str | Path | None = None,
     require: tuple[str, ...] | list[str] = (),
     threads: int | None = DEFAULT_THREADS,
+    inputs: str | Path | None = None,
 ):
     """Check ``kernel`` (a spec string, a callable in the varlen convention, or a LoadedKernel).
 
@@ -50,6 +51,9 @@ def check(
     ``out``, marked incomplete, and raises again; the exception's ``partial_report`` holds them.
     threads: torch's intra-op CPU threads during the run, restored after it (default one, as the CLI;
     None leaves torch's setting); the report records the count (``environment.torch_threads``).
+    inputs: a capture directory (:mod:`flamia_verify.capture`): the checks run on its recorded calls
+    (error, bound, causal and isolation on every call: the ``*.captured`` checks) instead of the
+    suite's cases; a bad capture raises CaptureError.
     """
     from flamia_verify.properties import run_checks
     from flamia_verify.reports import write_reports
@@ -68,6 +72,7 @@ def check(
             forward_only=forward_only,
             require=require,
             threads=threads,
+            inputs=inputs,
         )
     except BaseException as exc:
         partial = getattr(exc, "partial_report", None)

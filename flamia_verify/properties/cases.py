@@ -35,6 +35,7 @@ Value distributions (``DISTRIBUTIONS``) model what training feeds a kernel:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -55,6 +56,10 @@ __all__ = [
     "DISTRIBUTIONS",
     "make_inputs",
     "make_tensors",
+    "CAPTURED",
+    "captured_cases",
+    "captured_call",
+    "capture_environment",
     "cu_from_lens",
     "e4m3_grid",
     "RESIDUE_HEADDIMS",
@@ -116,6 +121,9 @@ class Case:
     softmax_scale: float | None = None
     overrides: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     call: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    #: a recorded call's tensors instead of sampled ones: "CAPTURE_DIR#INDEX" (distribution "captured";
+    #: see :func:`captured_cases`)
+    capture: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lens_q", tuple(int(x) for x in self.lens_q))
@@ -129,7 +137,9 @@ class Case:
             raise ConfigError(f"document lengths must be >= 0, got {self.lens_q} / {self.lens_k}")
         if self.heads < 1 or self.heads_k < 1 or self.heads % self.heads_k:
             raise ConfigError(f"heads ({self.heads}) must be a positive multiple of heads_k ({self.heads_k})")
-        if self.distribution not in DISTRIBUTIONS:
+        if self.capture and self.distribution != CAPTURED:
+            raise ConfigError(f"a captured case has the distribution {CAPTURED!r}, not {self.distribution!r}")
+        if self.distribution not in DISTRIBUTIONS and not self.capture:
             raise ConfigError(f"unknown distribution {self.distribution!r}; choose one of: {', '.join(DISTRIBUTIONS)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
@@ -191,6 +201,12 @@ class Case:
         return cls(**d)
 
     def describe(self) -> str:
+        if self.capture:
+            path, _, index = self.capture.rpartition("#")
+            return f"captured call {index} of {path} ({self._shape()})"
+        return self._shape()
+
+    def _shape(self) -> str:
         lk = "" if self.lens_k == self.lens_q else f" lens_k={list(self.lens_k)}"
         sc = "" if self.softmax_scale == self.headdim**-0.5 else f" softmax_scale={self.softmax_scale:.4g}"
         call = "".join(f" {k}={v}" for k, v in self.call)
@@ -395,9 +411,10 @@ def _sample(case: Case, g: torch.Generator):
 
 
 def make_tensors(case: Case):
-    """(q, k, v, dO) in the case's dtype on the CPU, deterministic in the case."""
+    """(q, k, v, dO) in the case's dtype on the CPU, deterministic in the case (a captured case: the
+    recorded tensors; dO drawn from the case's seed where the call recorded none)."""
     g = torch.Generator().manual_seed(int(case.seed) & 0xFFFF_FFFF_FFFF)
-    q, k, v, do = _sample(case, g)
+    q, k, v, do = _captured(case, g) if case.capture else _sample(case, g)
     dtype = DTYPES[case.dtype]
     tensors = {"q": q, "k": k, "v": v, "do": do}
     for key, value in case.overrides:
@@ -505,6 +522,91 @@ def make_inputs(case: Case, device: str | torch.device = "cpu") -> Inputs:
         cu_from_lens(case.lens_q, device),
         cu_from_lens(case.lens_k, device),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# captured calls: the tensors a real model produced (flamia_verify.capture), as cases
+# ----------------------------------------------------------------------------------------------
+
+#: the distribution of a captured case
+CAPTURED = "captured"
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str):
+    from flamia_verify.capture import load_capture
+
+    return load_capture(path)
+
+
+def _call_of(case: Case):
+    path, _, index = case.capture.rpartition("#")
+    for call in _load(path).calls:
+        if call.index == int(index):
+            return call
+    raise ConfigError(f"{path} has no call {index}")
+
+
+def _captured(case: Case, g: torch.Generator):
+    call = _call_of(case)
+    do = call.dout if call.dout is not None else torch.randn(call.q.shape, generator=g)
+    return call.q.float(), call.k.float(), call.v.float(), do.float()
+
+
+def captured_cases(path) -> list[Case]:
+    """One case per call of the capture at ``path`` (validated by
+    :func:`flamia_verify.capture.load_capture`: a bad capture raises CaptureError), in call order:
+    its packing, heads, head_dim, causal flag, dtype, softmax_scale and max_seqlen (above the true
+    maxima: the ``max_seqlen_pad`` call option) as recorded, seed = the call's index (it draws dO
+    where the call recorded none)."""
+    from flamia_verify.errors import CaptureError
+
+    where = str(path)
+    capture = _load(where)
+    cases = []
+    for call in capture.calls:
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(call.q.dtype)
+        if dtype is None or dtype not in DTYPES:
+            raise CaptureError(
+                f"{capture.path / call.file}: q is {call.q.dtype}; checks run on bf16, fp16 or fp32 inputs"
+            )
+        lens_q = tuple(int(x) for x in call.cu_seqlens_q.diff().tolist())
+        lens_k = tuple(int(x) for x in call.cu_seqlens_k.diff().tolist())
+        pads = (call.max_seqlen_q - max(lens_q, default=0), call.max_seqlen_k - max(lens_k, default=0))
+        cases.append(
+            Case(
+                lens_q,
+                lens_k,
+                heads=int(call.q.shape[1]),
+                heads_k=int(call.k.shape[1]),
+                headdim=int(call.q.shape[2]),
+                causal=bool(call.causal),
+                distribution=CAPTURED,
+                seed=int(call.index),
+                dtype=dtype,
+                softmax_scale=call.softmax_scale,
+                call=(("max_seqlen_pad", pads),) if any(pads) else (),
+                capture=f"{where}#{call.index}",
+            )
+        )
+    return cases
+
+
+def capture_environment(path) -> dict[str, Any]:
+    """What a report records of the capture it ran on: its path, SHA-256, model and number of calls."""
+    capture = _load(str(path))
+    return {
+        "inputs": str(path),
+        "capture_sha256": capture.sha256,
+        "capture_model": capture.model,
+        "captured_calls": len(capture.calls),
+    }
+
+
+def captured_call(case: Case) -> dict[str, Any]:
+    """Where a captured case came from: call index, layer, step, and whether dO was recorded."""
+    call = _call_of(case)
+    return {"call": call.index, "layer": call.layer, "step": call.step, "dout_recorded": call.dout is not None}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -64,6 +64,8 @@ class CheckContext:
     _baseline: dict = field(default_factory=dict)
     _baseline_fn: Any = None
     _memo: dict = field(default_factory=dict)
+    #: the captured calls of a run with a capture (cases.captured_cases), else empty
+    captured: tuple = ()
 
     # -- per-check views ---------------------------------------------------------------------
 

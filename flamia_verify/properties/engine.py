@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,8 +40,9 @@ from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
-from flamia_verify.properties.cases import Case, make_inputs
+from flamia_verify.properties.cases import Case, capture_environment, captured_cases, make_inputs
 from flamia_verify.properties.catalog import all_specs, get_spec
+from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
 from flamia_verify.properties.checks.interface import (
     INPUTS_UNMODIFIED,
     PROCESS_STATE,
@@ -316,6 +318,7 @@ def run_checks(
     threshold_source: str | None = None,
     require: tuple[str, ...] | list[str] = (),
     threads: int | None = None,
+    inputs: str | Path | None = None,
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -335,27 +338,35 @@ def run_checks(
     their checks always run and are always reported (see :mod:`flamia_verify.results`).
     threads: torch's intra-op CPU threads during the run (restored after it; None leaves torch's
     setting); the report's environment records the count that ran (``torch_threads``).
+    inputs: a capture directory (:mod:`flamia_verify.capture`): the checks run on its recorded calls
+    instead of the suite's cases, and only the checks made for that (``*.captured``: error, bound,
+    causal and isolation on every call; ``only`` selects among them); a bad capture raises
+    CaptureError before the kernel is called.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     with torch_threads(threads):
         return _run(
             kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-            forward_only, on_report, threshold_source, require,
+            forward_only, on_report, threshold_source, require, inputs,
         )  # fmt: skip
 
 
 def _run(
     kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-    forward_only, on_report, threshold_source, require,
+    forward_only, on_report, threshold_source, require, inputs,
 ) -> Report:  # fmt: skip
     """The body of :func:`run_checks`, under its thread count."""
     required = resolve_require(require)
+    captured = captured_cases(inputs) if inputs is not None else []  # a bad capture stops here
     loaded, chosen = resolve_kernel(kernel, recipe)
     # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
     forward_only = forward_only or getattr(loaded.fn, "forward_only", False) is True
     paths_before = dict(kernel_paths(loaded.fn) or {})
-    specs = select_checks(list_checks(suite), only)
+    if inputs is not None:
+        specs = select_checks([s for s in all_specs() if s.name in CAPTURED_CHECKS], only)
+    else:
+        specs = select_checks(list_checks(suite), only)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
     ctx = build_context(
@@ -369,9 +380,12 @@ def _run(
         case_timeout_s=case_timeout_s,
         forward_only=forward_only,
     )
+    ctx.captured = tuple(captured)
     report = Report(
         kernel=loaded.name, recipe=chosen.name, suite=suite, seed=seed, environment=environment(device, loaded.fn)
     )
+    if inputs is not None:
+        report.environment.update(capture_environment(inputs))
     report.require = list(required)
     report.threshold_overrides = override_records(chosen, dtype, suite, thresholds, threshold_source or API_SOURCE)
     report.environment.update(

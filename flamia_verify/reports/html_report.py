@@ -43,6 +43,7 @@ from flamia_verify.reports.plots import (
 from flamia_verify.reports.wording import (
     STATUS_MARK,
     VERDICT_WORDS,
+    call_table,
     case_seed,
     counts_line,
     override_line,
@@ -274,6 +275,11 @@ def _check_section(report: Report, check: CheckResult, anchor: str) -> str:
     if check.message:
         parts.append(f'<p class="message">{_e(check.message)}</p>')
     parts.append(_metrics_table(check))
+    table = call_table(check)
+    if table is not None:
+        head = "".join(f"<th>{_e(c)}</th>" for c in table[0])
+        body = "".join("<tr>" + "".join(f'<td class="mono">{_e(v)}</td>' for v in row) + "</tr>" for row in table[1])
+        parts.append(f"<h4>Per captured call</h4><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
     if check.status in ("fail", "error"):
         command = rerun_command(report, check)
         seed_note = ' <span class="muted">(--seed of the re-run command)</span>' if command else ""

@@ -22,6 +22,7 @@ from typing import Any
 from flamia_verify.reports.metrics import format_threshold, format_value, key_metric, safe_json, threshold_verdict
 from flamia_verify.reports.wording import (
     STATUS_MARK,
+    call_table,
     case_seed,
     counts_line,
     override_line,
@@ -119,6 +120,12 @@ def _failure_block(report: Report, check: CheckResult) -> str:
             mark = {True: "within", False: "**outside**", None: ""}.get(ok, "")
             cells = [md_escape(name), md_escape(format_value(value)), md_escape(limit) or "—", mark]
             lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    table = call_table(check)
+    if table is not None:
+        lines += ["Per captured call:", "", "| " + " | ".join(md_escape(c) for c in table[0]) + " |"]
+        lines.append("|" + "---|" * len(table[0]))
+        lines += ["| " + " | ".join(md_escape(v) for v in row) + " |" for row in table[1]]
         lines.append("")
     lines.append(f"**Reproduce:** {md_escape(_seeds(report, check))}.")
     lines.append("")

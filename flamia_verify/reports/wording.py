@@ -223,7 +223,11 @@ def rerun_command(report: Report, check: CheckResult) -> str | None:
     config = _config_source(report)
     if config is not None:
         args += ["--config", config]
-    args += ["--only", check.family]
+    inputs = (report.environment or {}).get("inputs")
+    if inputs:  # a run on a capture: the same calls, the same check
+        args += ["--inputs", str(inputs), "--only", check.name]
+    else:
+        args += ["--only", check.family]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -231,3 +235,21 @@ def shown_environment(report: Report) -> list[tuple[str, Any]]:
     """The environment entries a rendered report shows: those with a value (no CUDA version on a CPU
     machine, no backward_reason when the backward works); report.json keeps every entry."""
     return [(k, v) for k, v in (report.environment or {}).items() if v is not None and v != ""]
+
+
+def call_table(check: CheckResult) -> tuple[list[str], list[list[str]]] | None:
+    """A check on a capture: (column names, one row of printable cells per captured call) from its
+    ``details["calls"]``, or None for any other check."""
+    calls = (check.details or {}).get("calls")
+    if not isinstance(calls, list) or not calls or not all(isinstance(r, dict) for r in calls):
+        return None
+    columns: list[str] = []
+    for row in calls:
+        columns += [k for k in row if k not in columns]
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return printable(value)
+
+    return columns, [[cell(row.get(c, "")) for c in columns] for row in calls]

@@ -25,9 +25,14 @@ from flamia_verify.properties.checks import convention, layout, nonfinite
 # fuzzpass last: its check runs after its family's fixed checks
 from flamia_verify.properties.checks import fuzzpass
 
+# isort: split
+# the checks of a run on a capture (--inputs), in no suite
+from flamia_verify.properties.checks import captured
+
 __all__ = [
     "bias",
     "bound",
+    "captured",
     "causal",
     "consistency",
     "convention",
