@@ -95,10 +95,18 @@ TRAIN_PARITY_TYPES: dict[str, tuple[type, ...]] = {
     "preset": (str,),
     "steps": (int,),
     "tokens": (int,),
-    "bf16_seeds": (int,),
+    "seeds": (int,),
     "seed": (int,),
-    "max_gap": (int, float),
+    "tolerance": (int, float),
+    "level": (float,),
+    "floors": (bool,),
+    "ladder": (bool,),
     "kernels": (list,),
+}
+#: keys of earlier versions of the table, and what replaced them
+_TRAIN_PARITY_RENAMED = {
+    "bf16_seeds": "seeds (every kernel and BF16 now train at each seed: the gap is a paired difference)",
+    "max_gap": "tolerance (in nats; the gate is the confidence interval of the paired gap, not BF16's spread)",
 }
 _CHOICES = {"suite": SUITES, "dtype": CLI_DTYPES}
 
@@ -168,6 +176,8 @@ def _validate(
 
 def _validate_train_parity(table: dict[str, Any], where: str, check_preset: PresetCheck | None) -> dict[str, Any]:
     for key, value in table.items():
+        if key in _TRAIN_PARITY_RENAMED:
+            raise ConfigError(f"{where}: {key!r} was replaced by {_TRAIN_PARITY_RENAMED[key]}")
         if key not in TRAIN_PARITY_TYPES:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(TRAIN_PARITY_TYPES))}")
         _check_type(key, value, TRAIN_PARITY_TYPES[key], where)

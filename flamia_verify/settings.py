@@ -170,18 +170,21 @@ def compare_factor(value: Any, where: str = "compare factor") -> float:
     return float(value)
 
 
-#: the least value of each counted train-parity setting (two BF16 seeds give the smallest spread)
-_TRAIN_PARITY_LEAST = {"steps": 1, "tokens": 1, "bf16_seeds": 2}
+#: the least value of each counted train-parity setting (two seeds give the smallest interval)
+_TRAIN_PARITY_LEAST = {"steps": 1, "tokens": 1, "seeds": 2}
 
 
 def train_parity_limit(key: str, value: Any, where: str) -> None:
-    """The rule of a train-parity setting (``steps``, ``tokens``, ``bf16_seeds``: counts with a
-    least value; ``max_gap``: a positive finite number of sigmas), for the CLI's flags and the
-    config's ``[tool.flamia-verify.train_parity]`` alike; other keys have no rule here."""
+    """The rule of a train-parity setting (``steps``, ``tokens``, ``seeds``: counts with a least
+    value; ``tolerance``: a finite number of nats >= 0; ``level``: a confidence level in (0, 1)), for
+    the CLI's flags and the config's ``[tool.flamia-verify.train_parity]`` alike; other keys have no
+    rule here."""
     if key in _TRAIN_PARITY_LEAST and value < _TRAIN_PARITY_LEAST[key]:
         raise ConfigError(f"{where} must be >= {_TRAIN_PARITY_LEAST[key]}, got {value!r}")
-    if key == "max_gap" and not (0 < value < math.inf):
-        raise ConfigError(f"{where} must be a positive finite number, got {value!r}")
+    if key == "tolerance" and not (0 <= value < math.inf):
+        raise ConfigError(f"{where} must be a finite number of nats >= 0, got {value!r}")
+    if key == "level" and not (0 < value < 1):
+        raise ConfigError(f"{where} must be a confidence level between 0 and 1 (e.g. 0.95), got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ verdict on a tiny configuration (a correct MXFP8 kernel within BF16's noise, a f
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -68,54 +69,105 @@ def test_a_document_gives_the_same_logits_alone_and_packed_after_another():
     assert torch.allclose(packed[37:], alone, atol=1e-4, rtol=1e-4)
 
 
-def test_a_correct_kernel_is_within_the_noise_and_a_leaking_one_is_not(tmp_path, capsys):
-    out = tmp_path / "tp"
-    code = main(
-        [
-            "train-parity",
-            "--kernel",
-            "flamia-mxfp8",
-            "flamia_verify.training.demo_kernels:future_leak",
-            "--preset",
-            "tiny",
-            "--steps",
-            "6",
-            "--tokens",
-            "512",
-            "--bf16-seeds",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
+def _result(kernel: str, seed: int, val: float, exact: float | None = None, diverged: int | None = None):
+    from flamia_verify.training.parity import TrainResult
+
+    e = val if exact is None else exact
+    return TrainResult(kernel, seed, [0], [val], [1.0], [1], [val], [e], [0.01], 10, 1.0, diverged)
+
+
+def test_the_gate_is_the_paired_interval():
+    """Three seeds, t(0.975, 2) = 4.303: the interval of the paired differences decides, not BF16's spread."""
+    from flamia_verify.training.parity import PRESETS, _interval, _paired
+
+    mean, sd, lo, hi = _interval([0.010, 0.012, 0.014], 0.95)
+    assert mean == pytest.approx(0.012) and sd == pytest.approx(0.002)
+    assert lo == pytest.approx(0.012 - 4.302653 * 0.002 / 3**0.5, rel=1e-5) and hi > lo > 0
+    cfg = replace(PRESETS["tiny"], seeds=3)
+    base = {s: _result("bf16", s, 2.0 + 0.05 * s) for s in range(3)}  # BF16's seeds spread by 0.05
+    # a consistent +0.012 is resolved although it is a quarter of BF16's seed-to-seed spread
+    worse = {s: _result("k", s, 2.0 + 0.05 * s + d) for s, d in zip(range(3), (0.010, 0.012, 0.014))}
+    row = _paired("k", worse, base, cfg)
+    assert row["status"] == "fail" and row["ci"][0] > 0
+    assert _paired("k", worse, base, replace(cfg, tolerance=0.02))["status"] == "pass"  # within +-0.02
+    noisy = {s: _result("k", s, 2.0 + 0.05 * s + d) for s, d in zip(range(3), (0.01, -0.012, 0.004))}
+    assert _paired("k", noisy, base, cfg)["status"] == "pass"  # the interval holds 0
+    # a leak: better on its own attention, worse under the exact one; the exact interval fails it
+    leak = {s: _result("k", s, 2.0 + 0.05 * s - 0.1, 2.0 + 0.05 * s + d) for s, d in zip(range(3), (0.3, 0.31, 0.29))}
+    row = _paired("k", leak, base, cfg)
+    assert row["status"] == "fail" and row["ci"][1] < 0 and row["ci_exact"][0] > 0
+    diverged = {**worse, 1: _result("k", 1, float("nan"), diverged=3)}
+    row = _paired("k", diverged, base, cfg)
+    assert row["status"] == "fail" and row["diverged_at"] == {"1": 3}
+
+
+def test_a_run_reports_paired_gaps_floors_resolution_and_the_ladder(corpus, tmp_path):
+    """Schema v2 end to end on a minimal CPU run: every field the gate and its resolution need."""
+    from flamia_verify.reference import reference_attention
+    from flamia_verify.training.demo_kernels import ladder
+    from flamia_verify.training.parity import PRESETS, run_parity
+    from flamia_verify.training.report import write_parity_reports
+
+    bf16 = load_kernel("bf16").fn
+    cfg = replace(PRESETS["tiny"], steps=2, tokens=256, max_len=64, eval_every=2, val_batches=1, seeds=2)
+    rungs = dict(list(ladder(bf16).items())[-2:])  # noise 0.1 and the temperature error
+    doc = run_parity(
+        {"bf16": bf16, "flamia-mxfp8": load_kernel("flamia-mxfp8").fn},
+        cfg,
+        baseline=bf16,
+        exact=reference_attention,
+        corpus=corpus,
+        floor_kernel=load_kernel("sdpa-math").fn,
+        ladder=rungs,
     )
-    text = capsys.readouterr().out
-    assert code == 1, text
-    doc = json.loads((out / "train-parity.json").read_text())
-    assert doc["schema"] == "flamia-verify/train-parity/v1" and not doc["passed"]
+    json.dumps(doc, allow_nan=False)
+    assert doc["schema"] == "flamia-verify/train-parity/v2"
     rows = {r["kernel"]: r for r in doc["kernels"]}
-    assert rows["bf16"]["status"] == "pass" and rows["bf16"]["gap_sigmas"] == 0
-    assert rows["flamia-mxfp8"]["status"] == "pass", rows["flamia-mxfp8"]
-    leak = rows["flamia_verify.training.demo_kernels:future_leak"]
-    assert leak["status"] == "fail" and abs(leak["gap_sigmas_exact"]) > 3
-    assert leak["attn_rel_rmse_final"] > 3 * rows["flamia-mxfp8"]["attn_rel_rmse_final"]
-    assert len(doc["runs"]) == 4 and doc["noise"]["sigma"] > 0
-    assert all(len(r["train_loss"]) == 6 and r["tokens_seen"] == 6 * 512 for r in doc["runs"])
-    md = (out / "train-parity.md").read_text()
-    assert "| `flamia-mxfp8` |" in md and "FAIL" in md
-    html = (out / "train-parity.html").read_text()
-    assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
+    assert rows["bf16"]["deltas"] == [0.0, 0.0] and rows["bf16"]["status"] == "pass"
+    mx = rows["flamia-mxfp8"]
+    assert len(mx["deltas"]) == 2 and mx["ci"][0] <= mx["mean"] <= mx["ci"][1]
+    assert set(doc["floors"]) == {"bf16_vs_itself", "bf16_vs_other_rounding"}
+    assert doc["floors"]["bf16_vs_itself"]["deltas"] == [0.0, 0.0]  # the CPU repeats itself bitwise
+    res = doc["resolution"]
+    assert res["null_from"] == "bf16_vs_other_rounding" and res["minimum_detectable_gap"] >= 0
+    assert res["t_quantile"] == pytest.approx(12.7062, rel=1e-4)  # two seeds: one degree of freedom
+    assert [r["kernel"] for r in doc["ladder"]] == list(rungs)
+    for r in doc["ladder"]:
+        assert r["should_be_flagged"] == (abs(r["mean"]) >= res["minimum_detectable_gap"])
+        assert r["consistent"] == (r["flagged"] or not r["should_be_flagged"])
+    assert doc["passed"] == (all(r["status"] == "pass" for r in doc["kernels"]) and doc["ladder_consistent"])
+    assert doc["evaluation"]["val_tokens"] == 256 and doc["evaluation"]["standard_error"] > 0
+    assert len(doc["runs"]) == 2 * (2 + 2 + 2)  # seeds x (bf16, mxfp8, two floors, two rungs)
+    paths = write_parity_reports(doc, tmp_path)
+    md = paths["train-parity.md"].read_text()
+    assert "Minimum detectable gap" in md and "| `floor: bf16_vs_other_rounding (sdpa-math)` |" in md
+    assert "| `ladder: noise 0.1` |" in md
+    assert "data:image/png;base64," in paths["train-parity.html"].read_text()
+
+
+def test_the_ladder_flags_what_the_run_resolves_and_a_missed_rung_fails_the_run():
+    from flamia_verify.training.parity import PRESETS, _paired, judge_rung
+
+    cfg = replace(PRESETS["tiny"], seeds=3)
+    base = {s: _result("bf16", s, 2.0) for s in range(3)}
+    seen = _paired("r", {s: _result("r", s, 2.0 + d) for s, d in zip(range(3), (0.05, 0.051, 0.049))}, base, cfg)
+    assert judge_rung(seen, 0.01) == dict(seen, should_be_flagged=True, flagged=True, consistent=True)
+    # a rung of 0.02 in the mean that spreads so much that the gate cannot call it: missed
+    missed = _paired("r", {s: _result("r", s, 2.0 + d) for s, d in zip(range(3), (0.09, -0.05, 0.02))}, base, cfg)
+    assert missed["status"] == "pass" and not judge_rung(missed, 0.01)["consistent"]
+    small = _paired("r", {s: _result("r", s, 2.0 + d) for s, d in zip(range(3), (0.002, -0.001, 0.0))}, base, cfg)
+    assert judge_rung(small, 0.01)["consistent"]  # below the resolution: not expected to be seen
 
 
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--kernel", "bf16", "--bf16-seeds", "1"], "--bf16-seeds must be >= 2"),
+        (["--kernel", "bf16", "--seeds", "1"], "--seeds must be >= 2"),
+        (["--kernel", "bf16", "--level", "1.5"], "--level must be a confidence level"),
+        (["--kernel", "bf16", "--tolerance", "-1"], "--tolerance must be a finite number of nats >= 0"),
         (["--kernel", "bf16", "--preset", "huge"], "unknown preset"),
         (["--kernel", "no_such_kernel"], "unknown kernel"),
         ([], "needs at least one --kernel"),
-        (["--kernel", "bf16", "--max-gap", "inf"], "--max-gap must be a positive finite number"),
     ],
 )
 def test_bad_usage_is_one_line_and_an_exit_code(argv, message, tmp_path, capsys):
@@ -126,13 +178,16 @@ def test_bad_usage_is_one_line_and_an_exit_code(argv, message, tmp_path, capsys)
 
 def test_config_table_is_validated(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[tool.flamia-verify.train_parity]\npreset = "tiny"\nmax_gap = 4.0\nkernels = ["fp8"]\n')
-    assert load_config(cfg).train_parity == {"preset": "tiny", "max_gap": 4.0, "kernels": ["fp8"]}
-    cfg.write_text("[tool.flamia-verify.train_parity]\nmax_gaps = 4.0\n")
-    with pytest.raises(ConfigError, match="unknown key 'max_gaps'"):
+    cfg.write_text('[tool.flamia-verify.train_parity]\npreset = "tiny"\ntolerance = 0.01\nkernels = ["fp8"]\n')
+    assert load_config(cfg).train_parity == {"preset": "tiny", "tolerance": 0.01, "kernels": ["fp8"]}
+    cfg.write_text("[tool.flamia-verify.train_parity]\ntolerances = 4.0\n")
+    with pytest.raises(ConfigError, match="unknown key 'tolerances'"):
         load_config(cfg)
-    cfg.write_text("[tool.flamia-verify.train_parity]\nbf16_seeds = 1\n")
-    with pytest.raises(ConfigError, match="bf16_seeds must be >= 2"):
+    cfg.write_text("[tool.flamia-verify.train_parity]\nseeds = 1\n")
+    with pytest.raises(ConfigError, match="seeds must be >= 2"):
+        load_config(cfg)
+    cfg.write_text("[tool.flamia-verify.train_parity]\nmax_gap = 3.0\n")  # schema v1's gate
+    with pytest.raises(ConfigError, match="'max_gap' was replaced by tolerance"):
         load_config(cfg)
 
 
@@ -153,7 +208,7 @@ def test_a_kernel_whose_training_diverges_fails_its_row_and_the_others_still_run
         return nan_after_step_one(*a, **kw)
 
     nan_after_step_one.calls = 0
-    cfg = replace(PRESETS["tiny"], steps=4, tokens=256, max_len=64, eval_every=2, val_batches=1, bf16_seeds=2)
+    cfg = replace(PRESETS["tiny"], steps=4, tokens=256, max_len=64, eval_every=2, val_batches=1, seeds=2, floors=False)
     doc = run_parity(
         {"bf16": bf16, "nan": counting, "mxfp8": load_kernel("flamia-mxfp8").fn},
         cfg,
@@ -162,8 +217,8 @@ def test_a_kernel_whose_training_diverges_fails_its_row_and_the_others_still_run
         corpus=corpus,
     )
     rows = {r["kernel"]: r for r in doc["kernels"]}
-    assert rows["nan"]["status"] == "fail" and rows["nan"]["diverged_at"] == 1 and rows["nan"]["gap_sigmas"] == "inf"
-    assert rows["mxfp8"]["diverged_at"] is None and isinstance(rows["mxfp8"]["gap_sigmas"], float)
+    assert rows["nan"]["status"] == "fail" and rows["nan"]["diverged_at"]["0"] == 1 and rows["nan"]["mean"] == "inf"
+    assert rows["mxfp8"]["diverged_at"] is None and isinstance(rows["mxfp8"]["mean"], float)
     json.dumps(doc, allow_nan=False)  # strict JSON: NaN and Inf are strings
 
 

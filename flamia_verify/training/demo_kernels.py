@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["future_leak", "next_token_leak"]
+__all__ = ["future_leak", "next_token_leak", "noisy", "temperature", "ladder", "LADDER_NOISE", "LADDER_TEMPERATURE"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,3 +78,43 @@ def next_token_leak(
 
 
 next_token_leak.recipe = "mxfp8"  # type: ignore[attr-defined]
+
+
+#: the rungs of the sensitivity ladder: relative RMSE of the noise added to O (the quantized designs
+#: sit near 0.05 per call), and the relative error of the softmax temperature of the biased rung
+LADDER_NOISE = (0.01, 0.03, 0.1)
+LADDER_TEMPERATURE = 0.01
+
+
+def noisy(baseline, r: float):
+    """``baseline`` with unbiased noise of relative RMSE ``r`` added to its output: N(0, (r x the
+    output's RMS)^2) per element, drawn from torch's global generator (so a seeded run repeats it);
+    the gradient is the baseline's (the noise is a constant of the graph)."""
+    import torch
+
+    def kernel(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale=None, causal=False):
+        out = baseline(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=softmax_scale, causal=causal)
+        rms = out.detach().float().pow(2).mean().sqrt()
+        return out + (r * rms * torch.randn(out.shape, device=out.device)).to(out.dtype)
+
+    kernel.recipe = "bf16"  # type: ignore[attr-defined]
+    return kernel
+
+
+def temperature(baseline, error: float):
+    """``baseline`` with its softmax scale off by the relative ``error`` (a systematic bias: every row's
+    weights a little too peaked)."""
+
+    def kernel(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale=None, causal=False):
+        scale = (softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5) * (1 + error)
+        return baseline(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=scale, causal=causal)
+
+    kernel.recipe = "bf16"  # type: ignore[attr-defined]
+    return kernel
+
+
+def ladder(baseline) -> dict:
+    """The rungs of known size, by name: noise of each of LADDER_NOISE, then the temperature error."""
+    rungs = {f"noise {r:g}": noisy(baseline, r) for r in LADDER_NOISE}
+    rungs[f"temperature {100 * LADDER_TEMPERATURE:+g} %"] = temperature(baseline, LADDER_TEMPERATURE)
+    return rungs

@@ -1,16 +1,25 @@
-"""Train one small model per kernel from one seed and compare the final validation losses with BF16's
-seed-to-seed spread.
+"""Train one small model per kernel and seed, and judge each kernel by its paired gap to BF16.
 
-For every kernel: the same initial weights (``seed``), the same batches (drawn once from the corpus
-with ``seed``), AdamW with linear warm-up and cosine decay, gradient clipping at 1. The BF16 kernel
-also runs with ``bf16_seeds - 1`` further seeds (other weights and other batches): the sample
-standard deviation of its final validation losses is the noise floor sigma. Each kernel's *gap* is
-(its final validation loss - BF16's at ``seed``) / sigma, measured twice: with the kernel itself
-(what training saw) and with the float64 reference attention in every layer (the *exact
-evaluation*: a kernel that leaks the future looks good on its own and fails here). A kernel fails
-when either |gap| exceeds ``max_gap`` (default 3). Also recorded per kernel: train loss per step,
-validation loss every ``eval_every`` steps (both ways), the gradient norm per step, and the
-attention output's relative RMSE against the exact kernel on the same q, k, v during evaluation.
+For every seed s and every kernel: the same initial weights (``s``), the same batches (drawn from the
+corpus with ``s``), AdamW with linear warm-up and cosine decay, gradient clipping at 1; BF16 trains at
+every seed too. The quantity judged is the *paired difference* d_s = L(kernel, s) - L(BF16, s) of the
+final validation loss (one fixed held-out token set for every run): its mean over the seeds with a
+Student t confidence interval (``level``, 95 % by default). A kernel fails when the interval lies
+wholly above ``tolerance`` or wholly below ``-tolerance`` (default 0: any difference the run resolves),
+with its own attention or with the float64 reference attention in every layer (the *exact
+evaluation*: a kernel that leaks the future looks good on its own and fails there).
+
+What the run can resolve is measured, not assumed. Two floors (``floors``): BF16 against itself
+(each seed run twice: run-to-run non-determinism) and BF16 against an equivalent BF16 kernel that
+rounds differently (``floor_kernel``: the chaos a last-bit difference grows into). The *minimum
+detectable gap* is tolerance + t(level, n - 1) x sd / sqrt(n), sd the standard deviation of the
+second floor's paired differences (of the kernels' own where no floor ran): the smallest |mean gap|
+the gate calls significant. A ladder of planted kernels of known size (``ladder``: BF16 with relative
+noise of RMSE 0.01, 0.03, 0.1 on O, and a 1 % softmax temperature error) shows where known gaps land;
+a rung whose gap is at least the minimum detectable gap and that the gate does not flag makes the run
+invalid (the tool failed, not a kernel). Also recorded per run: train loss per step, validation loss
+every ``eval_every`` steps (both ways), the gradient norm per step, and the attention output's
+relative RMSE against the exact kernel on the same q, k, v during evaluation.
 """
 
 from __future__ import annotations
@@ -36,10 +45,11 @@ __all__ = [
     "train_step",
     "train_one",
     "run_parity",
+    "judge_rung",
     "SCHEMA",
 ]
 
-SCHEMA = "flamia-verify/train-parity/v1"
+SCHEMA = "flamia-verify/train-parity/v2"
 
 
 @dataclass(frozen=True)
@@ -53,9 +63,13 @@ class ParityConfig:
     weight_decay: float = 0.1
     eval_every: int = 50
     val_batches: int = 8
-    bf16_seeds: int = 3
+    seeds: int = 3  # paired seeds: BF16 and every kernel train at seed, seed + 1, ...
     seed: int = 0
-    max_gap: float = 3.0  # |gap| in units of the BF16 spread above which a kernel fails
+    tolerance: float = 0.0  # nats: an interval wholly beyond +-tolerance fails
+    level: float = 0.95  # confidence level of the paired gap's interval
+    floors: bool = True  # measure the two noise floors (BF16 twice; BF16 against floor_kernel)
+    floor_kernel: str = "sdpa-math"  # an equivalent BF16 kernel that rounds differently
+    ladder: bool = False  # train the planted rungs of known size too
     corpus_max_bytes: int | None = None
 
     def to_dict(self) -> dict:
@@ -75,10 +89,25 @@ PRESETS: dict[str, ParityConfig] = {
         warmup=5,
         eval_every=10,
         val_batches=2,
+        seeds=2,
         corpus_max_bytes=3_000_000,
     ),
     # the GPU run of docs/training.md: 6 layers, d_model 512, 8 heads of 64
     "small": ParityConfig(model=ModelConfig(layers=6, d_model=512, heads=8), steps=300, tokens=8192, max_len=512),
+    # sized for resolution on one GPU (docs/training.md "Resolution"): a smaller model, more seeds and a
+    # larger held-out set; a paired gap's spread shrinks with the chaos of the run, which a short run
+    # at a moderate learning rate keeps small
+    "resolution": ParityConfig(
+        model=ModelConfig(layers=4, d_model=256, heads=4),
+        steps=200,
+        tokens=8192,
+        max_len=512,
+        lr=1e-3,
+        warmup=20,
+        eval_every=50,
+        val_batches=32,
+        seeds=5,
+    ),
 }
 
 
@@ -96,6 +125,8 @@ class TrainResult:
     tokens_seen: int
     seconds: float
     diverged_at: int | None = None  # the step whose loss or gradient norm was not finite
+    val_token_sd: float = float("nan")  # the spread of the per-token losses at the last evaluation
+    val_tokens: int = 0
 
     @property
     def final_val(self) -> float:
@@ -124,13 +155,15 @@ def _loss(model, batch, kernel, device, probe=None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _evaluate(model, batches, kernel, device, probe=None) -> float:
-    total, n = 0.0, 0
+def _evaluate(model, batches, kernel, device, probe=None) -> tuple[float, float, int]:
+    """(mean, sd, count) of the per-token validation losses."""
+    losses = []
     for b in batches:
-        t = int(b.tokens.numel())
-        total += float(_loss(model, b, kernel, device, probe)) * t
-        n += t
-    return total / n
+        with _autocast(device):
+            logits = model(b.tokens, b.cu_seqlens, b.max_seqlen, kernel, probe)
+        losses.append(F.cross_entropy(logits.float(), b.targets, reduction="none").double())
+    every = torch.cat(losses)
+    return float(every.mean()), float(every.std()) if every.numel() > 1 else 0.0, int(every.numel())
 
 
 def make_optimizer(model: torch.nn.Module, cfg: ParityConfig) -> torch.optim.AdamW:
@@ -189,9 +222,11 @@ def train_one(
         model.eval()
         probe = AttentionProbe(exact)
         res.eval_steps.append(step)
-        res.val_loss.append(_evaluate(model, val, kernel, device, probe))
+        mean, sd, n = _evaluate(model, val, kernel, device, probe)
+        res.val_loss.append(mean)
+        res.val_token_sd, res.val_tokens = sd, n
         res.attn_rel_rmse.append(probe.rel_rmse)
-        res.val_loss_exact.append(_evaluate(model, val, exact, device))
+        res.val_loss_exact.append(_evaluate(model, val, exact, device)[0])
         model.train()
 
     for step, batch in enumerate(batches):
@@ -225,21 +260,26 @@ def run_parity(
     baseline: Callable,
     exact: Callable,
     corpus: Corpus | None = None,
+    floor_kernel: Callable | None = None,
+    ladder: dict[str, Callable] | None = None,
     on_step: Callable[[str, int, float], None] | None = None,
     on_run: Callable[[TrainResult], None] | None = None,
 ) -> dict:
-    """Train BF16 (``baseline``) over ``cfg.bf16_seeds`` seeds and every kernel of ``kernels`` (name ->
-    callable) at ``cfg.seed``; return the result document (schema ``flamia-verify/train-parity/v1``)."""
-    if cfg.bf16_seeds < 2:
-        raise ConfigError(f"the noise floor needs at least 2 BF16 seeds, got {cfg.bf16_seeds}")
+    """Train BF16 (``baseline``) and every kernel of ``kernels`` (name -> callable) at each of
+    ``cfg.seeds`` seeds, the floors (BF16 again; ``floor_kernel``) when ``cfg.floors``, and the rungs
+    of ``ladder`` (name -> callable) when given; return the result document (schema ``SCHEMA``)."""
+    if cfg.seeds < 2:
+        raise ConfigError(f"a paired interval needs at least 2 seeds, got {cfg.seeds}")
     if cfg.steps < 1 or cfg.eval_every < 1:
         raise ConfigError("steps and eval_every must be >= 1")
+    if cfg.floors and floor_kernel is None:
+        raise ConfigError("floors need the floor kernel (an equivalent BF16 kernel that rounds differently)")
+    determinism = _deterministic(device)
     corpus = corpus or build_corpus(max_bytes=cfg.corpus_max_bytes)
+    # one held-out token set for every run and seed: a paired difference sees no sampling noise of its own
     val = [
         b.to(device)
-        for b in make_batches(
-            corpus.val, n=cfg.val_batches, tokens=cfg.tokens, max_len=cfg.max_len, seed=10_000 + cfg.seed
-        )
+        for b in make_batches(corpus.val, n=cfg.val_batches, tokens=cfg.tokens, max_len=cfg.max_len, seed=10_000)
     ]
     runs: list[TrainResult] = []
 
@@ -250,44 +290,43 @@ def run_parity(
             on_run(r)
         return r
 
-    base = [go(baseline, "bf16", cfg.seed + i) for i in range(cfg.bf16_seeds)]
-    bad = [r.seed for r in base if r.diverged_at is not None]
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    base = {s: go(baseline, "bf16", s) for s in seeds}
+    bad = [s for s, r in base.items() if r.diverged_at is not None]
     if bad:
-        raise FloatingPointError(f"the BF16 baseline diverged (seeds {bad}): no noise floor; lower the learning rate")
-    ref = base[0]
-    sigma = statistics.stdev([r.final_val for r in base])
-    sigma_exact = statistics.stdev([r.final_val_exact for r in base])
-    rows = []
+        raise FloatingPointError(f"the BF16 baseline diverged (seeds {bad}): lower the learning rate")
+    trained: dict[str, dict[int, TrainResult]] = {"bf16": base}
     for name, fn in kernels.items():
-        r = ref if name == "bf16" else go(fn, name, cfg.seed)
-        gap = _in_sigmas(r.final_val - ref.final_val, sigma)
-        gap_exact = _in_sigmas(r.final_val_exact - ref.final_val_exact, sigma_exact)
-        gn_ratio = _tail_mean(r.grad_norm) / _tail_mean(ref.grad_norm)
-        passed = r.diverged_at is None and abs(gap) <= cfg.max_gap and abs(gap_exact) <= cfg.max_gap
-        if r.diverged_at is not None:
-            gap = gap_exact = math.inf
-        rows.append(
-            {
-                "diverged_at": r.diverged_at,
-                "kernel": name,
-                "final_val_loss": r.final_val,
-                "final_val_loss_exact": r.final_val_exact,
-                "gap_sigmas": gap,
-                "gap_sigmas_exact": gap_exact,
-                "delta_val_loss": r.final_val - ref.final_val,
-                "delta_val_loss_exact": r.final_val_exact - ref.final_val_exact,
-                "grad_norm_ratio": gn_ratio,
-                "attn_rel_rmse_final": r.attn_rel_rmse[-1],
-                "status": "pass" if passed else "fail",
-                "seconds": r.seconds,
-                "tokens_seen": r.tokens_seen,
-            }
-        )
+        if name != "bf16":
+            trained[name] = {s: go(fn, name, s) for s in seeds}
+    floors: dict[str, dict] = {}
+    if cfg.floors:
+        again = {s: go(baseline, "bf16 (again)", s) for s in seeds}
+        other = {s: go(floor_kernel, f"floor: {cfg.floor_kernel}", s) for s in seeds}
+        floors["bf16_vs_itself"] = _paired("bf16 (again)", again, base, cfg)
+        floors["bf16_vs_other_rounding"] = _paired(cfg.floor_kernel, other, base, cfg)
+    rungs = {name: {s: go(fn, f"ladder: {name}", s) for s in seeds} for name, fn in (ladder or {}).items()}
+    rows = [_paired(name, by_seed, base, cfg, grads=True) for name, by_seed in trained.items()]
+    # what the run resolves: the spread of a pair that differs by rounding alone, else the kernels' own
+    null_sd = (
+        floors["bf16_vs_other_rounding"]["sd"]
+        if floors
+        else statistics.median([r["sd"] for r in rows if r["kernel"] != "bf16" and math.isfinite(r["sd"])] or [0.0])
+    )
+    t = _t_quantile(cfg.level, cfg.seeds)
+    mdg = cfg.tolerance + t * null_sd / math.sqrt(cfg.seeds)
+    mean_loss = statistics.fmean(r.final_val for r in base.values())
+    ladder_rows = [_paired(name, by_seed, base, cfg) for name, by_seed in rungs.items()]
+    for row in ladder_rows:
+        judge_rung(row, mdg)
+    first = base[seeds[0]]
+    eval_mean, eval_sd, eval_tokens = first.final_val, first.val_token_sd, first.val_tokens
     return _finite_json(
         {
             "schema": SCHEMA,
             "config": cfg.to_dict(),
             "device": device,
+            "determinism": determinism,
             "corpus": {
                 "root": corpus.root,
                 "fingerprint": corpus.fingerprint,
@@ -296,17 +335,111 @@ def run_parity(
                 "train_bytes": corpus.train_bytes,
                 "val_bytes": corpus.val_bytes,
             },
-            "noise": {
-                "bf16_final_val": [r.final_val for r in base],
-                "sigma": sigma,
-                "bf16_final_val_exact": [r.final_val_exact for r in base],
-                "sigma_exact": sigma_exact,
+            "evaluation": {
+                "val_tokens": eval_tokens,
+                "val_loss": eval_mean,
+                # the sampling noise of one run's validation loss (per-token losses' sd / sqrt(tokens));
+                # a paired difference on the same tokens does not carry it
+                "standard_error": eval_sd / math.sqrt(eval_tokens) if eval_tokens else float("nan"),
             },
+            "resolution": {
+                "level": cfg.level,
+                "t_quantile": t,
+                "null_sd": null_sd,
+                "null_from": "bf16_vs_other_rounding" if floors else "the kernels' paired differences",
+                "minimum_detectable_gap": mdg,
+                "minimum_detectable_gap_percent": 100 * mdg / mean_loss if mean_loss else float("nan"),
+                "bf16_mean_val_loss": mean_loss,
+            },
+            "floors": floors,
             "kernels": rows,
+            "ladder": ladder_rows,
+            "ladder_consistent": all(r["consistent"] for r in ladder_rows),
             "runs": [asdict(r) for r in runs],
-            "passed": all(row["status"] == "pass" for row in rows),
+            "passed": all(row["status"] == "pass" for row in rows) and all(r["consistent"] for r in ladder_rows),
         }
     )
+
+
+def judge_rung(row: dict, mdg: float) -> dict:
+    """A ladder rung's row judged against the run's minimum detectable gap: it should be flagged when
+    its |mean gap| is at least ``mdg``; it is consistent when flagged (failed) or not expected to be."""
+    row["should_be_flagged"] = abs(row["mean"]) >= mdg
+    row["flagged"] = row["status"] == "fail"
+    row["consistent"] = row["flagged"] or not row["should_be_flagged"]
+    return row
+
+
+def _paired(name: str, runs: dict[int, TrainResult], base: dict[int, TrainResult], cfg: ParityConfig, grads=False):
+    """The paired statistics of ``runs`` against ``base`` (seed -> run), own and exact evaluation, and
+    the verdict: fail when a run diverged or either interval lies wholly beyond +-tolerance."""
+    seeds = sorted(runs)
+    diverged = [s for s in seeds if runs[s].diverged_at is not None]
+    own = [runs[s].final_val - base[s].final_val for s in seeds]
+    ex = [runs[s].final_val_exact - base[s].final_val_exact for s in seeds]
+    a, b = _interval(own, cfg.level), _interval(ex, cfg.level)
+    beyond = any(lo > cfg.tolerance or hi < -cfg.tolerance for _, _, lo, hi in (a, b))
+    row = {
+        "kernel": name,
+        "seeds": seeds,
+        "deltas": own,
+        "deltas_exact": ex,
+        "mean": a[0],
+        "sd": a[1],
+        "ci": [a[2], a[3]],
+        "mean_exact": b[0],
+        "sd_exact": b[1],
+        "ci_exact": [b[2], b[3]],
+        "final_val_loss": statistics.fmean(runs[s].final_val for s in seeds),
+        "final_val_loss_exact": statistics.fmean(runs[s].final_val_exact for s in seeds),
+        "attn_rel_rmse_final": statistics.fmean(runs[s].attn_rel_rmse[-1] for s in seeds),
+        "diverged_at": {str(s): runs[s].diverged_at for s in diverged} or None,
+        "status": "fail" if diverged or beyond else "pass",
+        "seconds": sum(runs[s].seconds for s in seeds),
+        "tokens_seen": sum(runs[s].tokens_seen for s in seeds),
+    }
+    if grads:
+        row["grad_norm_ratio"] = statistics.fmean(
+            _tail_mean(runs[s].grad_norm) / _tail_mean(base[s].grad_norm) for s in seeds
+        )
+    if diverged:
+        row["mean"] = row["mean_exact"] = math.inf
+    return row
+
+
+def _interval(xs: list[float], level: float) -> tuple[float, float, float, float]:
+    """(mean, sample sd, low, high): the Student t interval of the mean at ``level`` (n - 1 dof)."""
+    if any(not math.isfinite(x) for x in xs):
+        return math.inf, math.inf, -math.inf, math.inf
+    mean = statistics.fmean(xs)
+    sd = statistics.stdev(xs) if len(xs) > 1 else math.inf
+    half = _t_quantile(level, len(xs)) * sd / math.sqrt(len(xs))
+    return mean, sd, mean - half, mean + half
+
+
+def _t_quantile(level: float, n: int) -> float:
+    """The two-sided Student t quantile of ``level`` with n - 1 degrees of freedom (scipy)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2, n - 1))
+
+
+def _deterministic(device: str) -> dict:
+    """Make a training step as deterministic as torch allows on ``device``; what is still not."""
+    notes = []
+    if device.startswith("cuda"):
+        import os
+
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+            notes.append("CUBLAS_WORKSPACE_CONFIG was not set before CUDA started: cuBLAS may not be deterministic")
+        notes.append(
+            "kernels under test may use atomics (torch warns where its own ops are non-deterministic); the "
+            "floor bf16_vs_itself measures what remains"
+        )
+    return {"deterministic_algorithms": device.startswith("cuda"), "notes": notes}
 
 
 def _finite_json(x):
@@ -318,13 +451,6 @@ def _finite_json(x):
     if isinstance(x, list):
         return [_finite_json(v) for v in x]
     return x
-
-
-def _in_sigmas(delta: float, sigma: float) -> float:
-    """delta / sigma; with no spread (sigma 0 or not finite) only an exact tie is 0, anything else inf."""
-    if sigma > 0 and math.isfinite(sigma):
-        return delta / sigma
-    return 0.0 if delta == 0 else math.inf
 
 
 def _tail_mean(xs: list[float], frac: float = 0.2) -> float:

@@ -21,66 +21,93 @@ def _fmt(x, spec: str = ".4f") -> str:
 
 _HEADER = (
     "kernel",
-    "final val loss",
-    "gap (sigma)",
-    "val loss, exact eval",
-    "gap (sigma), exact eval",
+    "mean gap (nats)",
+    "interval",
+    "gap, exact eval",
+    "interval, exact eval",
+    "val loss",
     "grad-norm ratio",
     "attention rel. RMSE",
     "s",
     "status",
 )
-_LEGEND = (
-    "Gap: (final validation loss - BF16's at the same seed) / sigma. Exact evaluation: the same "
-    "trained model with the float64 reference attention in every layer. Grad-norm ratio: mean "
-    "gradient norm over the last 20 % of steps against BF16's. Attention rel. RMSE: the kernel's "
-    "attention outputs against the exact kernel's on the same q, k, v during the last evaluation."
-)
 
 
-def _parts(doc: dict) -> tuple[str, list[str], list[list[str]]]:
-    """(title, the paragraphs before the table, the table's rows of cells): what both renderers show."""
-    cfg, noise, m = doc["config"], doc["noise"], doc["config"]["model"]
+def _legend(doc: dict) -> str:
+    level = 100 * doc["config"]["level"]
+    return (
+        f"Gap: final validation loss minus BF16's at the same seed (nats/byte), mean over the seeds; interval: "
+        f"its {level:g} % Student t confidence interval. Exact evaluation: the same trained model with the "
+        "float64 reference attention in every layer. Grad-norm ratio: mean gradient norm over the last 20 % "
+        "of steps against BF16's. Attention rel. RMSE: the kernel's attention outputs against the exact "
+        "kernel's on the same q, k, v during the last evaluation."
+    )
+
+
+def _interval(ci) -> str:
+    return f"[{_fmt(ci[0], '+.4f')}, {_fmt(ci[1], '+.4f')}]"
+
+
+def _row(r: dict) -> list[str]:
+    status = r["status"].upper() + ("" if not r.get("diverged_at") else f" (diverged: {r['diverged_at']})")
+    if "flagged" in r:
+        status += "" if r["consistent"] else " (MISSED: at or above the minimum detectable gap)"
+    return [
+        r["kernel"],
+        _fmt(r["mean"], "+.4f"),
+        _interval(r["ci"]),
+        _fmt(r["mean_exact"], "+.4f"),
+        _interval(r["ci_exact"]),
+        _fmt(r["final_val_loss"]),
+        _fmt(r["grad_norm_ratio"], ".3f") if "grad_norm_ratio" in r else "",
+        _fmt(r["attn_rel_rmse_final"], ".3g"),
+        f"{r['seconds']:.0f}",
+        status,
+    ]
+
+
+def _parts(doc: dict) -> tuple[str, list[str], list[list[str]], list[list[str]]]:
+    """(title, the paragraphs before the tables, the kernels' rows, the floors' and ladder's rows):
+    what both renderers show."""
+    cfg, m, res = doc["config"], doc["config"]["model"], doc["resolution"]
     title = f"Training parity: {'PASS' if doc['passed'] else 'FAIL'}"
+    floors = doc["floors"]
     paragraphs = [
         f"{m['layers']} layers, d_model {m['d_model']}, {m['heads']} heads of {m['d_model'] // m['heads']}, byte-level; "
-        f"{cfg['steps']} steps of {cfg['tokens']} tokens (windows up to {cfg['max_len']}), seed {cfg['seed']}, "
-        f"device {doc['device']}. Corpus: {doc['corpus']['train_documents']} / {doc['corpus']['val_documents']} "
-        f"train / validation files of {doc['corpus']['root']} (fingerprint {doc['corpus']['fingerprint'][:12]}).",
-        f"Noise floor: BF16 over {len(noise['bf16_final_val'])} seeds, final validation loss "
-        f"{', '.join(_fmt(x) for x in noise['bf16_final_val'])}: sigma {_fmt(noise['sigma'], '.4g')} "
-        f"(exact evaluation: sigma {_fmt(noise['sigma_exact'], '.4g')}). A kernel fails when |gap| > "
-        f"{cfg['max_gap']} sigma, with its own attention or with the exact one.",
+        f"{cfg['steps']} steps of {cfg['tokens']} tokens (windows up to {cfg['max_len']}), seeds {cfg['seed']} to "
+        f"{cfg['seed'] + cfg['seeds'] - 1}, device {doc['device']}. Corpus: {doc['corpus']['train_documents']} / "
+        f"{doc['corpus']['val_documents']} train / validation files of {doc['corpus']['root']} (fingerprint "
+        f"{doc['corpus']['fingerprint'][:12]}); validation on {doc['evaluation']['val_tokens']} fixed held-out "
+        f"tokens (one run's sampling error {_fmt(doc['evaluation']['standard_error'], '.2g')} nats; a paired "
+        "difference on the same tokens does not carry it).",
+        f"Minimum detectable gap: {_fmt(res['minimum_detectable_gap'], '.4f')} nats/byte "
+        f"({_fmt(res['minimum_detectable_gap_percent'], '.2f')} % of BF16's loss {_fmt(res['bf16_mean_val_loss'])}): "
+        f"tolerance {cfg['tolerance']:g} + t {_fmt(res['t_quantile'], '.3g')} x sd {_fmt(res['null_sd'], '.3g')} / "
+        f"sqrt({cfg['seeds']}), sd from {res['null_from']}. A kernel fails when its gap's interval lies wholly "
+        f"beyond +-{cfg['tolerance']:g} nats, with its own attention or with the exact one.",
     ]
-    rows = []
-    for r in doc["kernels"]:
-        status = r["status"].upper() + (
-            "" if r.get("diverged_at") is None else f" (diverged at step {r['diverged_at']})"
+    if not floors:
+        paragraphs.append("Floors not measured (--no-floors).")
+    if doc["determinism"]["notes"]:
+        paragraphs.append("Determinism: " + " ".join(doc["determinism"]["notes"]))
+    if doc["ladder"] and not doc["ladder_consistent"]:
+        paragraphs.append(
+            "The run missed ladder rungs at or above its minimum detectable gap: its verdicts are not trustworthy."
         )
-        rows.append(
-            [
-                r["kernel"],
-                _fmt(r["final_val_loss"]),
-                _fmt(r["gap_sigmas"], "+.2f"),
-                _fmt(r["final_val_loss_exact"]),
-                _fmt(r["gap_sigmas_exact"], "+.2f"),
-                _fmt(r["grad_norm_ratio"], ".3f"),
-                _fmt(r["attn_rel_rmse_final"], ".3g"),
-                f"{r['seconds']:.0f}",
-                status,
-            ]
-        )
-    return title, paragraphs, rows
+    rows = [_row(r) for r in doc["kernels"]]
+    extra = [_row({**r, "kernel": f"floor: {name} ({r['kernel']})"}) for name, r in floors.items()]
+    extra += [_row({**r, "kernel": f"ladder: {r['kernel']}"}) for r in doc["ladder"]]
+    return title, paragraphs, rows, extra
 
 
 def render_markdown(doc: dict) -> str:
-    title, paragraphs, rows = _parts(doc)
+    title, paragraphs, rows, extra = _parts(doc)
     lines = [f"# {title}", ""]
     for p in paragraphs:
         lines += [p, ""]
     lines += ["| " + " | ".join(_HEADER) + " |", "|---|" + "---:|" * (len(_HEADER) - 2) + "---|"]
-    lines += ["| " + " | ".join([f"`{row[0]}`", *row[1:]]) + " |" for row in rows]
-    lines += ["", _LEGEND, ""]
+    lines += ["| " + " | ".join([f"`{row[0]}`", *row[1:]]) + " |" for row in rows + extra]
+    lines += ["", _legend(doc), ""]
     return "\n".join(lines)
 
 
@@ -125,7 +152,8 @@ def _plot_png(doc: dict) -> str:
 
 
 def render_html(doc: dict) -> str:
-    title, paragraphs, rows = _parts(doc)
+    title, paragraphs, rows, extra = _parts(doc)
+    rows = rows + extra
     esc = html.escape
     table = (
         "<table><tr>"
@@ -143,7 +171,7 @@ def render_html(doc: dict) -> str:
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Training parity</title><style>{style}</style>"
         f"</head><body><h1>{esc(title)}</h1>{''.join(f'<p>{esc(p)}</p>' for p in paragraphs)}{table}"
-        f"<p>{esc(_LEGEND)}</p>{img}</body></html>"
+        f"<p>{esc(_legend(doc))}</p>{img}</body></html>"
     )
 
 
