@@ -160,3 +160,102 @@ def test_the_checks_table_fits_an_800_pixel_window(browser, tmp_path):
         assert [n.replace("\n", "") for n in names] == [c.name for c in example_report().checks]
     finally:
         browser.close_page(session)
+
+
+# -- the survey's and the sweep's pages (flamia_verify.reports.survey) ---------------------------------
+
+#: the window the survey and sweep pages must read well in: a laptop's browser
+SURVEY_WIDTH = 1400
+
+#: Every word of the page's table that the browser broke over two lines or more (a word: a run of
+#: non-space characters of one text node; the pages break long names and paths only between nodes).
+_BROKEN_WORDS = """(() => {
+  const out = [], walk = document.createTreeWalker(document.querySelector('table'), NodeFilter.SHOW_TEXT);
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    for (const m of node.data.matchAll(/\\S+/g)) {
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+      if (lines.size > 1) out.push(m[0] + ' (' + lines.size + ' lines)');
+    }
+  }
+  return out;
+})()"""
+
+#: The number of text lines of each header written across, and of each cell of a short column.
+_LINES = """(selector => [...document.querySelectorAll(selector)].map(e => {
+  const range = document.createRange();
+  range.selectNodeContents(e);
+  const tops = [...range.getClientRects()].filter(r => r.width > 0 && r.height > 0).map(r => Math.round(r.top));
+  return [e.innerText, new Set(tops).size];
+}))"""
+
+
+def _survey_pages(tmp_path):
+    """The survey of docs/survey.md (every family, both optional verdicts, long reasons, speed, a kernel
+    that hung, two that could not run) as survey.html, and as sweep.html with the sweep's case labels."""
+    from reports_examples import SURVEY_UNAVAILABLE, survey_results
+
+    from flamia_verify.reports.survey import render_survey_html, survey_rows
+
+    results = survey_results()
+    reports = {r["key"]: f"kernels/{r['case']['kernel']}/report.html" for r in results if r["report"]}
+    rows = survey_rows(results, label=lambda c: str(c["kernel"]), reports=reports, unavailable=SURVEY_UNAVAILABLE)
+    survey = tmp_path / "survey.html"
+    survey.write_text(render_survey_html(rows, "flamia-verify survey: quick suite on cuda", ["NVIDIA H200"]))
+    sweep = tmp_path / "sweep.html"
+    sweep.write_text(render_survey_html(survey_rows(survey_results(speed=False)), "flamia-verify sweep: s.toml"))
+    return {"survey": survey, "sweep": sweep}
+
+
+@pytest.mark.parametrize("page", ["survey", "sweep"])
+def test_survey_and_sweep_tables_fit_1400_pixels_without_breaking_a_word(browser, tmp_path, page):
+    """At 1400 px the failure reasons took the width and every other header and cell wrapped letter by
+    letter ("P / A / S / S", "re / ci / p / e"). The reasons are a line under their row now, as wide as
+    the table; the columns are as narrow as their longest word, and no word breaks."""
+    path = _survey_pages(tmp_path)[page]
+    session, record = browser.open(path.as_uri(), width=SURVEY_WIDTH)
+    try:
+        _assert_clean(record, path.as_uri())
+        html_width = browser.evaluate(session, "[document.documentElement.scrollWidth, innerWidth]")
+        assert html_width[0] <= html_width[1], f"the page is {html_width[0]} px wide in a {html_width[1]} px window"
+        table = browser.evaluate(
+            session, "(t => [t.scrollWidth, t.parentElement.clientWidth])(document.querySelector('table'))"
+        )
+        assert table[0] <= table[1], f"the table is {table[0]} px wide in {table[1]} px"
+        broken = browser.evaluate(session, _BROKEN_WORDS)
+        assert broken == [], f"words broken inside: {broken[:20]}"
+        headers = browser.evaluate(session, _LINES + "('th:not(.rot)')")
+        assert headers and all(lines <= 2 for _, lines in headers), headers
+        # a verdict, a recipe, a number: one line each
+        short = [s for s in browser.evaluate(session, _LINES + "('td.v, td.n')") if s[0]]
+        assert short and all(lines == 1 for _, lines in short), [s for s in short if s[1] != 1]
+        # every failure's reason is on the page, beside its row
+        reasons = browser.evaluate(session, "document.querySelector('table').innerText")
+        assert "isolation.neighbours: changed_elements = 477826 breaks <= 0" in reasons
+        assert "timed out after 300 s (worker killed)" in reasons
+    finally:
+        browser.close_page(session)
+
+
+def test_a_survey_table_sorts_rows_with_their_reasons(browser, tmp_path):
+    """A click on a header sorts the rows; each row's line of reasons moves with it."""
+    path = _survey_pages(tmp_path)["survey"]
+    session, record = browser.open(path.as_uri(), width=SURVEY_WIDTH)
+    try:
+        _assert_clean(record, path.as_uri())
+        click = "[...document.querySelectorAll('th')].find(th => th.innerText === 'time (s)').click()"
+        browser.evaluate(session, click)
+        browser.evaluate(session, click)  # the second click sorts the other way: the longest first
+        order = browser.evaluate(
+            session,
+            "[...document.querySelector('table').tBodies].map(b => [...b.rows].map(r => r.innerText.trim()))",
+        )
+        assert order[0][0].startswith("/home/me/attention/kernels/hung_kernel.py:attn")
+        assert "timed out after 300 s" in order[0][1]
+        assert order[1][0].startswith("sage")
+        sage = order[1][1]
+        assert "error.out: normalized_error = 368.1" in sage
+    finally:
+        browser.close_page(session)

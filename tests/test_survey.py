@@ -89,7 +89,7 @@ def test_reports_are_written_and_linked(small_survey):
     assert "sdpa-cudnn: not available here: needs CUDA" in markdown
     assert "speed not measured" in markdown  # a CPU survey says why it has no speed columns
     page = (out / "survey.html").read_text()
-    assert "<table>" in page and "href='kernels/bf16/report.html'" in page and "<script>" in page
+    assert "<table class='survey'>" in page and "href='kernels/bf16/report.html'" in page and "<script>" in page
 
 
 def test_a_rerun_reuses_every_stored_result(small_survey):

@@ -171,7 +171,7 @@ def test_a_rerun_reads_every_case_back_and_writes_the_reports(small_sweep):
     markdown = (root / "out" / "sweep.md").read_text()
     assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.neighbours | mxfp8 | **FAIL** |" in markdown
     assert "isolation.neighbours:" in markdown  # the failing check's one-line reason
-    assert "<table>" in (root / "out" / "sweep.html").read_text()
+    assert "<table class='survey'>" in (root / "out" / "sweep.html").read_text()
 
 
 def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
