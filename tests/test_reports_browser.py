@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+from pathlib import Path
 
 import pytest
 import reports_chromium
@@ -259,3 +260,72 @@ def test_a_survey_table_sorts_rows_with_their_reasons(browser, tmp_path):
         assert "error.out: normalized_error = 368.1" in sage
     finally:
         browser.close_page(session)
+
+
+def _stored_sweep(tmp_path):
+    """A sweep's output directory written by `sweep merge` from stored results (no kernel runs): a case
+    that failed, one that passed, the same kernel on another seed, one that hung (no report)."""
+    import json
+
+    from reports_examples import example_report, passing_report
+
+    from flamia_verify.sweep import SCHEMA, merge_sweeps
+
+    def result(n, kernel, seed, report, status):
+        case = {"kernel": kernel, "suite": "quick", "dtype": "bf16", "seed": seed, "only": []}
+        error = None if report else "timed out after 60 s (worker killed)"
+        return {"key": f"{n:032x}", "case": case, "status": status, "report": report, "error": error}
+
+    results = [
+        result(1, "mxfp8-naive", 0, example_report(seed=0).to_dict(), "fail"),
+        result(2, "flamia-mxfp8", 0, passing_report(seed=0).to_dict(), "pass"),
+        result(3, "flamia-mxfp8", 1, passing_report(seed=1).to_dict(), "pass"),
+        result(4, "hung.py:attn", 0, None, "error"),
+    ]
+    shard = tmp_path / "shard"
+    shard.mkdir()
+    labels = {r["key"]: f"{r['case']['kernel']} seed={r['case']['seed']}" for r in results}
+    document = {"schema": SCHEMA, "source": "s.toml", "shard": None, "matrix": list(labels), "labels": labels}
+    (shard / "sweep.json").write_text(json.dumps({**document, "complete": True, "missing": [], "results": results}))
+    merge_sweeps([shard], tmp_path / "out")
+    return tmp_path / "out", results
+
+
+def test_every_sweep_row_links_its_own_case_report(browser, tmp_path):
+    """The sweep's "report" column was empty on every row: no case's report could be reached. Each case
+    with a report now has its report.html under reports/<key>/, linked by a relative path that the
+    browser opens; a case without one (it hung) says so."""
+    import json
+    from urllib.parse import unquote, urlparse
+
+    out, results = _stored_sweep(tmp_path)
+    page = out / "sweep.html"
+    session, record = browser.open(page.as_uri(), width=SURVEY_WIDTH)
+    try:
+        _assert_clean(record, page.as_uri())
+        links = browser.evaluate(
+            session,
+            "[...document.querySelectorAll('table tbody tr:not(.why)')].map(tr => tr.cells[tr.cells.length - 1])"
+            ".map(td => { const a = td.querySelector('a'); return a ? [a.getAttribute('href'), a.href] : null; })",
+        )
+    finally:
+        browser.close_page(session)
+    assert len(links) == len(results)
+    for result, link in zip(results, links):
+        if result["report"] is None:
+            assert link is None, f"{result['case']} has no report but links {link}"
+            continue
+        assert link is not None, f"{result['case']}: no report link"
+        href, url = link
+        assert not href.startswith(("/", "file:")), f"{href} is not relative"
+        target = Path(unquote(urlparse(url).path))
+        assert target.is_file(), f"{href} does not exist"
+        own = json.loads((target.parent / "report.json").read_text())
+        assert (own["kernel"], own["seed"]) == (result["report"]["kernel"], result["report"]["seed"])
+        session, record = browser.open(url, width=SURVEY_WIDTH)
+        try:
+            _assert_clean(record, url)
+            title = browser.evaluate(session, "document.title")
+            assert title == f"flamia-verify {result['status'].upper()}: {result['case']['kernel']}"
+        finally:
+            browser.close_page(session)

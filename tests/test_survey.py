@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,19 @@ def test_reports_are_written_and_linked(small_survey):
     assert "speed not measured" in markdown  # a CPU survey says why it has no speed columns
     page = (out / "survey.html").read_text()
     assert "<table class='survey'>" in page and "href='kernels/bf16/report.html'" in page and "<script>" in page
+
+
+def test_the_survey_writes_what_docs_survey_md_lists_and_nothing_else(small_survey):
+    """The survey once wrote its sweep's sweep.json, sweep.md and sweep.html beside its own report, which
+    repeated it and which docs/survey.md did not mention. It writes its report and its sweeps' stores."""
+    root, _ = small_survey
+    out = root / "out"
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["cases", "kernels", "survey.html", "survey.json", "survey.md"]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "survey.md").read_text()
+    section = section.split("**What it writes**")[1].split("\n\n")[0]
+    for name in [*written, "speed"]:  # speed/: the timing phase's store, on CUDA
+        assert f"`{name}" in section, f"docs/survey.md does not say what {name} is"
 
 
 def test_a_rerun_reuses_every_stored_result(small_survey):

@@ -174,6 +174,22 @@ def test_a_rerun_reads_every_case_back_and_writes_the_reports(small_sweep):
     assert "<table class='survey'>" in (root / "out" / "sweep.html").read_text()
 
 
+def test_every_row_of_the_sweep_pages_links_its_own_case_report(small_sweep):
+    """Each case's full report is written under reports/<key>/ and linked, by a relative path, from its row of
+    sweep.html and sweep.md (the report column was empty on every row)."""
+    _, root, outcome, _ = small_sweep
+    out = root / "out"
+    page, markdown = (out / "sweep.html").read_text(), (out / "sweep.md").read_text()
+    for result in outcome.results:
+        link = f"reports/{result['key']}/report.html"
+        assert (out / link).is_file() and f"href='{link}'" in page and f"[report]({link})" in markdown, link
+        own = json.loads((out / "reports" / result["key"] / "report.json").read_text())
+        assert own == result["report"]
+        for name in ("report.md", "junit.xml"):
+            assert (out / "reports" / result["key"] / name).is_file(), name
+    assert page.count("<a href=") == len(outcome.results)
+
+
 def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     path, _, outcome, _ = small_sweep
     # a case's shard hashes its key, which digests the tool's source: the fewest shards that split
@@ -200,6 +216,14 @@ def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     assert exit_code(partial) == 2 and exit_code(merged) == 1  # mxfp8-naive fails
     whole = json.loads((tmp_path / "merged" / "sweep.json").read_text())
     assert whole["complete"] is True and whole["missing"] == []
+    # each case's report, as its shard's worker wrote it, is linked from the merged pages
+    for key in keys:
+        merged_page = tmp_path / "merged" / "reports" / key / "report.html"
+        shard_page = next(
+            d / "reports" / key / "report.html" for d in shard_dirs if (d / "cases" / f"{key}.json").is_file()
+        )
+        assert merged_page.read_text() == shard_page.read_text()
+        assert f"href='reports/{key}/report.html'" in (tmp_path / "merged" / "sweep.html").read_text()
     assert "INCOMPLETE" not in (tmp_path / "merged" / "sweep.md").read_text()
 
 

@@ -517,17 +517,27 @@ def render_survey_html(
     )
 
 
-def render_sweep_markdown(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
-    return render_survey_markdown(survey_rows(results), title)
+def render_sweep_markdown(
+    results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
+) -> str:
+    return render_survey_markdown(survey_rows(results, reports=reports), title)
 
 
-def render_sweep_html(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
-    return render_survey_html(survey_rows(results), title)
+def render_sweep_html(
+    results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
+) -> str:
+    return render_survey_html(survey_rows(results, reports=reports), title)
 
 
 def write_sweep_reports(
-    results: Sequence[dict[str, Any]], out: Path, title: str = "flamia-verify sweep", missing: Sequence[str] = ()
+    results: Sequence[dict[str, Any]],
+    out: Path,
+    title: str = "flamia-verify sweep",
+    missing: Sequence[str] = (),
+    reports: dict[str, str] | None = None,
 ) -> None:
-    rows = survey_rows(results)
+    """sweep.md and sweep.html in ``out``; ``reports`` maps a result's key to the path of its report,
+    relative to ``out``."""
+    rows = survey_rows(results, reports=reports)
     atomic_write_text(out / "sweep.md", render_survey_markdown(rows, title, missing=missing))
     atomic_write_text(out / "sweep.html", render_survey_html(rows, title, missing=missing))

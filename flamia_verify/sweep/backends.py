@@ -98,7 +98,9 @@ class _Worker:
         if line is not None and line.strip():
             self.stderr_tail.append(line.rstrip())
 
-    def run(self, case: SweepCase, key: str, timeout_s: float | None) -> dict[str, Any]:
+    def run(self, case: SweepCase, key: str, timeout_s: float | None, report_dir: str | None = None) -> dict[str, Any]:
+        """The result of ``case``; with ``report_dir`` the worker also writes the case's report into
+        ``report_dir/<key>/`` before it answers (in parallel with the other workers)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = self._start()
@@ -106,7 +108,7 @@ class _Worker:
         start = time.perf_counter()
         try:
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps({"case": case.to_dict(), "key": key}) + "\n")
+            proc.stdin.write(json.dumps({"case": case.to_dict(), "key": key, "reports": report_dir}) + "\n")
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return self._crashed(case, key, start)
@@ -191,8 +193,10 @@ def run_local(
     workers: int | None = None,
     timeout_s: float | None = None,
     per_gpu: int = 1,
+    report_dir: str | os.PathLike[str] | None = None,
 ) -> int:
-    """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used."""
+    """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used. With
+    ``report_dir`` each worker writes the full report of each of its cases into ``report_dir/<key>/``."""
     slots = local_slots(device, workers, per_gpu)
     workers_ = [_Worker(slot) for slot in slots]
     free: queue.Queue[_Worker] = queue.Queue()
@@ -202,7 +206,7 @@ def run_local(
     def one(key: str, case: SweepCase) -> dict[str, Any]:
         worker = free.get()
         try:
-            return worker.run(case, key, timeout_s)
+            return worker.run(case, key, timeout_s, None if report_dir is None else os.fspath(report_dir))
         finally:
             free.put(worker)
 

@@ -17,6 +17,7 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from flamia_verify.sweep.matrix import SweepCase, case_key
@@ -119,6 +120,17 @@ def _speed(case: SweepCase, device: str) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
 
 
+def _write_report(folder: Path, report: dict[str, Any]) -> None:
+    """The case's full report into ``folder``, here where it ran (the workers render in parallel); a
+    failure leaves it to the sweep, which writes every report still missing after its cases."""
+    from flamia_verify.sweep.store import write_case_report
+
+    try:
+        write_case_report(folder, report)
+    except Exception as exc:  # the result matters more than its pages
+        print(f"flamia-verify sweep worker: the report of {folder.name} was not written: {exc}", file=sys.stderr)
+
+
 def main() -> int:
     """``python -m flamia_verify.sweep.worker``: serve the cases of stdin's lines until it closes."""
     for line in sys.stdin:
@@ -126,6 +138,8 @@ def main() -> int:
             continue
         request = json.loads(line)
         result = run_case(request["case"], request.get("key"))
+        if request.get("reports") and isinstance(result.get("report"), dict):
+            _write_report(Path(request["reports"]) / result["key"], result["report"])
         sys.stdout.write("\n" + RESULT_MARK + json.dumps(result, separators=(",", ":")) + "\n")
         sys.stdout.flush()
     return 0
