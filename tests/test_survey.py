@@ -106,6 +106,30 @@ def test_the_survey_writes_what_docs_survey_md_lists_and_nothing_else(small_surv
         assert f"`{name}" in section, f"docs/survey.md does not say what {name} is"
 
 
+def test_a_hung_kernel_row_names_its_recipe(tmp_path):
+    """A kernel that hangs past --timeout gets an error row with the recipe it declared, like every other
+    row: its worker names the recipe once the kernel has loaded, before the call that hangs."""
+    hung = tmp_path / "hung.py"
+    hung.write_text(
+        textwrap.dedent(
+            """
+            import time
+
+            def attn(q, k, v, *args, **kwargs):
+                time.sleep(600)
+
+            attn.recipe = "mxfp8"
+            """
+        )
+    )
+    outcome = run_survey([f"{hung}:attn"], tmp_path / "out", device="cpu", only=ONLY, workers=1, timeout_s=10)
+    (row,) = outcome.rows
+    assert row["status"] == "error" and "timed out after 10 s" in row["reason"]
+    assert row["recipe"] == "mxfp8"
+    assert f"| {hung}:attn | mxfp8 | **ERROR** |" in (tmp_path / "out" / "survey.md").read_text()
+    assert "<td class='v'>mxfp8</td>" in (tmp_path / "out" / "survey.html").read_text()
+
+
 def test_a_rerun_reuses_every_stored_result(small_survey):
     root, outcome = small_survey
     again = run_survey(

@@ -227,6 +227,19 @@ def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     assert "INCOMPLETE" not in (tmp_path / "merged" / "sweep.md").read_text()
 
 
+def test_a_result_without_a_report_names_the_recipe_it_knows():
+    """A case that gave no verdict keeps its recipe: the one its worker announced, else the case's own,
+    else the one its built-in kernel or adapter claims (a file's kernel: unknown until it loads)."""
+    from flamia_verify.sweep.matrix import SweepCase
+    from flamia_verify.sweep.worker import error_result
+
+    assert error_result(SweepCase(kernel="flamia-nvfp4"), "timed out")["recipe"] == "nvfp4"
+    assert error_result(SweepCase(kernel="sdpa-cudnn"), "timed out")["recipe"] == "bf16"
+    assert error_result(SweepCase(kernel="k.py:attn", recipe="fp8"), "timed out")["recipe"] == "fp8"
+    assert error_result(SweepCase(kernel="k.py:attn"), "timed out")["recipe"] is None
+    assert error_result(SweepCase(kernel="k.py:attn"), "crashed", recipe="mxfp8")["recipe"] == "mxfp8"
+
+
 def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on(tmp_path):
     (tmp_path / "bad.py").write_text(
         textwrap.dedent(

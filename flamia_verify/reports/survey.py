@@ -185,7 +185,7 @@ def survey_rows(
             {
                 "label": label(case),
                 "kernel": case.get("kernel"),
-                "recipe": (report or {}).get("recipe") or case.get("recipe"),
+                "recipe": (report or {}).get("recipe") or r.get("recipe") or case.get("recipe"),
                 "status": r["status"],
                 "reason": _one_line(r.get("error"), 400) if r.get("error") else "",
                 "families": {f: {"verdict": v, "reason": why} for f, (v, why) in cells.items()},

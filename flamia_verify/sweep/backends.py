@@ -27,7 +27,7 @@ from typing import Any
 
 from flamia_verify.errors import ConfigError
 from flamia_verify.sweep.matrix import SweepCase
-from flamia_verify.sweep.worker import RESULT_MARK, error_result, run_case
+from flamia_verify.sweep.worker import RECIPE_MARK, RESULT_MARK, error_result, run_case
 
 __all__ = ["BACKENDS", "local_slots", "run_local", "run_ray"]
 
@@ -113,23 +113,26 @@ class _Worker:
         except (BrokenPipeError, OSError):
             return self._crashed(case, key, start)
         deadline = None if timeout_s is None else start + timeout_s
+        recipe = None  # the case's recipe, once the worker has announced it
         while True:
             remaining = None if deadline is None else deadline - time.perf_counter()
             if remaining is not None and remaining <= 0:
                 self.kill()
                 return error_result(
-                    case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key
+                    case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key, recipe
                 )
             try:
                 line = self.lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:  # end of its stdout: the worker died
-                return self._crashed(case, key, start)
+                return self._crashed(case, key, start, recipe)
+            if line.startswith(RECIPE_MARK):
+                recipe = json.loads(line[len(RECIPE_MARK) :])
             if line.startswith(RESULT_MARK):
                 return json.loads(line[len(RESULT_MARK) :])
 
-    def _crashed(self, case: SweepCase, key: str, start: float) -> dict[str, Any]:
+    def _crashed(self, case: SweepCase, key: str, start: float, recipe: str | None = None) -> dict[str, Any]:
         proc = self.proc
         code = proc.wait() if proc is not None else None
         if self.stderr_reader is not None:
@@ -139,7 +142,7 @@ class _Worker:
         if code == 0:
             why = f"it exited without a result; {why}"
         what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return error_result(case, f"worker crashed ({what}): {why}", time.perf_counter() - start, key)
+        return error_result(case, f"worker crashed ({what}): {why}", time.perf_counter() - start, key, recipe)
 
     def kill(self) -> None:
         with self.lock:
