@@ -321,3 +321,183 @@ def hostile_report() -> Report:
     bad.details[XSS] = IMG_XSS
     report.checks.append(CheckResult(name=f"special.{XSS}", family="special", status="skip", message=IMG_XSS))
     return report
+
+
+#: The survey of docs/survey.md (H200, quick suite), as sweep results: (kernel, recipe, failing
+#: checks {name: message}, O rel. RMSE, its model, fwd / bwd / fwd+bwd TFLOP/s or None).
+_SURVEY = [
+    ("bf16", "bf16", {}, 0.0019, 0.0029, (400.1, 313.9, 333.6)),
+    ("fp8", "fp8", {}, 0.052, 0.12, (324.9, 120.2, 147.0)),
+    ("fp8-mma", "fp8-mma", {}, 0.052, 0.12, (131.6, 72.2, 83.6)),
+    (
+        "fp8-tensor",
+        "fp8",
+        {
+            "consistency.conservation_forward": "max_rel_dev = 0.108 breaks <= 0.007828",
+            "causal.forward": "leaked_elements = 618924 breaks <= 0; out at/before t: Mismatched elements: "
+            "128 / 128 (100%), max abs diff 0.1484, max rel diff 1; worst at token 0, head 0, channel 5",
+            "isolation.neighbours": "changed_elements = 477826 breaks <= 0; out of the target document "
+            "(neighbours huge): Mismatched elements: 5645 / 5760 (98%), max abs diff 0.2393, max rel diff 1",
+            "special.nonfinite": "spread_elements = 119168 breaks <= 0; out[0, 0, 0] is non-finite where it does "
+            "not depend on v[1, 1, 9] = inf (0 elements hidden, 19712 spread)",
+        },
+        0.072,
+        0.12,
+        (5.9, 1.2, 1.5),
+    ),
+    ("flamia-mxfp8", "mxfp8", {}, 0.052, 0.12, (291.9, 152.7, 177.0)),
+    ("flamia-mxfp8-floor", "mxfp8-floor", {}, 0.076, 0.22, (292.0, 156.7, 180.6)),
+    ("flamia-nvfp4", "nvfp4", {}, 0.052, 0.12, (293.6, 62.4, 80.5)),
+    (
+        "mxfp8-naive",
+        "mxfp8",
+        {
+            "consistency.conservation_forward": "max_rel_dev = 0.05469 breaks <= 0.007828",
+            "causal.forward": "leaked_elements = 74817 breaks <= 0; out at/before t: Mismatched elements: "
+            "68 / 128 (53.1%), max abs diff 0.1172, max rel diff 1; worst at token 0, head 0, channel 3",
+            "isolation.neighbours": "changed_elements = 224544 breaks <= 0; out of the target document "
+            "(neighbours huge): Mismatched elements: 5225 / 5760 (90.7%), max abs diff 0.06641",
+        },
+        0.054,
+        0.12,
+        (3.1, 2.5, 2.7),
+    ),
+    ("sdpa-math", "bf16", {}, 0.0017, 0.0029, (9.8, 23.9, 16.9)),
+    (
+        "sdpa-flash",
+        "bf16",
+        {
+            "special.nonfinite": "hidden_elements = 5760 breaks <= 0; dv[45, 0, 0] is finite where it depends on "
+            "k[48, 0, 63] = nan (3584 elements hidden, 0 spread)",
+        },
+        0.0019,
+        0.0029,
+        (233.0, 132.8, 148.9),
+    ),
+    ("sdpa-efficient", "bf16", {}, 0.0019, 0.0029, (136.4, 18.4, 24.3)),
+    (
+        "sdpa-cudnn",
+        "bf16",
+        {
+            "isolation.layout_bitwise": "changed_elements = 110 breaks <= 0; dq of a document (the documents in "
+            "reverse order): Mismatched elements: 57 / 655360 (0.0087%), max abs diff 0.0002441",
+            "determinism.repeat": "mismatched_elements = 5 breaks <= 0; dq, run vs first run: Mismatched "
+            "elements: 5 / 131072 (0.00381%), max abs diff 0.001953, max rel diff 0.007634",
+        },
+        0.0019,
+        0.0029,
+        (432.5, 366.1, 378.1),
+    ),
+    ("flex", "bf16", {}, 0.0019, 0.0029, (45.3, 343.3, 99.0)),
+    (
+        "flex-packed",
+        "bf16",
+        {
+            "isolation.nan": "changed_elements = 162560 breaks <= 0; nonfinite = 162560 breaks <= 0; out of the "
+            "target document (NaN neighbours): Mismatched elements: 5760 / 5760 (100%)",
+            "special.nonfinite": "spread_elements = 42365 breaks <= 0; dk[0, 1, 5] is non-finite where it does "
+            "not depend on q[68, 3, 5] = nan (0 elements hidden, 45 spread)",
+        },
+        0.0019,
+        0.0029,
+        (46.0, 341.6, 119.8),
+    ),
+    (
+        "sage",
+        "bf16",
+        {
+            "interface.inputs_unmodified": "modified_inputs = 1 breaks <= 0; the kernel wrote into k (k in the "
+            "forward); first on lens_q=[16] heads=2/2 d=64 causal gaussian seed=0 bf16",
+            "error.out": "normalized_error = 368.1 breaks <= 2",
+            "bound.out": "violations = 184031 breaks <= 0; |out - reference|: Mismatched elements: 1166 / 32768 "
+            "(3.56%), max abs diff 0.03831, max rel diff 27.38; worst at token 197, head 3",
+            "bias.gain": "gain_error_out = 0.02754 breaks <= 0.0009766",
+            "consistency.conservation_forward": "max_rel_dev = 0.9744 breaks <= 0.007828",
+            "causal.forward": "leaked_elements = 676109 breaks <= 0; out at/before t: Mismatched elements: "
+            "639 / 768 (83.2%), max abs diff 1.727, max rel diff 134.7; worst at token 2, head 1",
+            "isolation.neighbours": "changed_elements = 133291 breaks <= 0; out of the target document "
+            "(neighbours huge): Mismatched elements: 5625 / 5760 (97.7%), max abs diff 2.558",
+            "special.zero_blocks": "violations = 230 breaks <= 0; |out - reference|: Mismatched elements: 230 / "
+            "12288 (1.87%), max abs diff 0.0397, max rel diff 9.928; worst at token 2, head 1",
+            "special.nonfinite_inputs": "the kernel raised ValueError: q holds NaN",
+        },
+        0.9,
+        0.0029,
+        (333.0, None, None),
+    ),
+]
+
+#: The checks of a survey row that are not gating (docs/checks.md, "Verdicts").
+_SURVEY_VERDICTS = {
+    "determinism.repeat": "reproducibility",
+    "isolation.layout_bitwise": "reproducibility",
+    "special.nonfinite_inputs": "robustness",
+}
+
+#: Kernels of the survey that could not run (name, recipe, reason).
+SURVEY_UNAVAILABLE = [
+    ("flash-attn", "bf16", "flash_attn is not installed (PyPI has no wheel: a source build against CUDA)"),
+    ("te-fp8", "fp8", "not built: transformer_engine_torch has no wheel (a source build against CUDA)"),
+]
+
+
+def survey_results(*, speed: bool = True) -> list[dict]:
+    """Sweep results of a whole survey: 15 kernels with a report (every gating family, the
+    reproducibility and robustness verdicts, long failure reasons), then one that hung (no report)."""
+    from flamia_verify.results import FAMILIES
+
+    shape = "4 x 8192 tokens, H = 16, D = 128, causal, bf16"
+    results = []
+    for name, recipe, failing, rel, model, tflops in _SURVEY:
+        checks = []
+        for family in FAMILIES:
+            failed = [c for c in failing if c.startswith(family + ".")]
+            first = f"{family}.out" if family in ("error", "bound") else f"{family}.probe"
+            extra = {"determinism": "determinism.repeat", "special": "special.nonfinite_inputs"}.get(family)
+            names = list(dict.fromkeys([first, *([extra] if extra else []), *failed]))
+            for check in names:
+                metrics = {"rel_rmse": rel, "predicted_rel_rmse": model, "bf16_rel_rmse": 0.0019}
+                checks.append(
+                    {
+                        "name": check,
+                        "family": family,
+                        "status": "fail" if check in failing else "pass",
+                        "verdict": _SURVEY_VERDICTS.get(check, "gating"),
+                        "message": failing.get(check, ""),
+                        "metrics": metrics if check == "error.out" else {},
+                    }
+                )
+        checks.append(
+            {"name": "error.dq", "family": "error", "status": "pass", "verdict": "gating", "metrics": metrics}
+        )
+        gating = [c for c in checks if c["verdict"] == "gating"]
+        report = {
+            "kernel": name,
+            "recipe": recipe,
+            "checks": checks,
+            "summary": {"status": "fail" if any(c["status"] == "fail" for c in gating) else "pass"},
+        }
+        fwd, bwd, both = tflops
+        result = {
+            "key": f"{len(results):032x}",
+            "case": {"kernel": name, "suite": "quick", "dtype": "bf16", "seed": 0, "only": []},
+            "status": report["summary"]["status"],
+            "report": report,
+            "error": None,
+            "elapsed_s": 40.0 + 7 * len(results),
+        }
+        if speed:
+            result["speed"] = {"fwd_tflops": fwd, "bwd_tflops": bwd, "fwdbwd_tflops": both, "shape": shape}
+        results.append(result)
+    results.append(
+        {
+            "key": f"{len(results):032x}",
+            "case": {"kernel": "/home/me/attention/kernels/hung_kernel.py:attn", "suite": "quick", "seed": 0},
+            "status": "error",
+            "report": None,
+            "recipe": "bf16",
+            "error": "timed out after 300 s (worker killed)",
+            "elapsed_s": 300.0,
+        }
+    )
+    return results

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -89,7 +90,44 @@ def test_reports_are_written_and_linked(small_survey):
     assert "sdpa-cudnn: not available here: needs CUDA" in markdown
     assert "speed not measured" in markdown  # a CPU survey says why it has no speed columns
     page = (out / "survey.html").read_text()
-    assert "<table>" in page and "href='kernels/bf16/report.html'" in page and "<script>" in page
+    assert "<table class='survey'>" in page and "href='kernels/bf16/report.html'" in page and "<script>" in page
+
+
+def test_the_survey_writes_what_docs_survey_md_lists_and_nothing_else(small_survey):
+    """The survey once wrote its sweep's sweep.json, sweep.md and sweep.html beside its own report, which
+    repeated it and which docs/survey.md did not mention. It writes its report and its sweeps' stores."""
+    root, _ = small_survey
+    out = root / "out"
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["cases", "kernels", "survey.html", "survey.json", "survey.md"]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "survey.md").read_text()
+    section = section.split("**What it writes**")[1].split("\n\n")[0]
+    for name in [*written, "speed"]:  # speed/: the timing phase's store, on CUDA
+        assert f"`{name}" in section, f"docs/survey.md does not say what {name} is"
+
+
+def test_a_hung_kernel_row_names_its_recipe(tmp_path):
+    """A kernel that hangs past --timeout gets an error row with the recipe it declared, like every other
+    row: its worker names the recipe once the kernel has loaded, before the call that hangs."""
+    hung = tmp_path / "hung.py"
+    hung.write_text(
+        textwrap.dedent(
+            """
+            import time
+
+            def attn(q, k, v, *args, **kwargs):
+                time.sleep(600)
+
+            attn.recipe = "mxfp8"
+            """
+        )
+    )
+    outcome = run_survey([f"{hung}:attn"], tmp_path / "out", device="cpu", only=ONLY, workers=1, timeout_s=10)
+    (row,) = outcome.rows
+    assert row["status"] == "error" and "timed out after 10 s" in row["reason"]
+    assert row["recipe"] == "mxfp8"
+    assert f"| {hung}:attn | mxfp8 | **ERROR** |" in (tmp_path / "out" / "survey.md").read_text()
+    assert "<td class='v'>mxfp8</td>" in (tmp_path / "out" / "survey.html").read_text()
 
 
 def test_a_rerun_reuses_every_stored_result(small_survey):

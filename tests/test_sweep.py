@@ -173,7 +173,23 @@ def test_a_rerun_reads_every_case_back_and_writes_the_reports(small_sweep):
     markdown = (root / "out" / "sweep.md").read_text()
     assert "| mxfp8-naive quick bf16 seed=0 only=interface.output,isolation.neighbours | mxfp8 | **FAIL** |" in markdown
     assert "isolation.neighbours:" in markdown  # the failing check's one-line reason
-    assert "<table>" in (root / "out" / "sweep.html").read_text()
+    assert "<table class='survey'>" in (root / "out" / "sweep.html").read_text()
+
+
+def test_every_row_of_the_sweep_pages_links_its_own_case_report(small_sweep):
+    """Each case's full report is written under reports/<key>/ and linked, by a relative path, from its row of
+    sweep.html and sweep.md (the report column was empty on every row)."""
+    _, root, outcome, _ = small_sweep
+    out = root / "out"
+    page, markdown = (out / "sweep.html").read_text(), (out / "sweep.md").read_text()
+    for result in outcome.results:
+        link = f"reports/{result['key']}/report.html"
+        assert (out / link).is_file() and f"href='{link}'" in page and f"[report]({link})" in markdown, link
+        own = json.loads((out / "reports" / result["key"] / "report.json").read_text())
+        assert own == result["report"]
+        for name in ("report.md", "junit.xml"):
+            assert (out / "reports" / result["key"] / name).is_file(), name
+    assert page.count("<a href=") == len(outcome.results)
 
 
 def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
@@ -202,7 +218,28 @@ def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     assert exit_code(partial) == 2 and exit_code(merged) == 1  # mxfp8-naive fails
     whole = json.loads((tmp_path / "merged" / "sweep.json").read_text())
     assert whole["complete"] is True and whole["missing"] == []
+    # each case's report, as its shard's worker wrote it, is linked from the merged pages
+    for key in keys:
+        merged_page = tmp_path / "merged" / "reports" / key / "report.html"
+        shard_page = next(
+            d / "reports" / key / "report.html" for d in shard_dirs if (d / "cases" / f"{key}.json").is_file()
+        )
+        assert merged_page.read_text() == shard_page.read_text()
+        assert f"href='reports/{key}/report.html'" in (tmp_path / "merged" / "sweep.html").read_text()
     assert "INCOMPLETE" not in (tmp_path / "merged" / "sweep.md").read_text()
+
+
+def test_a_result_without_a_report_names_the_recipe_it_knows():
+    """A case that gave no verdict keeps its recipe: the one its worker announced, else the case's own,
+    else the one its built-in kernel or adapter claims (a file's kernel: unknown until it loads)."""
+    from flamia_verify.sweep.matrix import SweepCase
+    from flamia_verify.sweep.worker import error_result
+
+    assert error_result(SweepCase(kernel="flamia-nvfp4"), "timed out")["recipe"] == "nvfp4"
+    assert error_result(SweepCase(kernel="sdpa-cudnn"), "timed out")["recipe"] == "bf16"
+    assert error_result(SweepCase(kernel="k.py:attn", recipe="fp8"), "timed out")["recipe"] == "fp8"
+    assert error_result(SweepCase(kernel="k.py:attn"), "timed out")["recipe"] is None
+    assert error_result(SweepCase(kernel="k.py:attn"), "crashed", recipe="mxfp8")["recipe"] == "mxfp8"
 
 
 def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on(tmp_path):
@@ -266,7 +303,8 @@ def test_a_full_disk_names_the_file_and_says_incomplete(small_sweep, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"flamia-verify: cannot write {out}"), err
     assert "No space left on device; the run is incomplete" in err
-    assert not [p for p in out.rglob("*") if p.is_file()], "no partial file is left behind"
+    assert not list(out.rglob(".*.tmp")), "no partial file is left behind"
+    assert not list((out / "cases").glob("*.json")), "no case is stored as if it had been written"
 
 
 def test_a_ray_sweep_on_a_local_cluster_of_two_workers_equals_the_local_one(small_sweep, tmp_path):

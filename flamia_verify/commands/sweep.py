@@ -20,8 +20,9 @@ __all__ = ["add_parser", "run"]
 
 DESCRIPTION = """\
 Run every case of a sweep file (kernels x suites x only-lists x dtypes x settings x seeds; see
-docs/sweep.md) and write one result per case to DIR/cases/, then DIR/sweep.json, sweep.md and
-sweep.html (the verdict matrix). Cases already in DIR with an unchanged kernel and flamia-verify are
+docs/sweep.md) and write one result per case to DIR/cases/, each case's full report to
+DIR/reports/<key>/, then DIR/sweep.json, sweep.md and sweep.html (the verdict matrix, each row linking
+its case's report). Cases already in DIR with an unchanged kernel and flamia-verify are
 read back, not run: an interrupted sweep resumes. The local backend runs one worker per visible GPU
 (or per CPU core on a CPU sweep), a crashed or hung worker replaced; --backend ray runs one Ray task per
 case (pip install 'flamia-verify[ray]'). `sweep merge DIR... --out DIR` joins the shards of one matrix."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import io
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,7 @@ def survey_rows(
             {
                 "label": label(case),
                 "kernel": case.get("kernel"),
-                "recipe": (report or {}).get("recipe") or case.get("recipe"),
+                "recipe": (report or {}).get("recipe") or r.get("recipe") or case.get("recipe"),
                 "status": r["status"],
                 "reason": _one_line(r.get("error"), 400) if r.get("error") else "",
                 "families": {f: {"verdict": v, "reason": why} for f, (v, why) in cells.items()},
@@ -326,21 +327,33 @@ def render_survey_markdown(
 
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d1d1f;max-width:110rem}
-table{border-collapse:collapse;width:100%;table-layout:auto}
-th,td{border:1px solid #d0d0d7;padding:.3rem .45rem;font-size:.85rem;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f3f3f6;cursor:pointer;user-select:none}
-td.pass{background:#e6f6ea}td.fail{background:#fde4e1}td.error{background:#fff1cc}td.skip{color:#777}td.finding{background:#fff8c5}
-td.incomplete{background:#fff1cc}td.unavailable{color:#777;background:#f3f3f6}
-.why{font-size:.75rem;color:#555}.plot{max-width:46rem}.plot svg{width:100%;height:auto}
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d1d1f}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;width:100%}
+th,td{border:1px solid #d0d0d7;padding:.25rem .3rem;font-size:.8rem;vertical-align:top;text-align:left}
+th{background:#f3f3f6;vertical-align:bottom}th[data-col]{cursor:pointer;user-select:none}
+th.rot span{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap}th.group{text-align:center}
+.w,td.v,td.n{white-space:nowrap}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+.sub{display:block;white-space:nowrap;font-size:.7rem;color:#555}
+td.pass{background:#e6f6ea}td.fail{background:#fde4e1}td.error{background:#fff1cc}td.skip{color:#777}
+td.finding{background:#fff8c5}td.incomplete{background:#fff1cc}td.unavailable{color:#777;background:#f3f3f6}
+tr.why td{border-top:0;background:#fafafb;font-size:.75rem;color:#444}
+tr.why div{contain:inline-size;overflow-wrap:anywhere}
+tr.why ul{margin:0;padding-left:1.2rem}
+p.incomplete{background:#fff1cc;padding:.3rem .45rem}
+.plot{max-width:46rem}.plot svg{width:100%;height:auto}
 """
 
+# Each row is a <tbody> of its own (the row, and the line of its reasons under it): a click on a header
+# sorts the tbodies by the cell of that header's column (its data-k when it has one).
 _JS = """
-document.querySelectorAll('th').forEach((th,i)=>th.addEventListener('click',()=>{
- const tb=th.closest('table').tBodies[0];const rows=[...tb.rows];const asc=th.dataset.asc!=='1';
- rows.sort((a,b)=>{const x=a.cells[i].dataset.k||a.cells[i].textContent,y=b.cells[i].dataset.k||b.cells[i].textContent;
-  const nx=parseFloat(x),ny=parseFloat(y);const c=(!isNaN(nx)&&!isNaN(ny))?nx-ny:x.localeCompare(y);return asc?c:-c;});
- th.dataset.asc=asc?'1':'0';rows.forEach(r=>tb.appendChild(r));}));
+document.querySelectorAll('th[data-col]').forEach(th=>th.addEventListener('click',()=>{
+ const i=+th.dataset.col,t=th.closest('table'),groups=[...t.tBodies],asc=th.dataset.asc!=='1';
+ const key=g=>{const c=g.rows[0].cells[i];return c.dataset.k||c.textContent;};
+ groups.sort((a,b)=>{const x=key(a),y=key(b);const nx=parseFloat(x),ny=parseFloat(y);
+  const c=(!isNaN(nx)&&!isNaN(ny))?nx-ny:x.localeCompare(y);return asc?c:-c;});
+ th.dataset.asc=asc?'1':'0';groups.forEach(g=>t.appendChild(g));}));
 """
 
 _VERDICT_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#9a6700", "incomplete": "#9a6700"}
@@ -382,42 +395,108 @@ def error_speed_svg(rows: Sequence[dict[str, Any]]) -> str | None:
     return svg[svg.index("<svg") :]
 
 
+def _words(text: str) -> str:
+    """Escaped text that wraps only between its words and after a word's ``/`` or ``,`` (a kernel's
+    path, an only-list), never inside a kernel name or a number."""
+    words = []
+    for word in str(text).split():
+        pieces = re.split(r"(?<=[/,])", word)
+        words.append("<wbr>".join(f"<span class='w'>{html.escape(p)}</span>" for p in pieces if p))
+    return " ".join(words)
+
+
+def _error_html(e: dict[str, float | None] | None, name: str = "") -> str:
+    """The error (rel. RMSE) on one line, the recipe's model and the BF16 run's on a line each under it."""
+    if not e or e.get("rel_rmse") is None:
+        return "—"
+    lines = [f"<span class='w'>{html.escape(name)}{e['rel_rmse']:.2g}</span>"]
+    for what, key in (("model", "model"), ("BF16", "bf16")):
+        if e.get(key) is not None:
+            lines.append(f"<span class='sub'>{what} {e[key]:.2g}</span>")
+    return "".join(lines)
+
+
+def _reasons(row: dict[str, Any], families: Sequence[str]) -> list[str]:
+    """Why the row has no verdict, why each of its columns failed (or found), and why it has no speed."""
+    out = []
+    if row.get("reason"):
+        what = "not available here" if row["status"] == "unavailable" else "no verdict"
+        out.append(f"<b>{what}</b>: {html.escape(row['reason'])}")
+    for f in families:
+        cell = _cell(row, f)
+        if cell and cell["reason"]:
+            out.append(f"<b>{html.escape(f)}</b>: {html.escape(cell['reason'])}")
+    sp = row.get("speed") or {}
+    if sp.get("error") and row["status"] != "unavailable":
+        out.append(f"<b>speed</b>: {html.escape(_one_line(sp['error'], 200))}")
+    return out
+
+
+#: the speed columns, grouped under one header "TFLOP/s" in the HTML table
+_TFLOPS = {"fwd TFLOP/s": "fwd", "bwd TFLOP/s": "bwd", "fwd+bwd TFLOP/s": "fwd+bwd"}
+
+
+def _html_head(head: Sequence[str], families: Sequence[str]) -> str:
+    """The table's header: a family's or verdict's name written upwards (those columns hold one short
+    word each), the speed columns under one "TFLOP/s"; each column's header sorts by it."""
+    esc = html.escape
+    grouped = [i for i, h in enumerate(head) if h in _TFLOPS]
+    span = " rowspan='2'" if grouped else ""
+    top, sub = [], []
+    for i, h in enumerate(head):
+        if i in grouped:
+            if i == grouped[0]:
+                top.append(f"<th class='group' colspan='{len(grouped)}'>TFLOP/s</th>")
+            sub.append(f"<th data-col='{i}'>{esc(_TFLOPS[h])}</th>")
+        elif h in families:
+            top.append(f"<th class='rot' data-col='{i}'{span}><span>{esc(h)}</span></th>")
+        else:
+            top.append(f"<th data-col='{i}'{span}>{esc(h)}</th>")
+    rows = [top, sub] if grouped else [top]
+    return "<thead>" + "".join(f"<tr>{''.join(r)}</tr>" for r in rows) + "</thead>"
+
+
 def render_survey_html(
     rows: Sequence[dict[str, Any]], title: str, notes: Sequence[str] = (), missing: Sequence[str] = ()
 ) -> str:
+    """One self-contained page: the table (a row per run, sortable by any column; each row's failure
+    reasons on a line under it, the width of the table, so that the columns stay as narrow as their
+    words), then the plot of error against speed."""
     esc = html.escape
     families, speed, head = _columns(rows, "O rel. RMSE", "time (s)")
     body = []
     for r in rows:
         status = r["status"]
-        why = f"<div class='why'>{esc(r['reason'])}</div>" if r.get("reason") else ""
         tds = [
-            f"<td>{esc(str(r['label']))}{why}</td>",
-            f"<td>{esc(str(r.get('recipe') or ''))}</td>",
-            f"<td class='{esc(status)}'><b>{esc(status.upper())}</b></td>",
+            f"<td>{_words(r['label'])}</td>",
+            f"<td class='v'>{esc(str(r.get('recipe') or ''))}</td>",
+            f"<td class='v {esc(status)}'><b>{esc(status.upper())}</b></td>",
         ]
         for f in families:
             cell = _cell(r, f) or {"verdict": "", "reason": ""}
-            note = f"<div class='why'>{esc(cell['reason'])}</div>" if cell["reason"] else ""
             tds.append(
-                f"<td class='{esc(cell['verdict'])}' title='{esc(cell['reason'])}'>{esc(cell['verdict'] or '—')}{note}</td>"
+                f"<td class='v {esc(cell['verdict'])}' title='{esc(cell['reason'])}'>{esc(cell['verdict'] or '—')}</td>"
             )
         out = r["error"].get("out") or {}
-        tds.append(f"<td data-k='{out.get('rel_rmse') or 0}'>{esc(_error_text(out))}</td>")
+        tds.append(f"<td data-k='{out.get('rel_rmse') or 0}'>{_error_html(out)}</td>")
         worst = _worst_grad(r["error"])
-        text = _error_text(worst[1], f"{worst[0]} ") if worst else ("forward-only" if r["forward_only"] else "—")
-        tds.append(f"<td data-k='{(worst[1]['rel_rmse'] if worst else 0) or 0}'>{esc(text)}</td>")
+        text = _error_html(worst[1], f"{worst[0]} ") if worst else ("forward-only" if r["forward_only"] else "—")
+        tds.append(f"<td data-k='{(worst[1]['rel_rmse'] if worst else 0) or 0}'>{text}</td>")
         if speed:
-            sp = r.get("speed") or {}
-            note = f"<div class='why'>{esc(_one_line(sp['error'], 200))}</div>" if sp.get("error") else ""
-            cells = _speed_cells(r.get("speed"))
-            for i, c in enumerate(cells):
-                tds.append(f"<td data-k='{c if c not in ('—', 'n/a') else -1}'>{esc(c)}{note if i == 0 else ''}</td>")
+            for c in _speed_cells(r.get("speed")):
+                tds.append(f"<td class='n' data-k='{c if c not in ('—', 'n/a') else -1}'>{esc(c)}</td>")
         seconds = r.get("elapsed_s")
-        tds.append(f"<td data-k='{seconds or 0}'>{'—' if seconds is None else f'{seconds:.0f}'}</td>")
+        tds.append(f"<td class='n' data-k='{seconds or 0}'>{'—' if seconds is None else f'{seconds:.0f}'}</td>")
         link = f"<a href='{esc(r['report'])}'>report</a>" if r.get("report") else "—"
-        tds.append(f"<td>{link}</td>")
-        body.append("<tr>" + "".join(tds) + "</tr>")
+        tds.append(f"<td class='v'>{link}</td>")
+        reasons = _reasons(r, families)
+        why = (
+            f"<tr class='why'><td colspan='{len(head)}'><div><ul>{''.join(f'<li>{x}</li>' for x in reasons)}"
+            "</ul></div></td></tr>"
+            if reasons
+            else ""
+        )
+        body.append(f"<tbody><tr>{''.join(tds)}</tr>{why}</tbody>")
     svg = error_speed_svg(rows)
     plot = f"<div class='plot'>{svg}</div>" if svg else ""
     note_items = "".join(f"<li>{esc(n)}</li>" for n in notes)
@@ -433,23 +512,32 @@ def render_survey_html(
         + (f"<p class='incomplete'><b>{esc(_missing_line(rows, missing))}</b></p>" if missing else "")
         + f"<p>{len(rows)} row(s): {esc(_counts(rows))}; click a column to sort.</p>"
         f"<ul>{note_items}</ul>"
-        f"<table><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table>{plot}"
+        f"<div class='scroll'><table class='survey'>{_html_head(head, families)}{''.join(body)}</table></div>{plot}"
         f"<script>{_JS}</script></body></html>\n"
     )
 
 
-def render_sweep_markdown(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
-    return render_survey_markdown(survey_rows(results), title)
+def render_sweep_markdown(
+    results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
+) -> str:
+    return render_survey_markdown(survey_rows(results, reports=reports), title)
 
 
-def render_sweep_html(results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep") -> str:
-    return render_survey_html(survey_rows(results), title)
+def render_sweep_html(
+    results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
+) -> str:
+    return render_survey_html(survey_rows(results, reports=reports), title)
 
 
 def write_sweep_reports(
-    results: Sequence[dict[str, Any]], out: Path, title: str = "flamia-verify sweep", missing: Sequence[str] = ()
+    results: Sequence[dict[str, Any]],
+    out: Path,
+    title: str = "flamia-verify sweep",
+    missing: Sequence[str] = (),
+    reports: dict[str, str] | None = None,
 ) -> None:
-    rows = survey_rows(results)
+    """sweep.md and sweep.html in ``out``; ``reports`` maps a result's key to the path of its report,
+    relative to ``out``."""
+    rows = survey_rows(results, reports=reports)
     atomic_write_text(out / "sweep.md", render_survey_markdown(rows, title, missing=missing))
     atomic_write_text(out / "sweep.html", render_survey_html(rows, title, missing=missing))

@@ -9,7 +9,9 @@ is never run twice.
 
 :func:`run_sweep` and :func:`merge_sweeps` are the Python API; :mod:`.matrix` reads the TOML file.
 OUT holds ``cases/<key>.json`` (one result per case), ``sweep.json`` (the matrix and its results in
-matrix order) and ``sweep.md`` / ``sweep.html`` (the verdict matrix, cases x check families).
+matrix order), ``sweep.md`` / ``sweep.html`` (the verdict matrix, cases x check families) and
+``reports/<key>/`` (each case's full report: report.{json,md,html} and junit.xml, which the
+matrix's rows link).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from flamia_verify.errors import ConfigError
 from flamia_verify.sweep.backends import BACKENDS, run_local, run_ray
 from flamia_verify.sweep.matrix import Sweep, SweepCase, case_key, load_sweep, parse_shard, shard_of
-from flamia_verify.sweep.store import CaseStore
+from flamia_verify.sweep.store import CaseStore, write_case_report
 
 __all__ = [
     "BACKENDS",
@@ -40,6 +42,8 @@ __all__ = [
 ]
 
 SCHEMA = "flamia-verify/sweep/v1"
+#: the folder of OUT that holds each case's report, in a folder named by the case's key
+REPORTS = "reports"
 
 #: fields of a result that say when, where and how fast it ran, not what it found
 _VOLATILE_RESULT = ("elapsed_s", "host", "device", "speed")
@@ -107,9 +111,12 @@ def _write_outputs(
     results: list[dict[str, Any]],
     shard: str | None,
     missing: Sequence[str] = (),
+    origins: dict[str, Path] | None = None,
 ) -> None:
     """sweep.json (the matrix's keys in order, each case's label, the results; a merge that lacks cases
-    says ``complete: false`` and lists them), sweep.md and sweep.html."""
+    says ``complete: false`` and lists them), each case's report under reports/<key>/ (written by
+    its worker, copied from the sweep directory ``origins[key]`` of a merge, or rendered here), and
+    sweep.md and sweep.html, whose rows link those reports."""
     from flamia_verify.reports.store import atomic_write_text
     from flamia_verify.reports.survey import write_sweep_reports
 
@@ -125,11 +132,18 @@ def _write_outputs(
         "results": results,
     }
     atomic_write_text(out / "sweep.json", json.dumps(document, separators=(",", ":")) + "\n")
+    reports = {}
+    for r in results:
+        if isinstance(r.get("report"), dict):
+            origin = origins[r["key"]] / REPORTS / r["key"] if origins and r["key"] in origins else None
+            page = write_case_report(out / REPORTS / r["key"], r["report"], origin)
+            reports[r["key"]] = page.relative_to(out).as_posix()
     write_sweep_reports(
         results,
         out,
         title=f"flamia-verify sweep: {source}" + (f" (shard {shard})" if shard else ""),
         missing=[labels.get(k, k) for k in missing],
+        reports=reports,
     )
 
 
@@ -145,6 +159,7 @@ def run_sweep(
     on_result: Callable[[dict[str, Any], int, int], None] | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
     per_gpu: int = 1,
+    write_pages: bool = True,
 ) -> SweepOutcome:
     """Run the cases of ``sweep`` (a :class:`Sweep` or a TOML path) that ``out`` has no result for.
 
@@ -152,7 +167,9 @@ def run_sweep(
     reused, to_run)`` is called once, ``on_result(result, done, to_run)`` after each case that ran. A
     case whose stored result is an ``error`` without a report (a crash, a timeout, a lost node) runs
     again; every other stored result is reused. ``per_gpu`` (local backend) runs that many workers on
-    each GPU."""
+    each GPU. ``write_pages`` False keeps the results in the store only (``OUT/cases``) and writes
+    neither sweep.json, sweep.md, sweep.html nor the case reports: for a caller that writes its own
+    report of them, as the survey does."""
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     if backend not in BACKENDS:
@@ -194,10 +211,14 @@ def run_sweep(
         if backend == "ray":
             used = run_ray(todo, record, device=device, workers=workers, timeout_s=timeout, address=address)
         else:
-            used = run_local(todo, record, device=device, workers=workers, timeout_s=timeout, per_gpu=per_gpu)
+            reports = out / REPORTS if write_pages else None  # each worker writes the reports of its cases
+            used = run_local(
+                todo, record, device=device, workers=workers, timeout_s=timeout, per_gpu=per_gpu, report_dir=reports
+            )
     results = [r for r in (store.get(k) for k, _ in keyed) if r is not None]
     label = f"{shard[0]}/{shard[1]}" if shard else None
-    _write_outputs(out, sweep.source, labels, results, label)
+    if write_pages:
+        _write_outputs(out, sweep.source, labels, results, label)
     return SweepOutcome(out=out, results=results, ran=len(todo), reused=reused, workers=used)
 
 
@@ -207,6 +228,7 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
     if not dirs:
         raise ConfigError("sweep merge needs at least one sweep output directory")
     by_key: dict[str, dict[str, Any]] = {}
+    origins: dict[str, Path] = {}  # the directory each kept result came from (its report is there)
     matrix: list[str] = []
     labels: dict[str, str] = {}
     sources = []
@@ -229,9 +251,10 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
             have = by_key.get(result["key"])
             if have is None or (have["status"] == "error" and have.get("report") is None):
                 by_key[result["key"]] = result
+                origins[result["key"]] = Path(d)
     results = [by_key[k] for k in matrix if k in by_key]
     missing = [k for k in matrix if k not in by_key]
     out = Path(out)
     source = sources[0] if len(set(sources)) == 1 else ", ".join(sorted(set(sources)))
-    _write_outputs(out, source, {k: labels.get(k, k) for k in matrix}, results, None, missing)
+    _write_outputs(out, source, {k: labels.get(k, k) for k in matrix}, results, None, missing, origins)
     return SweepOutcome(out=out, results=results, missing=missing)

@@ -27,7 +27,7 @@ from typing import Any
 
 from flamia_verify.errors import ConfigError
 from flamia_verify.sweep.matrix import SweepCase
-from flamia_verify.sweep.worker import RESULT_MARK, error_result, run_case
+from flamia_verify.sweep.worker import RECIPE_MARK, RESULT_MARK, error_result, run_case
 
 __all__ = ["BACKENDS", "local_slots", "run_local", "run_ray"]
 
@@ -98,7 +98,9 @@ class _Worker:
         if line is not None and line.strip():
             self.stderr_tail.append(line.rstrip())
 
-    def run(self, case: SweepCase, key: str, timeout_s: float | None) -> dict[str, Any]:
+    def run(self, case: SweepCase, key: str, timeout_s: float | None, report_dir: str | None = None) -> dict[str, Any]:
+        """The result of ``case``; with ``report_dir`` the worker also writes the case's report into
+        ``report_dir/<key>/`` before it answers (in parallel with the other workers)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = self._start()
@@ -106,28 +108,31 @@ class _Worker:
         start = time.perf_counter()
         try:
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps({"case": case.to_dict(), "key": key}) + "\n")
+            proc.stdin.write(json.dumps({"case": case.to_dict(), "key": key, "reports": report_dir}) + "\n")
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return self._crashed(case, key, start)
         deadline = None if timeout_s is None else start + timeout_s
+        recipe = None  # the case's recipe, once the worker has announced it
         while True:
             remaining = None if deadline is None else deadline - time.perf_counter()
             if remaining is not None and remaining <= 0:
                 self.kill()
                 return error_result(
-                    case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key
+                    case, f"timed out after {timeout_s:g} s (worker killed)", time.perf_counter() - start, key, recipe
                 )
             try:
                 line = self.lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:  # end of its stdout: the worker died
-                return self._crashed(case, key, start)
+                return self._crashed(case, key, start, recipe)
+            if line.startswith(RECIPE_MARK):
+                recipe = json.loads(line[len(RECIPE_MARK) :])
             if line.startswith(RESULT_MARK):
                 return json.loads(line[len(RESULT_MARK) :])
 
-    def _crashed(self, case: SweepCase, key: str, start: float) -> dict[str, Any]:
+    def _crashed(self, case: SweepCase, key: str, start: float, recipe: str | None = None) -> dict[str, Any]:
         proc = self.proc
         code = proc.wait() if proc is not None else None
         if self.stderr_reader is not None:
@@ -137,7 +142,7 @@ class _Worker:
         if code == 0:
             why = f"it exited without a result; {why}"
         what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return error_result(case, f"worker crashed ({what}): {why}", time.perf_counter() - start, key)
+        return error_result(case, f"worker crashed ({what}): {why}", time.perf_counter() - start, key, recipe)
 
     def kill(self) -> None:
         with self.lock:
@@ -191,8 +196,10 @@ def run_local(
     workers: int | None = None,
     timeout_s: float | None = None,
     per_gpu: int = 1,
+    report_dir: str | os.PathLike[str] | None = None,
 ) -> int:
-    """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used."""
+    """Run ``cases`` ((key, case) pairs) on the local pool; returns the number of workers used. With
+    ``report_dir`` each worker writes the full report of each of its cases into ``report_dir/<key>/``."""
     slots = local_slots(device, workers, per_gpu)
     workers_ = [_Worker(slot) for slot in slots]
     free: queue.Queue[_Worker] = queue.Queue()
@@ -202,7 +209,7 @@ def run_local(
     def one(key: str, case: SweepCase) -> dict[str, Any]:
         worker = free.get()
         try:
-            return worker.run(case, key, timeout_s)
+            return worker.run(case, key, timeout_s, None if report_dir is None else os.fspath(report_dir))
         finally:
             free.put(worker)
 

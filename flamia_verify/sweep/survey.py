@@ -2,13 +2,17 @@
 
 A survey is a sweep whose matrix is one case per kernel (same suite, dtype, seed and device), each
 case also timing its kernel at one shape after its checks (on CUDA). It runs on the sweep's backends
-(a local pool of one worker per GPU, or Ray), stores each kernel's result in OUT/cases/ (a rerun
-reuses what is unchanged, an interrupted survey resumes) and writes
+(a local pool of one worker per GPU, or Ray), stores each kernel's result in OUT/cases/ and each
+timing in OUT/speed/cases/ (the sweeps' stores: a rerun reuses what is unchanged, an interrupted
+survey resumes) and writes
 
     OUT/survey.json   the rows (flamia_verify.reports.survey.survey_rows) and the run's settings
     OUT/survey.md     the table for a PR comment
     OUT/survey.html   the same table, sortable, with a plot of error against speed
     OUT/kernels/<name>/report.{json,md,html}, junit.xml   each kernel's full report
+
+and nothing else: the sweeps' own pages (sweep.json, sweep.md, sweep.html and their case reports)
+would repeat these.
 
 The default kernels are every built-in design and every adapter; an adapter that cannot run on the
 chosen device here (its library is not installed, it needs CUDA) gets a row that says why and is not
@@ -93,7 +97,7 @@ def _slug(name: str) -> str:
 
 def _write_kernel_reports(out: Path, results: Sequence[dict[str, Any]]) -> dict[str, str]:
     """Each result's full report under OUT/kernels/<name>/; {result key: relative path of report.html}."""
-    from flamia_verify.reports.store import atomic_write_text, load_report, write_reports
+    from flamia_verify.sweep.store import write_case_report
 
     paths: dict[str, str] = {}
     used: set[str] = set()
@@ -104,11 +108,7 @@ def _write_kernel_reports(out: Path, results: Sequence[dict[str, Any]]) -> dict[
         while slug in used:
             slug += "_"
         used.add(slug)
-        folder = out / "kernels" / slug
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "report.json", json.dumps(r["report"]))
-        write_reports(load_report(folder / "report.json"), folder)
-        paths[r["key"]] = f"kernels/{slug}/report.html"
+        paths[r["key"]] = write_case_report(out / "kernels" / slug, r["report"]).relative_to(out).as_posix()
     return paths
 
 
@@ -170,7 +170,8 @@ def run_survey(
             SweepCase(kernel=name, recipe=own, suite=suite, only=tuple(only), dtype=dtype, seed=seed, device=device)
         )
     out = Path(out)
-    common: dict[str, Any] = {"backend": backend, "workers": workers, "address": address}
+    # the survey's report is its own (survey.*, kernels/): the sweeps keep only their stores
+    common: dict[str, Any] = {"backend": backend, "workers": workers, "address": address, "write_pages": False}
     outcome = run_sweep(
         Sweep(cases=tuple(cases), timeout_s=timeout_s, source="survey"),
         out,
