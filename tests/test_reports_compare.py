@@ -11,7 +11,7 @@ from reports_examples import example_report, passing_report
 from rich.console import Console
 
 from flamia_verify.errors import ConfigError
-from flamia_verify.reports import CheckResult, compare_reports, default_higher_is_worse, render_comparison
+from flamia_verify.reports import CheckResult, Report, compare_reports, default_higher_is_worse, render_comparison
 from flamia_verify.reports.compare import metric_badness
 
 
@@ -296,3 +296,11 @@ def test_a_kernel_path_spelled_another_way_is_the_same_cases(base_kernel, new_ke
         assert "the same file and function" in text
     else:
         assert cmp.context_notes == [f"kernel differs: {base_kernel!r} in base, {new_kernel!r} in new"]
+
+
+def test_reports_on_different_captures_say_their_cases_differ():
+    """Two runs on captures (check --inputs) judge different calls when the captures differ."""
+    a = Report(kernel="k", recipe="bf16", suite="quick", seed=0, environment={"capture_sha256": "aa"})
+    b = Report(kernel="k", recipe="bf16", suite="quick", seed=0, environment={"capture_sha256": "bb"})
+    assert compare_reports(a, b).context_notes == ["capture differs: 'aa' in base, 'bb' in new"]
+    assert compare_reports(a, a).context_notes == []

@@ -266,6 +266,8 @@ def compare_reports(
         ("recipe", base.recipe, new.recipe),
         ("suite", base.suite, new.suite),
         ("seed", base.seed, new.seed),
+        # a run on a capture (check --inputs): the captured calls are the cases
+        ("capture", (base.environment or {}).get("capture_sha256"), (new.environment or {}).get("capture_sha256")),
     ):
         if a != b and label == "kernel" and _same_kernel_file(str(a), str(b)):
             cmp.spelling_notes.append(f"kernel spelled {a!r} in base, {b!r} in new: the same file and function")
