@@ -52,8 +52,8 @@ def check(
     threads: torch's intra-op CPU threads during the run, restored after it (default one, as the CLI;
     None leaves torch's setting); the report records the count (``environment.torch_threads``).
     inputs: a capture directory (:mod:`flamia_verify.capture`): the checks run on its recorded calls
-    (error, bound, causal and isolation on every call: the ``*.captured`` checks) instead of the
-    suite's cases; a bad capture raises CaptureError.
+    (error, bound, consistency, causal and isolation on every call) instead of the suite's cases; a
+    bad capture raises CaptureError.
     """
     from flamia_verify.properties import run_checks
     from flamia_verify.reports import write_reports

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from zoo import fuzz_bugs as FB
+from zoo import targeted as T
 from zoo.correct import sdpa_bf16
 
 from flamia_verify.cli import main
@@ -49,7 +50,8 @@ def test_correct_kernels_pass_every_captured_check(kernel):
     assert [c.name for c in report.checks] == list(CAPTURED_CHECKS)
     assert report.passed, [(c.name, c.message) for c in report.checks if c.status != "pass"]
     for check in report.checks:
-        assert len(check.details["calls"]) == 4 and check.metrics["calls"] == 4
+        if check.name.endswith(".captured"):
+            assert len(check.details["calls"]) == 4 and check.metrics["calls"] == 4
     assert report.environment["inputs"] == str(CAPTURE) and report.environment["captured_calls"] == 4
 
 
@@ -60,8 +62,17 @@ def test_correct_kernels_pass_every_captured_check(kernel):
         ("mxfp8-naive", ["causal"], {"causal.captured"}),
         (FB.ignores_causal, ["causal"], {"causal.captured"}),
         (FB.attends_across_documents, ["isolation"], {"isolation.captured"}),
+        (T.dv_saturating_do, ["consistency"], {"consistency.conservation_backward", "consistency.grad_forward_ratio"}),
+        (T.ds_unscaled, ["consistency"], {"consistency.grad_forward_ratio"}),
     ],
-    ids=["scaled_output", "mxfp8-naive", "ignores_causal", "attends_across_documents"],
+    ids=[
+        "scaled_output",
+        "mxfp8-naive",
+        "ignores_causal",
+        "attends_across_documents",
+        "dv_saturating_do",
+        "ds_unscaled",
+    ],
 )
 def test_each_captured_check_fails_the_bug_it_looks_for(kernel, only, fails):
     report = run_checks(kernel, inputs=CAPTURE, only=only)
@@ -69,8 +80,11 @@ def test_each_captured_check_fails_the_bug_it_looks_for(kernel, only, fails):
     assert failed == fails, [(c.name, c.status, c.message) for c in report.checks]
     for name in fails:
         check = report.check(name)
-        assert "call " in check.message and "(layer " in check.message, check.message  # names the call
-        assert {"call", "layer", "step"} <= set(check.worst_case)
+        if name.endswith(".captured"):
+            assert "call " in check.message and "(layer " in check.message, check.message  # names the call
+            assert {"call", "layer", "step"} <= set(check.worst_case)
+        else:  # a consistency check judging the calls as base cases: its worst case is a captured call
+            assert check.worst_case["case"]["capture"].startswith(f"{CAPTURE}#"), check.worst_case
 
 
 def test_the_command_writes_a_per_call_report_and_a_rerun_on_the_capture(tmp_path, capsys):

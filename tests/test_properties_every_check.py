@@ -48,7 +48,7 @@ def test_every_check_has_a_planted_bug_that_must_fail_it():
     from flamia_verify.properties.catalog import all_specs
     from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
 
-    assert {s.name for s in all_specs()} - every == set(CAPTURED_CHECKS)
+    assert {s.name for s in all_specs()} - every == {n for n in CAPTURED_CHECKS if n.endswith(".captured")}
 
 
 @pytest.mark.parametrize("name", sorted(T.TARGETED))

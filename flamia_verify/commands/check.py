@@ -105,7 +105,7 @@ def add_parser(sub: Any) -> None:
         "--inputs",
         metavar="CAPTURE_DIR",
         help="check on the attention calls a model recorded (flamia_verify.capture) instead of the suite's "
-        "cases: error, bound, causal and isolation on every call (checks *.captured); --only selects among them",
+        "cases: error, bound, consistency, causal and isolation on every call; --only selects among them",
     )
     c.add_argument(
         "--forward-only",

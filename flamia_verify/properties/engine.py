@@ -339,9 +339,9 @@ def run_checks(
     threads: torch's intra-op CPU threads during the run (restored after it; None leaves torch's
     setting); the report's environment records the count that ran (``torch_threads``).
     inputs: a capture directory (:mod:`flamia_verify.capture`): the checks run on its recorded calls
-    instead of the suite's cases, and only the checks made for that (``*.captured``: error, bound,
-    causal and isolation on every call; ``only`` selects among them); a bad capture raises
-    CaptureError before the kernel is called.
+    instead of the suite's cases, and only the checks of ``checks.captured.CAPTURED_CHECKS`` (error,
+    bound, consistency, causal and isolation on every call; ``only`` selects among them); a bad
+    capture raises CaptureError before the kernel is called.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")

@@ -9,13 +9,16 @@ suite's cases by:
                         normalized error (relative RMSE over the recipe's rounding model on these
                         very inputs) <= 2, as error.*; the ratio to a BF16 run is reported beside it
     bound.captured      every element within the recipe's rigorous a-priori bound, as bound.*
-    bias.captured       the signed error of O and dQ, dK, dV not systematic: mean error along the
-                        reference under the recipe's limit, as bias.*
     causal.captured     (causal calls) every document's out and dQ at or before t bitwise unchanged
                         (beyond the kernel's run-to-run noise) when its queries, keys, values and dO
                         after t are replaced by huge values, at three positions t per document
     isolation.captured  (calls of 2+ documents) every document's out, dQ, dK, dV unchanged when all
                         the other documents are replaced by huge values
+
+and, judging the calls as the suites' base cases (a run on a capture makes the captured calls its base
+cases), the forward/backward consistency checks that hold on any inputs:
+consistency.conservation_backward (sum_j dV_j = sum_i dO_i within the dV GEMM's rounding budget) and
+consistency.grad_forward_ratio (the gradients' normalized error over the forward's <= 4).
 
 Each check's details hold one row per call (call index, layer, step, shape, its numbers) and its
 metrics the worst over the calls; the worst call is the worst case. The checks are registered in no
@@ -315,5 +318,13 @@ def isolation_captured(ctx):
     )
 
 
-#: the checks a run with a capture runs, in order
-CAPTURED_CHECKS = ("error.captured", "bound.captured", "causal.captured", "isolation.captured")
+#: the checks a run with a capture runs, in order: those made for it, and the consistency checks that
+#: judge the base cases (which a run on a capture makes the captured calls: CheckContext.base_cases)
+CAPTURED_CHECKS = (
+    "error.captured",
+    "bound.captured",
+    "consistency.conservation_backward",
+    "consistency.grad_forward_ratio",
+    "causal.captured",
+    "isolation.captured",
+)
