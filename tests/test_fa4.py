@@ -511,6 +511,26 @@ def test_which_policies_let_the_neighbours_change_a_document(standin, policy):
     assert torch.equal(alone, packed[doc]) is fa4.Fp8Scaling(policy).document_safe
 
 
+@pytest.mark.parametrize("policy", ["delayed", "current", "document"])
+def test_the_checks_say_which_policy_leaks(standin, policy):
+    """The causal and isolation families on each policy (FA4's arithmetic stood in by the reference on
+    the dequantized codes): delayed passes both; current fails causal and isolation (one amax spans the
+    pack); document fails causal only, and isolation.heads (a q descale is one per kv head: the query
+    heads of a GQA group share their amax), never across documents."""
+    from flamia_verify.api import check
+
+    report = check(fa4.make_fp8_kernel(policy), recipe="fp8-mma", forward_only=True, only=["causal", "isolation"])
+    failed = {c.name for c in report.checks if c.status in ("fail", "error")}
+    safe = fa4.Fp8Scaling(policy)
+    assert {c.name for c in report.checks if c.status == "error"} == set()
+    assert bool({n for n in failed if n.startswith("causal.")}) is not safe.causal_safe, failed
+    across = {n for n in failed if n.startswith("isolation.") and n != "isolation.heads"}
+    assert bool(across) is not safe.document_safe, failed
+    assert ("isolation.heads" in failed) is (policy != "delayed"), failed
+    if policy == "document":
+        assert {"causal.forward", "causal.nan"} <= failed
+
+
 # ------------------------------------------------------------------------------------------------
 # the real interface, where flash-attn-4 is installed (not on CI's machines)
 # ------------------------------------------------------------------------------------------------
