@@ -557,3 +557,68 @@ def test_the_real_interface_takes_the_calls_up_to_its_cuda_check():
     for fn in (fa4.make_kernel(), fa4.make_fp8_kernel("document"), fa4.make_fp8_kernel("current")):
         with pytest.raises(AssertionError, match="CUDA"):
             fn(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=0.3, causal=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA, where FA4 runs (-m gpu; benchmarks/fa4_gpu.sh smoke)
+# ------------------------------------------------------------------------------------------------
+
+
+def _runs_here(fp8: bool) -> str | None:
+    return fa4.unavailable(fp8=fp8)
+
+
+def _cuda_against_the_reference(docs, heads, kv_heads, dim, dtype, causal, name):
+    """FA4 on CUDA: out, dQ, dK, dV within BF16's tolerance of the reference (rows that see no key
+    therefore 0), and its lse (nheads, total_q) close to the reference's where a row sees a key."""
+    fn = load_kernel("fa4")
+    q, k, v, do, cu_q, cu_k, mq, mk = make_pack(docs, heads, kv_heads, dim=dim, device="cuda", dtype=dtype)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out, lse = fn(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=0.3, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = reference_attention(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=0.3, causal=causal)
+    want = torch.autograd.grad(ref, (q, k, v), do.double())
+    for what, got, w in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *want), strict=True):
+        assert got.dtype == dtype, f"{name} {what}: {got.dtype}"
+        err = (got.double() - w.double()).abs().max().item() if w.numel() else 0.0
+        top = w.double().abs().max().item() if w.numel() else 0.0
+        assert err <= 2**-6 * max(top, 1e-6), f"{name} {what}: max error {err:.3g} against max |ref| {top:.3g}"
+    _, ref_lse = attention_forward(q, k, v, cu_q, cu_k, softmax_scale=0.3, causal=causal)
+    seen = torch.isfinite(ref_lse.T)
+    assert lse.shape == (heads, q.shape[0]), f"{name}: lse {tuple(lse.shape)}"
+    assert torch.allclose(lse[seen].double(), ref_lse.T[seen], atol=1e-2), f"{name}: lse"
+    assert not torch.isfinite(lse[~seen]).any(), f"{name}: a row without keys has a finite lse"
+
+
+needs_fa4_gpu = pytest.mark.skipif(_runs_here(False) is not None, reason=f"fa4: {_runs_here(False)}")
+
+
+@pytest.mark.gpu
+@needs_fa4_gpu
+@pytest.mark.parametrize("pack", sorted(PACKS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_fa4_matches_the_reference_with_gradients(pack, causal):
+    """Every pack of tests/test_adapters.py (empty documents, Lq < Lk, Lq > Lk: bottom-right causal),
+    GQA 4/2, head_dim 128, bf16: one compiled configuration per mask."""
+    _cuda_against_the_reference(PACKS[pack], 4, 2, 128, torch.bfloat16, causal, f"fa4 {pack}")
+
+
+@pytest.mark.gpu
+@needs_fa4_gpu
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "dtype"),
+    [(4, 4, 128, torch.bfloat16), (6, 1, 128, torch.bfloat16), (4, 2, 64, torch.bfloat16), (4, 2, 128, torch.float16)],
+)
+def test_cuda_fa4_heads_head_dims_and_fp16(heads, kv_heads, dim, dtype):
+    _cuda_against_the_reference(PACKS["mixed"], heads, kv_heads, dim, dtype, True, f"fa4 H{heads}/{kv_heads} D{dim}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_runs_here(True) is not None, reason=f"fa4-fp8: {_runs_here(True)}")
+@pytest.mark.parametrize("name", FP8_NAMES)
+def test_cuda_fa4_fp8_is_within_e4m3s_error_of_the_reference(name):
+    fn = load_kernel(name)
+    q, k, v, _, cu_q, cu_k, mq, mk = make_pack(PACKS["mixed"], 4, 2, dim=128, device="cuda")
+    out, _ = fn(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=0.3, causal=True)
+    ref = reference_attention(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=0.3, causal=True)
+    assert out.dtype == q.dtype and ((out.double() - ref).norm() / ref.norm()).item() < 0.1
