@@ -204,13 +204,20 @@ def test_every_adapter_declares_its_recipe_forward_only_and_limits():
         "sage",
         "cudnn-fp8",
         "cudnn-fp8-current",
+        "fa4",
+        "fa4-fp8",
+        "fa4-fp8-current",
+        "fa4-fp8-doc",
         "te-fp8",
     }
-    recipes = {"te-fp8": "fp8", "cudnn-fp8": "fp8-mma", "cudnn-fp8-current": "fp8-mma"}
+    fa4_fp8 = ("fa4-fp8", "fa4-fp8-current", "fa4-fp8-doc")  # tests/test_fa4.py tests them
+    recipes = {"te-fp8": "fp8", "cudnn-fp8": "fp8-mma", "cudnn-fp8-current": "fp8-mma"} | dict.fromkeys(
+        fa4_fp8, "fp8-mma"
+    )
     for name, a in ADAPTERS.items():
         assert a.name == name and a.limits and a.wraps and a.runs_on
         assert a.recipe == recipes.get(name, "bf16")
-        assert a.forward_only == (name == "sage")
+        assert a.forward_only == (name == "sage" or name in fa4_fp8)
         reason = a.unavailable()
         assert reason is None or (reason and "\n" not in reason)
 

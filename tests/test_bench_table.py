@@ -160,3 +160,30 @@ def test_the_table_loop_counts_measurements_and_keeps_forward_only_kernels(monke
     }
     bench.add_ratios([row])
     assert "| fwd_only | 64 | True | 1 |  |  |  |  | 1.50 |  |  |  |" in bench.format_table([row])
+
+
+def test_the_fa4_preset_gives_unavailable_kernels_one_row_and_keeps_the_rest():
+    """benchmarks/bench_attention.py --preset fa4: the kernels that load are timed; one that does not
+    (here flash-attn-4 and cuDNN's frontend are missing; on Hopper fa4-fp8) is a row with the reason."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    from flamia_verify.kernels import fa4
+
+    if fa4._found("flash_attn.cute"):
+        pytest.skip("flash-attn-4 is installed here")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    names, seqlens = bench.PRESETS["fa4"]
+    assert seqlens == [8192, 16384] and {"fa4", "bf16", "cudnn-fp8", "fa4-fp8"} <= set(names)
+    kernels, missing = bench.resolve_available(["bf16", "fa4", "fa4-fp8"])
+    assert [k.label for k in kernels] == ["bf16"]
+    assert [r["kernel"] for r in missing] == ["fa4", "fa4-fp8"] and list(missing[0]) == list(COLUMNS)
+    assert all(r["error"].startswith("not available: adapter") and "flash-attn-4" in r["error"] for r in missing)
+    table = format_table(missing)
+    assert "| fa4 | - | - | error: not available: adapter 'fa4' is not available: flash-attn-4" in table

@@ -17,6 +17,7 @@ unavailable adapter raises :class:`KernelLoadError` with that reason (exit 3 on 
 | ``sage``           | ``sageattention.sageattn_varlen`` (when installed)              | CUDA        | no       |
 | ``cudnn-fp8``      | cuDNN's FP8 attention, fused E4M3 quantization, delayed scaling | CUDA (sm_90+) | yes |
 | ``cudnn-fp8-current`` | the same, current scaling (not causal-safe)                 | CUDA (sm_90+) | yes |
+| ``fa4``, ``fa4-fp8*`` | FlashAttention-4 (``flash_attn.cute``), BF16; FP8 forward, three scalings | CUDA | BF16 only |
 | ``te-fp8``         | not built: needs transformer_engine (the probe says why)      | -           | -        |
 
 The SDPA adapters call torch once per document under ``sdpa_kernel`` with their one backend: kv heads
@@ -484,6 +485,15 @@ def _make_flash_attn() -> Callable[..., Any]:
     return flash_attn_varlen
 
 
+def _flash_attn2_probe() -> str | None:
+    """flash_attn as FlashAttention-2 installs it: flash-attn-4 alone leaves a namespace package
+    ``flash_attn`` that holds only ``flash_attn.cute`` (the fa4 adapters)."""
+    missing = _installed("flash_attn")
+    if missing is None and getattr(importlib.util.find_spec("flash_attn"), "origin", None) is None:
+        return "flash_attn is not installed (only flash_attn.cute, FlashAttention-4: see the fa4 adapter)"
+    return missing
+
+
 def _make_sage() -> Callable[..., Any]:
     sage = importlib.import_module("sageattention")
     varlen = sage.sageattn_varlen
@@ -543,6 +553,13 @@ def _cudnn_fp8(factory: str) -> Callable[..., Any]:
     from flamia_verify.kernels.cudnn_fp8 import kernel  # Triton and cuDNN load only when the kernel is built
 
     return getattr(kernel, factory)()
+
+
+def _fa4_adapters() -> list[Adapter]:
+    """fa4 and fa4-fp8 with its scaling policies (flamia_verify/kernels/fa4.py, which imports no FA4)."""
+    from flamia_verify.kernels.fa4 import adapter_fields
+
+    return [Adapter(**fields) for fields in adapter_fields()]
 
 
 _SDPA_LIMITS = (
@@ -631,7 +648,7 @@ ADAPTERS: dict[str, Adapter] = {
             "CUDA",
             "whatever the installed flash_attn supports (fp16/bf16, its head_dim limits); "
             "not run here: flash_attn was installed on neither the CPU nor the GPU machine",
-            _first_reason(lambda: _installed("flash_attn"), _needs_cuda("flash_attn has only CUDA kernels")),
+            _first_reason(_flash_attn2_probe, _needs_cuda("flash_attn has only CUDA kernels")),
             _make_flash_attn,
             ("flash-attn",),
         ),
@@ -671,6 +688,7 @@ ADAPTERS: dict[str, Adapter] = {
             lambda: _cudnn_fp8("current_kernel"),
             ("nvidia-cudnn-frontend",),
         ),
+        *_fa4_adapters(),
         Adapter(
             "te-fp8",
             "not built: needs transformer_engine",

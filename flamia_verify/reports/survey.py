@@ -53,7 +53,7 @@ _RANK = {"error": 3, "fail": 4, "finding": 2, "pass": 1, "skip": 0}
 #: the tensors of the error family, in the order the tables show them
 _TENSORS = ("out", "dq", "dk", "dv")
 #: the BF16 kernels whose fastest forward+backward is a survey's speed reference
-BASELINE_KERNELS = ("sdpa-cudnn", "sdpa-flash", "flash-attn")
+BASELINE_KERNELS = ("sdpa-cudnn", "sdpa-flash", "flash-attn", "fa4")
 
 
 def case_label(case: dict[str, Any]) -> str:
