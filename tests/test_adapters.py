@@ -203,10 +203,11 @@ def test_every_adapter_declares_its_recipe_forward_only_and_limits():
         "flash-attn",
         "sage",
         "cudnn-fp8",
+        "cudnn-fp8-frozen",
         "cudnn-fp8-current",
         "te-fp8",
     }
-    recipes = {"te-fp8": "fp8", "cudnn-fp8": "fp8-mma", "cudnn-fp8-current": "fp8-mma"}
+    recipes = {"te-fp8": "fp8", "cudnn-fp8": "fp8-mma", "cudnn-fp8-frozen": "fp8-mma", "cudnn-fp8-current": "fp8-mma"}
     for name, a in ADAPTERS.items():
         assert a.name == name and a.limits and a.wraps and a.runs_on
         assert a.recipe == recipes.get(name, "bf16")

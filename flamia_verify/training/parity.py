@@ -11,6 +11,11 @@ evaluation*: a kernel that leaks the future looks good on its own and fails here
 when either |gap| exceeds ``max_gap`` (default 3). Also recorded per kernel: train loss per step,
 validation loss every ``eval_every`` steps (both ways), the gradient norm per step, and the
 attention output's relative RMSE against the exact kernel on the same q, k, v during evaluation.
+
+A kernel that is a factory of stateful instances (``new_instance()``: ``cudnn-fp8``, ``fp8-delayed``)
+gets one instance per attention layer, as a model builds them (:func:`~flamia_verify.kernels.state.
+layer_kernels`), used for training and for its own evaluation; any other kernel is the one function
+in every layer. Each kernel's row says which (``state``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.kernels.state import declared_state, is_factory, layer_kernels
 from flamia_verify.training.corpus import Corpus, build_corpus, make_batches
 from flamia_verify.training.model import AttentionProbe, ModelConfig, TinyLM
 
@@ -175,9 +181,12 @@ def train_one(
     val,
     on_step: Callable[[str, int, float], None] | None = None,
 ) -> TrainResult:
-    """Train one model with ``kernel`` in every attention layer; ``exact`` evaluates it as well."""
+    """Train one model with ``kernel`` in every attention layer (one instance per layer when the kernel
+    is a factory of stateful instances: ``new_instance()``, as a model builds them); ``exact`` evaluates
+    it as well."""
     torch.manual_seed(seed)
     model = TinyLM(cfg.model).to(device)
+    kernels = layer_kernels(kernel, cfg.model.layers)
     batches = [
         b.to(device) for b in make_batches(corpus.train, n=cfg.steps, tokens=cfg.tokens, max_len=cfg.max_len, seed=seed)
     ]
@@ -189,13 +198,13 @@ def train_one(
         model.eval()
         probe = AttentionProbe(exact)
         res.eval_steps.append(step)
-        res.val_loss.append(_evaluate(model, val, kernel, device, probe))
+        res.val_loss.append(_evaluate(model, val, kernels, device, probe))
         res.attn_rel_rmse.append(probe.rel_rmse)
         res.val_loss_exact.append(_evaluate(model, val, exact, device))
         model.train()
 
     for step, batch in enumerate(batches):
-        loss, gn = train_step(model, opt, cfg, step, batch, kernel, device)
+        loss, gn = train_step(model, opt, cfg, step, batch, kernels, device)
         res.steps.append(step)
         res.train_loss.append(loss)
         res.grad_norm.append(gn)
@@ -281,6 +290,7 @@ def run_parity(
                 "status": "pass" if passed else "fail",
                 "seconds": r.seconds,
                 "tokens_seen": r.tokens_seen,
+                "state": _state_words(fn),
             }
         )
     return _finite_json(
@@ -307,6 +317,16 @@ def run_parity(
             "passed": all(row["status"] == "pass" for row in rows),
         }
     )
+
+
+def _state_words(fn: Callable) -> str:
+    """How the kernel's state was used: one instance per layer (a factory) or one function everywhere."""
+    try:
+        policy = declared_state(fn)
+    except ValueError:
+        policy = None
+    said = "no state declared" if policy is None else policy.describe()
+    return f"{said}; {'one instance per layer' if is_factory(fn) else 'one function in every layer'}"
 
 
 def _finite_json(x):
