@@ -83,18 +83,25 @@ Q, K and V would be causal-safe in principle (each row's scale sees only its own
 kernel that takes them (cuDNN's MXFP8 attention has block scales, on Blackwell only, with V blocked
 along the sequence: the diagonal-block leak that docs/kernels.md describes).
 
-Checking a stateful kernel: calibrate, then freeze
---------------------------------------------------
-The checks compare calls with each other (the same pack with its future tokens changed, a document
-alone and packed, the same call twice), so every call must be a pure function of its inputs. A
-delayed-scaling state that kept learning would move its scales between those calls and show a
-difference that is no leak of the kernel. With ``freeze_after_calibration=True`` (what the
-``cudnn-fp8`` kernel under check uses) a role's history is seeded once, from the first call that
-needs it (its amaxes measured exactly as ``current`` does: the forward roles on the first forward,
-the backward roles on the first backward), and never changes after that: that first call runs with
-the scales every later call runs with, and every call is a pure function of its inputs. For
-training, leave it False; :meth:`ScalingState.freeze` freezes a trained state for a check, and
-:meth:`ScalingState.reset` forgets everything.
+Training with it, and checking it
+----------------------------------
+``delayed`` without a freeze is the kernel to train with (``cudnn-fp8``): every call appends its amaxes,
+so the scales follow the activations one call late, with ``margin`` binades of headroom (1 by default
+in :func:`~flamia_verify.kernels.cudnn_fp8.kernel.make_kernel`: a tensor may double from one call to
+the next without saturating). A model builds one kernel, hence one state, per attention layer
+(``new_instance()``): layers' activations differ by orders of magnitude, and one shared history would
+give each layer another layer's scales.
+
+The checks that compare calls with each other (the same pack with its future tokens changed, a
+document alone and packed) need every call at one state: they take a :meth:`ScalingState.snapshot`
+before the run and put back, before every forward and backward, the state one call on the case's own
+tensors leaves (``properties.harness.StatePin``); the state family judges how the state moves from
+call to call, layer after layer (``properties.checks.state``). ``freeze_after_calibration=True`` (each
+role's history seeded once, by the first call that needs it, then never changed) remains an explicit
+option, ``cudnn-fp8-frozen``, for checking a pure function; it is not for training, and the state
+family fails it: a scale fitted to one layer's first call saturates the larger layers and the later
+steps. :meth:`ScalingState.freeze` freezes a trained state, :meth:`ScalingState.reset` forgets
+everything, :meth:`ScalingState.describe` says what the next call will use (the reports show it).
 """
 
 from __future__ import annotations
