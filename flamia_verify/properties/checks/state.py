@@ -476,6 +476,15 @@ def training(ctx):
     if failing:
         first = f"{len(failing)} of {len(calls)} calls break the recipe; the first, {where}: {what}"
         failures.append(first + (f"; {state_words}" if state_words else ""))
+        if worst is not c:
+            w_stale = _stale_words(_stale(ctx, worst))
+            failures.append(
+                f"the worst, call {worst.index + 1} (step {worst.step}, layer {worst.layer}; "
+                f"{_drift_words(worst.layer, worst.step, ctx.dtype_str)}): {_LABEL[worst.worst_tensor]} normalized "
+                f"error {worst.norms.get(worst.worst_tensor, worst.norm):.3g}"
+                + (f", {worst.violations} elements outside the bound" if worst.violations else "")
+                + (f"; {w_stale}" if w_stale else "")
+            )
     worst_case = case_record(
         c.case,
         call=c.index + 1,
@@ -493,6 +502,14 @@ def training(ctx):
         kernels=how,
         declared_state=declared_dict,
         mismatch=c.mismatch.to_dict() if c.mismatch is not None else None,
+        worst_call={
+            "call": worst.index + 1,
+            "step": worst.step,
+            "layer": worst.layer,
+            "normalized_error": worst.norm,
+            "tightness": worst.tightness,
+            "violations": worst.violations,
+        },
     )
     per_call = [
         {
