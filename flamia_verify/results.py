@@ -104,6 +104,7 @@ FAMILIES = (
     "special",
     "determinism",
     "interface",
+    "state",
 )
 
 

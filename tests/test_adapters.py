@@ -203,6 +203,7 @@ def test_every_adapter_declares_its_recipe_forward_only_and_limits():
         "flash-attn",
         "sage",
         "cudnn-fp8",
+        "cudnn-fp8-frozen",
         "cudnn-fp8-current",
         "fa4",
         "fa4-fp8",
@@ -211,9 +212,12 @@ def test_every_adapter_declares_its_recipe_forward_only_and_limits():
         "te-fp8",
     }
     fa4_fp8 = ("fa4-fp8", "fa4-fp8-current", "fa4-fp8-doc")  # tests/test_fa4.py tests them
-    recipes = {"te-fp8": "fp8", "cudnn-fp8": "fp8-mma", "cudnn-fp8-current": "fp8-mma"} | dict.fromkeys(
-        fa4_fp8, "fp8-mma"
-    )
+    recipes = {
+        "te-fp8": "fp8",
+        "cudnn-fp8": "fp8-mma",
+        "cudnn-fp8-frozen": "fp8-mma",
+        "cudnn-fp8-current": "fp8-mma",
+    } | dict.fromkeys(fa4_fp8, "fp8-mma")
     for name, a in ADAPTERS.items():
         assert a.name == name and a.limits and a.wraps and a.runs_on
         assert a.recipe == recipes.get(name, "bf16")

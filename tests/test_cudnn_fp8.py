@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -678,7 +679,7 @@ def test_the_smoke_script_says_why_it_cannot_run_here():
 @pytest.mark.skipif(K.unavailable() is not None, reason=f"cudnn-fp8 unavailable: {K.unavailable()}")
 def test_cudnn_kernel_on_the_gpu_is_within_fp8_error():
     q, k, v, do, cu_q, cu_k, mq, mk = _pack([128, 256, 384], [128, 256, 384], heads=4, heads_k=2, dim=128)
-    fn = K.checked_kernel()
+    fn = K.default_kernel()
     out, grads = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
     ref = reference_attention(qd, kd, vd, cu_q, cu_k, mq, mk, softmax_scale=128**-0.5, causal=True)
@@ -700,3 +701,80 @@ def test_a_learning_kernel_scales_each_call_from_the_history_before_it():
     adapted, _ = _run(fn, big, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
     want, _ = _run(current, big, k, v, do, cu_q, cu_k, mq, mk, causal=True, grads=False)
     assert torch.equal(adapted, want) and not torch.equal(after_jump, want)
+
+
+# ------------------------------------------------------------------------------------------------
+# the state: the default trains (per instance, updated every call), the former default does not
+# ------------------------------------------------------------------------------------------------
+
+
+def test_the_default_is_a_factory_of_delayed_states_and_the_frozen_option_is_shared():
+    from flamia_verify.kernels.state import StateKind, StateSharing, declared_state, is_factory
+
+    eng = EmulatedEngine(arch=10)
+    fn = K.make_kernel(engine=eng)
+    policy = declared_state(fn)
+    assert (policy.kind, policy.history_len, policy.margin, policy.sharing) == (
+        StateKind.DELAYED,
+        K.DEFAULT_HISTORY,
+        K.DEFAULT_MARGIN,
+        StateSharing.PER_INSTANCE,
+    )
+    twin = fn.new_instance()  # type: ignore[attr-defined]
+    assert twin.engine is eng and twin.scaling is not fn.scaling  # type: ignore[attr-defined]
+    assert declared_state(twin) == policy
+    frozen = K.make_kernel(history_len=1024, margin=0, freeze_after_calibration=True, factory=False, engine=eng)
+    fp = declared_state(frozen)
+    assert fp.kind is StateKind.FROZEN and fp.sharing is StateSharing.SHARED and not is_factory(frozen)
+    assert declared_state(K.make_kernel("current", engine=eng)).kind is StateKind.CURRENT
+
+
+def test_a_snapshot_puts_the_kernel_back_to_the_same_bits():
+    q, k, v, do, cu_q, cu_k, mq, mk = _pack([16, 24], [16, 24], dim=32, seed=61)
+    fn = K.make_kernel(engine=EmulatedEngine(arch=10), history_len=2)
+    _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
+    snap = fn.state_snapshot()  # type: ignore[attr-defined]
+    first, g1 = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
+    _run(fn, q * 64, k, v * 64, do, cu_q, cu_k, mq, mk, causal=True)  # moves every window
+    fn.state_restore(snap)  # type: ignore[attr-defined]
+    again, g2 = _run(fn, q, k, v, do, cu_q, cu_k, mq, mk, causal=True)
+    assert torch.equal(first, again) and all(torch.equal(a, b) for a, b in zip(g1, g2, strict=True))
+    d = fn.state_describe()  # type: ignore[attr-defined]
+    assert d["q"]["calibrated"] and d["q"]["records"] >= 2 and d["dq"]["scale"] is not None
+
+
+def test_the_former_default_fails_the_state_family_naming_the_call_and_the_stale_scale():
+    """Frozen after the first call, one state for every layer: the backward runs in reverse layer order,
+    so the last layer's gradients (2^-8 of the first's) froze their scales, and the first layer's
+    first backward saturates (on the PyTorch model of cuDNN, the fused quantization interpreted)."""
+    from flamia_verify.properties import run_checks
+
+    fn = K.make_kernel(
+        history_len=1024, margin=0, freeze_after_calibration=True, factory=False, engine=EmulatedEngine(arch=10)
+    )
+    report = run_checks(fn, recipe="fp8", suite="quick", only=["state.training"])
+    res = report.check("state.training")
+    assert res.status == "fail" and res.verdict == "gating"
+    assert "call 1 of 39 (step 0, layer 0" in res.message, res.message
+    assert re.search(r"\w+'s scale 2\^-?\d+ \(from a history amax of [^)]*\) maps this call's amax", res.message)
+    assert "saturates by" in res.message
+    assert res.worst_case["stale_scales"][0]["ratio"] > 8
+
+
+def test_the_default_passes_the_state_family_one_instance_per_layer():
+    from flamia_verify.properties import run_checks
+
+    report = run_checks(
+        K.make_kernel(engine=EmulatedEngine(arch=10)), recipe="fp8", suite="quick", only=["state.training"]
+    )
+    res = report.check("state.training")
+    assert res.status == "pass", res.message
+    assert "one instance per layer" in res.message and res.metrics["state_detected"] == 1
+    short = run_checks(
+        K.make_kernel(engine=EmulatedEngine(arch=10), history_len=3),
+        recipe="fp8",
+        suite="quick",
+        only=["state.history"],
+    )
+    hist = short.check("state.history")
+    assert hist.status == "pass", hist.message

@@ -16,6 +16,7 @@ import pytest
 import torch
 from zoo import fuzz_bugs as FB
 from zoo import kernels as Z
+from zoo import state_bugs as SB
 from zoo import targeted as T
 from zoo.convention_bugs import CONVENTION_BUGS
 from zoo.dimension_bugs import DIMENSION_BUGS
@@ -35,8 +36,10 @@ def _run(kernel, only, **kw):
 def test_every_check_has_a_planted_bug_that_must_fail_it():
     """The standard: no check without a kernel that a test asserts it fails on."""
     every = {s.name for s in list_checks("full")}
-    assert len(every) == 49
+    assert len(every) == 51
     covered = {c for k in list(Z.BUGS.values()) + list(T.TARGETED.values()) for c in k.catches}
+    # the state family's checks, asserted in test_state_family.py
+    covered |= {c for k in SB.STATE_BUGS.values() for c in k.catches}
     # the convention and invariance checks, asserted in test_coverage_model.py
     covered |= {k.catches for k in CONVENTION_BUGS.values()}
     covered |= set(FB.STANDARD)  # standard-suite-only checks, asserted in test_fuzz_coverage.py

@@ -26,8 +26,8 @@ def cuda_path(kernel: Any) -> str:
     from flamia_verify.kernels.triton.config import config_for, head_dim_limit, unsupported_reason
 
     design = kernel_design(kernel.fn)
-    if design is None:
-        return ""
+    if design is None:  # a built-in without a design (fp8-delayed): its PyTorch specification everywhere
+        return "PyTorch emulation"
     why = unsupported_reason(design)
     if why is not None:
         return f"emulation ({why})"

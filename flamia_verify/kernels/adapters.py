@@ -16,6 +16,8 @@ unavailable adapter raises :class:`KernelLoadError` with that reason (exit 3 on 
 | ``flash-attn``     | ``flash_attn.flash_attn_varlen_func`` (when installed)          | CUDA        | yes      |
 | ``sage``           | ``sageattention.sageattn_varlen`` (when installed)              | CUDA        | no       |
 | ``cudnn-fp8``      | cuDNN's FP8 attention, fused E4M3 quantization, delayed scaling | CUDA (sm_90+) | yes |
+|                  | (history per instance, updated every call; a factory)         |             |          |
+| ``cudnn-fp8-frozen`` | the same, scales frozen after the first call, one shared state | CUDA (sm_90+) | yes |
 | ``cudnn-fp8-current`` | the same, current scaling (not causal-safe)                 | CUDA (sm_90+) | yes |
 | ``fa4``, ``fa4-fp8*`` | FlashAttention-4 (``flash_attn.cute``), BF16; FP8 forward, three scalings | CUDA | BF16 only |
 | ``te-fp8``         | not built: needs transformer_engine (the probe says why)      | -           | -        |
@@ -667,14 +669,27 @@ ADAPTERS: dict[str, Adapter] = {
         Adapter(
             "cudnn-fp8",
             "cuDNN's FP8 attention (sdpa_fp8, sdpa_fp8_backward) on the whole pack, with fused Triton E4M3 "
-            "quantization around it; delayed per-tensor scaling, calibrated on the first call and then frozen "
-            "(causal-safe)",
+            "quantization around it; delayed per-tensor scaling to train with (an amax history of 16 calls "
+            "per instance, margin 1, updated every call; causal-safe), a factory: one instance per layer",
             "fp8-mma",
             False,
             "CUDA",
             _CUDNN_FP8_LIMITS,
             _cudnn_fp8_probe,
-            lambda: _cudnn_fp8("checked_kernel"),
+            lambda: _cudnn_fp8("default_kernel"),
+            ("nvidia-cudnn-frontend",),
+        ),
+        Adapter(
+            "cudnn-fp8-frozen",
+            "the same kernel with its former default, for checking a pure function: delayed scaling "
+            "calibrated on the first call and then frozen, one state for every layer (the state family "
+            "fails it: not for training)",
+            "fp8-mma",
+            False,
+            "CUDA",
+            _CUDNN_FP8_LIMITS,
+            _cudnn_fp8_probe,
+            lambda: _cudnn_fp8("frozen_kernel"),
             ("nvidia-cudnn-frontend",),
         ),
         Adapter(

@@ -49,14 +49,25 @@ class LoadedKernel:
 
 
 def builtin_kernels() -> dict[str, LoadedKernel]:
+    from flamia_verify.kernels.delayed import DelayedScalingAttention  # stateful: a new instance per load
     from flamia_verify.kernels.designs import DESIGNS
     from flamia_verify.kernels.emulation import make_kernel
     from flamia_verify.kernels.triton import with_fused_dispatch  # fused Triton for CUDA inputs; imports no Triton
 
-    return {
+    kernels = {
         name: LoadedKernel(name, with_fused_dispatch(make_kernel(d)), d.recipe.name, "builtin", d.description)
         for name, d in DESIGNS.items()
     }
+    delayed = DelayedScalingAttention()
+    kernels["fp8-delayed"] = LoadedKernel(
+        "fp8-delayed",
+        delayed,
+        delayed.recipe,
+        "builtin",
+        "per-tensor E4M3 with TransformerEngine-style delayed scaling (amax history of 16 calls per instance, "
+        "margin 1, updated every call); a factory of stateful instances, one per layer (PyTorch, any device)",
+    )
+    return kernels
 
 
 def _from_module(spec: str) -> LoadedKernel:

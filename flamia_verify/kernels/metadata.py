@@ -22,7 +22,9 @@ attribute       who sets it                 what it means
 
 ``recipe`` is the one attribute meant for users: set it on a function (``attn.recipe = "mxfp8"``) to
 declare its recipe. The others describe the built-in kernels and are written with
-:func:`mark_builtin`.
+:func:`mark_builtin`. A kernel that keeps state between calls declares it with the attributes of
+:mod:`flamia_verify.kernels.state` (``state_policy``, ``new_instance``, ``state_snapshot``,
+``state_restore``, ``state_describe``), read through that module's accessors.
 """
 
 from __future__ import annotations

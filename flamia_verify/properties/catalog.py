@@ -18,8 +18,20 @@ __all__ = ["FAMILY_ORDER", "all_specs", "get_spec", "specs_by_name"]
 
 del checks, homogeneity  # imported for their registrations
 
-#: the order the families run in (interface first: it fails fast and cheaply)
-FAMILY_ORDER = ("interface", "error", "bound", "bias", "consistency", "causal", "isolation", "special", "determinism")
+#: the order the families run in (interface first: it fails fast and cheaply; state last: a kernel whose
+#: state the checks cannot put back keeps what the training-like sequence left in it)
+FAMILY_ORDER = (
+    "interface",
+    "error",
+    "bound",
+    "bias",
+    "consistency",
+    "causal",
+    "isolation",
+    "special",
+    "determinism",
+    "state",
+)
 
 
 def all_specs() -> list[CheckSpec]:

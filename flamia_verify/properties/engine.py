@@ -40,6 +40,7 @@ from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
+from flamia_verify.kernels.state import can_snapshot, declared_state, is_factory, snapshot_state
 from flamia_verify.properties.cases import Case, capture_environment, captured_cases, make_inputs
 from flamia_verify.properties.catalog import all_specs, get_spec
 from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
@@ -50,7 +51,7 @@ from flamia_verify.properties.checks.interface import (
     judge_process_state,
 )
 from flamia_verify.properties.context import CheckContext
-from flamia_verify.properties.harness import KernelCallError, KernelHarness, KernelHungError
+from flamia_verify.properties.harness import KernelCallError, KernelHarness, KernelHungError, StatePin
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
 from flamia_verify.recipes import RECIPES, Recipe, get_recipe
@@ -62,6 +63,7 @@ __all__ = [
     "list_checks",
     "ProgressEvent",
     "environment",
+    "kernel_state",
     "resolve_kernel",
     "select_checks",
     "resolve_require",
@@ -210,8 +212,30 @@ def build_context(
     smallest = Case(
         (16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=seed, dtype=dtype_name(dtype)
     )
+    # a stateful kernel whose state can be put back: its state before any call, from which every later
+    # call runs at the state one call on its own case leaves (harness.StatePin), so that each check
+    # judges one pure function; the state family judges how the state moves (properties.checks.state)
+    fresh = snapshot_state(loaded.fn) if can_snapshot(loaded.fn) else None
     _, support = harness.probe(make_inputs(smallest, device), forward_only=forward_only)
+    if can_snapshot(loaded.fn):
+        harness.pin = StatePin(loaded.fn, fresh, backward=support.available)
     return CheckContext(loaded.name, recipe, harness, settings, seed, device, dtype, support, th, opts)
+
+
+def kernel_state(fn) -> dict:
+    """What report.json's ``environment.kernel_state`` says about a kernel's state: its declaration
+    (``state_policy``), whether it is a factory and whether the checks pin its state. A malformed
+    declaration is a configuration error naming the attribute."""
+    try:
+        policy = declared_state(fn)
+    except ValueError as exc:
+        raise ConfigError(f"the kernel's state_policy attribute is not a state policy: {exc}") from None
+    return {
+        "declared": None if policy is None else policy.to_dict(),
+        "description": "no state declared" if policy is None else policy.describe(),
+        "factory": is_factory(fn),
+        "pinned": can_snapshot(fn),
+    }
 
 
 def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
@@ -363,6 +387,7 @@ def _run(
     # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
     forward_only = forward_only or getattr(loaded.fn, "forward_only", False) is True
     paths_before = dict(kernel_paths(loaded.fn) or {})
+    state_env = kernel_state(loaded.fn)  # before any call: a malformed declaration is a usage error
     if inputs is not None:
         specs = select_checks([s for s in all_specs() if s.name in CAPTURED_CHECKS], only)
     else:
@@ -395,6 +420,7 @@ def _run(
         forward_only=ctx.backward.declared,
         case_timeout_s=case_timeout_s,
         kernel_source=loaded.source,
+        kernel_state=state_env,
     )
     start = time.perf_counter()
     costs = [s.cost for s in specs]

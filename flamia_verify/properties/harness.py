@@ -43,11 +43,13 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
+from flamia_verify.kernels.state import restore_state, snapshot_state
 from flamia_verify.properties.cases import GRADS_OF, Case, Inputs, make_inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 from flamia_verify.properties.process_state import StateChange, StateProbe
@@ -61,6 +63,7 @@ __all__ = [
     "KernelHungError",
     "exit_when_stuck",
     "Modification",
+    "StatePin",
     "StateRecord",
     "is_leaf_inplace_error",
     "kernel_traceback",
@@ -250,6 +253,67 @@ def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
     return t.grad  # detached by the caller (after a create_graph backward, whether it was in the graph)
 
 
+class StatePin:
+    """How the checks that judge one call at a time run a kernel that keeps state (delayed scaling, a
+    calibrate-then-freeze rule): each call at the state that a fresh kernel has after one call
+    (forward, and backward when the run has gradients) on the tensors of the call's case as
+    ``make_inputs`` draws them, unperturbed. That state is built once per case (from ``fresh``, a
+    snapshot of the kernel before any call of the run) and put back before every forward and every
+    backward of a call of that case, so that
+
+    * a check comparing a case with a perturbation of it (a future token, a neighbour document, NaN:
+      inputs that keep the case they were made from) compares two calls at one state, whatever the
+      perturbation: what differs is the kernel's own work within the call;
+    * a check of accuracy judges the kernel at a state adapted to its inputs, as training's earlier
+      steps adapt it, not at the state some other case left;
+    * no call sees what another call of the run left: whether the state stays adapted call after
+      call is the state family's question (:mod:`flamia_verify.properties.checks.state`).
+
+    Cases of other packings (a document alone and packed) get other states: a layout's bits may differ
+    through the scales (the ``*_bitwise`` reproducibility checks report it), never its accuracy."""
+
+    def __init__(self, fn: Callable[..., Any], fresh: Any, *, backward: bool):
+        self.fn = fn
+        self.fresh = fresh
+        self.backward = backward
+        self._warm: dict[Case, Any] = {}
+        self.warmups = 0
+
+    def restore_fresh(self) -> None:
+        """Put back the state of the kernel before any call of the run."""
+        restore_state(self.fn, self.fresh)
+
+    def before(self, inputs: Inputs) -> None:
+        case = replace(inputs.case, call=()) if inputs.case.call else inputs.case
+        snap = self._warm.get(case)
+        if snap is None:
+            restore_state(self.fn, self.fresh)
+            self._warm_up(make_inputs(case, inputs.q.device))
+            snap = self._warm[case] = snapshot_state(self.fn)
+        restore_state(self.fn, snap)
+
+    def _warm_up(self, inp: Inputs) -> None:
+        """One call of the case's own tensors (a forward, and its backward when the run has one)."""
+        self.warmups += 1
+        with torch.inference_mode(False), torch.enable_grad():
+            with torch.autocast(device_type=inp.q.device.type, enabled=False):
+                q, k, v = (x.detach().clone().requires_grad_(self.backward) for x in (inp.q, inp.k, inp.v))
+                result = self.fn(
+                    q,
+                    k,
+                    v,
+                    inp.cu_q.clone(),
+                    inp.cu_k.clone(),
+                    inp.max_q,
+                    inp.max_k,
+                    softmax_scale=inp.case.scale,
+                    causal=inp.case.causal,
+                )
+            out = result[0] if isinstance(result, (tuple, list)) else result
+            if self.backward and isinstance(out, torch.Tensor) and out.requires_grad:
+                out.backward(inp.do.detach().to(out.dtype))
+
+
 class KernelHungError(Exception):
     """The kernel hung on an earlier call (past the per-call limit): it is not called again, and every
     check that would call it is an error that says so (not a refusal, not a pass)."""
@@ -272,6 +336,14 @@ class KernelHarness:
         self._abandoned: set[threading.Thread] = set()  # threads of calls that timed out
         #: called with the inputs of every call (the coverage model records what each check exercises)
         self.recorder: Callable[[Inputs], None] | None = None
+        #: a stateful kernel's :class:`StatePin` (the engine sets it when the kernel can snapshot and
+        #: restore its state): before every forward and every backward the state a fresh kernel has after
+        #: one call on the same case; None for every other kernel
+        self.pin: StatePin | None = None
+
+    def _pinned(self, inputs: Inputs) -> None:
+        if self.pin is not None:
+            self.pin.before(inputs)
 
     # -- in-place writes ------------------------------------------------------------------
 
@@ -346,6 +418,7 @@ class KernelHarness:
                     scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
                     with _default_dtype(inputs.case, q):
                         with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
+                            self._pinned(inputs)
                             result = self.fn(
                                 q,
                                 k,
@@ -380,6 +453,7 @@ class KernelHarness:
                             )
                             if lse_differentiable:
                                 assert isinstance(lse_t, torch.Tensor)
+                                self._pinned(inputs)
                                 lse_t.backward(lse_weights(original_do).to(device=lse_t.device, dtype=lse_t.dtype))
                                 grads = tuple(None if g is None else g.detach().contiguous() for g in grads_of())  # type: ignore[assignment]
                         elif out.grad_fn is None and not out.requires_grad:
@@ -396,11 +470,13 @@ class KernelHarness:
                                 if inputs.case.call_option("interleave") == "other_call":
                                     self._other_call(inputs)
                                 if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
+                                    self._pinned(inputs)
                                     out.backward(up, retain_graph=True)
                                     for x in (q, k, v):  # leaves: the layout is contiguous
                                         x.grad = None
                                 with warnings.catch_warnings():  # .grad is reset below: the cycle is broken
                                     warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
+                                    self._pinned(inputs)
                                     out.backward(up, create_graph=create_graph)
                             raw = grads_of()
                             grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
@@ -478,11 +554,59 @@ class KernelHarness:
             self.calls += 1
         return res
 
+    def call_guarded(self, case: Case, thunk: Callable[[], Any], stage: str) -> Any:
+        """Run ``thunk``, kernel calls a check makes itself (the state family: several instances of a
+        kernel, inputs written into the same buffers call after call), under the harness's rules: within
+        ``timeout_s`` (a hung call is abandoned and the kernel not called again), an exception of the
+        kernel a :class:`KernelCallError` naming ``case`` and ``stage``. Counted as one call."""
+        if self.hung is not None:
+            raise KernelHungError(
+                f"not run: the kernel hung on an earlier call ({self.hung}) past the {self.timeout_s:g} s limit "
+                "(case_timeout_s), and a hung kernel is not called again"
+            )
+        t0 = time.perf_counter()
+        try:
+            if self.timeout_s is None:
+                return thunk()
+            box: dict = {}
+
+            def target():
+                try:
+                    box["result"] = thunk()
+                except BaseException as exc:  # handed to the caller's thread
+                    box["error"] = exc
+
+            worker = threading.Thread(target=target, name="flamia-verify-kernel-call", daemon=True)
+            put_back = _caller_state(torch.device("cpu"))
+            with _stuck_watchdog(self.timeout_s):
+                worker.start()
+                worker.join(self.timeout_s)
+            if worker.is_alive():
+                self._abandoned.add(worker)
+                _ABANDONED.append(worker)
+                self.hung = f"{case.describe()}, {stage}"
+                put_back()
+                raise KernelTimeoutError(
+                    f"the kernel did not return within {self.timeout_s:g} s, the time limit of one kernel call "
+                    "(case_timeout_s); its thread was left running (a hung thread cannot be killed in-process)"
+                )
+            if "error" in box:
+                raise box["error"]
+            return box["result"]
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            raise KernelCallError(case, exc, stage) from exc
+        finally:
+            self.calls += 1
+            self.seconds += time.perf_counter() - t0
+
     def _other_call(self, inputs: Inputs) -> None:
         """Another pack's forward and backward through the kernel (``interleave=other_call``), run while
         the case's own call waits for its backward."""
         other = make_inputs(interleaved_case(inputs.case), inputs.q.device)
         q, k, v = (x.detach().clone().requires_grad_() for x in (other.q, other.k, other.v))
+        self._pinned(other)
         result = self.fn(
             q,
             k,
@@ -496,6 +620,7 @@ class KernelHarness:
         )
         out = result[0] if isinstance(result, (tuple, list)) else result
         if isinstance(out, torch.Tensor) and out.requires_grad:
+            self._pinned(other)
             out.backward(other.do.to(out.dtype))
 
     def _retry_detached(self, inputs: Inputs, do) -> None:

@@ -123,8 +123,10 @@ def counts_line(report: Report) -> str:
 
 
 def run_line(report: Report) -> str:
-    """Where the run happened and which implementation of a built-in kernel ran, e.g. "cuda (NVIDIA
-    H200) · ran fused Triton (255 calls), PyTorch emulation (6 calls)" ("" when nothing is recorded)."""
+    """Where the run happened, which implementation of a built-in kernel ran and the state a kernel
+    declares, e.g. "cuda (NVIDIA H200) · ran fused Triton (255 calls), PyTorch emulation (6 calls)" or
+    "... · state: delayed scaling, amax history of 16 calls, margin 1, one state per instance (a factory:
+    one instance per layer)" ("" when nothing is recorded)."""
     env = report.environment or {}
     parts = []
     device, name = env.get("device"), env.get("device_name")
@@ -133,6 +135,12 @@ def run_line(report: Report) -> str:
     paths = env.get("kernel_paths")
     if isinstance(paths, dict) and paths:
         parts.append("ran " + ", ".join(f"{name} ({n} call{'s' if n != 1 else ''})" for name, n in paths.items()))
+    state = env.get("kernel_state")
+    if isinstance(state, dict) and (state.get("declared") or state.get("factory")):
+        parts.append(
+            f"state: {state.get('description')}"
+            + (" (a factory: one instance per layer)" if state.get("factory") else "")
+        )
     return " · ".join(parts)
 
 
@@ -233,8 +241,15 @@ def rerun_command(report: Report, check: CheckResult) -> str | None:
 
 def shown_environment(report: Report) -> list[tuple[str, Any]]:
     """The environment entries a rendered report shows: those with a value (no CUDA version on a CPU
-    machine, no backward_reason when the backward works); report.json keeps every entry."""
-    return [(k, v) for k, v in (report.environment or {}).items() if v is not None and v != ""]
+    machine, no backward_reason when the backward works; the kernel's state as one line); report.json
+    keeps every entry."""
+    out = []
+    for k, v in (report.environment or {}).items():
+        if k == "kernel_state" and isinstance(v, dict):
+            v = f"{v.get('description')}{'; a factory (one instance per layer)' if v.get('factory') else ''}"
+        if v is not None and v != "":
+            out.append((k, v))
+    return out
 
 
 def call_table(check: CheckResult) -> tuple[list[str], list[list[str]]] | None:

@@ -47,20 +47,26 @@ SURVEY_SCHEMA = "flamia-verify/survey/v1"
 
 
 def default_kernels() -> list[str]:
-    """Every built-in design, then every adapter, in registry order."""
+    """Every built-in kernel (the designs, then the stateful ``fp8-delayed``), then every adapter, in
+    registry order."""
+    from flamia_verify.kernels import builtin_kernels
     from flamia_verify.kernels.adapters import ADAPTERS
-    from flamia_verify.kernels.designs import DESIGNS
 
-    return [*DESIGNS, *(name for name in ADAPTERS if name not in DESIGNS)]
+    builtins = builtin_kernels()
+    return [*builtins, *(name for name in ADAPTERS if name not in builtins)]
 
 
 def availability(name: str, device: str) -> tuple[str | None, str]:
     """(None or the one-line reason ``name`` cannot run on ``device`` here, its recipe or "")."""
+    from flamia_verify.kernels import builtin_kernels
     from flamia_verify.kernels.adapters import ADAPTERS
     from flamia_verify.kernels.designs import DESIGNS
 
     if name in DESIGNS:
         return None, DESIGNS[name].recipe.name
+    builtins = builtin_kernels()
+    if name in builtins:  # a built-in without a design (fp8-delayed): PyTorch, runs anywhere
+        return None, builtins[name].recipe or ""
     adapter = ADAPTERS.get(name)
     if adapter is None:  # a user's spec: whether it loads is the run's business (an error row)
         return None, ""

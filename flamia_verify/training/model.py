@@ -10,7 +10,7 @@ weights. Swapping the kernel swaps nothing else: the same seed gives the same in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -123,14 +123,18 @@ class TinyLM(nn.Module):
         tokens: torch.Tensor,
         cu: torch.Tensor,
         max_len: int,
-        kernel: Callable,
+        kernel: Callable | Sequence[Callable],
         probe: AttentionProbe | None = None,
     ) -> torch.Tensor:
-        """Logits (T, vocab) of a packed batch."""
+        """Logits (T, vocab) of a packed batch. ``kernel``: one function for every attention layer, or
+        one per layer (the instances of a stateful kernel's factory: ``kernels.state.layer_kernels``)."""
+        kernels = [kernel] * len(self.blocks) if callable(kernel) else list(kernel)
+        if len(kernels) != len(self.blocks):
+            raise ValueError(f"{len(kernels)} kernels for {len(self.blocks)} attention layers")
         lens = (cu[1:] - cu[:-1]).long()
         starts = torch.repeat_interleave(cu[:-1].long(), lens)
         pos = torch.arange(tokens.shape[0], device=tokens.device) - starts
         x = self.embed(tokens)
-        for blk in self.blocks:
-            x = blk(x, pos, cu, max_len, kernel, probe)
+        for blk, fn in zip(self.blocks, kernels, strict=True):
+            x = blk(x, pos, cu, max_len, fn, probe)
         return F.linear(self.norm(x), self.embed.weight)

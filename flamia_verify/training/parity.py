@@ -20,6 +20,11 @@ a rung whose gap is at least the minimum detectable gap and that the gate does n
 invalid (the tool failed, not a kernel). Also recorded per run: train loss per step, validation loss
 every ``eval_every`` steps (both ways), the gradient norm per step, and the attention output's
 relative RMSE against the exact kernel on the same q, k, v during evaluation.
+
+A kernel that is a factory of stateful instances (``new_instance()``: ``cudnn-fp8``, ``fp8-delayed``)
+gets one instance per attention layer at every seed, as a model builds them
+(:func:`~flamia_verify.kernels.state.layer_kernels`), used for training and for its own evaluation;
+any other kernel is the one function in every layer. Each kernel's row says which (``state``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.kernels.state import declared_state, is_factory, layer_kernels
 from flamia_verify.training.corpus import Corpus, build_corpus, make_batches
 from flamia_verify.training.model import AttentionProbe, ModelConfig, TinyLM
 
@@ -208,9 +214,12 @@ def train_one(
     val,
     on_step: Callable[[str, int, float], None] | None = None,
 ) -> TrainResult:
-    """Train one model with ``kernel`` in every attention layer; ``exact`` evaluates it as well."""
+    """Train one model with ``kernel`` in every attention layer (one instance per layer when the kernel
+    is a factory of stateful instances: ``new_instance()``, as a model builds them); ``exact`` evaluates
+    it as well."""
     torch.manual_seed(seed)
     model = TinyLM(cfg.model).to(device)
+    kernels = layer_kernels(kernel, cfg.model.layers)
     batches = [
         b.to(device) for b in make_batches(corpus.train, n=cfg.steps, tokens=cfg.tokens, max_len=cfg.max_len, seed=seed)
     ]
@@ -222,7 +231,7 @@ def train_one(
         model.eval()
         probe = AttentionProbe(exact)
         res.eval_steps.append(step)
-        mean, sd, n = _evaluate(model, val, kernel, device, probe)
+        mean, sd, n = _evaluate(model, val, kernels, device, probe)
         res.val_loss.append(mean)
         res.val_token_sd, res.val_tokens = sd, n
         res.attn_rel_rmse.append(probe.rel_rmse)
@@ -230,7 +239,7 @@ def train_one(
         model.train()
 
     for step, batch in enumerate(batches):
-        loss, gn = train_step(model, opt, cfg, step, batch, kernel, device)
+        loss, gn = train_step(model, opt, cfg, step, batch, kernels, device)
         res.steps.append(step)
         res.train_loss.append(loss)
         res.grad_norm.append(gn)
@@ -306,7 +315,11 @@ def run_parity(
         floors["bf16_vs_itself"] = _paired("bf16 (again)", again, base, cfg)
         floors["bf16_vs_other_rounding"] = _paired(cfg.floor_kernel, other, base, cfg)
     rungs = {name: {s: go(fn, f"ladder: {name}", s) for s in seeds} for name, fn in (ladder or {}).items()}
-    rows = [_paired(name, by_seed, base, cfg, grads=True) for name, by_seed in trained.items()]
+    fns = {"bf16": baseline, **kernels}
+    rows = [
+        dict(_paired(name, by_seed, base, cfg, grads=True), state=_state_words(fns[name]))
+        for name, by_seed in trained.items()
+    ]
     # what the run resolves: the spread of a pair that differs by rounding alone, else the kernels' own
     null_sd = (
         floors["bf16_vs_other_rounding"]["sd"]
@@ -440,6 +453,16 @@ def _deterministic(device: str) -> dict:
             "floor bf16_vs_itself measures what remains"
         )
     return {"deterministic_algorithms": device.startswith("cuda"), "notes": notes}
+
+
+def _state_words(fn: Callable) -> str:
+    """How the kernel's state was used: one instance per layer (a factory) or one function everywhere."""
+    try:
+        policy = declared_state(fn)
+    except ValueError:
+        policy = None
+    said = "no state declared" if policy is None else policy.describe()
+    return f"{said}; {'one instance per layer' if is_factory(fn) else 'one function in every layer'}"
 
 
 def _finite_json(x):

@@ -1,8 +1,9 @@
 """cuDNN's FP8 attention (``sdpa_fp8`` / ``sdpa_fp8_backward``) in the varlen calling convention, with
 fused Triton quantization around it and per-tensor scaling that can be checked.
 
-* :mod:`.scaling`: the scaling modes (``current``, ``delayed``), the per-role amax/scale state, the
-  calibrate-then-freeze rule of a check run, and which mode is causal-safe.
+* :mod:`.scaling`: the scaling modes (``current``, ``delayed``), the per-role amax/scale state (its
+  snapshots and its description for the reports), the calibrate-then-freeze option, and which mode is
+  causal-safe.
 * :mod:`.quantize`: the fused Triton kernels (amax, E4M3 quantization with its amax, dequantization)
   and their PyTorch twins.
 * :mod:`.layout`: packed (THD, ragged offsets) and padded (BSHD) buffers.
@@ -17,7 +18,13 @@ Importing this package imports neither cuDNN's frontend (``import cudnn``) nor T
 from __future__ import annotations
 
 from flamia_verify.kernels.cudnn_fp8.engine import CudnnFp8Refused, EmulatedEngine
-from flamia_verify.kernels.cudnn_fp8.kernel import checked_kernel, current_kernel, make_kernel, unavailable
+from flamia_verify.kernels.cudnn_fp8.kernel import (
+    current_kernel,
+    default_kernel,
+    frozen_kernel,
+    make_kernel,
+    unavailable,
+)
 from flamia_verify.kernels.cudnn_fp8.scaling import ScalingMode, ScalingRecipe, ScalingState
 
 __all__ = [
@@ -26,8 +33,9 @@ __all__ = [
     "ScalingMode",
     "ScalingRecipe",
     "ScalingState",
-    "checked_kernel",
     "current_kernel",
+    "default_kernel",
+    "frozen_kernel",
     "make_kernel",
     "unavailable",
 ]

@@ -66,17 +66,22 @@ from flamia_verify.kernels.cudnn_fp8.scaling import (
     FORWARD_MEASURED,
     FORWARD_RECORDED,
     P_SCALE_EXPONENT,
+    ROLES,
     ScalingMode,
     ScalingRecipe,
     ScalingState,
     scale_policy,
 )
+from flamia_verify.kernels.state import StateKind, StatePolicy, StateSharing
 
 __all__ = [
+    "DEFAULT_HISTORY",
+    "DEFAULT_MARGIN",
     "MIN_CUDNN_VERSION",
     "CudnnFp8Refused",
-    "checked_kernel",
     "current_kernel",
+    "default_kernel",
+    "frozen_kernel",
     "make_kernel",
     "refusal",
     "unavailable",
@@ -573,22 +578,39 @@ def _attend(
         return _forward(run, q, k, v, cu_q, cu_k, key, arch, need_backward)[0]
 
 
+#: the default amax history: TransformerEngine's documented example recipe (``amax_history_len=16``)
+DEFAULT_HISTORY = 16
+#: the default margin: one binade of headroom over the history's maximum, so that a tensor may double
+#: from one call to the next without saturating (TransformerEngine's default is 0, with scales 448/amax)
+DEFAULT_MARGIN = 1
+
+
 def make_kernel(
     mode: ScalingMode | str = ScalingMode.DELAYED,
     *,
-    history_len: int = 1024,
-    margin: int = 0,
+    history_len: int = DEFAULT_HISTORY,
+    margin: int = DEFAULT_MARGIN,
     freeze_after_calibration: bool = False,
     deterministic: bool = True,
     engine: Engine | None = None,
+    factory: bool = True,
 ) -> Callable[..., torch.Tensor]:
     """A ``cudnn-fp8`` kernel function with its own scaling state (:mod:`.scaling`).
+
+    The default is what a model trains with: delayed scaling with an amax history of ``history_len``
+    calls and ``margin`` binades of headroom, updated every call, one state per instance; a model (and
+    the checks) builds one instance per attention layer from ``new_instance()``. ``freeze_after_calibration``
+    freezes each role's scales after the first call that measures them (for checking a pure function:
+    not for training); ``factory=False`` leaves ``new_instance`` out, so that every layer that calls the
+    function shares its one state (how the former default was used).
 
     deterministic: cuDNN's deterministic backward algorithm (the checks compare repeated calls bit for
     bit). engine: what runs the attention on the E4M3 codes: cuDNN (default) or
     :class:`.EmulatedEngine` (CPU tests). The function carries ``recipe = "fp8"``, ``forward_only =
     False``, ``paths`` (calls per layout and mode), ``scaling`` (the :class:`.ScalingState`: freeze,
-    reset, history) and ``engine``.
+    reset, history), ``engine`` and the stateful kernel protocol of :mod:`flamia_verify.kernels.state`
+    (``state_policy``, ``new_instance`` for a factory, ``state_snapshot``, ``state_restore``,
+    ``state_describe``).
     """
     recipe = ScalingRecipe(
         mode=ScalingMode(mode),
@@ -654,23 +676,58 @@ def make_kernel(
             out = remap.outputs(out)
         return out[..., :head_dim] if dim != head_dim else out
 
-    cudnn_fp8_attention.recipe = "fp8"  # type: ignore[attr-defined]
-    cudnn_fp8_attention.forward_only = False  # type: ignore[attr-defined]
-    cudnn_fp8_attention.paths = run.paths  # type: ignore[attr-defined]
-    cudnn_fp8_attention.scaling = run.state  # type: ignore[attr-defined]
-    cudnn_fp8_attention.engine = run.engine  # type: ignore[attr-defined]
-    cudnn_fp8_attention.__doc__ = (
+    fn: Any = cudnn_fp8_attention
+    fn.recipe = "fp8"
+    fn.forward_only = False
+    fn.paths = run.paths
+    fn.scaling = run.state
+    fn.engine = run.engine
+    # the stateful kernel protocol (flamia_verify.kernels.state)
+    fn.state_policy = state_policy(recipe, shared=not factory)
+    fn.state_snapshot = run.state.snapshot
+    fn.state_restore = run.state.restore
+    fn.state_describe = lambda: run.state.describe(ROLES)
+    if factory:
+        fn.new_instance = lambda: make_kernel(
+            mode,
+            history_len=history_len,
+            margin=margin,
+            freeze_after_calibration=freeze_after_calibration,
+            deterministic=deterministic,
+            engine=run.engine,  # the graphs are shared; the scaling state is the instance's own
+        )
+    fn.__doc__ = (
         f"cuDNN FP8 attention, {recipe.mode.value} per-tensor scaling"
         f"{' (calibrated on the first call, then frozen)' if freeze_after_calibration else ''}; "
-        f"causal-safe: {'yes' if recipe.mode.causal_safe else 'no'}"
+        f"causal-safe: {'yes' if recipe.mode.causal_safe else 'no'}; {fn.state_policy.describe()}"
     )
     return cudnn_fp8_attention
 
 
-def checked_kernel() -> Callable[..., torch.Tensor]:
-    """The kernel a check run loads as ``cudnn-fp8``: delayed scaling, each role calibrated on the first
-    call that needs it and frozen after it, so that every call is a pure function of its inputs."""
-    return make_kernel(ScalingMode.DELAYED, freeze_after_calibration=True)
+def state_policy(recipe: ScalingRecipe, *, shared: bool) -> StatePolicy:
+    """The declared state of a kernel with this scaling recipe (:mod:`flamia_verify.kernels.state`)."""
+    if recipe.mode is ScalingMode.CURRENT:
+        return StatePolicy(StateKind.CURRENT)
+    kind = StateKind.FROZEN if recipe.freeze_after_calibration else StateKind.DELAYED
+    sharing = StateSharing.SHARED if shared else StateSharing.PER_INSTANCE
+    return StatePolicy(kind, recipe.history_len, recipe.margin, sharing)
+
+
+def default_kernel() -> Callable[..., torch.Tensor]:
+    """``cudnn-fp8``: delayed scaling to train with (history 16, margin 1, updated every call), one state
+    per instance; a factory (``new_instance()``: one per attention layer). Causal- and document-safe
+    within a call: no scale of a call depends on that call's data (after an instance's first call,
+    which measures its own amaxes)."""
+    return make_kernel(ScalingMode.DELAYED)
+
+
+def frozen_kernel() -> Callable[..., torch.Tensor]:
+    """``cudnn-fp8-frozen``, the former default, kept as an explicit option for checking a pure function:
+    delayed scaling (history 1024, margin 0) with each role calibrated on the first call that needs it
+    and frozen after it, one state for every layer that calls the function (not a factory). Not for
+    training: a scale fitted to one call saturates when another layer's activations, or the same
+    layer's later ones, are larger (the state family fails it)."""
+    return make_kernel(ScalingMode.DELAYED, history_len=1024, margin=0, freeze_after_calibration=True, factory=False)
 
 
 def current_kernel() -> Callable[..., torch.Tensor]:

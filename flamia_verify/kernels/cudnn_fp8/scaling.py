@@ -83,18 +83,25 @@ Q, K and V would be causal-safe in principle (each row's scale sees only its own
 kernel that takes them (cuDNN's MXFP8 attention has block scales, on Blackwell only, with V blocked
 along the sequence: the diagonal-block leak that docs/kernels.md describes).
 
-Checking a stateful kernel: calibrate, then freeze
---------------------------------------------------
-The checks compare calls with each other (the same pack with its future tokens changed, a document
-alone and packed, the same call twice), so every call must be a pure function of its inputs. A
-delayed-scaling state that kept learning would move its scales between those calls and show a
-difference that is no leak of the kernel. With ``freeze_after_calibration=True`` (what the
-``cudnn-fp8`` kernel under check uses) a role's history is seeded once, from the first call that
-needs it (its amaxes measured exactly as ``current`` does: the forward roles on the first forward,
-the backward roles on the first backward), and never changes after that: that first call runs with
-the scales every later call runs with, and every call is a pure function of its inputs. For
-training, leave it False; :meth:`ScalingState.freeze` freezes a trained state for a check, and
-:meth:`ScalingState.reset` forgets everything.
+Training with it, and checking it
+----------------------------------
+``delayed`` without a freeze is the kernel to train with (``cudnn-fp8``): every call appends its amaxes,
+so the scales follow the activations one call late, with ``margin`` binades of headroom (1 by default
+in :func:`~flamia_verify.kernels.cudnn_fp8.kernel.make_kernel`: a tensor may double from one call to
+the next without saturating). A model builds one kernel, hence one state, per attention layer
+(``new_instance()``): layers' activations differ by orders of magnitude, and one shared history would
+give each layer another layer's scales.
+
+The checks that compare calls with each other (the same pack with its future tokens changed, a
+document alone and packed) need every call at one state: they take a :meth:`ScalingState.snapshot`
+before the run and put back, before every forward and backward, the state one call on the case's own
+tensors leaves (``properties.harness.StatePin``); the state family judges how the state moves from
+call to call, layer after layer (``properties.checks.state``). ``freeze_after_calibration=True`` (each
+role's history seeded once, by the first call that needs it, then never changed) remains an explicit
+option, ``cudnn-fp8-frozen``, for checking a pure function; it is not for training, and the state
+family fails it: a scale fitted to one layer's first call saturates the larger layers and the later
+steps. :meth:`ScalingState.freeze` freezes a trained state, :meth:`ScalingState.reset` forgets
+everything, :meth:`ScalingState.describe` says what the next call will use (the reports show it).
 """
 
 from __future__ import annotations
@@ -200,6 +207,18 @@ def scale_policy(amax: torch.Tensor, previous: torch.Tensor, margin: int = 0) ->
     return torch.where(ok, pow2_scale(a, margin), previous.to(torch.float32))
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """What :meth:`ScalingState.snapshot` copies."""
+
+    history: torch.Tensor | None
+    scale: torch.Tensor | None
+    recorded: tuple[int, ...]
+    calibrated: tuple[bool, ...]
+    frozen: tuple[bool, ...]
+    seen: dict[str, torch.Tensor]
+
+
 def _slice(roles: Sequence[str]) -> slice:
     """The roles as one slice of ROLES (each group the kernels use is contiguous there)."""
     idx = [ROLE_INDEX[r] for r in roles]
@@ -227,6 +246,8 @@ class ScalingState:
         self._recorded = [0] * len(ROLES)  # records per role (the next row is recorded % history_len)
         self._calibrated = [False] * len(ROLES)
         self._frozen = [False] * len(ROLES)
+        #: each role's amax of the last call that measured or recorded it, frozen or not (for reports)
+        self._seen: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ state
 
@@ -272,6 +293,70 @@ class ScalingState:
     def reset(self) -> None:
         """Forget the history, the scales and the freeze (the recipe stays)."""
         self._clear()
+
+    def snapshot(self) -> _Snapshot:
+        """A copy of everything a later call reads (history, scales, records, calibration, freeze), for
+        :meth:`restore`: the checks run every call of a pure-function check at one state."""
+        return _Snapshot(
+            None if self._history is None else self._history.clone(),
+            None if self._scale is None else self._scale.clone(),
+            tuple(self._recorded),
+            tuple(self._calibrated),
+            tuple(self._frozen),
+            dict(self._seen),
+        )
+
+    def restore(self, snap: _Snapshot) -> None:
+        """Put back a :meth:`snapshot` (copies of it: the snapshot can be restored again)."""
+        self._history = None if snap.history is None else snap.history.clone()
+        self._scale = None if snap.scale is None else snap.scale.clone()
+        self._recorded = list(snap.recorded)
+        self._calibrated = list(snap.calibrated)
+        self._frozen = list(snap.frozen)
+        self._seen = dict(snap.seen)
+        self.generation += 1  # a new generation: no cached scalar of another state is reused
+
+    def window_amax(self, roles: Sequence[str]) -> list[float]:
+        """The amax the next call takes each role's scale from (the maximum over its history window;
+        NaN where it is NaN; 0 before any record). Reads the device values on the host: for reports."""
+        if self._history is None:
+            return [0.0] * len(roles)
+        idx = [ROLE_INDEX[r] for r in roles]
+        return [float(x) for x in self._history[:, idx].amax(dim=0).tolist()]
+
+    def last_amax(self, roles: Sequence[str]) -> list[float | None]:
+        """Each role's amax in the last call that measured or recorded it, whether or not the history
+        kept it (a frozen role's history does not): None before any."""
+        return [float(self._seen[r]) if r in self._seen else None for r in roles]
+
+    def next_scales(self, roles: Sequence[str]) -> list[float | None]:
+        """The scale the next call gives each role (delayed, calibrated roles; None for a role that the
+        next call calibrates, and in current mode), without changing the state."""
+        if self.mode is ScalingMode.CURRENT or self._history is None or self._scale is None:
+            return [None] * len(roles)
+        window = self._history[:, [ROLE_INDEX[r] for r in roles]].amax(dim=0)
+        previous = self._scale[[ROLE_INDEX[r] for r in roles]]
+        scales = scale_policy(window, previous, self.recipe.margin).tolist()
+        return [float(s) if self._calibrated[ROLE_INDEX[r]] else None for r, s in zip(roles, scales, strict=True)]
+
+    def describe(self, roles: Sequence[str] = ROLES) -> dict[str, dict[str, object]]:
+        """Per role: the scale the next call uses (and its log2), the window's amax it comes from, the
+        last record, the number of records, calibrated and frozen; JSON-able, for reports."""
+        scales = self.next_scales(roles)
+        window = self.window_amax(roles)
+        last = self.last_amax(roles)
+        out: dict[str, dict[str, object]] = {}
+        for r, s, w, a in zip(roles, scales, window, last, strict=True):
+            out[r] = {
+                "scale": s,
+                "scale_log2": None if s is None or not math.isfinite(s) or s <= 0 else int(round(math.log2(s))),
+                "window_amax": w,
+                "last_amax": a,
+                "records": self._recorded[ROLE_INDEX[r]],
+                "calibrated": self._calibrated[ROLE_INDEX[r]],
+                "frozen": self.frozen(r),
+            }
+        return out
 
     # ------------------------------------------------------------------ per call
 
@@ -324,6 +409,7 @@ class ScalingState:
         not frozen; a no-op in current mode). ``amax``: (len(roles),) on the state's device."""
         if self.mode is ScalingMode.CURRENT:
             return
+        self._see(roles, amax)
         keep = [r for r in roles if not self.frozen(r)]
         if not keep:
             return
@@ -335,7 +421,13 @@ class ScalingState:
                 j = list(roles).index(r)
                 self._write((r,), amax[j : j + 1])
 
+    def _see(self, roles: Sequence[str], amax: torch.Tensor) -> None:
+        values = amax.detach().to(torch.float32).reshape(-1)
+        for j, r in enumerate(roles):
+            self._seen[r] = values[j]
+
     def _write(self, roles: Sequence[str], amax: torch.Tensor) -> None:
+        self._see(roles, amax)
         history, _ = self._ensure(amax.device)
         idx = [ROLE_INDEX[r] for r in roles]
         rows = [self._recorded[i] % self.recipe.history_len for i in idx]

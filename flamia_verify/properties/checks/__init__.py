@@ -15,6 +15,7 @@ from flamia_verify.properties.checks import (
     isolation,
     rounding,
     special,
+    state,
 )
 
 # isort: split
@@ -45,4 +46,5 @@ __all__ = [
     "nonfinite",
     "rounding",
     "special",
+    "state",
 ]

@@ -47,7 +47,10 @@ def pack_document(
 ) -> Inputs:
     """The target document (a one-document Inputs) with ``before`` and ``after`` neighbour tokens
     whose values are N(0, 1) times NEIGHBOUR_SCALE[kind] (or NaN for ``kind="nan"``). The neighbours
-    hold ``before``/``after`` queries and ``before_k``/``after_k`` keys (default: as many as queries)."""
+    hold ``before``/``after`` queries and ``before_k``/``after_k`` keys (default: as many as queries).
+    The pack's case is the target's packed among them (its seed the target's): packs of one layout with
+    other neighbour values share it, as a perturbation of one case does (a stateful kernel runs them at
+    one state: harness.StatePin)."""
     c = target.case
     g = torch.Generator().manual_seed(seed)
     before_k = before if before_k is None else before_k
@@ -74,7 +77,7 @@ def pack_document(
         headdim=c.headdim,
         causal=c.causal,
         distribution=c.distribution,
-        seed=seed,
+        seed=c.seed,
         dtype=c.dtype,
     )
     dev = target.q.device
