@@ -308,6 +308,7 @@ def run_checks(
     threshold_source: str | None = None,
     require: tuple[str, ...] | list[str] = (),
     threads: int | None = None,
+    on_start: Callable[[Report, list[CheckSpec]], None] | None = None,
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -327,19 +328,21 @@ def run_checks(
     their checks always run and are always reported (see :mod:`flamia_verify.results`).
     threads: torch's intra-op CPU threads during the run (restored after it; None leaves torch's
     setting); the report's environment records the count that ran (``torch_threads``).
+    on_start receives the report (no checks yet, marked incomplete) and the selected checks in running
+    order once the kernel has passed its probe, before the first check runs.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     with torch_threads(threads):
         return _run(
             kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-            forward_only, on_report, threshold_source, require,
+            forward_only, on_report, threshold_source, require, on_start,
         )  # fmt: skip
 
 
 def _run(
     kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-    forward_only, on_report, threshold_source, require,
+    forward_only, on_report, threshold_source, require, on_start,
 ) -> Report:  # fmt: skip
     """The body of :func:`run_checks`, under its thread count."""
     required = resolve_require(require)
@@ -390,6 +393,8 @@ def _run(
     report.complete = False
     report.incomplete_reason = f"the run had not finished when this report was written: 0 of {len(specs)} checks done"
     audited_at: dict[str, int] = {}  # harness calls when each run-wide check ran
+    if on_start is not None:
+        on_start(report, specs)
     try:
         for i, spec in enumerate(specs):
             ctx.on_fraction = lambda f, i=i: emit(i, f)
