@@ -190,3 +190,53 @@ def test_a_normal_run_prints_and_exits_as_in_one_process(tmp_path):
         (c["name"], c["status"]) for c in report_alone["checks"]
     ]
     assert report_child["summary"]["complete"] is True
+
+
+def _heard(*messages: dict):
+    """The supervisor's state after the child's messages (one JSON line each)."""
+    from flamia_verify.commands.supervise import _State
+
+    state = _State()
+    for message in messages:
+        state.take(json.dumps(message).encode())
+    return state
+
+
+def test_the_supervisor_places_the_end_between_two_checks_and_names_every_check():
+    from flamia_verify.commands.supervise import _end, _report, _where
+    from flamia_verify.results import CheckResult, Report
+
+    header = Report(kernel="k", recipe="bf16", suite="quick", seed=0)
+    header.complete, header.incomplete_reason = False, "the run had not finished"
+    names = [["interface.output", "gating"], ["determinism.repeat", "reproducibility"], ["causal.forward", "gating"]]
+    first = CheckResult("interface.output", "interface", "pass").to_dict()
+    base = [
+        {"phase": "started"},
+        {"phase": "load", "kernel": "k.py:attn"},
+        {"phase": "probe", "kernel": "k", "out": "/nowhere", "out_shown": "out", "created": [], "traceback": False},
+        {"phase": "checks", "report": header.to_dict(), "checks": names},
+        {"running": "interface.output"},
+        {"result": first},
+    ]
+    # ended after a check's result, before the next one started (writing the partial reports)
+    state = _heard(*base)
+    assert _where(state) == "after check interface.output (1 of 3), before the next one"
+    report = _report(state, _end(state, -11, 0.0))
+    assert [(c.name, c.status, c.verdict) for c in report.checks] == [
+        ("interface.output", "pass", "gating"),
+        ("determinism.repeat", "skip", "reproducibility"),
+        ("causal.forward", "skip", "gating"),
+    ]
+    assert report.checks[1].message == "not run: the run stopped after interface.output"
+    assert not report.complete and "killed by signal SIGSEGV" in report.incomplete_reason
+    assert "2 checks did not run" in report.incomplete_reason
+    # ended during the second check: that one is the ERROR, with the verdict it belongs to
+    state = _heard(*base, {"running": "determinism.repeat"})
+    assert _where(state) == "during check determinism.repeat (2 of 3)"
+    report = _report(state, _end(state, 7, 0.0))
+    crashed = report.check("determinism.repeat")
+    assert crashed.status == "error" and crashed.verdict == "reproducibility"
+    assert crashed.worst_case == {"exception": "exit code 7", "exit_code": 7}
+    assert report.check("causal.forward").message == "not run: the run stopped during determinism.repeat"
+    # a run that had not reached its checks has no report to write
+    assert _report(_heard(*base[:3]), _end(state, 7, 0.0)) is None

@@ -233,7 +233,7 @@ class _State:
         self.traceback = False
         self.header: dict[str, Any] | None = None
         self.checks: list[list[str]] = []
-        self.running: str | None = None
+        self.running: str | None = None  # the check that started and has not finished
         self.results: list[dict[str, Any]] = []
         self.exit: int | None = None
         self.signals: list[int] = []
@@ -260,6 +260,7 @@ class _State:
             self.running = msg["running"]
         elif "result" in msg:
             self.results.append(msg["result"])
+            self.running = None
         elif "exit" in msg:
             self.exit = int(msg["exit"])
 
@@ -458,11 +459,14 @@ def _where(state: _State) -> str:
         return "while loading the kernel"
     if state.phase == "probe":
         return "while running the kernel on the smallest case, before any check"
-    if state.phase == "finish" or state.running is None:
-        return "after the last check, while finishing the run" if state.phase == "finish" else "before the first check"
-    names = [name for name, _ in state.checks]
-    at = names.index(state.running) + 1 if state.running in names else len(state.results) + 1
-    return f"during check {state.running} ({at} of {len(state.checks)})"
+    if state.phase == "finish":
+        return "after the last check, while finishing the run"
+    done, total = len(state.results), len(state.checks)
+    if state.running is not None:
+        return f"during check {state.running} ({done + 1} of {total})"
+    if done:
+        return f"after check {state.results[-1].get('name')} ({done} of {total}), before the next one"
+    return "before the first check"
 
 
 def _report(state: _State, end: _End) -> Any:
@@ -475,7 +479,8 @@ def _report(state: _State, end: _End) -> Any:
     report = Report.from_dict(state.header)
     report.checks = [CheckResult.from_dict(r) for r in state.results]
     done = {c.name for c in report.checks}
-    running = state.running if state.phase == "checks" and state.running not in done else None
+    running = state.running if state.phase == "checks" else None
+    stopped = f"during {running}" if running else f"after {report.checks[-1].name}" if report.checks else "before it"
     hint = f" ({end.hint})" if end.hint else ""
     not_run = 0
     for name, verdict in state.checks:
@@ -486,7 +491,7 @@ def _report(state: _State, end: _End) -> Any:
             message = f"{end.cause} during this check{hint}; the run stopped here"
             report.checks.append(CheckResult(name, family, "error", message=message, worst_case=dict(end.fields)))
         else:
-            message = f"{NOT_RUN}the run stopped " + (f"during {running}" if running else "before it")
+            message = f"{NOT_RUN}the run stopped {stopped}"
             report.checks.append(CheckResult(name, family, "skip", message=message))
             not_run += 1
         report.checks[-1].verdict = verdict
