@@ -49,6 +49,9 @@ def check(
     be killed and is left running (a daemon thread), so the caller's process decides when to end.
     A run that stops early (KeyboardInterrupt, a kernel crash mid-run) writes the finished checks to
     ``out``, marked incomplete, and raises again; the exception's ``partial_report`` holds them.
+    The checks run in the caller's process: a kernel that ends it (``os._exit``, a segfault) ends the
+    caller, and nothing is written. ``flamia-verify check`` runs them in a child process and reports
+    such an end (exit 3, the finished checks written, marked incomplete).
     threads: torch's intra-op CPU threads during the run, restored after it (default one, as the CLI;
     None leaves torch's setting); the report records the count (``environment.torch_threads``).
     inputs: a capture directory (:mod:`flamia_verify.capture`): the checks run on its recorded calls

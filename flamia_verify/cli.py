@@ -23,7 +23,8 @@ This module parses the command line and dispatches; each command lives in its ow
 
 Exit codes: 0 every check passed; 1 at least one check failed or errored, or the run did not complete
 (interrupted by SIGINT or SIGTERM, or its reports could not be written); 2 bad usage or configuration;
-3 the kernel could not be loaded or crashed. Errors print one line to stderr (--traceback adds the
+3 the kernel could not be loaded or crashed (also by ending its process: ``check`` runs in a child
+process, :mod:`flamia_verify.commands.supervise`). Errors print one line to stderr (--traceback adds the
 kernel's own tracebacks). The reports of a run that did not complete say INCOMPLETE (report.json:
 summary.complete false, summary.status "incomplete"). ``report`` exits 0 once it has rendered, whatever
 the verdict of the report it renders.
@@ -51,13 +52,14 @@ from flamia_verify.commands.common import (
     print_tracebacks,
     remove_unused_out,
 )
+from flamia_verify.commands.supervise import child_done, process_end, start_child, supervise, wanted
 from flamia_verify.errors import FlamiaVerifyError, KernelCrashError, KernelLoadError
 
 # flamia_verify.settings imports torch: the commands read it where needed, so that a Ctrl-C while torch
 # imports (seconds, on a cold start) is caught by main() as any interruption (one line, exit 1), not a
 # traceback
 
-__all__ = ["main", "build_parser", "device_arg", "DEVICE_METAVAR"]  # noqa: F822 (DEVICE_METAVAR: __getattr__)
+__all__ = ["main", "child_main", "build_parser", "device_arg", "DEVICE_METAVAR"]  # noqa: F822 (DEVICE_METAVAR: __getattr__)
 
 
 def __getattr__(name: str) -> str:
@@ -109,7 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     and the exit code is decided. As a program, an interrupted run therefore ends with os._exit and
     its own exit code once stdout and stderr are flushed; called from Python (``argv`` given), it
     returns the code as usual.
+
+    As a program, ``check`` runs in a child process (:mod:`flamia_verify.commands.supervise`), so that
+    a kernel that ends its process (``os._exit``, a segfault) still leaves the reports of the finished
+    checks and one line saying how it ended; called from Python it runs here.
     """
+    if argv is None and wanted(sys.argv[1:]):
+        supervised = supervise(sys.argv[1:])
+        if supervised is not None:
+            return supervised
     try:
         code = _main(argv)
     except KeyboardInterrupt:  # before the command ran (Ctrl-C while torch imports): as any interruption
@@ -120,7 +130,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and interrupted():
         sys.stdout.flush()
         sys.stderr.flush()
+        child_done(code)
         os._exit(code)
+    return code
+
+
+def child_main() -> int:
+    """The program of the child process that runs ``check`` for the supervisor
+    (:mod:`flamia_verify.commands.supervise`): the command line as usual, its exit code told to the
+    supervisor, which takes an end without it for a crash."""
+    start_child()
+    code = 1  # an exception no command caught: Python prints it and exits 1
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help, a usage error
+        code = process_end(exc)
+        raise
+    finally:
+        child_done(code)
     return code
 
 

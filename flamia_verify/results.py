@@ -83,6 +83,8 @@ __all__ = [
     "json_number",
     "jsonable",
     "run_notes",
+    "NOT_RUN",
+    "incomplete_note",
     "threshold_verdict",
 ]
 
@@ -361,14 +363,25 @@ class Report:
         )
 
 
+#: how the message of a check that did not run starts: a SKIP row of an incomplete report, written when
+#: the process running the kernel ended before that check (``flamia-verify check``'s supervisor)
+NOT_RUN = "not run: "
+
+
+def incomplete_note(report: Report) -> str:
+    """The sentence that follows an incomplete run's reason: which of the listed checks ran."""
+    if any(c.status == "skip" and c.message.startswith(NOT_RUN) for c in report.checks):
+        return "The checks marked 'not run' did not run; this is no verdict on the kernel."
+    return "Only the checks listed ran; this is no verdict on the kernel."
+
+
 def run_notes(report: Report) -> list[str]:
     """Sentences every renderer puts next to the verdict, and report.json's ``summary.notes``: an
     incomplete run, gradients not checked."""
     notes = []
     if not getattr(report, "complete", True):
         notes.append(
-            f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. Only the checks "
-            "listed ran; this is no verdict on the kernel."
+            f"INCOMPLETE run: {report.incomplete_reason or 'the run did not finish'}. {incomplete_note(report)}"
         )
     env = report.environment or {}
     if env.get("backward") is False:

@@ -20,7 +20,8 @@ from flamia_verify.results import CheckResult, Report
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# a correct kernel (the built-in bf16) that sends itself a signal on its CALLS-th call
+# a correct kernel (the built-in bf16) that sends a signal on its CALLS-th call: to its own process, or
+# with `group` to its whole process group (the command and the child process that runs the checks)
 SIGNALLING_KERNEL = """
 import os, signal
 from flamia_verify.kernels import builtin_kernels
@@ -29,14 +30,15 @@ _n = [0]
 def attn(q, k, v, cu_q, cu_k, mq, mk, *, softmax_scale, causal):
     _n[0] += 1
     if _n[0] == CALLS:
-        os.kill(os.getpid(), signal.SIGNAL)
+        SEND
     return _k(q, k, v, cu_q, cu_k, mq, mk, softmax_scale=softmax_scale, causal=causal)
 """
 
 
-def _kernel(tmp_path, sig: str, calls: int) -> str:
+def _kernel(tmp_path, sig: str, calls: int, group: bool = False) -> str:
     path = tmp_path / f"k_{sig}.py"
-    path.write_text(SIGNALLING_KERNEL.replace("SIGNAL", sig).replace("CALLS", str(calls)))
+    send = f"os.killpg(os.getpgid(0), signal.{sig})" if group else f"os.kill(os.getpid(), signal.{sig})"
+    path.write_text(SIGNALLING_KERNEL.replace("SEND", send).replace("CALLS", str(calls)))
     return f"{path}:attn"
 
 
@@ -75,7 +77,7 @@ def test_sigint_mid_run_leaves_incomplete_reports_and_exit_1(capsys, tmp_path, s
     assert "interrupted" in data["summary"]["incomplete_reason"]
 
 
-def _subprocess_check(tmp_path, spec: str, out: pathlib.Path):
+def _subprocess_check(tmp_path, spec: str, out: pathlib.Path, new_session: bool = False):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     return subprocess.run(
         [sys.executable, "-m", "flamia_verify.cli", "check", "--kernel", spec, "--recipe", "bf16", "--out", str(out)],
@@ -84,6 +86,7 @@ def _subprocess_check(tmp_path, spec: str, out: pathlib.Path):
         env=env,
         cwd=tmp_path,
         timeout=300,
+        start_new_session=new_session,  # its own process group, for a kernel that signals the group
     )
 
 
@@ -97,9 +100,11 @@ def test_sigterm_mid_run_leaves_incomplete_reports_and_exit_1(tmp_path):
 
 
 def test_a_killed_run_leaves_reports_that_say_incomplete(tmp_path):
-    """SIGKILL cannot be caught: the reports written after each check already say the run had not finished."""
+    """SIGKILL cannot be caught: the reports written after each check already say the run had not finished.
+    (The command and the child process that runs the checks are killed together, as a CI job's process
+    group is; a kernel that kills only its own process is a crash: tests/test_kernel_exit.py.)"""
     out = tmp_path / "rep"
-    proc = _subprocess_check(tmp_path, _kernel(tmp_path, "SIGKILL", 12), out)
+    proc = _subprocess_check(tmp_path, _kernel(tmp_path, "SIGKILL", 12, group=True), out, new_session=True)
     assert proc.returncode == -9
     data = _assert_incomplete(out)
     assert "had not finished" in data["summary"]["incomplete_reason"]

@@ -19,6 +19,7 @@ from flamia_verify.commands.common import (
     TRACEBACK_HELP,
     add_threads_argument,
     console,
+    created_out,
     device_arg,
     device_metavar,
     fail,
@@ -32,6 +33,7 @@ from flamia_verify.commands.common import (
     report_names,
     run_options,
 )
+from flamia_verify.commands.supervise import channel as supervisor_channel
 from flamia_verify.errors import KernelCrashError, UsageError
 
 __all__ = ["add_parser", "run", "CheckReporter", "PartialReports"]
@@ -58,8 +60,12 @@ EPILOG = """\
 exit codes: 0 every gating check passed (and every check of a verdict named by --require); 1 such
 a check failed or errored, or the run is incomplete
 (interrupted by SIGINT/SIGTERM, or the reports could not be written: one line names the file);
-2 bad usage or configuration; 3 the kernel could not be loaded or crashed. The reports of an
-incomplete run say INCOMPLETE and keep the checks that finished."""
+2 bad usage or configuration; 3 the kernel could not be loaded or crashed, also by ending its
+process (os._exit, a segfault, abort: the checks run in a child process, so the finished ones are
+written and one line names the exit code or signal and the check). The reports of an incomplete run
+say INCOMPLETE and keep the checks that finished.
+
+environment: FLAMIA_VERIFY_IN_PROCESS=1 runs the checks in this process (a profiler, a debugger)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -266,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
     from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
-    from flamia_verify.properties.harness import exit_when_stuck
+    from flamia_verify.properties.harness import exit_when_stuck, on_stuck_watchdog
     from flamia_verify.reports import write_reports
 
     cfg = load_config(args.config)
@@ -285,6 +291,9 @@ def run(args: argparse.Namespace) -> int:
         from flamia_verify.properties.cases import captured_cases
 
         captured_cases(inputs)
+    chan = supervisor_channel()  # a supervised child: tell the supervisor what runs (a crash is reported)
+    if chan is not None:
+        chan.send(phase="load", kernel=spec)
     kernel = load_kernel(spec)
     out = prepare_out(out_dir)
 
@@ -305,8 +314,25 @@ def run(args: argparse.Namespace) -> int:
     reporter.require = list(args.require if args.require is not None else cfg.require)
     partial_reports = PartialReports(out)
     remove_stale(out, report_names())  # an earlier run's reports must not stand in for this one, even if killed
-    previous_term = _install_sigterm(_on_sigterm)
+    on_progress, on_result, on_start = reporter.on_progress, reporter.on_result, None
+    if chan is not None:
+        chan.send(
+            phase="probe",
+            kernel=kernel.name,
+            out=os.path.abspath(out),
+            out_shown=str(out),
+            created=created_out(),
+            traceback=bool(args.traceback),
+        )
+        on_progress, on_result, on_start = (
+            _both(chan.on_progress, on_progress),
+            _both(chan.on_result, on_result),
+            chan.on_start,
+        )
+    # a supervised child keeps the SIGTERM handler it started with (the first SIGINT or SIGTERM counts)
+    previous_term = _install_sigterm(_on_sigterm if chan is None else None)
     previous_grace = exit_when_stuck(STUCK_GRACE_S)  # a kernel holding the GIL past its limit: exit 1
+    previous_listener = on_stuck_watchdog(chan.on_watchdog) if chan is not None else None
     try:
         with reporter.live():
             report = run_checks(
@@ -319,15 +345,18 @@ def run(args: argparse.Namespace) -> int:
                 only=only,
                 thresholds=cfg.thresholds or None,
                 threshold_source=cfg.source,
-                on_progress=reporter.on_progress,
-                on_result=reporter.on_result,
+                on_progress=on_progress,
+                on_result=on_result,
                 on_report=partial_reports.on_report,
+                on_start=on_start,
                 case_timeout_s=cfg.case_timeout_s,
                 forward_only=forward_only,
                 require=args.require if args.require is not None else cfg.require,
                 threads=args.threads,
                 inputs=inputs,
             )
+        if chan is not None:
+            chan.send(phase="finish")
         paths = write_reports(report, out)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
         mark_interrupted()
@@ -365,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         _install_sigterm(previous_term)
         exit_when_stuck(previous_grace)
+        if chan is not None:
+            on_stuck_watchdog(previous_listener)
     reporter.finish(report, paths)
     print_tracebacks(args, report.checks)
     return EXIT_PASS if report.passed else EXIT_FAIL
@@ -382,6 +413,16 @@ class _Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated("SIGTERM")
+
+
+def _both(first: Any, second: Any) -> Any:
+    """A callback that calls ``first``, then ``second``."""
+
+    def both(value: Any) -> None:
+        first(value)
+        second(value)
+
+    return both
 
 
 def _install_sigterm(handler: Any) -> Any:

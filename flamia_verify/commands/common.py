@@ -38,6 +38,7 @@ __all__ = [
     "interrupted",
     "prepare_out",
     "remove_unused_out",
+    "created_out",
     "remove_stale",
     "report_names",
     "print_tracebacks",
@@ -170,6 +171,11 @@ def prepare_out(out: str) -> Path:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--out directory {str(directory)!r} is not writable")
     return directory
+
+
+def created_out() -> list[str]:
+    """The directories prepare_out created, outermost first."""
+    return [str(d) for d in _CREATED_OUT]
 
 
 def remove_unused_out() -> None:

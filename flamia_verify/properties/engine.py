@@ -343,6 +343,7 @@ def run_checks(
     require: tuple[str, ...] | list[str] = (),
     threads: int | None = None,
     inputs: str | Path | None = None,
+    on_start: Callable[[Report, list[CheckSpec]], None] | None = None,
 ) -> Report:
     """Check ``kernel`` (a spec string, a callable or a LoadedKernel) and return the report.
 
@@ -366,19 +367,21 @@ def run_checks(
     instead of the suite's cases, and only the checks of ``checks.captured.CAPTURED_CHECKS`` (error,
     bound, consistency, causal and isolation on every call; ``only`` selects among them); a bad
     capture raises CaptureError before the kernel is called.
+    on_start receives the report (no checks yet, marked incomplete) and the selected checks in running
+    order once the kernel has passed its probe, before the first check runs.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     with torch_threads(threads):
         return _run(
             kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-            forward_only, on_report, threshold_source, require, inputs,
+            forward_only, on_report, threshold_source, require, inputs, on_start,
         )  # fmt: skip
 
 
 def _run(
     kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-    forward_only, on_report, threshold_source, require, inputs,
+    forward_only, on_report, threshold_source, require, inputs, on_start,
 ) -> Report:  # fmt: skip
     """The body of :func:`run_checks`, under its thread count."""
     required = resolve_require(require)
@@ -438,6 +441,8 @@ def _run(
     report.complete = False
     report.incomplete_reason = f"the run had not finished when this report was written: 0 of {len(specs)} checks done"
     audited_at: dict[str, int] = {}  # harness calls when each run-wide check ran
+    if on_start is not None:
+        on_start(report, specs)
     try:
         for i, spec in enumerate(specs):
             ctx.on_fraction = lambda f, i=i: emit(i, f)

@@ -23,7 +23,9 @@ A kernel that blocks in C while holding the GIL (an extension that never release
 whole process: the caller cannot even get back from its timed wait. The command line opts in to a
 last resort (:func:`exit_when_stuck`): a faulthandler watchdog, which needs no GIL, that dumps every
 thread's traceback to stderr and ends the process with exit code 1 (the run did not complete) when
-the caller is not back ``grace`` seconds after the time limit.
+the caller is not back ``grace`` seconds after the time limit. :func:`on_stuck_watchdog` tells a
+listener when the watchdog is armed and cancelled (the command line's supervising process tells its
+exit from a kernel's own exit with code 1 that way).
 
 In-place writes: the kernel gets fresh copies of the case's tensors, and after the forward and again
 after the backward of every call the harness compares each copy bitwise with the case's original. A
@@ -62,6 +64,7 @@ __all__ = [
     "calls_left_running",
     "KernelHungError",
     "exit_when_stuck",
+    "on_stuck_watchdog",
     "Modification",
     "StatePin",
     "StateRecord",
@@ -191,6 +194,9 @@ _ABANDONED: list[threading.Thread] = []
 #: seconds past a call's time limit after which a caller still not back ends the process (None: never)
 _STUCK_GRACE_S: list[float | None] = [None]
 
+#: told the seconds until the watchdog fires when it is armed, None when it is cancelled (None: nobody)
+_STUCK_LISTENER: list[Callable[[float | None], None] | None] = [None]
+
 
 def calls_left_running() -> int:
     """How many kernel calls of this process ran past their time limit and are still running (their
@@ -211,6 +217,15 @@ def exit_when_stuck(grace_s: float | None) -> float | None:
     return previous
 
 
+def on_stuck_watchdog(listener: Callable[[float | None], None] | None) -> Callable[[float | None], None] | None:
+    """Tell ``listener`` when the watchdog of :func:`exit_when_stuck` is armed (the seconds until it
+    ends the process) and when it is cancelled (None), so that a process supervising this one can tell
+    the watchdog's exit (code 1) from a kernel's own. None stops telling. Returns the previous listener."""
+    previous = _STUCK_LISTENER[0]
+    _STUCK_LISTENER[0] = listener
+    return previous
+
+
 @contextlib.contextmanager
 def _stuck_watchdog(timeout_s: float):
     grace = _STUCK_GRACE_S[0]
@@ -222,11 +237,16 @@ def _stuck_watchdog(timeout_s: float):
             armed = True
         except (AttributeError, ValueError, OSError, RuntimeError):  # no stderr to write to: no watchdog
             pass
+    listener = _STUCK_LISTENER[0] if armed else None
+    if listener is not None and grace is not None:
+        listener(timeout_s + grace)
     try:
         yield
     finally:
         if armed:
             faulthandler.cancel_dump_traceback_later()
+            if listener is not None:
+                listener(None)
 
 
 def _caller_state(device: torch.device) -> Callable[[], None]:

@@ -34,7 +34,7 @@ from typing import Any
 
 from flamia_verify.reports.metrics import format_value, higher_is_better, safe_json, threshold_verdict
 from flamia_verify.reports.wording import case_seed, rerun_command, run_notes, shown_environment, shown_status
-from flamia_verify.results import CheckResult, Report
+from flamia_verify.results import CheckResult, Report, incomplete_note
 
 __all__ = ["render_junit"]
 
@@ -132,9 +132,7 @@ def render_junit(report: Report) -> str:
         )
         reason = report.incomplete_reason or "the run did not finish"
         element = ET.SubElement(case, "error", {"message": _x(f"incomplete run: {reason}"), "type": "incomplete"})
-        element.text = _x(
-            f"The run did not finish: {reason}. Only the checks listed ran; this is no verdict on the kernel."
-        )
+        element.text = _x(f"The run did not finish: {reason}. {incomplete_note(report)}")
 
     for check in report.checks:
         case = ET.SubElement(
