@@ -12,8 +12,9 @@ Suites: how many cases, seeds and sizes each check runs.
     full      everything, larger: four seeds, documents up to 2048 tokens, four heads
 
 Packings are written ``(lens_q, lens_k, heads, heads_k, headdim, causal, distribution, softmax_scale,
-do_log2)``; in every suite one base packing passes a softmax_scale other than the default headdim^-0.5
-and one scales the upstream gradient dO by 2^-20.
+do_log2)``; in every suite one base packing passes a softmax_scale other than the default headdim^-0.5,
+one scales the upstream gradient dO by 2^-20, and one draws the values of a trained model (``realistic``:
+rotary q and k, massive-activation tokens, heavy-tailed dO; properties/cases.py).
 
 Devices (``--device``, ``device =``, ``device=``): ``auto`` (CUDA when a GPU is present, else the CPU),
 ``cpu``, ``cuda`` or ``cuda:N`` (GPU number N); :func:`resolve_device` turns one into the device a
@@ -251,6 +252,9 @@ _QUICK = SuiteSettings(
         # GQA with 1 < heads_k < heads: only here do repeat and repeat_interleave of the kv heads differ
         Packing((50, 1, 77), (64, 3, 40), heads=4, heads_k=2, distribution="shifted"),
         Packing((33, 96), causal=False, distribution="heavy_tail", softmax_scale=OFF_DEFAULT_SCALE),
+        # a trained model's inputs: rotary q and k, v channels of unequal RMS, massive-activation tokens
+        # (the first and a delimiter-like key of each document), heavy-tailed dO (cases.py)
+        Packing((96, 61), heads=2, heads_k=1, distribution="realistic"),
     ),
     causal_len=96,
     causal_positions=(0, 5, 31, 40, 63),
@@ -276,6 +280,7 @@ _STANDARD = SuiteSettings(
         Packing((31, 32, 33, 63, 64, 65, 127, 128, 129), distribution="outliers"),
         Packing((512,), heads=2, headdim=128, distribution="peaked"),
         Packing((100, 20), (60, 150), heads=4, heads_k=2, causal=True, distribution="low_rank"),
+        Packing((96, 61), heads=2, heads_k=1, distribution="realistic"),
     ),
     causal_len=160,
     causal_positions=(0, 1, 5, 31, 32, 40, 63, 64, 100, 127, 128),

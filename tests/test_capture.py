@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load, save
 
 from flamia_verify.capture import CallSite, CaptureWarning, Recorder, load_capture, recording, store
-from flamia_verify.errors import CaptureError
+from flamia_verify.errors import CaptureError, ConfigError
 from flamia_verify.reference import reference_attention
 from flamia_verify.training.model import ModelConfig, TinyLM
 
@@ -535,3 +535,29 @@ def test_the_readme_lines_capture_the_tiny_model_as_shipped(tmp_path, monkeypatc
     same_machine = _manifest(new.path)["meta"]["corpus_fingerprint"] == _manifest(SHIPPED)["meta"]["corpus_fingerprint"]
     if same_machine and _manifest(new.path)["torch"] == _manifest(SHIPPED)["torch"]:
         assert new.sha256 == old.sha256 and [c.sha256 for c in new] == [c.sha256 for c in old]
+
+
+def test_recording_after_warmup_steps_records_the_trained_model(tmp_path):
+    """``warmup_steps`` train unrecorded before the recorded steps: the capture says so, holds only the
+    recorded steps (numbered from 0), and its tensors are those of the trained model, not of its
+    initialization; a count that is not a non-negative int is refused."""
+    from flamia_verify.training.corpus import build_corpus
+    from flamia_verify.training.record import record_training_steps
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        corpus = build_corpus(max_bytes=200_000)
+        kw = dict(preset="tiny", steps=1, tokens=128, kernel="bf16", seed=0, corpus=corpus)
+        fresh = load_capture(record_training_steps(tmp_path / "fresh", **kw))
+        trained = load_capture(record_training_steps(tmp_path / "trained", warmup_steps=3, **kw))
+    finally:
+        torch.set_num_threads(threads)
+    assert _manifest(trained.path)["meta"]["warmup_steps"] == 3 and "warmup_steps" not in _manifest(fresh.path)["meta"]
+    assert [(c.step, c.layer) for c in trained] == [(0, 0), (0, 1)] == [(c.step, c.layer) for c in fresh]
+    assert all(c.dout is not None for c in trained)
+    # other batches and other weights: the recorded step is the fourth of the run
+    assert not torch.equal(trained.calls[0].q, fresh.calls[0].q)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="warmup_steps"):
+            record_training_steps(tmp_path / f"bad{bad}", warmup_steps=bad, **kw)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ def _draw(strategy, n: int, seed: int = 0) -> list:
 def test_cases_reach_headdim_128_long_documents_mid_gqa_and_unequal_kv():
     cases = _draw(attention_cases(max_tokens=256, long_tokens=1024), 300)
     long = [c for c in cases if max(c.lens_q + c.lens_k) > 256]
-    assert sum(c.headdim == 128 for c in cases) >= 30
+    assert sum(c.headdim == 128 for c in cases) >= 20  # one draw in 13 (HEADDIMS): 23 expected
     assert len(long) >= 5, "no document longer than 256 tokens drawn"
     assert len(long) <= 0.25 * len(cases), "long documents must stay rare"
     assert all(c.heads <= LONG_MAX_HEADS for c in long), "a long case keeps few heads"

@@ -31,6 +31,21 @@ Value distributions (``DISTRIBUTIONS``) model what training feeds a kernel:
     head_spread  N(0, 1) with the last kv head's v and the last query head's dO x HEAD_SPREAD (100):
                  heads of very different magnitudes in one tensor (a scale shared across heads, or
                  taken from another head, is wrong by that factor)
+
+Realistic families, calibrated on the attention inputs of train-parity's model (the constants below
+name the statistic each reproduces; docs/checks.md, "Realistic input families"):
+
+    rotary       q and k of a rotary model: a content vector per head shared by every token plus the
+                 token's own, channel pairs weighted as the model weighs them (the high frequencies
+                 carry most of the norm), rotated by the position within the document: scores depend
+                 on the distance between query and key
+    massive      massive-activation tokens: the first key of every document and a delimiter-like key
+                 carry two channels of magnitude 100-150 (MASSIVE_FACTOR) in v (and / sqrt(d) in k)
+    heavy_do     dO whose rows (tokens) are scaled by |z|^1.2, z ~ N(0, 1): rows near 0 and a few
+                 several times the median, entry kurtosis about 10, as a training step's upstream
+                 gradient
+    realistic    all of them at once, with v's channel RMS spread as the model's (rotary q and k,
+                 v channels x exp(0.3 z), massive tokens, heavy-tailed dO)
 """
 
 from __future__ import annotations
@@ -78,6 +93,10 @@ DISTRIBUTIONS = (
     "late_max",
     "late_sink",
     "head_spread",
+    "rotary",
+    "massive",
+    "heavy_do",
+    "realistic",
 )
 
 # outlier channels are this many times larger than the rest (the issue's "outlier channels (x100)")
@@ -94,6 +113,36 @@ LATE_RISE = 12.0
 LATE_QUERY = 3.0
 #: head_spread: one head's magnitude over the others' (v of the last kv head, dO of the last query head)
 HEAD_SPREAD = 100.0
+
+# The realistic families (rotary, massive, heavy_do and all of them at once in realistic) reproduce the
+# statistics of the attention inputs of train-parity's `tiny` model after 150 optimizer steps
+# (benchmarks/realistic_stats.py; the measured values: docs/checks.md, "Realistic input families").
+#: rotary: the model's RoPE base (training/model.py)
+ROTARY_BASE = 10000.0
+#: rotary: the share of q's and k's squared norm in each quarter of the rotary pairs, highest frequencies
+#: first (measured, both layers after 150 and 400 steps: q 0.42-0.59, 0.24-0.43, 0.08-0.10, 0.06-0.08;
+#: k 0.36-0.50, 0.22-0.46, 0.09-0.17, 0.07-0.12): the model's heads are positional, the high
+#: frequencies carry the norm, not the low ones
+ROTARY_SHARES = (0.47, 0.35, 0.10, 0.08)
+#: rotary: the share of each head's q (k) energy in one content vector every token shares (the rest is
+#: the token's own), which makes the scores a function of the distance i - j: the distance explains
+#: 0.15-0.18 of the scores' variance (measured: 0.07-0.41 over layers and steps), the largest channel
+#: RMS is 2.5-3.0 times the median (measured 2.0-2.9), the entries' kurtosis 4.1-4.6 (measured 3.0-4.6)
+ROTARY_SHARED = 0.6
+#: realistic: v's channels scaled by exp(CHANNEL_SIGMA z), z ~ N(0, 1) per kv head and channel: the
+#: largest channel RMS over the median about 2 at head_dim 64 (measured: v 1.9, q 2.6-2.7, k 2.0-2.1)
+CHANNEL_SIGMA = 0.3
+#: massive: channels of the massive-activation tokens and their least magnitude in v (k: / sqrt(headdim);
+#: up to 1.5 times it).
+#: Not calibrated: the tiny model has no such tokens (the largest token norm of k and v is 1.3-1.9
+#: times the median, as for Gaussian values); the magnitude is that of the outlier channels, the
+#: scale at which LLMs show them
+MASSIVE_CHANNELS = 2
+MASSIVE_FACTOR = 100.0
+#: heavy_do: dO's rows scaled by |z|^HEAVY_DO_POWER, z ~ N(0, 1): row norms over their median at the
+#: 90th and 99th percentile and the largest of 1000 about 2.9, 5.0 and 6.7 (measured 2.8, 5.0-5.2,
+#: 6.8-7.9); entry kurtosis 3 E|z|^4.8 / (E|z|^2.4)^2 = 11.8 (measured 7.4 and 10.0)
+HEAVY_DO_POWER = 1.2
 
 
 @dataclass(frozen=True)
@@ -407,7 +456,103 @@ def _sample(case: Case, g: torch.Generator):
             v[:, hk - 1] *= HEAD_SPREAD
         if h > 1:
             do[:, h - 1] *= HEAD_SPREAD
+    elif dist == "rotary":
+        q, k = _rotary(case, g, q, k)
+    elif dist == "massive":
+        k, v = _massive(case, g, k, v)
+    elif dist == "heavy_do":
+        do = _heavy_do(g, do)
+    elif dist == "realistic":
+        q, k = _rotary(case, g, q, k)
+        v = v * torch.exp(CHANNEL_SIGMA * torch.randn(hk, d, generator=g))
+        k, v = _massive(case, g, k, v)
+        do = _heavy_do(g, do)
     return q, k, v, do
+
+
+def _positions(lens_q, lens_k) -> tuple[torch.Tensor, torch.Tensor]:
+    """The position of every query and key within its document, the queries bottom-right aligned
+    (query i of a document of lq queries and lk keys sits at key position i + lk - lq)."""
+    pq = [torch.arange(lq) + (lk - lq) for lq, lk in zip(lens_q, lens_k)]
+    pk = [torch.arange(lk) for lk in lens_k]
+    empty = torch.zeros(0, dtype=torch.long)
+    return torch.cat(pq) if pq else empty, torch.cat(pk) if pk else empty
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """x (T, H, D) rotated by the positions (T,) as the train-parity model does it (pairs (i, i + D/2),
+    frequency ROTARY_BASE^(-i / (D/2)); an odd last channel is left as it is)."""
+    half = x.shape[-1] // 2
+    if half == 0 or x.shape[0] == 0:
+        return x
+    inv = ROTARY_BASE ** (-torch.arange(half, dtype=torch.float64) / half)
+    ang = pos.double()[:, None] * inv[None, :]
+    cos, sin = ang.cos().float()[:, None, :], ang.sin().float()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    out = x.clone()
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half : 2 * half] = x1 * sin + x2 * cos
+    return out
+
+
+def _pair_amplitudes(d: int) -> torch.Tensor:
+    """(d,) the amplitude of every channel of :func:`_rotary`: pair (i, i + D/2) in quarter b of the
+    pairs (highest frequencies first) gets sqrt(ROTARY_SHARES[b] / pairs in b x D/2), so the quarters
+    hold ROTARY_SHARES of the squared norm and the mean squared amplitude is 1."""
+    half = d // 2
+    amp = torch.ones(d)
+    if half == 0:
+        return amp
+    quarter = torch.clamp(torch.arange(half) * len(ROTARY_SHARES) // half, max=len(ROTARY_SHARES) - 1)
+    shares = torch.tensor(ROTARY_SHARES)
+    counts = torch.bincount(quarter, minlength=len(ROTARY_SHARES)).float()
+    present = shares * (counts > 0)
+    per_pair = (present / present.sum() / counts.clamp_min(1))[quarter] * half
+    amp[:half] = per_pair.sqrt()
+    amp[half : 2 * half] = per_pair.sqrt()
+    return amp
+
+
+def _rotary(case: Case, g: torch.Generator, q: torch.Tensor, k: torch.Tensor):
+    """q and k as a rotary model's: per head a shared content vector (ROTARY_SHARED of the energy) plus
+    each token's own, channel pairs weighted by ROTARY_SHARES, rotated by the token's position within
+    its document. Scores then depend on the distance between query and key."""
+    d = case.headdim
+    amp = _pair_amplitudes(d)
+    mu_q = torch.randn(case.heads, d, generator=g)
+    mu_k = torch.randn(case.heads_k, d, generator=g)
+    a, b = math.sqrt(ROTARY_SHARED), math.sqrt(1.0 - ROTARY_SHARED)
+    pq, pk = _positions(case.lens_q, case.lens_k)
+    q = _rope((a * mu_q + b * q) * amp, pq)
+    k = _rope((a * mu_k + b * k) * amp, pk)
+    return q, k
+
+
+def _massive(case: Case, g: torch.Generator, k: torch.Tensor, v: torch.Tensor):
+    """Massive-activation tokens: the first key of every document and one delimiter-like key drawn in
+    it carry MASSIVE_CHANNELS channels (the same ones for the whole tensor, each with its own sign) of
+    magnitude m in v and m / sqrt(d) in k (scores stay finite-ish), m uniform in [MASSIVE_FACTOR,
+    1.5 MASSIVE_FACTOR) per token, head and channel (no one value a per-tensor scale maps exactly)."""
+    d, hk = case.headdim, case.heads_k
+    ch = torch.randperm(d, generator=g)[: min(MASSIVE_CHANNELS, d)]
+    sign = torch.randint(0, 2, (len(ch),), generator=g).float() * 2 - 1
+    start = 0
+    k, v = k.clone(), v.clone()
+    for lk in case.lens_k:
+        if lk:
+            delim = int(torch.randint(1, lk, (1,), generator=g)) if lk > 1 else 0
+            for at in sorted({start, start + delim}):
+                m = MASSIVE_FACTOR * (1.0 + 0.5 * torch.rand(hk, len(ch), generator=g))
+                v[at, :, ch] = sign * m
+                k[at, :, ch] = sign * m / math.sqrt(d)
+        start += lk
+    return k, v
+
+
+def _heavy_do(g: torch.Generator, do: torch.Tensor) -> torch.Tensor:
+    """dO with every token's row (all heads) scaled by |z|^HEAVY_DO_POWER, z ~ N(0, 1): rows near 0 (well
+    predicted tokens) and a few rows several times the median (badly predicted ones)."""
+    return do * torch.randn(do.shape[0], 1, 1, generator=g).abs() ** HEAVY_DO_POWER
 
 
 def make_tensors(case: Case):
@@ -651,6 +796,8 @@ def dimension_cases(
     * where each row's maximum lies: scores rising along the keys (``late_max``) and a sink late in
       the document (``late_sink``), causal and not, rows of two and three 64-key tiles;
     * heads of different magnitudes (``head_spread``: one kv head's V and one query head's dO x 100);
+    * in the standard and full suites, the realistic families one at a time (``rotary``, ``massive``,
+      ``heavy_do``; every suite's base packings hold them together as ``realistic``);
     * with ``long``: one causal document of :func:`long_document` keys (2080 quick, 4160 standard on the
       CPU; 8320 on a GPU), every row past 2048 (4096, 8192) keys but the first few.
 
@@ -674,6 +821,10 @@ def dimension_cases(
             ),
             case(5006, (45, 70), heads=6, heads_k=3, headdim=100, causal=True, distribution="head_spread"),
             case(5007, (96, 17), heads=2, heads_k=1, headdim=8, causal=True, distribution="late_max"),
+            # the realistic families one at a time (the base packings hold them together: realistic)
+            case(5011, (80, 47), heads=4, heads_k=2, headdim=64, causal=True, distribution="rotary"),
+            case(5012, (64, 70), (64, 100), heads=2, heads_k=1, headdim=128, causal=True, distribution="massive"),
+            case(5013, (70, 58), heads=2, heads_k=2, headdim=64, causal=False, distribution="heavy_do"),
         ]
     if long:
         lq, lk = long_document(suite, device)

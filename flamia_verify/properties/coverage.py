@@ -215,6 +215,33 @@ MODEL: tuple[Row, ...] = (
             ("head_spread", _WIDE),
         )
     ),
+    # the realistic families, calibrated on a trained model's attention inputs (cases.py)
+    Row(
+        "distribution",
+        "rotary",
+        "rotary values: q and k rotated by their position in the document, the high-frequency pairs carrying "
+        "most of the norm (scores depend on the distance between query and key)",
+        _WIDE,
+    ),
+    Row(
+        "distribution",
+        "massive",
+        "massive-activation tokens: the first and a delimiter-like key of each document with two channels x100 in "
+        "v (and k)",
+        _WIDE,
+    ),
+    Row(
+        "distribution",
+        "heavy_do",
+        "heavy-tailed dO: rows (tokens) of very different magnitudes, a few several times the median",
+        _WIDE,
+    ),
+    Row(
+        "distribution",
+        "realistic",
+        "realistic values: rotary q and k, v channels of unequal RMS, massive-activation tokens, heavy-tailed dO",
+        _WIDE,
+    ),
     Row(
         "values",
         "head_spread",

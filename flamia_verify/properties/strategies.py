@@ -12,7 +12,8 @@ value and the fix. Sizes default to what a CPU runs in a fraction of a second.
     call_options()       how the tensors are passed: strided views (fused QKV, transposed, offset),
                          softmax_scale=None for the default scale, max_seqlen above the maxima
     value_distributions()  gaussian, shifted, heavy tails, outlier channels, sinks, low rank, peaked,
-                         late row maxima and late sinks, heads 100x apart
+                         late row maxima and late sinks, heads 100x apart, and the realistic families
+                         (rotary q and k, massive-activation tokens, heavy-tailed dO, all at once)
     attention_cases()    a complete :class:`~flamia_verify.properties.cases.Case`
 
 Everything shrinks toward the simple end: shorter and fewer documents, no long document, Lq = Lk,
