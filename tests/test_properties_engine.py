@@ -113,8 +113,8 @@ def test_overrides_change_the_verdict_and_are_reported():
     assert res.status == "fail" and res.thresholds["normalized_error"] == 0.1
     assert "normalized_error" in res.message
     res = run_checks("flamia-mxfp8", only=["error.out"], thresholds={"suite": {"seeds": 1}}).check("error.out")
-    # the three base packings at one seed, and the quick suite's four dimension cases (always one seed)
-    assert res.status == "pass" and res.metrics["cases"] == 3 + 4
+    # the four base packings at one seed, and the quick suite's four dimension cases (always one seed)
+    assert res.status == "pass" and res.metrics["cases"] == 4 + 4
 
 
 def test_recipe_is_required_for_a_kernel_without_one_and_validated():
