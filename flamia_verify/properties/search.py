@@ -67,6 +67,7 @@ __all__ = [
     "Search",
     "evaluate_example",
     "fuzz_sizes",
+    "replace_others",
     "search",
     "traceback_of",
 ]
@@ -128,7 +129,7 @@ ATTRIBUTABLE_TO = ("causal", "isolation")
 ATTRIBUTION_DOCUMENTS = 3
 
 
-def _replace_others(inp: Inputs, b: int, kind: str, seed: int) -> Inputs:
+def replace_others(inp: Inputs, b: int, kind: str, seed: int) -> Inputs:
     """Every document but b replaced by huge / tiny random values or NaN."""
     case = inp.case
     q0, q1, k0, k1 = doc_bounds(case, b)
@@ -355,7 +356,7 @@ def _isolation(ctx, case: Case, inp: Inputs, res: KernelOutputs, run, *, documen
     nonempty = [b for b, (a, c) in enumerate(zip(case.lens_q, case.lens_k)) if a or c]
     if len(nonempty) < 2 or lq == 0:
         return None
-    new = run(_replace_others(inp, document, perturbation, seed=case.seed + 2))
+    new = run(replace_others(inp, document, perturbation, seed=case.seed + 2))
     q0, q1, k0, k1 = doc_bounds(case, document)
     for n in ("out", "dq", "dk", "dv"):
         a, b_ = getattr(new, n), getattr(res, n)

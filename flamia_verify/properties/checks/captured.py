@@ -46,6 +46,7 @@ from flamia_verify.properties.helpers import (
 )
 from flamia_verify.properties.metrics import error_stats
 from flamia_verify.properties.registry import register
+from flamia_verify.properties.search import replace_others
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
 
 __all__ = ["CAPTURED_CHECKS"]
@@ -167,7 +168,7 @@ def bound_captured(ctx):
     )
 
 
-def _perturbed_run(ctx, case: Case, inp, key, compare_rows):
+def _perturbed_run(ctx, case: Case, inp, compare_rows):
     """Run ``inp`` (a perturbed copy of ``case``'s tensors) and compare the rows ``compare_rows(name)``
     (a slice or None) of every output with the unperturbed run's, beyond the kernel's run-to-run noise;
     [(tensor, Mismatch)]."""
@@ -186,6 +187,45 @@ def _perturbed_run(ctx, case: Case, inp, key, compare_rows):
     return out
 
 
+def _flow_check(ctx, calls: list[Case], perturbations, ok_message):
+    """An information-flow check over ``calls``: ``perturbations(case, inp)`` yields, per perturbation,
+    (where: the worst case's extra fields, e.g. document and t; the perturbed inputs; the rows of each
+    output that must not change, as :func:`_perturbed_run` takes them; what was replaced, in words).
+    Every changed element counts; the first names its call; ``ok_message(calls, runs)``."""
+    rows, first, changed, runs = [], None, 0, 0
+    for n, case in enumerate(calls):
+        row = {**_row(case), "changed_elements": 0, "perturbations": 0}
+        for where, new, compare_rows, replaced in perturbations(case, ctx.inputs(case)):
+            found = _perturbed_run(ctx, case, new, compare_rows)
+            row["perturbations"] += 1
+            runs += 1
+            for name, m in found:
+                if m.ok:
+                    continue
+                row["changed_elements"] += m.mismatched
+                changed += m.mismatched
+                if first is None:
+                    at = f" at/before t={where['t']}" if "t" in where else ""
+                    first = case_record(
+                        case,
+                        **captured_call(case),
+                        **where,
+                        tensor=name,
+                        mismatch=m.to_dict(),
+                        summary=f"{_name(row)}, document {where['document']}: {name}{at} changed when "
+                        f"{replaced} replaced: {m.summary()}",
+                    )
+        rows.append(row)
+        ctx.progress((n + 1) / len(calls))
+    return verdict(
+        ctx,
+        {"changed_elements": changed, "perturbations": runs, "calls": len(rows)},
+        ok_message=ok_message(len(rows), runs),
+        first=first,
+        details={"calls": rows},
+    )
+
+
 @register(
     "causal.captured",
     "on every causal captured call: each document's out and dQ at or before t unchanged when its "
@@ -201,64 +241,26 @@ def causal_captured(ctx):
         return _no_capture(ctx)
     if not calls:
         return ctx.skip("no captured call is causal")
-    rows, first, changed, runs = [], None, 0, 0
-    for n, case in enumerate(calls):
-        row = {**_row(case), "changed_elements": 0, "perturbations": 0}
-        inp = ctx.inputs(case)
+
+    def perturbations(case: Case, inp):
         for b, lq in enumerate(case.lens_q):
             if lq < 2:
                 continue
             q0 = doc_bounds(case, b)[0]
             for t in sorted({0, (lq - 2) // 2, lq - 2})[:CAUSAL_POSITIONS]:
-                new = future_inputs(inp, b, t, "huge", seed=case.seed * 101 + b)
-                found = _perturbed_run(
-                    ctx,
-                    case,
-                    new,
-                    ("causal", b, t),
+                yield (
+                    {"document": b, "t": t},
+                    future_inputs(inp, b, t, "huge", seed=case.seed * 101 + b),
                     lambda name, q0=q0, t=t: slice(q0, q0 + t + 1) if name in ("out", "dq") else None,
+                    "the document's future was",
                 )
-                row["perturbations"] += 1
-                runs += 1
-                for name, m in found:
-                    if not m.ok:
-                        row["changed_elements"] += m.mismatched
-                        changed += m.mismatched
-                        if first is None:
-                            first = case_record(
-                                case,
-                                **captured_call(case),
-                                document=b,
-                                t=t,
-                                tensor=name,
-                                mismatch=m.to_dict(),
-                                summary=f"{_name(row)}, document {b}: {name} at/before t={t} changed when the "
-                                f"document's future was replaced: {m.summary()}",
-                            )
-        rows.append(row)
-        ctx.progress((n + 1) / len(calls))
-    return verdict(
+
+    return _flow_check(
         ctx,
-        {"changed_elements": changed, "perturbations": runs, "calls": len(rows)},
-        ok_message=f"no position of {len(rows)} captured calls saw its future ({runs} perturbations)",
-        first=first,
-        details={"calls": rows},
+        calls,
+        perturbations,
+        lambda n, runs: f"no position of {n} captured calls saw its future ({runs} perturbations)",
     )
-
-
-def _others_huge(inp, case: Case, b: int, seed: int):
-    """Every document of the pack but ``b`` replaced by huge random values."""
-    q0, q1, k0, k1 = doc_bounds(case, b)
-    g = torch.Generator().manual_seed(seed)
-    new = {}
-    for name in ("q", "k", "v", "do"):
-        x = getattr(inp, name).clone()
-        lo, hi = (q0, q1) if name in ("q", "do") else (k0, k1)
-        keep = x[lo:hi].clone()
-        x.copy_((torch.randn(x.shape, generator=g) * 1e4).to(x.dtype).to(x.device))
-        x[lo:hi] = keep
-        new[name] = x
-    return inp.replace(**new)
 
 
 @register(
@@ -276,45 +278,24 @@ def isolation_captured(ctx):
     calls = [c for c in all_calls if sum(1 for a, k in zip(c.lens_q, c.lens_k) if a or k) >= 2]
     if not calls:
         return ctx.skip("no captured call packs two or more documents")
-    rows, first, changed, runs = [], None, 0, 0
-    for n, case in enumerate(calls):
-        row = {**_row(case), "changed_elements": 0, "perturbations": 0}
-        inp = ctx.inputs(case)
+
+    def perturbations(case: Case, inp):
         for b, lq in enumerate(case.lens_q):
             if lq == 0:
                 continue
             q0, q1, k0, k1 = doc_bounds(case, b)
-            found = _perturbed_run(
-                ctx,
-                case,
-                _others_huge(inp, case, b, seed=case.seed * 103 + b),
-                ("isolation", b),
+            yield (
+                {"document": b},
+                replace_others(inp, b, "huge", seed=case.seed * 103 + b),
                 lambda name, q0=q0, q1=q1, k0=k0, k1=k1: slice(q0, q1) if name in ("out", "dq") else slice(k0, k1),
+                "the other documents were",
             )
-            row["perturbations"] += 1
-            runs += 1
-            for name, m in found:
-                if not m.ok:
-                    row["changed_elements"] += m.mismatched
-                    changed += m.mismatched
-                    if first is None:
-                        first = case_record(
-                            case,
-                            **captured_call(case),
-                            document=b,
-                            tensor=name,
-                            mismatch=m.to_dict(),
-                            summary=f"{_name(row)}, document {b}: {name} changed when the other documents were "
-                            f"replaced: {m.summary()}",
-                        )
-        rows.append(row)
-        ctx.progress((n + 1) / len(calls))
-    return verdict(
+
+    return _flow_check(
         ctx,
-        {"changed_elements": changed, "perturbations": runs, "calls": len(rows)},
-        ok_message=f"every document of {len(rows)} captured calls unchanged by its neighbours ({runs} perturbations)",
-        first=first,
-        details={"calls": rows},
+        calls,
+        perturbations,
+        lambda n, runs: f"every document of {n} captured calls unchanged by its neighbours ({runs} perturbations)",
     )
 
 
