@@ -579,14 +579,22 @@ def _keeps(first: str, prop: str) -> bool:
     return prop == first or (prop in ATTRIBUTABLE_TO and first in ATTRIBUTABLE_TO + SYMPTOMS)
 
 
-def _drop_empty_documents(case: Case, document: int, t: int, kind: str, evaluate, prop: str):
-    """(case, document) of the failing example (case, document, t, kind) with every empty document (no
-    queries or no keys) that the failure does not need removed: each is dropped in turn, last first,
-    and stays out when the example still fails ``prop`` (or what :func:`_keeps` lets stand for it;
-    ``evaluate`` gives an example's finding). ``document``, the target, follows its document."""
+def _still_fails(evaluate, case: Case, target: int, t: int, kind: str, prop: str) -> bool:
+    """Whether the example (case, target, t, kind) still fails ``prop`` (or what :func:`_keeps` lets
+    stand for it), seen on its own target with its own perturbation (``evaluate`` gives an example's
+    finding)."""
+    g = evaluate(case, target, t, kind)
+    return bool(g) and _keeps(prop, g.prop) and g.example(target, kind) == (target, kind)
+
+
+def _drop_documents(case: Case, document: int, t: int, kind: str, evaluate, prop: str, droppable):
+    """(case, document) of the failing example (case, document, t, kind) with the documents
+    ``droppable(case, b)`` allows removed where the failure does not need them: each is dropped in
+    turn, last first, and stays out when the example still fails ``prop``. ``document``, the target,
+    follows its document; a leak's own document is never dropped (the failure was seen there)."""
     b = len(case.lens_q) - 1
     while b >= 0:
-        if len(case.lens_q) > 1 and (case.lens_q[b] == 0 or case.lens_k[b] == 0):
+        if len(case.lens_q) > 1 and droppable(case, b):
             if b != document:
                 target = document - (b < document)
             elif prop in ATTRIBUTABLE_TO:  # the failure was seen on this document: it is needed
@@ -595,11 +603,16 @@ def _drop_empty_documents(case: Case, document: int, t: int, kind: str, evaluate
             else:  # the target of a bound, finite or crash failure only matters for attribution
                 target = min(b, len(case.lens_q) - 2)
             smaller = _without_document(case, b)
-            g = evaluate(smaller, target, t, kind)
-            if g and _keeps(prop, g.prop) and g.example(target, kind) == (target, kind):
+            if _still_fails(evaluate, smaller, target, t, kind, prop):
                 case, document = smaller, target
         b -= 1
     return case, document
+
+
+def _drop_empty_documents(case: Case, document: int, t: int, kind: str, evaluate, prop: str):
+    """(case, document) of the failing example with every empty document (no queries or no keys) that
+    the failure does not need removed (:func:`_drop_documents`)."""
+    return _drop_documents(case, document, t, kind, evaluate, prop, lambda c, b: c.lens_q[b] == 0 or c.lens_k[b] == 0)
 
 
 #: lengths tried for the failing document after hypothesis's shrinking, shortest first (see
@@ -617,18 +630,7 @@ def _shorten(case: Case, document: int, t: int, kind: str, evaluate, prop: str):
     stands. Other findings are left as hypothesis shrank them. At most len(SHORTER) + 7 evaluations."""
     if prop not in ATTRIBUTABLE_TO:
         return case, document
-
-    def still_fails(smaller: Case, target: int) -> bool:
-        g = evaluate(smaller, target, t, kind)
-        return bool(g) and _keeps(prop, g.prop) and g.example(target, kind) == (target, kind)
-
-    b = len(case.lens_q) - 1
-    while b >= 0 and len(case.lens_q) > 1:
-        if b != document:
-            smaller, target = _without_document(case, b), document - (b < document)
-            if still_fails(smaller, target):
-                case, document = smaller, target
-        b -= 1
+    case, document = _drop_documents(case, document, t, kind, evaluate, prop, lambda c, b: True)
     lq, lk = case.lens_q[document], case.lens_k[document]
     for n in SHORTER:
         if n >= lq or lk + n - lq < 0:
@@ -636,6 +638,6 @@ def _shorten(case: Case, document: int, t: int, kind: str, evaluate, prop: str):
         new_q = case.lens_q[:document] + (n,) + case.lens_q[document + 1 :]
         new_k = case.lens_k[:document] + (lk + n - lq,) + case.lens_k[document + 1 :]
         smaller = case.with_(lens_q=tuple(new_q), lens_k=tuple(new_k))
-        if still_fails(smaller, document):
+        if _still_fails(evaluate, smaller, document, t, kind, prop):
             return smaller, document
     return case, document
