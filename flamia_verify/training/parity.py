@@ -29,10 +29,11 @@ any other kernel is the one function in every layer. Each kernel's row says whic
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -283,7 +284,16 @@ def run_parity(
         raise ConfigError("steps and eval_every must be >= 1")
     if cfg.floors and floor_kernel is None:
         raise ConfigError("floors need the floor kernel (an equivalent BF16 kernel that rounds differently)")
-    determinism = _deterministic(device)
+    with _deterministic(device) as determinism:
+        return _run_parity(
+            kernels, cfg, device, baseline, exact, corpus, floor_kernel, ladder, on_step, on_run, determinism
+        )
+
+
+def _run_parity(
+    kernels, cfg, device, baseline, exact, corpus, floor_kernel, ladder, on_step, on_run, determinism
+) -> dict:
+    """The body of :func:`run_parity`, under torch's deterministic settings."""
     corpus = corpus or build_corpus(max_bytes=cfg.corpus_max_bytes)
     # one held-out token set for every run and seed: a paired difference sees no sampling noise of its own
     val = [
@@ -437,10 +447,19 @@ def _t_quantile(level: float, n: int) -> float:
     return float(t.ppf(0.5 + level / 2, n - 1))
 
 
-def _deterministic(device: str) -> dict:
-    """Make a training step as deterministic as torch allows on ``device``; what is still not."""
+@contextlib.contextmanager
+def _deterministic(device: str) -> Iterator[dict]:
+    """Make a training step as deterministic as torch allows on ``device`` for the duration, then put
+    torch's settings back; yields what is still not deterministic."""
     notes = []
-    if device.startswith("cuda"):
+    cuda = device.startswith("cuda")
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    if cuda:
         import os
 
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -452,7 +471,12 @@ def _deterministic(device: str) -> dict:
             "kernels under test may use atomics (torch warns where its own ops are non-deterministic); the "
             "floor bf16_vs_itself measures what remains"
         )
-    return {"deterministic_algorithms": device.startswith("cuda"), "notes": notes}
+    try:
+        yield {"deterministic_algorithms": cuda, "notes": notes}
+    finally:
+        if cuda:
+            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
 
 
 def _state_words(fn: Callable) -> str:
