@@ -51,6 +51,7 @@ from flamia_verify.commands.common import (
     mark_interrupted,
     print_tracebacks,
     remove_unused_out,
+    write_problem,
 )
 from flamia_verify.commands.supervise import child_done, process_end, start_child, supervise, wanted
 from flamia_verify.errors import FlamiaVerifyError, KernelCrashError, KernelLoadError
@@ -175,8 +176,8 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BROKEN_PIPE
     except OSError as exc:  # a file the command reads or writes (reports, --out): not the kernel's failure
         if exc.errno in _DISK_FULL:  # the run could not be recorded: incomplete, as check says
-            target = exc.filename or getattr(args, "out", None) or "the output directory"
-            return fail(f"cannot write {target}: {exc.strerror or exc}; the run is incomplete", EXIT_FAIL)
+            out = getattr(args, "out", None) or "the output directory"
+            return fail(write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
         where = f" {exc.filename!r}" if exc.filename else ""
         return fail(f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE)
 

@@ -32,6 +32,7 @@ from flamia_verify.commands.common import (
     remove_stale,
     report_names,
     run_options,
+    write_problem,
 )
 from flamia_verify.commands.supervise import channel as supervisor_channel
 from flamia_verify.errors import KernelCrashError, UsageError
@@ -264,7 +265,7 @@ class PartialReports:
         try:
             write_reports(partial, self.out)
         except OSError as werr:
-            return _write_problem(werr, self.out)
+            return write_problem(werr, self.out)
         return None
 
 
@@ -387,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
         print_tracebacks(args, partial.checks if partial is not None else (), crash=exc)
         return fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
     except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
-        return fail(_write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
+        return fail(write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
     except BaseException as exc:
         partial_reports.write(getattr(exc, "partial_report", None))
         raise
@@ -435,8 +436,3 @@ def _install_sigterm(handler: Any) -> Any:
         return signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread (e.g. called from a worker): keep the default
         return None
-
-
-def _write_problem(exc: OSError, out: Path) -> str:
-    path = exc.filename or out
-    return f"cannot write {path}: {exc.strerror or exc}"

@@ -39,6 +39,7 @@ __all__ = [
     "prepare_out",
     "remove_unused_out",
     "created_out",
+    "write_problem",
     "remove_stale",
     "report_names",
     "print_tracebacks",
@@ -171,6 +172,11 @@ def prepare_out(out: str) -> Path:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--out directory {str(directory)!r} is not writable")
     return directory
+
+
+def write_problem(exc: OSError, out: Any) -> str:
+    """One line for a file that could not be written (a full disk): the file, else ``out``."""
+    return f"cannot write {exc.filename or out}: {exc.strerror or exc}"
 
 
 def created_out() -> list[str]:
