@@ -52,7 +52,10 @@ def test_a_planted_stateful_bug_fails_the_state_family_naming_the_call_and_the_s
     for check in kernel.catches:
         res = report.check(check)
         assert re.search(r"call \d+", res.message), res.message
-        assert re.search(r"scale 2\^-?\d+", res.message), res.message
+        if callable(getattr(kernel, "state_describe", None)):  # the scale that was stale, where it can be read
+            assert re.search(r"scale 2\^-?\d+", res.message), res.message
+        else:  # else the bits that show it
+            assert re.search(r"differs in \d+ elements", res.message), res.message
         assert res.verdict == "gating"
 
 

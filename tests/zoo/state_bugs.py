@@ -17,6 +17,9 @@ state family, which calls the kernel as training does, can fail it.
     scale_cache_by_address   the recipe per instance, but the scales of q, k, v cached by the tensor's
                              address (data_ptr): the allocator hands each step's activations the same
                              address, and the scale of the layer's first call is used for ever
+    do_never_decays_hidden   the recipe per instance, but dO's history keeps the largest amax ever seen,
+                             and the kernel describes no state: only the gradients' bits can show that a
+                             spike is never forgotten (a backward history left behind by a reallocation)
 
 Each carries ``recipe`` (fp8), ``catches`` (the checks that must fail) and ``quiet`` (checks its bug
 cannot reach at the pinned state, which must pass). Command-line specs:
@@ -36,6 +39,7 @@ from flamia_verify.kernels.state import StateKind, StatePolicy, StateSharing
 __all__ = [
     "STATE_BUGS",
     "fresh",
+    "do_never_decays_hidden",
     "do_scale_previous_step",
     "frozen_per_layer",
     "frozen_shared",
@@ -112,6 +116,27 @@ class _DoFromPreviousStep(DelayedScalingAttention):
         return out
 
 
+class _RunningMaxDo(ScalingState):
+    """dO's records are the largest dO amax ever seen; every other role keeps the recipe's window."""
+
+    def _write(self, roles, amax):
+        amax = amax.detach().to(torch.float32).reshape(-1).clone()
+        if "do" in roles:
+            history, _ = self._ensure(amax.device)
+            i = list(roles).index("do")
+            amax[i] = torch.maximum(history[:, ROLE_INDEX["do"]].amax(), amax[i])
+        super()._write(roles, amax)
+
+
+class _DoNeverDecaysHidden(DelayedScalingAttention):
+    """dO's history a running maximum, and no ``state_describe``: the scales cannot be read from outside."""
+
+    state_describe = None  # type: ignore[assignment]
+
+    def _new_state(self) -> ScalingState:
+        return _RunningMaxDo(self.scaling)
+
+
 class _ScaleCacheByAddress(DelayedScalingAttention):
     """The scales of q, k and v kept in a cache keyed by the tensors' data_ptr (shared by the instances
     of one factory): a new tensor at a known address gets the old tensor's scale."""
@@ -186,6 +211,13 @@ _SPECS = {
         _PURE,
         "TransformerEngine's recipe per instance, but the scales of q, k and v cached by the tensor's address",
     ),
+    "do_never_decays_hidden": (
+        lambda: _DoNeverDecaysHidden(name="do-never-decays-hidden"),
+        ("state.history",),
+        _PURE,
+        "TransformerEngine's recipe per instance, but dO's history keeps its largest amax for ever, and the "
+        "kernel describes no state",
+    ),
 }
 
 
@@ -201,5 +233,6 @@ shared_history = fresh("shared_history")
 never_decays = fresh("never_decays")
 do_scale_previous_step = fresh("do_scale_previous_step")
 scale_cache_by_address = fresh("scale_cache_by_address")
+do_never_decays_hidden = fresh("do_never_decays_hidden")
 
 STATE_BUGS = {name: globals()[name] for name in _SPECS}

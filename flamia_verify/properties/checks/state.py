@@ -22,11 +22,14 @@ layer order. These checks make such a sequence of calls and judge every call, no
                      the scale that was stale.
     state.history    for a kernel that declares delayed scaling with an amax history of H calls: two
                      runs from one state, one of them with a spike (q, v, dO x 2^8) in its first call,
-                     then the same H + 1 calls: the last call's O must have the same bits in both,
-                     and q, k, v, dO the same scales where the kernel describes them (the spike has
-                     left the window; these roles record the calls' own inputs). A history that never
-                     forgets fails. The gradients' roles record amaxes of results computed with the
-                     spike's scales, an echo that may last one more window: reported, not judged.
+                     then the same calls. One window later (call H + 2) O must have the same bits in
+                     both, and q, k, v, dO the same scales where the kernel describes them (these
+                     roles record the calls' own inputs). The roles a kernel measures on its own
+                     results (dS, the gradients) echo the spike for one window per step of the chain
+                     that leads to them; after ECHO_WINDOWS windows every record of both runs comes
+                     from calls with the same inputs and the same scales, so the last call must give
+                     O, dQ, dK and dV with the same bits, and every described scale must agree. A
+                     history that never forgets fails, described or not.
 
 Stateless kernels run the same sequence and pass it (pure functions are within the bound at every
 magnitude); the report says whether state was detected (the same inputs before and after other
@@ -94,6 +97,10 @@ SPIKE_LOG2 = {"fp16": 4}
 _SPIKE_DEFAULT = 8
 #: state.history runs at most this many calls per run (a longer declared history is skipped, saying so)
 MAX_HISTORY_CALLS = 4096
+#: the windows of H calls after which no record of either run can hold the spike, however it travels:
+#: a role whose record depends on other roles' scales is clean one window after they are, and attention's
+#: longest chain is four roles deep (q, k, v -> O -> dS, through D = rowsum(dO * O) -> dQ, dK)
+ECHO_WINDOWS = 4
 
 
 def _exponents(layer: int, step: int, dtype: str = "bf16") -> tuple[int, int, int, int]:
@@ -547,33 +554,46 @@ def training(ctx):
     return verdict(ctx, metrics, ok_message=ok, failures=failures, worst_case=worst_case, details=details)
 
 
-def _history_run(ctx, fn, cases: list[Case], half: int) -> tuple[dict, dict | None]:
-    """Every case through ``fn`` (forward, backward), one after the other; the last call's outputs and
-    the kernel's state before it."""
+def _history_run(ctx, fn, cases: list[Case], marks: tuple[int, ...], part: tuple[int, int]) -> dict[int, tuple]:
+    """Every case through ``fn`` (forward, backward), one after the other; at each index of ``marks``,
+    that call's outputs and the kernel's state before it. ``part`` (this run, runs) scales the progress."""
     grads = ctx.has_backward
-    res: dict = {}
-    before = None
+    kept: dict[int, tuple] = {}
     for n, case in enumerate(cases):
         inp = ctx.inputs(case)
         bufs = _Buffers(inp, grads)
-        if n == len(cases) - 1:
-            before = describe_state(fn)
+        before = describe_state(fn) if n in marks else None
         call = _Call(n, n, 0, (0, 0, 0, 0), case)
         out = _forward(ctx, fn, bufs, inp, call)
-        res = {"out": out.detach().clone()}
+        res: dict[str, torch.Tensor | None] = {"out": out.detach().clone()}
         if grads:
             _backward(ctx, out, inp, call)
             res.update(bufs.grads())
-        ctx.progress(0.5 * half + 0.5 * (n + 1) / len(cases))
-    return res, before
+        if n in marks:
+            kept[n] = (res, before)
+        ctx.progress((part[0] + (n + 1) / len(cases)) / part[1])
+    return kept
+
+
+def _differing(a: dict, b: dict, tensors=("out", "dq", "dk", "dv")) -> dict[str, int]:
+    """Per tensor present in both, the number of elements whose bits differ (only those that differ)."""
+    out = {}
+    for t in tensors:
+        if a.get(t) is None or b.get(t) is None:
+            continue
+        m = compare_bitwise(a[t], b[t], what=t)
+        if not m.ok:
+            out[t] = m.mismatched
+    return out
 
 
 @register(
     "state.history",
-    "a kernel that declares an amax history of H calls forgets: after a spike (x2^8) and H + 1 further "
-    "calls, O has the bits, and q, k, v, dO the scales, of the same calls without the spike",
-    defaults=lambda recipe, dtype: {"mismatched_elements": 0, "stale_input_scales": 0},
-    cost=0.5,
+    "a kernel that declares an amax history of H calls forgets: after a spike (x2^8), one window later O "
+    "has the bits, and q, k, v, dO the scales, of the same calls without the spike; four windows later "
+    "O, dQ, dK, dV have the same bits and every scale agrees",
+    defaults=lambda recipe, dtype: {"mismatched_elements": 0, "stale_input_scales": 0, "echo_elements": 0},
+    cost=1.0,
 )
 def history(ctx):
     try:
@@ -584,8 +604,12 @@ def history(ctx):
         said = "no state_policy" if policy is None else policy.describe()
         return ctx.skip(f"the kernel declares no amax history ({said}); state.training judges its calls")
     h = policy.history_len
-    if h + 2 > MAX_HISTORY_CALLS:
-        return ctx.skip(f"the declared history of {h} calls is longer than this check runs ({MAX_HISTORY_CALLS} calls)")
+    total = ECHO_WINDOWS * h + 2
+    if total > MAX_HISTORY_CALLS:
+        return ctx.skip(
+            f"the declared history of {h} calls needs {total} calls per run, more than this check runs "
+            f"({MAX_HISTORY_CALLS})"
+        )
     fn = ctx.harness.fn
     factory = is_factory(fn)
     if not factory and not can_snapshot(fn):
@@ -594,9 +618,12 @@ def history(ctx):
             "restorable (state_snapshot, state_restore)"
         )
     spike = SPIKE_LOG2.get(ctx.dtype_str, _SPIKE_DEFAULT)
-    base = _pack(ctx, 8000, lens=(16, 24))
-    cases = [_scaled(_pack(ctx, 8000 + n, lens=(16, 24)), (0, 0, 0, 0)) for n in range(h + 2)]
-    spiked = [_scaled(base, (spike, -spike, spike, spike))] + cases[1:]
+    cases = [_scaled(_pack(ctx, 8000 + n, lens=(16, 24)), (0, 0, 0, 0)) for n in range(total)]
+    spiked = [_scaled(cases[0], (spike, -spike, spike, spike))] + cases[1:]
+    # index h + 1: q, k, v and dO (the calls' own inputs) have left the spike's window, and O's scales come
+    # from them alone; index total - 1: every role, however many steps of the chain lead to it
+    one, last = h + 1, total - 1
+    marks = (one, last)
 
     def start():
         if factory:
@@ -608,62 +635,80 @@ def history(ctx):
         return fn
 
     start_state = None if factory else snapshot_state(fn)
-    plain_res, plain_state = _history_run(ctx, start(), cases, 0)
-    spike_res, spike_state = _history_run(ctx, start(), spiked, 1)
+    plain = _history_run(ctx, start(), cases, marks, (0, 2))
+    spiked_run = _history_run(ctx, start(), spiked, marks, (1, 2))
+    echo = _differing(spiked_run[last][0], plain[last][0])
+    noise: dict[str, int] = {}
+    if echo:  # the same run again: a backward that does not repeat itself cannot be judged bit for bit
+        again = _history_run(ctx, start(), cases, (last,), (1, 2))
+        noise = _differing(again[last][0], plain[last][0])
     if not factory and ctx.harness.pin is None:
         restore_state(fn, start_state)
-    # The forward's scales come from the amaxes of q, k and v, the calls' own inputs: after H + 1 equal
-    # calls a history that forgets holds the same records in both runs, and O the same bits. The
-    # backward's derived roles (dS, dQ, dK, dV as a kernel measures them on its own results) record
-    # amaxes of tensors computed with the spike's scales: their windows may hold an echo of the spike
-    # for one more window, so the gradients are reported and not judged; dO's scale (an input's amax) is
-    # judged where the kernel describes its state.
-    m = compare_bitwise(spike_res["out"], plain_res["out"], what="out")
+
+    m = compare_bitwise(spiked_run[one][0]["out"], plain[one][0]["out"], what="out")
     mismatched = 0 if m.ok else m.mismatched
-    grads_differing = sum(
-        compare_bitwise(spike_res[t], plain_res[t], what=t).mismatched
-        for t in ("dq", "dk", "dv")
-        if spike_res.get(t) is not None and plain_res.get(t) is not None
-    )
-    scales = _scale_differences(plain_state, spike_state)
-    stale_inputs = [r for r in scales if r[0] in _INPUT_ROLES]
-    call = h + 2
+    scales_one = _scale_differences(plain[one][1], spiked_run[one][1])
+    stale_inputs = [r for r in scales_one if r[0] in _INPUT_ROLES]
+    scales_last = _scale_differences(plain[last][1], spiked_run[last][1])
+    judged_echo = {t: n for t, n in echo.items() if t not in noise}
     metrics = {
         "mismatched_elements": mismatched,
         "stale_input_scales": len(stale_inputs),
-        "gradient_elements_differing": grads_differing,
+        "echo_elements": sum(judged_echo.values()),
+        "stale_scales_after_echo": len(scales_last),
         "history_len": h,
-        "calls_per_run": call,
+        "calls_per_run": total,
         "spike_log2": spike,
     }
     worst_case = case_record(
-        cases[-1],
+        cases[last],
         spike_case=spiked[0].to_dict(),
-        call=call,
-        state_without_spike=plain_state,
-        state_with_spike=spike_state,
-        differing_scales=scales,
+        call=one + 1,
+        last_call=last + 1,
+        state_without_spike=plain[one][1],
+        state_with_spike=spiked_run[one][1],
+        state_without_spike_last=plain[last][1],
+        state_with_spike_last=spiked_run[last][1],
+        differing_scales=scales_one,
+        differing_scales_last=scales_last,
+        differing_elements_last=echo,
+        not_repeatable=noise,
         mismatch=None if m.ok else m.to_dict(),
     )
+
+    def scale_words(rows):
+        return "; ".join(f"{r}'s scale 2^{a:.0f} instead of 2^{b:.0f}" for r, a, b in rows[:3])
+
     failures = []
     if mismatched or stale_inputs:
-        words = "; ".join(f"{r}'s scale 2^{a:.0f} instead of 2^{b:.0f}" for r, a, b in (stale_inputs or scales)[:3])
         what = f"O differs in {mismatched} elements" if mismatched else "O is the same"
+        words = scale_words(stale_inputs or scales_one)
         failures.append(
-            f"declared an amax history of {h} calls, yet call {call}, {h + 1} calls after a 2^{spike} spike, "
+            f"declared an amax history of {h} calls, yet call {one + 1}, {h + 1} calls after a 2^{spike} spike, "
             f"still sees it ({what}" + (f"; {words}" if words else "") + "): the history does not forget"
         )
-    echo = (
-        f"; the gradients differ in {grads_differing} elements (dS, dQ, dK, dV record amaxes of results computed "
-        "with the spike's scales: an echo, not judged)"
-        if grads_differing
-        else ""
-    )
+    elif judged_echo or scales_last:
+        parts = [f"{_LABEL[t]} differs in {n} elements" for t, n in judged_echo.items()]
+        words = scale_words(scales_last)
+        failures.append(
+            f"declared an amax history of {h} calls, yet call {last + 1}, {ECHO_WINDOWS} windows after a "
+            f"2^{spike} spike (every record of both runs made since, by the same calls), still sees it ("
+            + "; ".join(parts + ([words] if words else []))
+            + "): a history that does not forget"
+        )
+    notes = ""
+    if noise:
+        notes = (
+            f"; the last call's {', '.join(_LABEL[t] for t in noise)} do not repeat bit for bit between two runs "
+            "without the spike, so their bits were not judged"
+        )
     return verdict(
         ctx,
         metrics,
-        ok_message=f"call {call} gives O's bits and the input scales of the same calls without a 2^{spike} spike "
-        f"{h + 1} calls earlier: the declared history of {h} calls forgets it{echo}",
+        ok_message=f"call {one + 1} gives O's bits and the input scales of the same calls without a 2^{spike} "
+        f"spike {h + 1} calls earlier, and call {last + 1} ({ECHO_WINDOWS} windows on) every tensor's bits"
+        + (" and every scale" if plain[last][1] else "")
+        + f": the declared history of {h} calls forgets it{notes}",
         failures=failures,
         worst_case=worst_case,
         judge_thresholds=False,
