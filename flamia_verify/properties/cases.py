@@ -60,11 +60,11 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, round_to_format
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, accumulation_probe
+from flamia_verify.properties.call_options import GRADS_OF, check_call, max_seqlen_pads, option_value
 from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
 from flamia_verify.settings import DTYPES
 
 __all__ = [
-    "CALL_KEYS",
     "GRADS_OF",
     "Case",
     "Inputs",
@@ -153,7 +153,7 @@ class Case:
     ``lens_k`` defaults to ``lens_q``; ``heads_k`` to ``heads``; ``softmax_scale`` to headdim^-0.5
     (filled in, so that a case equals its JSON round trip).
     ``overrides`` names structured edits applied after sampling (see :func:`make_tensors`).
-    ``call`` says how the tensors are handed to the kernel (see :data:`CALL_KEYS`): the same values
+    ``call`` says how the tensors are handed to the kernel (see :mod:`flamia_verify.properties.call_options`): the same values
     in strided views, ``softmax_scale=None`` for the default scale, ``max_seqlen_*`` above the true
     maximum. Empty (the default): contiguous tensors, the scale passed, the true maxima.
     """
@@ -194,17 +194,11 @@ class Case:
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         object.__setattr__(self, "overrides", tuple((str(k), _frozen(v)) for k, v in self.overrides))
-        object.__setattr__(self, "call", _check_call(tuple((str(k), _frozen(v)) for k, v in self.call)))
+        object.__setattr__(self, "call", check_call(tuple((str(k), _frozen(v)) for k, v in self.call)))
         if self.softmax_scale is None:
             object.__setattr__(self, "softmax_scale", self.headdim**-0.5)
         else:
             object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
-        for key in _CONTIGUOUS_ONLY:  # the harness reads their gradients from q, k and v as leaves
-            if self.call_option(key) != CALL_KEYS[key][0] and self.call_option("layout") != "contiguous":
-                raise ConfigError(
-                    f"call option {key}={self.call_option(key)} needs the contiguous layout, not "
-                    f"{self.call_option('layout')}"
-                )
         if self.call_option("upstream") == "broadcast" and ("const_do", True) not in self.overrides:
             raise ConfigError("call option upstream=broadcast needs equal rows of dO: add the override const_do")
         if self.call_option("scale_arg") == "none" and self.softmax_scale != self.headdim**-0.5:
@@ -266,82 +260,8 @@ class Case:
         )
 
     def call_option(self, key: str) -> Any:
-        """The value of one :data:`CALL_KEYS` entry of the case (its default when the case leaves it out)."""
-        return dict(self.call).get(key, CALL_KEYS[key][0])
-
-
-#: How a case's tensors may be handed to the kernel, each key with its values (the first is the
-#: default): ``layout`` "contiguous"; "fused" (q, k, v are views into one (T, H + 2 Hk, D) buffer, as
-#: split from a fused QKV projection; k and v from one (T, 2 Hk, D) buffer when the query and key
-#: lengths differ); "transposed" (each a view of (H, T, D) storage, stride (D, T D, 1)); "offset"
-#: (each starts 7 rows into a larger buffer: a nonzero storage offset). ``scale_arg`` "value" or
-#: "none" (``softmax_scale=None``, allowed only when the case's scale is the default headdim^-0.5).
-#: ``max_seqlen_pad``: added to the true ``max_seqlen_q`` and ``max_seqlen_k`` (the convention allows
-#: any upper bound): one integer for both, or a pair (q, k) that raises them by different amounts (a
-#: kernel that derives a causal offset from max_seqlen_k - max_seqlen_q then moves its diagonal). ``cu_layout`` "contiguous" or "strided" (cu_seqlens_q and cu_seqlens_k as views
-#: with stride 2 and a storage offset of one element into int32 buffers whose other elements are -1,
-#: as a slice of a larger metadata tensor arrives: the same values, so the same bits out). ``grad``:
-#: which inputs require grad in a call with a backward, "all", "q" (frozen keys and values, as a
-#: cache of them is) or "kv" (frozen queries); with the contiguous layout only. ``grad_mode``: how the
-#: forward runs, "enabled" (a training call, with its backward when the check asks for one),
-#: "no_grad" or "inference" (a forward only, under ``torch.no_grad()`` or ``torch.inference_mode()``,
-#: where kernels take their inference paths). ``out_edit``: "none", or "add" (the caller adds 1 to
-#: the output in place before the backward; autograd must then either refuse or give the gradients
-#: of the unedited call). ``backward``: "once", or "twice" (the caller runs the backward with
-#: ``retain_graph=True``, clears the gradients and runs it again on the same graph, as gradient
-#: penalties and some accumulation loops do: the second gradients are the result; with the contiguous
-#: layout only). ``upstream``: "fresh" (dO a tensor of its own, in the case's layout) or "broadcast"
-#: (dO one row expanded over every token, stride 0 along the sequence, as ``(out * w).sum()`` hands it
-#: to the backward; the case's dO must have equal rows: the ``const_do`` override). ``autocast``: "off",
-#: or "on" (the forward runs inside ``torch.autocast`` of the inputs' device and dtype, as a mixed-precision
-#: training step calls it, the backward outside, as PyTorch recommends; the same tensors arrive, so the same
-#: bits must come out: autocast rewrites the caller's ops, not the kernel's). ``default_dtype``: "float32",
-#: or "input" (``torch.set_default_dtype`` of the inputs' dtype around the forward and the backward, as a
-#: model built in bf16 leaves the process: a kernel's own allocations must name their dtype).
-#: ``interleave``: "none", or "other_call" (between this call's forward and its backward the kernel runs a
-#: forward and backward on another pack: the same token counts split into other documents, the other
-#: causal flag, half the scale; as the layers of a model interleave: a kernel's state between its forward
-#: and its backward must be per call).
-#: ``create_graph``: "no", or "yes" (the backward with ``create_graph=True``, as a gradient penalty runs
-#: it: every gradient must stay in the graph, differentiable or refusing a double backward when asked).
-#: ``loss``: "out" (the backward from the output), or "lse" (from a returned log-sum-exp alone, as
-#: merging partial attention results does: the first channel of dO, transposed, as its gradient; a kernel
-#: whose log-sum-exp is not in the graph gives no gradient, which is allowed).
-CALL_KEYS: dict[str, tuple[Any, ...]] = {
-    "layout": ("contiguous", "fused", "transposed", "offset"),
-    "scale_arg": ("value", "none"),
-    "max_seqlen_pad": (0,),
-    "cu_layout": ("contiguous", "strided"),
-    "grad": ("all", "q", "kv"),
-    "grad_mode": ("enabled", "no_grad", "inference"),
-    "out_edit": ("none", "add"),
-    "backward": ("once", "twice"),
-    "upstream": ("fresh", "broadcast"),
-    "autocast": ("off", "on"),
-    "default_dtype": ("float32", "input"),
-    "interleave": ("none", "other_call"),
-    "create_graph": ("no", "yes"),
-    "loss": ("out", "lse"),
-}
-#: the call options whose other values need the contiguous layout
-_CONTIGUOUS_ONLY = ("grad", "backward", "create_graph")
-#: the gradients a call with a backward asks for, by its ``grad`` option
-GRADS_OF = {"all": ("dq", "dk", "dv"), "q": ("dq",), "kv": ("dk", "dv")}
-
-
-def _check_call(call: tuple) -> tuple:
-    for key, value in call:
-        if key not in CALL_KEYS:
-            raise ConfigError(f"unknown call option {key!r}; known: {', '.join(CALL_KEYS)}")
-        if key == "max_seqlen_pad":
-            pads = value if isinstance(value, tuple) and len(value) == 2 else (value,)
-            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in pads):
-                raise ConfigError(
-                    f"call option max_seqlen_pad must be a non-negative integer or a pair of them (q, k), got {value!r}"
-                )
-        elif value not in CALL_KEYS[key]:
-            raise ConfigError(f"call option {key} must be one of {', '.join(CALL_KEYS[key])}, got {value!r}")
-    return call
+        """The value of the call option ``key`` (call_options.OPTIONS) in this case: its own, or the default."""
+        return option_value(self.call, key)
 
 
 def _frozen(v):
@@ -349,12 +269,6 @@ def _frozen(v):
     if isinstance(v, (list, tuple)):
         return tuple(_frozen(x) for x in v)
     return v
-
-
-def max_seqlen_pads(case: Case) -> tuple[int, int]:
-    """What the call adds to the true max_seqlen_q and max_seqlen_k (the ``max_seqlen_pad`` option)."""
-    pad = case.call_option("max_seqlen_pad")
-    return (int(pad[0]), int(pad[1])) if isinstance(pad, tuple) else (int(pad), int(pad))
 
 
 def cu_from_lens(lens, device=None) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import make_kernel
+from flamia_verify.properties.case_cache import CASE_CACHE
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.harness import BackwardSupport, KernelHarness, KernelOutputs
 from flamia_verify.properties.registry import CheckSpec
@@ -160,7 +161,7 @@ class CheckContext:
             if plain != case:
                 self._inputs[case] = replace(self.inputs(plain), case=case)
             else:
-                self._inputs[case] = make_inputs(case, self.device)
+                self._inputs[case] = self.across_runs(("inputs", case), lambda: make_inputs(case, self.device))
         return self._inputs[case]
 
     def run(self, what: Case | Inputs, *, backward: bool | None = None, cache: bool = True, do=None) -> KernelOutputs:
@@ -182,7 +183,7 @@ class CheckContext:
         if isinstance(what, Case):
             plain = _plain(what)  # how the tensors are passed does not change the exact result
             if plain not in self._refs:
-                self._refs[plain] = self.reference(self.inputs(plain))
+                self._refs[plain] = self.across_runs(("reference", plain), lambda: self.reference(self.inputs(plain)))
             return self._refs[plain]
         inp = what
         c = inp.case
@@ -205,6 +206,15 @@ class CheckContext:
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def across_runs(self, key: tuple, compute: Callable[[], Any], *, model: Any = None):
+        """A value that depends on the case in ``key`` alone (and on ``model``, a recipe's rounding
+        model, when given), never on the kernel: kept across the runs of this process
+        (:mod:`~flamia_verify.properties.case_cache`), except for captured cases."""
+        if any(isinstance(k, Case) and k.capture for k in key):
+            return compute()
+        full = key + (str(self.device), repr(model) if model is not None else None)
+        return CASE_CACHE.get(full, compute)
 
     # -- results -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flamia_verify.properties.call_options import OPTIONS
 from flamia_verify.properties.cases import Case, Inputs
 from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
 from flamia_verify.recipes import Recipe
@@ -52,9 +53,12 @@ HEAD_SPREAD_RATIO = 10.0
 
 #: every value of every input dimension and the checks (standard suite) whose calls exercise it
 MODEL: tuple[Row, ...] = (
-    Row("softmax_scale", "default", "the default headdim^-0.5, passed", _BASE),
+    *(
+        Row(opt.dimension, v.coverage, v.doc, v.checks or (_BASE if n == 0 else (_ARG,)))
+        for opt in OPTIONS
+        for n, v in enumerate(opt.values)
+    ),
     Row("softmax_scale", "other", "a scale other than the default", ("error.out", "bound.out", "bound.grad")),
-    Row("softmax_scale", "none", "softmax_scale=None (the kernel must use headdim^-0.5)", (_ARG,)),
     Row("softmax_scale", "zero", "softmax_scale=0.0 (uniform weights; not the default)", ("special.degenerate",)),
     Row(
         "softmax_scale",
@@ -62,43 +66,6 @@ MODEL: tuple[Row, ...] = (
         "a negative softmax_scale (on sign-flipped queries, scores spread past exp's range)",
         ("special.degenerate",),
     ),
-    Row("layout", "contiguous", "contiguous q, k, v", _BASE),
-    Row("layout", "fused", "views into one fused QKV (or KV) buffer", (_ARG,)),
-    Row("layout", "transposed", "views of (H, T, D) storage", (_ARG,)),
-    Row("layout", "offset", "views at a nonzero storage offset", (_ARG,)),
-    Row("cu_seqlens", "contiguous", "contiguous cu_seqlens_q and cu_seqlens_k", _BASE),
-    Row(
-        "cu_seqlens", "strided", "cu_seqlens as strided views at a storage offset (slices of larger metadata)", (_ARG,)
-    ),
-    Row("requires_grad", "all", "q, k and v all require grad", _BASE),
-    Row("requires_grad", "q", "only q requires grad (frozen keys and values, a cache of them)", (_ARG,)),
-    Row("requires_grad", "kv", "only k and v require grad (frozen queries)", (_ARG,)),
-    Row("grad_mode", "enabled", "a training call (forward, and backward when the check asks)", _BASE),
-    Row("grad_mode", "no_grad", "a forward under torch.no_grad() (inference paths)", (_ARG,)),
-    Row("grad_mode", "inference", "a forward under torch.inference_mode()", (_ARG,)),
-    Row("output", "returned", "the output handed to the backward as returned", _BASE),
-    Row("output", "edited_in_place", "the output edited in place before the backward", (_ARG,)),
-    Row("autocast", "off", "the forward outside torch.autocast", _BASE),
-    Row("autocast", "on", "the forward inside torch.autocast of the inputs' dtype (a mixed-precision step)", (_ARG,)),
-    Row("default_dtype", "float32", "torch's default dtype float32", _BASE),
-    Row("default_dtype", "input", "torch's default dtype set to the inputs' dtype (a model built in bf16)", (_ARG,)),
-    Row("interleave", "none", "the forward and its backward back to back", _BASE),
-    Row(
-        "interleave",
-        "other_call",
-        "another pack's forward and backward between a call's forward and its backward (a model's layers)",
-        (_ARG,),
-    ),
-    Row("create_graph", "no", "a first-order backward", _BASE),
-    Row("create_graph", "yes", "the backward with create_graph=True (a gradient penalty)", (_ARG,)),
-    Row("backward", "once", "one backward per forward", _BASE),
-    Row("backward", "twice", "a second backward through the same graph (retain_graph=True)", (_ARG,)),
-    Row("upstream", "fresh", "dO a tensor of its own (in the layout of q, k, v)", _BASE),
-    Row(
-        "upstream", "broadcast", "dO one row expanded over every token (stride 0), as (out * w).sum() gives it", (_ARG,)
-    ),
-    Row("max_seqlen", "exact", "max_seqlen_q/k the true maxima", _BASE),
-    Row("max_seqlen", "above", "max_seqlen_q/k above the true maxima", (_ARG, "isolation.layout")),
     Row("dtype", "bf16", "bf16 inputs", _BASE),
     Row("dtype", "fp16", "fp16 inputs", (_ARG,)),
     Row("causal", "true", "causal, bottom-right aligned", _BASE + ("causal.forward",)),
@@ -425,20 +392,9 @@ def features(inputs: Inputs) -> set[str]:
     """The ``dimension=value`` features of one call (the rows of :data:`MODEL` it exercises)."""
     c = inputs.case
     lq, lk = c.lens_q, c.lens_k
-    out = {
+    out = {f"{o.dimension}={o.coverage_value(c.call_option(o.key))}" for o in OPTIONS if o.key != "scale_arg"}
+    out |= {
         f"softmax_scale={_scale_value(inputs)}",
-        f"layout={c.call_option('layout')}",
-        f"max_seqlen={'above' if c.call_option('max_seqlen_pad') else 'exact'}",
-        f"cu_seqlens={c.call_option('cu_layout')}",
-        f"requires_grad={c.call_option('grad')}",
-        f"grad_mode={c.call_option('grad_mode')}",
-        f"output={'edited_in_place' if c.call_option('out_edit') == 'add' else 'returned'}",
-        f"backward={c.call_option('backward')}",
-        f"autocast={c.call_option('autocast')}",
-        f"default_dtype={c.call_option('default_dtype')}",
-        f"interleave={c.call_option('interleave')}",
-        f"create_graph={c.call_option('create_graph')}",
-        f"upstream={c.call_option('upstream')}",
         f"dtype={c.dtype}",
         f"causal={'true' if c.causal else 'false'}",
         f"gqa_group={c.heads // c.heads_k}",

@@ -52,7 +52,8 @@ import torch
 
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
 from flamia_verify.kernels.state import restore_state, snapshot_state
-from flamia_verify.properties.cases import GRADS_OF, Case, Inputs, make_inputs
+from flamia_verify.properties.call_options import around, cu_laid_out, laid_out_like, lay_out
+from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 from flamia_verify.properties.process_state import StateChange, StateProbe
 
@@ -269,10 +270,6 @@ def _caller_state(device: torch.device) -> Callable[[], None]:
     return put_back
 
 
-def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
-    return t.grad  # detached by the caller (after a create_graph backward, whether it was in the graph)
-
-
 class StatePin:
     """How the checks that judge one call at a time run a kernel that keeps state (delayed scaling, a
     calibrate-then-freeze rule): each call at the state that a fresh kernel has after one call
@@ -403,16 +400,19 @@ class KernelHarness:
     # -- the call itself ------------------------------------------------------------------
 
     def _invoke(self, inputs: Inputs, backward: bool, do: torch.Tensor | None):
-        grad_mode = inputs.case.call_option("grad_mode")
+        """One call as the case's options (call_options.OPTIONS) make it: the inputs handed over in their
+        layouts, every option's context around the forward and around the backward, the kernel's
+        writes into its inputs audited after each, and the process state it must leave as it found."""
+        case = inputs.case
+        grad_mode = case.call_option("grad_mode")
         backward = backward and grad_mode == "enabled"  # the other modes are forwards only
         q, k, v, grads_of = lay_out(inputs, backward)
-        cu_layout = inputs.case.call_option("cu_layout")
-        cu_q, cu_k = (_cu_laid_out(cu, cu_layout) for cu in (inputs.cu_q, inputs.cu_k))
+        cu_q, cu_k = (cu_laid_out(cu, case.call_option("cu_layout")) for cu in (inputs.cu_q, inputs.cu_k))
         original_do = inputs.do if do is None else do
-        if inputs.case.call_option("upstream") == "broadcast":  # one row of dO expanded: stride 0 over tokens
+        if case.call_option("upstream") == "broadcast":  # one row of dO expanded: stride 0 over tokens
             upstream = original_do.detach()[:1].clone().expand(original_do.shape)
         else:
-            upstream = _laid_out_like(original_do.detach(), inputs.case.call_option("layout"))
+            upstream = laid_out_like(original_do.detach(), case.call_option("layout"))
         pairs = {
             "q": (q, inputs.q),
             "k": (k, inputs.k),
@@ -422,10 +422,8 @@ class KernelHarness:
         }
         flagged: set = set()
         stage = "forward"
-        detached: tuple[str, ...] = ()
-        lse_differentiable: bool | None = None
         try:
-            mode = (
+            mode: contextlib.AbstractContextManager = (
                 torch.enable_grad()
                 if backward
                 else torch.inference_mode()
@@ -435,81 +433,29 @@ class KernelHarness:
             with mode:
                 probe = StateProbe(q.device)  # the process state the call must leave as it found it
                 try:
-                    scale = None if inputs.case.call_option("scale_arg") == "none" else inputs.case.scale
-                    with _default_dtype(inputs.case, q):
-                        with _autocast(inputs.case, q):  # the forward alone: the backward runs outside, as recommended
-                            self._pinned(inputs)
-                            result = self.fn(
-                                q,
-                                k,
-                                v,
-                                cu_q,
-                                cu_k,
-                                inputs.max_q,
-                                inputs.max_k,
-                                softmax_scale=scale,
-                                causal=inputs.case.causal,
-                            )
+                    scale = None if case.call_option("scale_arg") == "none" else case.scale
+                    with around(case, q, "forward"):
+                        self._pinned(inputs)
+                        result = self.fn(
+                            q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=case.causal
+                        )
                     if backward:  # a forward-only call is audited once, below
-                        self._audit(inputs.case, "forward", pairs, flagged, backward)
+                        self._audit(case, "forward", pairs, flagged, backward)
                     tuple_output = isinstance(result, (tuple, list))
                     out = result[0] if tuple_output and len(result) else result
                     if not isinstance(out, torch.Tensor):
                         raise TypeError(
                             f"kernel returned {type(result).__name__}; expected a tensor or a tuple starting with one"
                         )
-                    grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
+                    back = _Backward()
                     if backward:
                         stage = "backward"
                         pairs["do"] = (upstream, original_do)
-                        if inputs.case.call_option("out_edit") == "add" and out.requires_grad:
-                            out.add_(1.0)  # the caller's in-place edit of the result before its backward
-                        if inputs.case.call_option("loss") == "lse":  # the backward from the log-sum-exp
-                            lse_t = result[1] if tuple_output and len(result) > 1 else None
-                            lse_differentiable = (
-                                isinstance(lse_t, torch.Tensor)
-                                and lse_t.requires_grad
-                                and tuple(lse_t.shape) == (q.shape[1], q.shape[0])
-                            )
-                            if lse_differentiable:
-                                assert isinstance(lse_t, torch.Tensor)
-                                self._pinned(inputs)
-                                lse_t.backward(lse_weights(original_do).to(device=lse_t.device, dtype=lse_t.dtype))
-                                grads = tuple(None if g is None else g.detach().contiguous() for g in grads_of())  # type: ignore[assignment]
-                        elif out.grad_fn is None and not out.requires_grad:
-                            if out.numel():
-                                raise _NoBackward("the output has no grad_fn (forward-only kernel)")
-                            # no query: an empty output may stand outside the graph; every gradient is 0
-                            grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in (q, k, v))  # type: ignore[assignment]
-                        else:
-                            up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
-                            create_graph = inputs.case.call_option("create_graph") == "yes"
-                            if create_graph:  # a penalty's upstream gradient depends on the graph itself
-                                up = up.detach().clone().requires_grad_()
-                            with _default_dtype(inputs.case, q):
-                                if inputs.case.call_option("interleave") == "other_call":
-                                    self._other_call(inputs)
-                                if inputs.case.call_option("backward") == "twice":  # the same graph's backward again
-                                    self._pinned(inputs)
-                                    out.backward(up, retain_graph=True)
-                                    for x in (q, k, v):  # leaves: the layout is contiguous
-                                        x.grad = None
-                                with warnings.catch_warnings():  # .grad is reset below: the cycle is broken
-                                    warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
-                                    self._pinned(inputs)
-                                    out.backward(up, create_graph=create_graph)
-                            raw = grads_of()
-                            grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
-                            if create_graph:
-                                detached = tuple(
-                                    n for n, g in zip(("dq", "dk", "dv"), raw) if g is not None and not g.requires_grad
-                                )
-                                for x in (q, k, v):  # the graph held by .grad: let it go
-                                    x.grad = None
+                        back = self._backward(inputs, result, out, (q, k, v), upstream, original_do, grads_of)
                 finally:
                     if not self._late():  # a timed-out call's thread must not put back a state it no longer owns
-                        self._record_state(inputs.case, stage, probe.finish())
-            self._audit(inputs.case, stage, pairs, flagged, backward)
+                        self._record_state(case, stage, probe.finish())
+            self._audit(case, stage, pairs, flagged, backward)
             self.audited += 1
             passed = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
             if backward:
@@ -517,13 +463,13 @@ class KernelHarness:
             lse, second = _second_item(result, inputs) if tuple_output else (None, "")
             res = KernelOutputs(
                 out.detach(),
-                *grads,
+                *back.grads,
                 tuple_output=tuple_output,
                 passed=passed,
                 lse=lse,
                 second_item=second,
-                detached_grads=detached,
-                lse_differentiable=lse_differentiable,
+                detached_grads=back.detached,
+                lse_differentiable=back.lse_differentiable,
             )
             return res, stage
         except _NoBackward:
@@ -531,10 +477,63 @@ class KernelHarness:
             raise
         except BaseException as exc:  # the kernel's own failure, whatever it is
             if isinstance(exc, Exception):  # it may have written before it raised
-                self._audit(inputs.case, stage, pairs, flagged, backward)
+                self._audit(case, stage, pairs, flagged, backward)
                 self.audited += 1
             exc.__flamia_stage__ = stage  # type: ignore[attr-defined]
             raise
+
+    def _backward(self, inputs: Inputs, result, out, qkv, upstream, original_do, grads_of) -> _Backward:
+        """The backward of a call as its options ask: from the output (edited in place first with
+        ``out_edit=add``) or from the returned log-sum-exp (``loss=lse``), with another pack's call
+        before it (``interleave``), run twice on one graph (``backward=twice``), with
+        ``create_graph=True``; inside the options' backward contexts."""
+        case = inputs.case
+        q = qkv[0]
+        back = _Backward()
+        if case.call_option("out_edit") == "add" and out.requires_grad:
+            out.add_(1.0)  # the caller's in-place edit of the result before its backward
+        if case.call_option("loss") == "lse":  # the backward from the log-sum-exp
+            lse_t = result[1] if isinstance(result, (tuple, list)) and len(result) > 1 else None
+            back.lse_differentiable = (
+                isinstance(lse_t, torch.Tensor)
+                and lse_t.requires_grad
+                and tuple(lse_t.shape) == (q.shape[1], q.shape[0])
+            )
+            if back.lse_differentiable:
+                assert isinstance(lse_t, torch.Tensor)
+                self._pinned(inputs)
+                lse_t.backward(lse_weights(original_do).to(device=lse_t.device, dtype=lse_t.dtype))
+                back.grads = tuple(None if g is None else g.detach().contiguous() for g in grads_of())  # type: ignore[assignment]
+            return back
+        if out.grad_fn is None and not out.requires_grad:
+            if out.numel():
+                raise _NoBackward("the output has no grad_fn (forward-only kernel)")
+            # no query: an empty output may stand outside the graph; every gradient is 0
+            back.grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in qkv)  # type: ignore[assignment]
+            return back
+        up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
+        create_graph = case.call_option("create_graph") == "yes"
+        if create_graph:  # a penalty's upstream gradient depends on the graph itself
+            up = up.detach().clone().requires_grad_()
+        with around(case, q, "backward"):
+            if case.call_option("interleave") == "other_call":
+                self._other_call(inputs)
+            if case.call_option("backward") == "twice":  # the same graph's backward again
+                self._pinned(inputs)
+                out.backward(up, retain_graph=True)
+                for x in qkv:  # leaves: the layout is contiguous
+                    x.grad = None
+            with warnings.catch_warnings():  # .grad is reset below: the cycle is broken
+                warnings.filterwarnings("ignore", message="Using backward.. with create_graph")
+                self._pinned(inputs)
+                out.backward(up, create_graph=create_graph)
+        raw = grads_of()
+        back.grads = tuple(None if g is None else g.detach().contiguous() for g in raw)  # type: ignore[assignment]
+        if create_graph:
+            back.detached = tuple(n for n, g in zip(("dq", "dk", "dv"), raw) if g is not None and not g.requires_grad)
+            for x in qkv:  # the graph held by .grad: let it go
+                x.grad = None
+        return back
 
     def call(self, inputs: Inputs, *, backward: bool = True, do: torch.Tensor | None = None) -> KernelOutputs:
         """Run the kernel; raise :class:`KernelCallError` if it raises or exceeds the timeout."""
@@ -755,95 +754,10 @@ def _second_item(result, inputs: Inputs) -> tuple[torch.Tensor | None, str]:
     return None, f"tensor {tuple(x.shape)} {x.dtype}"
 
 
-def lay_out(inputs: Inputs, backward: bool):
-    """Fresh copies of q, k, v in the layout the case's ``call`` names (see ``CALL_KEYS``): leaves that
-    require grad when ``backward``, or views into such leaves. Returns (q, k, v, grads_of), where
-    ``grads_of()`` reads the gradients of q, k, v after the backward (None where none arrived)."""
-    layout = inputs.case.call_option("layout")
-    q0, k0, v0 = (x.detach() for x in (inputs.q, inputs.k, inputs.v))
-    if layout == "contiguous":  # with the inputs the case's ``grad`` option names requiring grad
-        wanted = GRADS_OF[inputs.case.call_option("grad")]
-        q, k, v = (x.clone().requires_grad_(backward and g in wanted) for x, g in zip((q0, k0, v0), ("dq", "dk", "dv")))
-        return q, k, v, lambda: (_grad_of(q), _grad_of(k), _grad_of(v))
-    if layout == "fused":
-        hq, hk = q0.shape[1], k0.shape[1]
-        if q0.shape[0] == k0.shape[0]:  # one (T, H + 2 Hk, D) buffer, as split from a fused QKV projection
-            qkv = torch.cat([q0, k0, v0], dim=1).requires_grad_(backward)
-            views = (qkv[:, :hq], qkv[:, hq : hq + hk], qkv[:, hq + hk :])
-
-            def fused_grads():
-                g = _grad_of(qkv)
-                return (None, None, None) if g is None else (g[:, :hq], g[:, hq : hq + hk], g[:, hq + hk :])
-
-            return (*views, fused_grads)
-        q = q0.clone().requires_grad_(backward)
-        kv = torch.cat([k0, v0], dim=1).requires_grad_(backward)
-
-        def kv_grads():
-            g = _grad_of(kv)
-            return (_grad_of(q), None, None) if g is None else (_grad_of(q), g[:, :hk], g[:, hk:])
-
-        return q, kv[:, :hk], kv[:, hk:], kv_grads
-    if layout == "transposed":  # (H, T, D) storage seen as (T, H, D)
-        bufs = [x.transpose(0, 1).contiguous().requires_grad_(backward) for x in (q0, k0, v0)]
-
-        def t_grads():
-            gs = [_grad_of(b) for b in bufs]
-            return tuple(None if g is None else g.transpose(0, 1) for g in gs)
-
-        return (*(b.transpose(0, 1) for b in bufs), t_grads)
-    # "offset": each tensor starts _OFFSET_ROWS rows into a larger buffer
-    bufs = []
-    for x in (q0, k0, v0):
-        pad = torch.zeros((_OFFSET_ROWS,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-        bufs.append(torch.cat([pad, x, pad[:5]]).requires_grad_(backward))
-    lens = (q0.shape[0], k0.shape[0], v0.shape[0])
-
-    def o_grads():
-        gs = [_grad_of(b) for b in bufs]
-        return tuple(None if g is None else g[_OFFSET_ROWS : _OFFSET_ROWS + n] for g, n in zip(gs, lens))
-
-    return (*(b[_OFFSET_ROWS : _OFFSET_ROWS + n] for b, n in zip(bufs, lens)), o_grads)
-
-
-def _laid_out_like(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """A fresh copy of the upstream gradient in the case's layout: contiguous, a view into a buffer
-    twice as wide (as dO arrives from a fused output projection), of transposed storage, or offset."""
-    if layout == "contiguous":
-        return x.clone()
-    if layout == "fused":
-        return torch.cat([x, torch.zeros_like(x)], dim=1)[:, : x.shape[1]]
-    if layout == "transposed":
-        return x.transpose(0, 1).contiguous().transpose(0, 1)
-    pad = torch.zeros((_OFFSET_ROWS,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x])[_OFFSET_ROWS:]
-
-
-def _autocast(case: Case, q: torch.Tensor):
-    """The case's ``autocast`` context for the forward: torch.autocast of q's device and dtype, or none."""
-    if case.call_option("autocast") == "on":
-        return torch.autocast(device_type=q.device.type, dtype=q.dtype)
-    return contextlib.nullcontext()
-
-
 def lse_weights(do: torch.Tensor) -> torch.Tensor:
     """The upstream gradient of a log-sum-exp (nheads, total_q) in a ``loss=lse`` call: the first
     channel of the case's dO, transposed (drawn like dO, so a dropped or misplaced row shows)."""
     return do.detach()[:, :, 0].T.contiguous()
-
-
-@contextlib.contextmanager
-def _default_dtype(case: Case, q: torch.Tensor):
-    """The case's ``default_dtype`` context: torch's default dtype set to q's dtype, or nothing."""
-    if case.call_option("default_dtype") != "input":
-        yield
-        return
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(q.dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
 
 
 def interleaved_case(case: Case) -> Case:
@@ -868,26 +782,23 @@ def interleaved_case(case: Case) -> Case:
     )
 
 
-def _cu_laid_out(cu: torch.Tensor, cu_layout: str) -> torch.Tensor:
-    """A fresh copy of cu_seqlens in the case's ``cu_layout``: contiguous, or every other element of an
-    int32 buffer of -1s starting one element in (stride 2, storage offset 1)."""
-    if cu_layout == "contiguous":
-        return cu.clone()
-    buf = torch.full((2 * cu.numel() + 1,), -1, dtype=cu.dtype, device=cu.device)
-    buf[1::2] = cu
-    return buf[1::2]
-
-
-#: rows before the tensor in the "offset" layout's buffer
-_OFFSET_ROWS = 7
-
-
 def inputs_cu(case: Case, side: str) -> list[int]:
     """cu_seqlens of one side of a case ("q" or "k"), to name positions in mismatch records."""
     out = [0]
     for n in case.lens_q if side == "q" else case.lens_k:
         out.append(out[-1] + n)
     return out
+
+
+@dataclass
+class _Backward:
+    """What a call's backward gave: the gradients of q, k, v (None where none arrived), those that came
+    back outside the graph with create_graph=True, and whether a returned log-sum-exp was in the graph
+    (``loss=lse``; None for a backward from the output)."""
+
+    grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
+    detached: tuple[str, ...] = ()
+    lse_differentiable: bool | None = None
 
 
 class _NoBackward(Exception):

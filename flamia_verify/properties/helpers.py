@@ -357,11 +357,12 @@ def bias_cases(ctx):
 def predicted(ctx, case) -> dict[str, float]:
     """The rounding model's relative RMSE of every tensor on this case (cached)."""
 
+    model = ctx.bound_model
+
     def compute():
-        model = ctx.bound_model
         return predicted_errors(ctx.inputs(case), ctx.reference(case), model, seed=case.seed)
 
-    return ctx.memo(("predicted", case), compute)
+    return ctx.memo(("predicted", case), lambda: ctx.across_runs(("predicted", case), compute, model=model))
 
 
 def normalized_error(ctx, case, tensor: str, rel: float) -> float:
@@ -402,18 +403,18 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False, nominal: 
     ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are exact, such as uniform rows);
     ``nominal``: under the recipe's nominal model, without its admissions (what they add is reported, never judged)."""
 
+    model = ctx.bound_model
+    if nominal:
+        model = model.nominal()
+    if exact_weights:
+        model = exact_weight_model(model)
+
     def compute():
-        inp = ctx.inputs(case)
-        ref = ctx.reference(case)
-        model = ctx.bound_model
-        if nominal:
-            model = model.nominal()
-        if exact_weights:
-            model = exact_weight_model(model)
-        return bounds_of(inp, ref, scale=case.scale, causal=case.causal, model=model)
+        return bounds_of(ctx.inputs(case), ctx.reference(case), scale=case.scale, causal=case.causal, model=model)
 
     # how the tensors are passed (``case.call``) does not change the bound
-    return ctx.memo(("bound", replace(case, call=()), exact_weights, nominal), compute)
+    key = ("bound", replace(case, call=()))
+    return ctx.memo(key + (exact_weights, nominal), lambda: ctx.across_runs(key, compute, model=model))
 
 
 def exact_weight_model(model):

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from flamia_verify.properties.cases import CALL_KEYS, DISTRIBUTIONS, RESIDUE_HEADDIMS, Case
+from flamia_verify.properties.call_options import option
+from flamia_verify.properties.cases import DISTRIBUTIONS, RESIDUE_HEADDIMS, Case
 from flamia_verify.settings import DTYPES
 
 __all__ = [
@@ -185,15 +186,14 @@ def call_options(*, default_scale: bool = True) -> SearchStrategy[tuple[tuple[st
     """How a case's tensors are handed over (``Case.call``): the layout, softmax_scale=None (only with
     ``default_scale``, when the case's scale is headdim^-0.5) and a max_seqlen above the maxima.
     Shrinks to contiguous tensors, the scale passed and the true maxima."""
-    layouts = st.sampled_from(CALL_KEYS["layout"])
-    scale_args = st.sampled_from(CALL_KEYS["scale_arg"]) if default_scale else st.just("value")
+    layouts = st.sampled_from(option("layout").names)
+    scale_args = st.sampled_from(option("scale_arg").names) if default_scale else st.just("value")
     pads = st.sampled_from((0, 7, 1000))
 
     @st.composite
     def build(draw):
         opts = {"layout": draw(layouts), "scale_arg": draw(scale_args), "max_seqlen_pad": draw(pads)}
-        defaults = {k: v[0] for k, v in CALL_KEYS.items()}
-        return tuple((k, v) for k, v in opts.items() if v != defaults[k])
+        return tuple((k, v) for k, v in opts.items() if v != option(k).default)
 
     return build()
 

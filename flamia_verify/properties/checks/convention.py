@@ -43,7 +43,8 @@ from dataclasses import replace
 
 import torch
 
-from flamia_verify.properties.cases import GRADS_OF, Case
+from flamia_verify.properties.call_options import GRADS_OF, MAX_SEQLEN_PADS, OPTIONS, Judged, option
+from flamia_verify.properties.cases import Case
 from flamia_verify.properties.compare import compare_beyond_noise, compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError, lse_weights
 from flamia_verify.properties.helpers import bound_report, bounds_for, case_record, normalized_error, run_noise, verdict
@@ -55,16 +56,9 @@ from flamia_verify.settings import DTYPES
 
 __all__ = ["argument_cases", "empty_packs", "LAYOUTS", "MAX_SEQLEN_PADS", "FP16_RANGE"]
 
-#: the strided layouts of interface.arguments (see ``CALL_KEYS``)
-LAYOUTS = ("fused", "transposed", "offset")
-#: added to (max_seqlen_q, max_seqlen_k): a little, and past every tile or split threshold; by different
-#: amounts, so that max_seqlen_k - max_seqlen_q moves both ways (a kernel that takes its causal offset
-#: from it instead of each document's Lk - Lq moves its diagonal)
-MAX_SEQLEN_PADS = ((5, 12), (3000, 2950))
-
-
-def _pads_words(pad) -> str:
-    return f"{pad[0]}/{pad[1]}" if isinstance(pad, tuple) else str(pad)
+#: the strided layouts of interface.arguments (the ``layout`` call option's other values)
+LAYOUTS = option("layout").probe_values()
+_PADS = option("max_seqlen_pad").with_words("{value}")
 
 
 #: fp16 at the top of its range: near-uniform weights (q x 2^-9) over values of about 2^11 +- 2^8, so
@@ -133,37 +127,17 @@ def _bound_of(ctx, case: Case, tensors) -> tuple[dict, dict | None]:
     return metrics, worst
 
 
-def _autograd_refused(err: KernelCallError) -> bool:
-    """Whether autograd refused the backward after an in-place edit of the output (what a kernel
-    that saves its output for the backward gets; never a wrong gradient)."""
-    text = str(err.exc).lower()
-    return isinstance(err.exc, RuntimeError) and ("inplace" in text or "in-place" in text)
-
-
-def _second_backward_refused(err: KernelCallError) -> bool:
-    """Whether the kernel (or autograd) refused a second backward through one graph in words that
-    say so (saved state freed after the first): a loud limit, never a wrong gradient. Any other
-    exception there is a failure."""
-    text = str(err.exc).lower()
-    return err.stage == "backward" and any(w in text for w in ("second time", "retain_graph", "already been freed"))
-
-
-#: the calls that hand over the same numbers as the plain call, whose bits are compared with its bits:
-#: the call option, the metric and how a mismatch record names the call. Their bitwise equality is a
-#: reproducibility property (max_seqlen is an upper bound for sizing a launch, autocast and the default
-#: dtype are the caller's mode, create_graph and the cu_seqlens layout are how values are handed over:
-#: none of them is a value), judged by interface.arguments_bitwise; their accuracy is gating: where the
-#: bits differ, interface.arguments holds the result to the error checks' rule, as any other call.
-_BITWISE = {
-    "max_seqlen_pad": ("max_seqlen_mismatches", "with max_seqlen_q, max_seqlen_k + {value}"),
-    "cu_layout": ("cu_seqlens_mismatches", "with strided cu_seqlens views"),
-    "autocast": ("autocast_mismatches", "with the forward inside torch.autocast"),
-    "default_dtype": ("default_dtype_mismatches", "with torch's default dtype set to the inputs' dtype"),
-    "create_graph": ("create_graph_mismatches", "with the backward run with create_graph=True"),
-}
-#: the calls whose bits must equal the plain call's because a difference is an information flow: another
-#: pack's forward and backward between this call's must not move a bit of this call's gradients (gating)
-_FLOW = {"interleave": ("interleave_mismatches", "with another pack's call between the forward and the backward")}
+#: the options whose calls hand over the plain call's numbers, whose bits are compared with its bits. Their
+#: bitwise equality is a reproducibility property (max_seqlen is an upper bound for sizing a launch,
+#: autocast and the default dtype are the caller's mode, create_graph and the cu_seqlens layout are how
+#: values are handed over: none of them is a value), judged by interface.arguments_bitwise; their
+#: accuracy is gating: where the bits differ, interface.arguments holds the result to the error checks'
+#: rule, as any other call. The FLOW options' bits must equal the plain call's because a difference is an
+#: information flow: another pack's forward and backward between this call's must not move a bit of this
+#: call's gradients (gating).
+_BITWISE = {o.key: o for o in OPTIONS if o.judged is Judged.BITWISE}
+_FLOW = {o.key: o for o in OPTIONS if o.judged is Judged.FLOW}
+_REFUSALS = {o.key: o for o in OPTIONS if o.refused is not None}
 
 
 #: the calls of interface.arguments that only a kernel with a backward gets, as its message names them
@@ -182,32 +156,17 @@ def _other_dtype(name: str) -> str:
 
 
 def _argument_jobs(ctx, bases: list[Case]) -> list[tuple[Case, tuple[tuple[str, object], ...]]]:
-    """(case, call) of every call interface.arguments makes with the run's dtype."""
-    jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = [
-        (base, (("layout", lay),)) for base in bases for lay in LAYOUTS
-    ]
-    jobs += [(base, (("scale_arg", "none"),)) for base in bases]
-    jobs += [(base, (("max_seqlen_pad", pad),)) for base in bases for pad in MAX_SEQLEN_PADS]
-    jobs += [(base, (("cu_layout", "strided"),)) for base in bases]
-    # the forward inside torch.autocast (a mixed-precision training step): the same tensors
-    jobs += [(base, (("autocast", "on"),)) for base in bases[:2]]
-    # torch's default dtype set to the inputs' dtype (a model built in bf16)
-    jobs += [(base, (("default_dtype", "input"),)) for base in bases[:2]]
-    if ctx.has_backward:  # frozen keys and values (a cache of them), and frozen queries
-        jobs += [(base, (("grad", g),)) for base in bases[:2] for g in ("q", "kv")]
-        # the caller edits the output in place before the backward
-        jobs += [(base, (("out_edit", "add"),)) for base in bases[:2]]
-        # the backward run twice on one graph (retain_graph=True): the second gradients are the first's
-        jobs += [(base, (("backward", "twice"),)) for base in bases[:2]]
-        # dO one row broadcast over every token (stride 0), as (out * w).sum() hands it to the backward
-        equal_rows = bases[0].with_(overrides=bases[0].overrides + (("const_do", True),))
-        jobs.append((equal_rows, (("upstream", "broadcast"),)))
-        # another pack's forward and backward between this call's (the layers of a model interleave)
-        jobs += [(base, (("interleave", "other_call"),)) for base in bases[:2]]
-        # the backward with create_graph=True (a gradient penalty): the gradients stay in the graph
-        jobs += [(base, (("create_graph", "yes"),)) for base in bases[:2]]
-    # forwards under torch.no_grad() and torch.inference_mode(), where kernels take inference paths
-    jobs += [(base, (("grad_mode", m),)) for base in bases for m in ("no_grad", "inference")]
+    """(case, call) of every call interface.arguments makes with the run's dtype: each option's probe
+    values on its share of the packings, in the order of call_options.OPTIONS; the options that change
+    the backward only on a kernel with one. ``upstream=broadcast`` needs a dO with equal rows."""
+    jobs: list[tuple[Case, tuple[tuple[str, object], ...]]] = []
+    for opt in OPTIONS:
+        if opt.needs_backward and not ctx.has_backward:
+            continue
+        for base in bases[: opt.bases]:
+            if opt.key == "upstream":  # one row of dO broadcast: the case's rows must be equal
+                base = base.with_(overrides=base.overrides + (("const_do", True),))
+            jobs += [(base, ((opt.key, value),)) for value in opt.probe_values()]
     return jobs
 
 
@@ -229,9 +188,10 @@ def _argument_findings(ctx) -> dict:
 def _run_argument_calls(ctx) -> dict:
     tensors = ("out", "dq", "dk", "dv") if ctx.has_backward else ("out",)
     violations, layout_mismatches, failed, calls = 0, 0, 0, 0
-    error_violations, refused_edits, refused_twice, refused_graphs = 0, 0, 0, 0
-    bit_mismatches = {metric: 0 for metric, _ in _BITWISE.values()}
-    flow_mismatches = {metric: 0 for metric, _ in _FLOW.values()}
+    error_violations = 0
+    bit_mismatches = {o.metric: 0 for o in _BITWISE.values()}
+    flow_mismatches = {o.metric: 0 for o in _FLOW.values()}
+    refused = {o.refused_metric: 0 for o in _REFUSALS.values()}
     first, first_bits, declined = None, None, ""
     bases = argument_cases(ctx)
     jobs = _argument_jobs(ctx, bases)
@@ -242,14 +202,9 @@ def _run_argument_calls(ctx) -> dict:
         try:
             res = ctx.run(case)
         except KernelCallError as err:
-            if key == "out_edit" and _autograd_refused(err):
-                refused_edits += 1
-                continue
-            if key == "backward" and _second_backward_refused(err):
-                refused_twice += 1
-                continue
-            if key == "create_graph":  # a backward that cannot build a graph of itself, refused in words
-                refused_graphs += 1
+            opt = _REFUSALS.get(key)
+            if opt is not None and opt.refused is not None and opt.refused(err):  # a loud limit, not a wrong result
+                refused[opt.refused_metric] += 1
                 continue
             failed += 1
             if first is None:
@@ -307,19 +262,19 @@ def _run_argument_calls(ctx) -> dict:
                 continue
             changed.append(t)
             if key in _BITWISE or key in _FLOW:  # the same numbers handed over
-                metric, what = (_BITWISE | _FLOW)[key]
+                judged_by = (_BITWISE | _FLOW)[key]
                 record = case_record(
                     case,
                     tensor=t,
                     call=dict(call),
                     mismatch=m.to_dict(),
-                    summary=f"{m.summary()} ({what.format(value=_pads_words(value) if key == 'max_seqlen_pad' else value)})",
+                    summary=f"{m.summary()} ({judged_by.mismatch_words(value)})",
                 )
                 if key in _FLOW:
-                    flow_mismatches[metric] += m.mismatched
+                    flow_mismatches[judged_by.metric] += m.mismatched
                     first = first or record
                 else:
-                    bit_mismatches[metric] += m.mismatched
+                    bit_mismatches[judged_by.metric] += m.mismatched
                     first_bits = first_bits or record
         if key not in _BITWISE and key not in _FLOW:
             layout_mismatches += len(changed)
@@ -400,9 +355,7 @@ def _run_argument_calls(ctx) -> dict:
         "failed_calls": failed,
         "flow_mismatches": flow_mismatches,
         "bit_mismatches": bit_mismatches,
-        "refused_output_edits": refused_edits,
-        "refused_second_backwards": refused_twice,
-        "refused_create_graph": refused_graphs,
+        **refused,
         "strided_bitwise_changes": layout_mismatches,
         "calls": calls,
         "first": first,
@@ -425,7 +378,7 @@ def _run_argument_calls(ctx) -> dict:
     "unchanged by an interleaved call (bitwise, or beyond the kernel's run-to-run noise)",
     defaults=lambda recipe, dtype: {
         "violations": 0,
-        **{metric: 0 for metric, _ in _FLOW.values()},
+        **{o.metric: 0 for o in _FLOW.values()},
         "error_violations": 0,
         "failed_calls": 0,
     },
@@ -447,7 +400,7 @@ def arguments(ctx):
     other = f["other"]
     ok = (
         f"{f['calls']} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
-        f"{' and '.join(_pads_words(p) for p in MAX_SEQLEN_PADS)}, strided cu_seqlens, autocast, the default dtype, "
+        f"{' and '.join(_PADS.mismatch_words(p) for p in MAX_SEQLEN_PADS)}, strided cu_seqlens, autocast, the default dtype, "
         f"{_BACKWARD_CALLS if ctx.has_backward else ''}"
         f"no_grad and inference_mode forwards, {other}"
         f"{', fp16 near its range' if f['fp16'] else ''}) within the bound, and within the error model where "
@@ -479,7 +432,7 @@ def arguments(ctx):
     "the calls of interface.arguments that hand over the plain call's numbers (max_seqlen above the true "
     "maximum, strided cu_seqlens views, the forward inside torch.autocast, torch's default dtype set to the "
     "inputs', create_graph=True) give the plain call's bits",
-    defaults=lambda recipe, dtype: {metric: 0 for metric, _ in _BITWISE.values()},
+    defaults=lambda recipe, dtype: {o.metric: 0 for o in _BITWISE.values()},
     cost=0.1,
     verdict="reproducibility",
 )

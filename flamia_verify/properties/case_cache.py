@@ -1,0 +1,115 @@
+"""What depends on a case alone, kept across the runs of one process.
+
+A case's tensors, its float64 reference, its a-priori bound under a recipe's rounding model and the
+model's predicted error are functions of the case (its packing, shapes, distribution, seed, dtype),
+the device and the recipe's model; none of them depends on the kernel under test. A process that
+checks several kernels (a sweep's long-lived worker, ``flamia-verify survey`` on the CPU, a test
+session, the API in a loop) computes them once per case, not once per kernel. Within a run the
+context's memo already shares them between checks; this cache shares them between runs.
+
+The cache holds at most ``FLAMIA_VERIFY_CASE_CACHE_MB`` MiB of tensors (1024 by default; 0 turns it
+off), least recently used first out. A captured case is never kept (its tensors come from files that
+may change between runs). The values are the same objects a run's memo would hold: nothing may write
+into them (the harness hands the kernel copies of the inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+__all__ = ["CaseCache", "CASE_CACHE", "nbytes"]
+
+_DEFAULT_MB = 1024
+
+
+def nbytes(value: Any) -> int:
+    """The bytes of every tensor reachable from ``value`` (tensors, mappings, sequences, dataclasses)."""
+    seen: set[int] = set()
+
+    def walk(x: Any) -> int:
+        if id(x) in seen:
+            return 0
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            return x.numel() * x.element_size()
+        if isinstance(x, dict):
+            return sum(walk(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return sum(walk(v) for v in x)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return sum(walk(getattr(x, f.name)) for f in dataclasses.fields(x))
+        return 0
+
+    return walk(value)
+
+
+class CaseCache:
+    """A least-recently-used map of case-keyed values, bounded by the bytes of their tensors."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """The value kept under ``key``, else ``compute()`` (kept when it fits the budget)."""
+        if self.max_bytes <= 0:
+            return compute()
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key][0]
+        value = compute()
+        size = nbytes(value)
+        with self._lock:
+            self.misses += 1
+            if size > self.max_bytes or key in self._items:
+                return value
+            self._items[key] = (value, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, old) = self._items.popitem(last=False)
+                self._bytes -= old
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+
+def _budget() -> int:
+    raw = os.environ.get("FLAMIA_VERIFY_CASE_CACHE_MB", "")
+    try:
+        mb = float(raw) if raw.strip() else _DEFAULT_MB
+    except ValueError:
+        warnings.warn(
+            f"FLAMIA_VERIFY_CASE_CACHE_MB={raw!r} is not a number of MiB; the case cache keeps its default "
+            f"({_DEFAULT_MB} MiB)",
+            stacklevel=2,
+        )
+        mb = _DEFAULT_MB
+    return int(max(0.0, mb) * 2**20)
+
+
+#: the process's cache (budget read once, at import)
+CASE_CACHE = CaseCache(_budget())
