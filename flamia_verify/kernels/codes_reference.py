@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from flamia_verify.formats.constants import E4M3_MAX
+
 __all__ = ["e4m3_block_codes_reference", "e4m3_row_codes_reference"]
 
 
@@ -22,7 +24,7 @@ def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
     E4M3 value: the codes below are exact."""
     _, ex = torch.frexp(amax)  # amax = m 2^ex, m in [0.5, 1): floor(log2 amax) = ex - 1
     t = torch.ldexp(torch.ones_like(amax), ex - 9)
-    t = torch.where(amax > 448.0 * t, t * 2, t)
+    t = torch.where(amax > E4M3_MAX * t, t * 2, t)
     return torch.where(amax > 0, t, torch.ones_like(t))
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from flamia_verify.formats import E4M3, round_to_format
+from flamia_verify.formats.constants import E4M3_MAX
 
 __all__ = [
     "KIND",
@@ -174,7 +175,7 @@ def _grads(call, q, k, v, dout):
 
 def _fp8_per_tensor(x: torch.Tensor) -> torch.Tensor:
     """x rounded to E4M3 with one fp32 scale amax/448 over the whole tensor (straight-through gradient)."""
-    s = x.detach().abs().amax().float().clamp(min=1e-30) / 448.0
+    s = x.detach().abs().amax().float().clamp(min=1e-30) / E4M3_MAX
     y = (round_to_format(x.detach().float() / s, E4M3, saturate=True) * s).to(x.dtype)
     return x + (y - x).detach()
 
@@ -417,7 +418,7 @@ def _reduce_out_fp8_per_tensor(fn, q, k, v, cq, ck, mq, mk, scale, causal):
 def _reduce_q_descale_head0(fn, q, k, v, cq, ck, mq, mk, scale, causal):
     # Q pre-scaled per head by a power of two, descaled with head 0's factor for every head
     amax = q.detach().float().abs().amax(dim=(0, 2)).clamp(min=2.0**-100)
-    s = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    s = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
     s = torch.where(torch.isfinite(s), s, torch.ones_like(s))
     qs = q / s.to(q.dtype)[None, :, None]
     s0 = float(s[0])

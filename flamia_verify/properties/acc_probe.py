@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import torch
 
+from flamia_verify.formats.constants import E4M3_MAX
+
 __all__ = ["ACC_LEN", "ACC_DIM", "ACC_SCALE", "SITES", "accumulation_probe"]
 
 ACC_LEN = 64
 ACC_DIM = 64
 ACC_SCALE = 0.125
-BIG = 448.0
+BIG = E4M3_MAX
 SMALL = (1.0, 1.5, 1.75)  # times 2^-6: E4M3 normals below 2^-5, the MMA's step at 448
 
 

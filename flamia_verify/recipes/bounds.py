@@ -62,6 +62,7 @@ from types import MappingProxyType
 
 import torch
 
+from flamia_verify.formats.constants import E4M3_MAX, E4M3_MIN_NORMAL
 from flamia_verify.recipes.operands import Operand
 
 __all__ = [
@@ -103,7 +104,7 @@ E4M3_UNSCALED_ETA = 2.0**-10
 E2M1_ETA = 0.25 * (1 + 2.0**-4) / 6.0
 # A UE4M3 block scale below E4M3's smallest normal (2^-6) only happens when the block amax is below
 # 2^-6 / 448 of the global amax; such a block may lose everything, at most that much.
-NVFP4_GLOBAL_ETA = 2.0**-6 / 448.0
+NVFP4_GLOBAL_ETA = E4M3_MIN_NORMAL / E4M3_MAX
 # NVFP4's global scale has a floor of 2^-126 (formats.blocks, step 2): a row whose amax is below
 # 2688 * 2^-126 gets smaller block scales than its amax asks for and may flush; no element of it moves
 # by more than twice that amax

@@ -59,7 +59,7 @@ __all__ = [
     "quantize_e4m3_reference",
 ]
 
-E4M3_MAX = tl.constexpr(448.0)
+E4M3_MAX = quant.E4M3_MAX
 _NAN_BITS = tl.constexpr(0x7FC00000)
 
 

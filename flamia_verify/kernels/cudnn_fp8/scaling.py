@@ -113,6 +113,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flamia_verify.formats.constants import E4M3_MAX
+
 __all__ = [
     "BACKWARD_MEASURED",
     "E4M3_MAX",
@@ -127,8 +129,6 @@ __all__ = [
     "scale_policy",
 ]
 
-#: E4M3's largest finite value (0x1.cp8)
-E4M3_MAX = 448.0
 #: the probabilities' constant scale is 2^P_SCALE_EXPONENT (see the module docstring, role ``s``)
 P_SCALE_EXPONENT = 7
 #: scale exponents stay in [-SCALE_EXPONENT_LIMIT, SCALE_EXPONENT_LIMIT]: scale and descale normal fp32

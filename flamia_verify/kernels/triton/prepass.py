@@ -12,7 +12,14 @@ import triton
 import triton.language as tl
 
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
-from flamia_verify.kernels.triton.quant import KIND_INPUT, biased_exponent, exp2i, quantize_first, quantize_last
+from flamia_verify.kernels.triton.quant import (
+    E4M3_MAX,
+    KIND_INPUT,
+    biased_exponent,
+    exp2i,
+    quantize_first,
+    quantize_last,
+)
 from flamia_verify.kernels.triton.tile_ops import _load_rows, _to_input
 
 
@@ -51,7 +58,7 @@ def _code_scale(a):
     doubled where a / t would exceed 448, 1 for a = 0 (floor(log2 a) read off the exponent bits:
     exact)."""
     t = exp2i(biased_exponent(a) - 127 - 8)
-    t = tl.where(a > 448.0 * t, t * 2.0, t)
+    t = tl.where(a > E4M3_MAX * t, t * 2.0, t)
     return tl.where(a > 0, t, 1.0)
 
 

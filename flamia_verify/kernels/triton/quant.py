@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flamia_verify.formats import constants
 from flamia_verify.kernels.triton import config
 from flamia_verify.kernels.triton.compat import interpreting
 
@@ -44,8 +45,8 @@ KIND_INPUT = tl.constexpr(config.KIND_INPUT)  # round to the input dtype (bf16 /
 KIND_MX = tl.constexpr(config.KIND_MX)  # E4M3 elements, power-of-two (E8M0) scale per BLOCK elements
 KIND_NVFP4 = tl.constexpr(config.KIND_NVFP4)  # E2M1 elements, 16-blocks, UE4M3 block scale, fp32 row scale
 
-E4M3_MAX = tl.constexpr(448.0)  # 0x1.cp8
-E2M1_MAX = tl.constexpr(6.0)  # 0x1.8p2
+E4M3_MAX = tl.constexpr(constants.E4M3_MAX)  # 448 = 0x1.cp8
+E2M1_MAX = tl.constexpr(constants.E2M1_MAX)  # 6 = 0x1.8p2
 NVFP4_GLOBAL_DIVISOR = tl.constexpr(2688.0)  # 448 * 6
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from flamia_verify.convention import first_output
+from flamia_verify.formats.constants import E4M3_MAX as _E4M3_MAX
 from flamia_verify.kernels.state import (
     StateKind,
     can_snapshot,
@@ -65,8 +66,6 @@ from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
 
 __all__ = ["DRIFT", "LAYER_OFFSETS", "SPIKE_LOG2", "training_schedule"]
 
-#: E4M3's largest finite value
-_E4M3_MAX = 448.0
 _TENSORS = ("out", "dq", "dk", "dv")
 _LABEL = {"out": "O", "dq": "dQ", "dk": "dK", "dv": "dV"}
 
