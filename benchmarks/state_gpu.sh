@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/state_gpu.sh OUTDIR checks      # cudnn-fp8: its GPU tests, the state family on the
 #                                                   #   frozen configuration (must fail) and on the default
-#                                                   #   (must pass), the quick suite on the default
+#                                                   #   (must pass), the quick suite on the default and with
+#                                                   #   cuDNN's faster backward, the two backwards' speed
 #   bash benchmarks/state_gpu.sh OUTDIR train       # train-parity of cudnn-fp8, -frozen and -current
 #                                                   #   (small preset, 2 paired seeds, no floors)
 #   bash benchmarks/state_gpu.sh OUTDIR resolution  # train-parity --preset resolution --ladder on the
@@ -30,6 +31,11 @@ checks)
     step state_frozen 100 "${cli[@]}" check --kernel cudnn-fp8-frozen --only state --device cuda --out "$out/state_frozen"
     step state_default 100 "${cli[@]}" check --kernel cudnn-fp8 --only state --device cuda --out "$out/state_default"
     step quick_default 180 "${cli[@]}" check --kernel cudnn-fp8 --suite quick --device cuda --out "$out/quick_default"
+    # cuDNN's faster, non-deterministic backward: its verdicts and its speed beside the deterministic one
+    step quick_fast_backward 180 "${cli[@]}" check --kernel benchmarks/cudnn_backward.py:fast_backward --suite quick \
+        --device cuda --out "$out/quick_fast_backward"
+    step bench_backward 120 "${cli[@]}" bench --kernel bf16 cudnn-fp8 benchmarks/cudnn_backward.py:fast_backward \
+        --seqlens 8192 16384 --causal true --rep-ms 30 --md "$out/bench_backward.md"
     ;;
 train)
     step train_cudnn 560 "${cli[@]}" train-parity --kernel cudnn-fp8 cudnn-fp8-frozen cudnn-fp8-current --preset small \
