@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flamia_verify.reports.wording import printable
+from flamia_verify.reports.text import printable
 from flamia_verify.results import CheckResult, as_number, higher_is_better, jsonable, threshold_verdict
 
 __all__ = [

@@ -5,10 +5,11 @@ Keeping these in one place makes the terminal, Markdown, HTML and JUnit reports 
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Any
 
+from flamia_verify.reports.metrics import format_value
+from flamia_verify.reports.text import printable
 from flamia_verify.results import API_SOURCE, VERDICTS, CheckResult, Report, run_notes
 from flamia_verify.settings import CLI_DTYPES, SUITES
 
@@ -74,24 +75,6 @@ def verdicts_line(report: Report) -> str:
             text += " (not gating)"
         parts.append(text)
     return " · ".join(parts)
-
-
-# C0 controls except tab and newline, DEL and C1 controls (terminal escapes, NUL, carriage returns), and
-# lone surrogates (undecodable bytes of a file name), which no terminal or UTF-8 file can hold.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def printable(value: object) -> str:
-    """`value` as text with control characters and lone surrogates written as visible ``\\x1b``-style
-    escapes, so that a message carrying terminal colour codes or a carriage return cannot rewrite what a
-    reader sees, and every renderer's output encodes as UTF-8."""
-    text = value if isinstance(value, str) else str(value)
-    return _CONTROL.sub(_escape, text)
 
 
 def verdict(report: Report) -> str:
@@ -174,8 +157,6 @@ def case_seeds_line(report: Report) -> str:
 def override_line(entry: dict[str, Any]) -> str:
     """One threshold override as text, e.g. ``error.out normalized_error = inf (default 2) from
     pyproject.toml``."""
-    from flamia_verify.reports.metrics import format_value  # metrics imports this module
-
     return (
         f"{entry.get('scope')} {entry.get('key')} = {format_value(entry.get('value'))} "
         f"(default {format_value(entry.get('default'))}) from {entry.get('source') or 'an unknown source'}"
