@@ -54,6 +54,9 @@ from flamia_verify.kernels.triton.backward import _attn_bwd_delta, _attn_bwd_dkd
 from flamia_verify.kernels.triton.compat import interpreting as _interpreting
 from flamia_verify.kernels.triton.compat import patch_interpreter
 from flamia_verify.kernels.triton.config import (
+    PART_BOTH,
+    PART_DK,
+    PART_DV,
     FusedConfig,
     OperandRounding,
     TileConfig,
@@ -293,7 +296,8 @@ def fused_backward(
         HEAD_DIM=D, CAUSAL=causal, QK_KIND=cfg[Operand.Q_HD].kind, P_POW2=cfg.p_pow2, P_BLOCK=cfg.p_block,
         FALLBACK=cfg.fallback, RCEIL=r, MMA8=cfg.mma8, IS_FP16=q.dtype == torch.float16, INTERPRET=_interpreting(),
     )  # fmt: skip
-    for part in (1, 2) if t1.split else (0,):  # split: dV, then dK, each program holding one accumulator
+    # split: dV, then dK, each program holding one accumulator
+    for part in (PART_DV, PART_DK) if t1.split else (PART_BOTH,):
         _launch(
             _attn_bwd_dkdv, (triton.cdiv(max(max_k, 1), t1.block_n), batch, H), t1,
             q, qh, qs, kh, vh, dout, doh, dos, lse2, delta, dk, dv,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flamia_verify.kernels.triton import config
 from flamia_verify.kernels.triton.quant import (
     KIND_INPUT,
     KIND_NVFP4,
@@ -32,6 +33,11 @@ from flamia_verify.kernels.triton.tile_ops import (
     _p_rows,
     _to_input,
 )
+
+#: the parts of a dK/dV launch (config.PART_*): both gradients, dV only (no dP), dK only
+PART_BOTH = tl.constexpr(config.PART_BOTH)
+PART_DV = tl.constexpr(config.PART_DV)
+PART_DK = tl.constexpr(config.PART_DK)
 
 
 @triton.jit(do_not_specialize=["total_q", "stride_lh"])  # lengths: no recompilation per packing
@@ -100,7 +106,7 @@ def _attn_bwd_dkdv_tile(
 ):  # fmt: skip
     """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows).
     Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV).
-    PART: 0 both gradients, 1 dV only (no dP), 2 dK only."""
+    PART: PART_BOTH, PART_DV (no dP) or PART_DK."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < lq
     q_op = _load_op(Q, Qh, q_base, offs_m, qmask, stride_qt, HEAD_DIM, QK_KIND)
@@ -122,19 +128,19 @@ def _attn_bwd_dkdv_tile(
     aT = tl.where(lse_ok[None, :], aT, 0.0)
     if MASKED:
         aT = tl.where(vis, aT, 0.0)
-    if PART != 1:
+    if PART != PART_DV:
         dpT = _mma_t(v_op, do_op, tl.zeros((BLOCK_N, BLOCK_M), tl.float32), IS_FP16, INTERPRET)
         dsT = aT * (dpT - delta[None, :])
     else:
         dsT = aT  # not used: the dV-only part needs no dP
     SPLIT: tl.constexpr = MASKED and FALLBACK and CAUSAL
     if AMAX_PASS:
-        if PART != 2:
+        if PART != PART_DK:
             amax_pt = max_keep_nan(amax_pt, amax(aT, 1))
-        if PART != 1:
+        if PART != PART_DV:
             amax_dst = max_keep_nan(amax_dst, amax(dsT, 1))
     else:
-        if PART != 2:
+        if PART != PART_DK:
             pt_op = quantize_last(aT, amax_pt, BLOCK_N, BLOCK_M, PT_KIND, PT_BLOCK, RCEIL, IS_FP16)
             # dV = P^T dO: dO blocked along queries; a block that key j sees only partly in the input precision
             full = ((offs_m // DO_BLOCK) * DO_BLOCK)[None, :] + off >= offs_n[:, None]
@@ -142,7 +148,7 @@ def _attn_bwd_dkdv_tile(
                 pt_op, do_op, DO, DOs, do_base, offs_m, qmask, stride_dot, full, dv,
                 HEAD_DIM, DO_KIND, DP_KIND == KIND_INPUT, SPLIT, IS_FP16, INTERPRET,
             )  # fmt: skip
-        if PART != 1:
+        if PART != PART_DV:
             dst_op = quantize_last(dsT, amax_dst, BLOCK_N, BLOCK_M, DST_KIND, DST_BLOCK, RCEIL, IS_FP16)
             # dK = dS^T Q: Q blocked along queries
             full = ((offs_m // Q_BLOCK) * Q_BLOCK)[None, :] + off >= offs_n[:, None]
@@ -234,7 +240,7 @@ def _attn_bwd_dkdv(
     """Grid (key tiles of the longest document, documents, query heads). Each program owns a key
     tile of one query head: dK = scale * sum dS^T Q, dV = sum P^T dO over the query tiles that see it.
     Kh, Vh: K and V rounded along head_dim (S, dP); the query-side operands as in the tile function.
-    OUT_F32 (GQA): write fp32 per query head; the caller sums each group. PART: 0 both gradients,
+    OUT_F32 (GQA): write fp32 per query head; the caller sums each group. PART: PART_BOTH (both gradients),
     1 dV only, 2 dK only (``TileConfig.split``: two launches that each hold one accumulator)."""
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0)
     if P_POW2:
@@ -297,12 +303,12 @@ def _attn_bwd_dkdv(
     head = h if OUT_F32 else hk
     dk_ptrs = DK + rows * stride_dkt + head * stride_dkh + offs_d[None, :]
     dv_ptrs = DV + rows * stride_dvt + head * stride_dvh + offs_d[None, :]
-    if PART != 1:
+    if PART != PART_DV:
         if OUT_F32:
             tl.store(dk_ptrs, dk, mask=kmask[:, None])
         else:
             tl.store(dk_ptrs, _to_input(dk, IS_FP16, INTERPRET), mask=kmask[:, None])
-    if PART != 2:
+    if PART != PART_DK:
         if OUT_F32:
             tl.store(dv_ptrs, dv, mask=kmask[:, None])
         else:

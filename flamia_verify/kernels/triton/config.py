@@ -42,6 +42,12 @@ KIND_INPUT = 0  # round to the input dtype (bf16 / fp16)
 KIND_MX = 1  # E4M3 elements, power-of-two (E8M0, RCEIL or FLOOR) scale per block
 KIND_NVFP4 = 2  # E2M1 elements, 16-blocks, UE4M3 block scale, fp32 per-row scale
 
+# the parts of a dK/dV launch, the constexpr values of backward.PART_*: both gradients in one program, or
+# (when one program cannot hold two accumulators) dV alone, then dK alone
+PART_BOTH = 0
+PART_DV = 1  # dV only: no dP
+PART_DK = 2  # dK only
+
 
 # ----------------------------------------------------------------------------------------------
 # design -> constexpr switches
@@ -101,10 +107,10 @@ class FusedConfig:
     # NVFP4 operands need the amax of a whole row (their fp32 row scale) before any tile is
     # quantized: the kernel that rounds one sweeps its loop twice, amaxes first
 
-    def two_pass_dkdv(self, part: int = 0) -> bool:
-        """Whether the dK/dV kernel's launch ``part`` (0 both, 1 dV only, 2 dK only) sweeps twice: an
+    def two_pass_dkdv(self, part: int = PART_BOTH) -> bool:
+        """Whether the dK/dV kernel's launch ``part`` (PART_BOTH, PART_DV, PART_DK) sweeps twice: an
         NVFP4 P^T (dV) or dS^T (dK)."""
-        ops = {0: (Operand.PT, Operand.DST), 1: (Operand.PT,), 2: (Operand.DST,)}[part]
+        ops = {PART_BOTH: (Operand.PT, Operand.DST), PART_DV: (Operand.PT,), PART_DK: (Operand.DST,)}[part]
         return any(self[op].kind == KIND_NVFP4 for op in ops)
 
     def two_pass_dq(self) -> bool:
