@@ -21,11 +21,21 @@ def pytest_collection_modifyitems(config, items):
     each file's tests in their order: with two workers, a long test that starts last runs alone at the end."""
     weight: dict[str, float] = {}
     for item in items:
-        if item.nodeid in _SLOW:
+        if _node(item) in _SLOW:
             item.add_marker(pytest.mark.slow)
-        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0.0) + _SLOW.get(item.nodeid, 0.0)
+        weight[_node(item).split("::")[0]] = weight.get(_node(item).split("::")[0], 0.0) + _SLOW.get(_node(item), 0.0)
     # the few tests of a minute or more go first of all; then by file (stable: a file's tests keep their order)
-    items.sort(key=lambda item: (-max(_SLOW.get(item.nodeid, 0.0), 60.0), -weight[item.nodeid.split("::")[0]]))
+    items.sort(key=lambda item: (-max(_SLOW.get(_node(item), 0.0), 60.0), -weight[_node(item).split("::")[0]]))
+
+
+def _node(item) -> str:
+    """The test's node id without the ``@group`` that pytest-xdist's loadgroup appends to it."""
+    nodeid = item.nodeid
+    for mark in item.iter_markers("xdist_group"):
+        name = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        if nodeid.endswith(f"@{name}"):
+            return nodeid[: -len(name) - 1]
+    return nodeid
 
 
 @pytest.fixture(autouse=True)

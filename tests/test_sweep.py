@@ -128,7 +128,7 @@ def test_shards_partition_the_matrix():
         assert all(shards)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # the survey tests share its group: a module scope would build it twice
 def small_sweep(tmp_path_factory):
     """Two kernels x two seeds of two cheap checks, run once on a pool of two CPU workers."""
     root = tmp_path_factory.mktemp("sweep")
