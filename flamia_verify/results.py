@@ -78,6 +78,8 @@ __all__ = [
     "VERDICTS",
     "CheckResult",
     "Report",
+    "SWEEP_STATUSES",
+    "SweepResult",
     "as_number",
     "higher_is_better",
     "json_number",
@@ -394,3 +396,62 @@ def run_notes(report: Report) -> list[str]:
             why = env.get("backward_reason") or "the backward did not run"
             notes.append(f"Gradients were not checked: {why}.")
     return notes
+
+
+#: what a sweep case can end as: a report's verdict, ``error`` (no verdict: the kernel did not load, the
+#: worker crashed, hung or lost its node), ``measured`` (a speed-only case)
+SWEEP_STATUSES = ("pass", "fail", "error", "incomplete", "measured")
+_SWEEP_FIELDS = ("key", "case", "status", "report", "recipe", "error", "elapsed_s", "host", "device", "speed")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """One case of a sweep or a survey, as a worker returns it, the store keeps it (``OUT/cases/<key>.json``)
+    and sweep.json lists it: the case's key and its matrix entry (``case``, a ``SweepCase.to_dict()``), the
+    status, report.json's object (None without a verdict), the recipe the checks ran under (or the one a
+    kernel declared before it failed), the reason in one line when there is no verdict, when, where and
+    how fast it ran, and the speed of a timed case (``bench.measure_speed``'s row, or ``{"error": ...}``)."""
+
+    key: str
+    case: dict[str, Any]
+    status: str
+    report: dict[str, Any] | None = None
+    recipe: str | None = None
+    error: str | None = None
+    elapsed_s: float = 0.0
+    host: str = ""
+    device: str | None = None
+    speed: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in SWEEP_STATUSES:
+            raise ValueError(f"a sweep result's status is one of {', '.join(SWEEP_STATUSES)}, not {self.status!r}")
+
+    @property
+    def kernel(self) -> str:
+        return str(self.case.get("kernel", ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (``speed`` only for a timed case)."""
+        out = {name: getattr(self, name) for name in _SWEEP_FIELDS}
+        if self.speed is None:
+            del out["speed"]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SweepResult:
+        """A result from its JSON object; ValueError naming what is wrong with a malformed one."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a sweep result is a JSON object, not {type(data).__name__}")
+        missing = [k for k in ("key", "case", "status") if k not in data]
+        if missing:
+            raise ValueError(f"a sweep result without {', '.join(missing)}")
+        unknown = sorted(set(data) - set(_SWEEP_FIELDS))
+        if unknown:
+            raise ValueError(f"a sweep result with unknown fields: {', '.join(unknown)}")
+        if not isinstance(data["case"], dict) or not isinstance(data["key"], str):
+            raise ValueError("a sweep result's key is a string and its case an object")
+        report = data.get("report")
+        if report is not None and not isinstance(report, dict):
+            raise ValueError("a sweep result's report is report.json's object or null")
+        return cls(**{k: data[k] for k in _SWEEP_FIELDS if k in data})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 
-from flamia_verify.results import CheckResult, Report
+from flamia_verify.results import CheckResult, Report, SweepResult
 
 #: Plots in `example_report()`: the HTML report must draw exactly this many <svg> elements (its all-zero
 #: heatmap is stated in words, not drawn).
@@ -441,7 +441,7 @@ SURVEY_UNAVAILABLE = [
 ]
 
 
-def survey_results(*, speed: bool = True) -> list[dict]:
+def survey_results(*, speed: bool = True) -> list[SweepResult]:
     """Sweep results of a whole survey: 15 kernels with a report (every gating family, the
     reproducibility and robustness verdicts, long failure reasons), then one that hung (no report)."""
     from flamia_verify.results import FAMILIES
@@ -500,4 +500,4 @@ def survey_results(*, speed: bool = True) -> list[dict]:
             "elapsed_s": 300.0,
         }
     )
-    return results
+    return [SweepResult.from_dict(r) for r in results]

@@ -232,7 +232,7 @@ def _survey_pages(tmp_path):
     from flamia_verify.reports.survey import render_survey_html, survey_rows
 
     results = survey_results()
-    reports = {r["key"]: f"kernels/{r['case']['kernel']}/report.html" for r in results if r["report"]}
+    reports = {r.key: f"kernels/{r.kernel}/report.html" for r in results if r.report}
     rows = survey_rows(results, label=lambda c: str(c["kernel"]), reports=reports, unavailable=SURVEY_UNAVAILABLE)
     survey = tmp_path / "survey.html"
     survey.write_text(render_survey_html(rows, "flamia-verify survey: quick suite on cuda", ["NVIDIA H200"]))

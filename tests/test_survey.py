@@ -17,6 +17,7 @@ from flamia_verify.bench import SpeedShape
 from flamia_verify.cli import main
 from flamia_verify.errors import ConfigError
 from flamia_verify.reports.survey import error_speed_svg, render_survey_markdown, survey_rows
+from flamia_verify.results import SweepResult
 from flamia_verify.sweep.matrix import speed_shape
 from flamia_verify.sweep.survey import availability, default_kernels, run_survey, survey_exit_code
 
@@ -143,7 +144,7 @@ def test_a_rerun_reuses_every_stored_result(small_survey):
     assert again.ran == 0 and again.reused == 2
 
 
-def _timed(rows_speed: dict[str, dict]) -> list[dict]:
+def _timed(rows_speed: dict[str, dict]) -> list[SweepResult]:
     """Sweep results with a stored report's error metrics and the given speed rows."""
     results = []
     for name, speed in rows_speed.items():
@@ -156,7 +157,7 @@ def _timed(rows_speed: dict[str, dict]) -> list[dict]:
             }
         ]
         report = {"recipe": "bf16", "checks": checks, "summary": {"forward_only": False}}
-        results.append({"key": name, "case": {"kernel": name}, "status": "pass", "report": report, "speed": speed})
+        results.append(SweepResult(key=name, case={"kernel": name}, status="pass", report=report, speed=speed))
     return results
 
 

@@ -16,6 +16,7 @@ from flamia_verify.api import check
 from flamia_verify.cli import main
 from flamia_verify.errors import ConfigError
 from flamia_verify.reports.survey import case_label
+from flamia_verify.results import SweepResult
 from flamia_verify.sweep import comparable, exit_code, load_sweep, merge_sweeps, run_sweep
 from flamia_verify.sweep.matrix import case_key, shard_of
 from flamia_verify.sweep.worker import run_case
@@ -151,13 +152,14 @@ def test_a_local_sweep_equals_single_process_checks_bit_for_bit(small_sweep):
     path, _, outcome, seen = small_sweep
     assert outcome.ran == 4 and outcome.workers == 2 and seen == [1, 2, 3, 4]
     cases = load_sweep(path).cases
-    assert [r["case"] for r in outcome.results] == [c.to_dict() for c in cases]
+    assert [r.case for r in outcome.results] == [c.to_dict() for c in cases]
     for case, result in zip(cases, outcome.results):
         alone = run_case(case.to_dict())
         assert comparable(result) == comparable(alone), case.label()
         direct = check(case.kernel, **case.check_kwargs()).to_dict()
-        assert comparable({"report": direct})["report"]["checks"] == comparable(result)["report"]["checks"]
-    assert {r["case"]["kernel"]: r["status"] for r in outcome.results} == {
+        alone_direct = SweepResult(key=result.key, case=result.case, status=direct["summary"]["status"], report=direct)
+        assert comparable(alone_direct)["report"]["checks"] == comparable(result)["report"]["checks"]
+    assert {r.kernel: r.status for r in outcome.results} == {
         "flamia-mxfp8": "pass",
         "mxfp8-naive": "fail",
     }
@@ -183,12 +185,12 @@ def test_every_row_of_the_sweep_pages_links_its_own_case_report(small_sweep):
     out = root / "out"
     page, markdown = (out / "sweep.html").read_text(), (out / "sweep.md").read_text()
     for result in outcome.results:
-        link = f"reports/{result['key']}/report.html"
+        link = f"reports/{result.key}/report.html"
         assert (out / link).is_file() and f"href='{link}'" in page and f"[report]({link})" in markdown, link
-        own = json.loads((out / "reports" / result["key"] / "report.json").read_text())
-        assert own == result["report"]
+        own = json.loads((out / "reports" / result.key / "report.json").read_text())
+        assert own == result.report
         for name in ("report.md", "junit.xml"):
-            assert (out / "reports" / result["key"] / name).is_file(), name
+            assert (out / "reports" / result.key / name).is_file(), name
     assert page.count("<a href=") == len(outcome.results)
 
 
@@ -196,7 +198,7 @@ def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     path, _, outcome, _ = small_sweep
     # a case's shard hashes its key, which digests the tool's source: the fewest shards that split
     # these four cases (two shards leave one empty for one source in eight)
-    keys = [r["key"] for r in outcome.results]
+    keys = [r.key for r in outcome.results]
     count = next(n for n in range(2, 9) if len({shard_of(k, n) for k in keys}) > 1)
     shard_dirs = [tmp_path / f"shard{i}" for i in range(1, count + 1)]
     for i, d in enumerate(shard_dirs, 1):
@@ -207,7 +209,7 @@ def test_shards_merge_to_the_whole_sweep(small_sweep, tmp_path):
     assert [comparable(r) for r in merged.results] == [comparable(r) for r in outcome.results]
     # an incomplete merge says so in every artifact, names what is missing, and exits 2 whatever the
     # present cases say (a failing case included)
-    labels = {r["key"]: case_label(r["case"]) for r in outcome.results}
+    labels = {r.key: case_label(r.case) for r in outcome.results}
     absent = [labels[k] for k in partial.missing]
     document = json.loads((tmp_path / "partial" / "sweep.json").read_text())
     assert document["complete"] is False and [m["label"] for m in document["missing"]] == absent
@@ -235,11 +237,11 @@ def test_a_result_without_a_report_names_the_recipe_it_knows():
     from flamia_verify.sweep.matrix import SweepCase
     from flamia_verify.sweep.worker import error_result
 
-    assert error_result(SweepCase(kernel="flamia-nvfp4"), "timed out")["recipe"] == "nvfp4"
-    assert error_result(SweepCase(kernel="sdpa-cudnn"), "timed out")["recipe"] == "bf16"
-    assert error_result(SweepCase(kernel="k.py:attn", recipe="fp8"), "timed out")["recipe"] == "fp8"
-    assert error_result(SweepCase(kernel="k.py:attn"), "timed out")["recipe"] is None
-    assert error_result(SweepCase(kernel="k.py:attn"), "crashed", recipe="mxfp8")["recipe"] == "mxfp8"
+    assert error_result(SweepCase(kernel="flamia-nvfp4"), "timed out").recipe == "nvfp4"
+    assert error_result(SweepCase(kernel="sdpa-cudnn"), "timed out").recipe == "bf16"
+    assert error_result(SweepCase(kernel="k.py:attn", recipe="fp8"), "timed out").recipe == "fp8"
+    assert error_result(SweepCase(kernel="k.py:attn"), "timed out").recipe is None
+    assert error_result(SweepCase(kernel="k.py:attn"), "crashed", recipe="mxfp8").recipe == "mxfp8"
 
 
 def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on(tmp_path):
@@ -266,7 +268,7 @@ def test_a_crashing_and_a_hanging_kernel_become_error_rows_and_the_sweep_goes_on
         """,
     )
     outcome = run_sweep(path, tmp_path / "out", workers=2)
-    status = {r["case"]["kernel"].rpartition(":")[2]: (r["status"], r["error"]) for r in outcome.results}
+    status = {r.kernel.rpartition(":")[2]: (r.status, r.error) for r in outcome.results}
     assert status["crash"][0] == "error" and "worker crashed (exit code 7)" in status["crash"][1]
     assert status["hang"][0] == "error" and "timed out after 10 s" in status["hang"][1]
     assert status["bf16"] == ("pass", None)

@@ -19,6 +19,7 @@ from flamia_verify.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from flamia_verify.config import Config
+    from flamia_verify.results import SweepResult
 
 __all__ = [
     "EXIT_PASS",
@@ -347,13 +348,13 @@ def case_progress_printer() -> tuple[Any, Any]:
     def on_start(total: int, reused: int, to_run: int) -> None:
         print(f"sweep: {total} case(s), {reused} already in the store, {to_run} to run", file=sys.stderr, flush=True)
 
-    def on_result(result: dict, done: int, to_run: int) -> None:
+    def on_result(result: SweepResult, done: int, to_run: int) -> None:
         from flamia_verify.reports.survey import case_label
 
-        status = result["status"].upper()
-        extra = f": {result['error']}" if result.get("error") else ""
+        status = result.status.upper()
+        extra = f": {result.error}" if result.error else ""
         print(
-            f"[{done}/{to_run}] {status:<10} {case_label(result['case'])} ({result.get('elapsed_s', 0):.1f} s){extra}",
+            f"[{done}/{to_run}] {status:<10} {case_label(result.case)} ({result.elapsed_s or 0:.1f} s){extra}",
             file=sys.stderr,
             flush=True,
         )

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.reports.store import atomic_write_text
-from flamia_verify.results import FAMILIES, OPTIONAL_VERDICTS
+from flamia_verify.results import FAMILIES, OPTIONAL_VERDICTS, SweepResult
 
 __all__ = [
     "family_cells",
@@ -79,10 +79,10 @@ def _gates(report: dict[str, Any], check: dict[str, Any]) -> bool:
     return verdict == "gating" or verdict in (report.get("require") or [])
 
 
-def family_cells(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """Per family that ran a check that gates: (verdict, reason), the reason naming the first failing or
-    errored check. Checks of a verdict the run did not require are in :func:`verdict_cells`."""
-    report = result.get("report")
+def family_cells(report: dict[str, Any] | None) -> dict[str, tuple[str, str]]:
+    """Per family of ``report`` (report.json's object) that ran a check that gates: (verdict, reason), the
+    reason naming the first failing or errored check. Checks of a verdict the run did not require are in
+    :func:`verdict_cells`."""
     if not isinstance(report, dict):
         return {}
     cells: dict[str, tuple[str, str]] = {}
@@ -97,11 +97,10 @@ def family_cells(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return cells
 
 
-def verdict_cells(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """Per non-gating verdict that ran (reproducibility, robustness): (status, reason): ``pass``;
+def verdict_cells(report: dict[str, Any] | None) -> dict[str, tuple[str, str]]:
+    """Per non-gating verdict that ``report`` ran (reproducibility, robustness): (status, reason): ``pass``;
     ``finding`` when a check of it failed or errored and the run did not require it; ``fail`` when
     the run required it; the reason names the first such check."""
-    report = result.get("report")
     if not isinstance(report, dict):
         return {}
     cells: dict[str, tuple[str, str]] = {}
@@ -163,7 +162,7 @@ def _speed_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def survey_rows(
-    results: Sequence[dict[str, Any]],
+    results: Sequence[SweepResult],
     *,
     label: Callable[[dict[str, Any]], str] | None = None,
     reports: dict[str, str] | None = None,
@@ -173,29 +172,43 @@ def survey_rows(
     reason). ``label(case)`` names a row (default: the case label); ``reports`` maps a result's key to
     the path of its full report."""
     label = label or case_label
-    missing = [
-        {"case": {"kernel": n, "recipe": rc}, "status": "unavailable", "error": why} for n, rc, why in unavailable
-    ]
     rows: list[dict[str, Any]] = []
-    for r in [*results, *missing]:
-        report = r.get("report") if isinstance(r.get("report"), dict) else None
-        case = r["case"]
-        cells = family_cells(r)
+    for r in results:
+        report = r.report
+        rows.append(
+            {
+                "label": label(r.case),
+                "kernel": r.case.get("kernel"),
+                "recipe": (report or {}).get("recipe") or r.recipe or r.case.get("recipe"),
+                "status": r.status,
+                "reason": _one_line(r.error, 400) if r.error else "",
+                "families": {f: {"verdict": v, "reason": why} for f, (v, why) in family_cells(report).items()},
+                "verdicts": {n: {"verdict": v, "reason": why} for n, (v, why) in verdict_cells(report).items()},
+                "error": error_summary(report),
+                "speed": dict(r.speed) if isinstance(r.speed, dict) else None,
+                "report": (reports or {}).get(r.key),
+                "elapsed_s": r.elapsed_s,
+                "key": r.key,
+                "forward_only": bool(((report or {}).get("summary") or {}).get("forward_only")),
+            }
+        )
+    for name, recipe, why in unavailable:  # kernels this machine cannot run: a row that says why
+        case = {"kernel": name, "recipe": recipe}
         rows.append(
             {
                 "label": label(case),
-                "kernel": case.get("kernel"),
-                "recipe": (report or {}).get("recipe") or r.get("recipe") or case.get("recipe"),
-                "status": r["status"],
-                "reason": _one_line(r.get("error"), 400) if r.get("error") else "",
-                "families": {f: {"verdict": v, "reason": why} for f, (v, why) in cells.items()},
-                "verdicts": {n: {"verdict": v, "reason": why} for n, (v, why) in verdict_cells(r).items()},
-                "error": error_summary(report),
-                "speed": dict(r["speed"]) if isinstance(r.get("speed"), dict) else None,
-                "report": (reports or {}).get(r.get("key", "")),
-                "elapsed_s": r.get("elapsed_s"),
-                "key": r.get("key"),
-                "forward_only": bool(((report or {}).get("summary") or {}).get("forward_only")),
+                "kernel": name,
+                "recipe": recipe,
+                "status": "unavailable",
+                "reason": _one_line(why, 400) if why else "",
+                "families": {},
+                "verdicts": {},
+                "error": error_summary(None),
+                "speed": None,
+                "report": None,
+                "elapsed_s": None,
+                "key": None,
+                "forward_only": False,
             }
         )
     _speed_ratios(rows)
@@ -518,19 +531,19 @@ def render_survey_html(
 
 
 def render_sweep_markdown(
-    results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
+    results: Sequence[SweepResult], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
 ) -> str:
     return render_survey_markdown(survey_rows(results, reports=reports), title)
 
 
 def render_sweep_html(
-    results: Sequence[dict[str, Any]], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
+    results: Sequence[SweepResult], title: str = "flamia-verify sweep", reports: dict[str, str] | None = None
 ) -> str:
     return render_survey_html(survey_rows(results, reports=reports), title)
 
 
 def write_sweep_reports(
-    results: Sequence[dict[str, Any]],
+    results: Sequence[SweepResult],
     out: Path,
     title: str = "flamia-verify sweep",
     missing: Sequence[str] = (),

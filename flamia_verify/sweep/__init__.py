@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.results import SweepResult
 from flamia_verify.sweep.backends import BACKENDS, run_local, run_ray
 from flamia_verify.sweep.matrix import Sweep, SweepCase, case_key, load_sweep, parse_shard, shard_of
 from flamia_verify.sweep.store import CaseStore, write_case_report
@@ -64,7 +65,7 @@ class SweepOutcome:
     """What a sweep (or a merge) produced: every result of its cases in matrix order."""
 
     out: Path
-    results: list[dict[str, Any]]
+    results: list[SweepResult]
     ran: int = 0  # cases run by this invocation
     reused: int = 0  # cases read back from the store
     missing: list[str] = field(default_factory=list)  # keys of the matrix with no result (merge only)
@@ -73,7 +74,7 @@ class SweepOutcome:
     def counts(self) -> dict[str, int]:
         out = {"pass": 0, "fail": 0, "error": 0, "incomplete": 0}
         for r in self.results:
-            out[r["status"]] = out.get(r["status"], 0) + 1
+            out[r.status] = out.get(r.status, 0) + 1
         return out
 
 
@@ -91,10 +92,10 @@ def exit_code(outcome: SweepOutcome) -> int:
     return 0
 
 
-def comparable(result: dict[str, Any]) -> dict[str, Any]:
-    """``result`` without what says when, where and how fast it ran (times, host): two runs of a case
-    on the same code, one in a sweep and one in a single process, give equal ``comparable`` objects."""
-    out = {k: v for k, v in result.items() if k not in _VOLATILE_RESULT}
+def comparable(result: SweepResult) -> dict[str, Any]:
+    """``result``'s JSON object without what says when, where and how fast it ran (times, host): two runs
+    of a case on the same code, one in a sweep and one in a single process, give equal objects."""
+    out = {k: v for k, v in result.to_dict().items() if k not in _VOLATILE_RESULT}
     report = out.get("report")
     if isinstance(report, dict):
         report = dict(report)
@@ -108,7 +109,7 @@ def _write_outputs(
     out: Path,
     source: str,
     labels: dict[str, str],
-    results: list[dict[str, Any]],
+    results: list[SweepResult],
     shard: str | None,
     missing: Sequence[str] = (),
     origins: dict[str, Path] | None = None,
@@ -129,15 +130,15 @@ def _write_outputs(
         "labels": labels,
         "complete": not missing,
         "missing": [{"key": k, "label": labels.get(k, k)} for k in missing],
-        "results": results,
+        "results": [r.to_dict() for r in results],
     }
     atomic_write_text(out / "sweep.json", json.dumps(document, separators=(",", ":")) + "\n")
     reports = {}
     for r in results:
-        if isinstance(r.get("report"), dict):
-            origin = origins[r["key"]] / REPORTS / r["key"] if origins and r["key"] in origins else None
-            page = write_case_report(out / REPORTS / r["key"], r["report"], origin)
-            reports[r["key"]] = page.relative_to(out).as_posix()
+        if r.report is not None:
+            origin = origins[r.key] / REPORTS / r.key if origins and r.key in origins else None
+            page = write_case_report(out / REPORTS / r.key, r.report, origin)
+            reports[r.key] = page.relative_to(out).as_posix()
     write_sweep_reports(
         results,
         out,
@@ -156,7 +157,7 @@ def run_sweep(
     shard: str | tuple[int, int] | None = None,
     address: str | None = None,
     timeout_s: float | None = None,
-    on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+    on_result: Callable[[SweepResult, int, int], None] | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
     per_gpu: int = 1,
     write_pages: bool = True,
@@ -189,7 +190,7 @@ def run_sweep(
     todo, reused = [], 0
     for key, case in keyed:
         stored = store.get(key)
-        if stored is not None and not (stored["status"] == "error" and stored.get("report") is None):
+        if stored is not None and not (stored.status == "error" and stored.report is None):
             reused += 1
         else:
             todo.append((key, case))
@@ -197,7 +198,7 @@ def run_sweep(
         on_start(len(keyed), reused, len(todo))
     done = 0
 
-    def record(result: dict[str, Any]) -> None:
+    def record(result: SweepResult) -> None:
         nonlocal done
         store.put(result)
         done += 1
@@ -227,7 +228,7 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
     the matrix's order, and ``missing`` listing the matrix's cases that no shard has."""
     if not dirs:
         raise ConfigError("sweep merge needs at least one sweep output directory")
-    by_key: dict[str, dict[str, Any]] = {}
+    by_key: dict[str, SweepResult] = {}
     origins: dict[str, Path] = {}  # the directory each kept result came from (its report is there)
     matrix: list[str] = []
     labels: dict[str, str] = {}
@@ -247,11 +248,15 @@ def merge_sweeps(dirs: Sequence[str | Path], out: str | Path) -> SweepOutcome:
         matrix = document["matrix"]
         labels.update(document.get("labels") or {})  # sweeps written before labels were kept name keys
         sources.append(document.get("source", ""))
-        for result in document["results"]:
-            have = by_key.get(result["key"])
-            if have is None or (have["status"] == "error" and have.get("report") is None):
-                by_key[result["key"]] = result
-                origins[result["key"]] = Path(d)
+        for data in document["results"]:
+            try:
+                result = SweepResult.from_dict(data)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{path} holds a malformed result: {exc}") from None
+            have = by_key.get(result.key)
+            if have is None or (have.status == "error" and have.report is None):
+                by_key[result.key] = result
+                origins[result.key] = Path(d)
     results = [by_key[k] for k in matrix if k in by_key]
     missing = [k for k in matrix if k not in by_key]
     out = Path(out)

@@ -26,13 +26,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.results import SweepResult
 from flamia_verify.sweep.matrix import SweepCase
 from flamia_verify.sweep.worker import RECIPE_MARK, RESULT_MARK, error_result, run_case
 
 __all__ = ["BACKENDS", "local_slots", "run_local", "run_ray"]
 
 BACKENDS = ("local", "ray")
-OnResult = Callable[[dict[str, Any]], None]
+OnResult = Callable[[SweepResult], None]
 
 
 def local_slots(device: str, workers: int | None = None, per_gpu: int = 1) -> list[dict[str, str]]:
@@ -98,7 +99,7 @@ class _Worker:
         if line is not None and line.strip():
             self.stderr_tail.append(line.rstrip())
 
-    def run(self, case: SweepCase, key: str, timeout_s: float | None, report_dir: str | None = None) -> dict[str, Any]:
+    def run(self, case: SweepCase, key: str, timeout_s: float | None, report_dir: str | None = None) -> SweepResult:
         """The result of ``case``; with ``report_dir`` the worker also writes the case's report into
         ``report_dir/<key>/`` before it answers (in parallel with the other workers)."""
         with self.lock:
@@ -130,9 +131,9 @@ class _Worker:
             if line.startswith(RECIPE_MARK):
                 recipe = json.loads(line[len(RECIPE_MARK) :])
             if line.startswith(RESULT_MARK):
-                return json.loads(line[len(RESULT_MARK) :])
+                return SweepResult.from_dict(json.loads(line[len(RESULT_MARK) :]))
 
-    def _crashed(self, case: SweepCase, key: str, start: float, recipe: str | None = None) -> dict[str, Any]:
+    def _crashed(self, case: SweepCase, key: str, start: float, recipe: str | None = None) -> SweepResult:
         proc = self.proc
         code = proc.wait() if proc is not None else None
         if self.stderr_reader is not None:
@@ -206,7 +207,7 @@ def run_local(
     for worker in workers_:
         free.put(worker)
 
-    def one(key: str, case: SweepCase) -> dict[str, Any]:
+    def one(key: str, case: SweepCase) -> SweepResult:
         worker = free.get()
         try:
             return worker.run(case, key, timeout_s, None if report_dir is None else os.fspath(report_dir))
@@ -231,8 +232,9 @@ def run_local(
 
 
 def _ray_case(case_data: dict[str, Any], key: str) -> dict[str, Any]:
-    """The body of one Ray task: the case, run in the Ray worker's process."""
-    return run_case(case_data, key)
+    """The body of one Ray task: the case, run in the Ray worker's process (its result as JSON data, which
+    any Ray node can send back)."""
+    return run_case(case_data, key).to_dict()
 
 
 def run_ray(
@@ -283,7 +285,7 @@ def run_ray(
             for ref in done:
                 key, case, start = running.pop(ref)
                 try:
-                    on_result(ray.get(ref))
+                    on_result(SweepResult.from_dict(ray.get(ref)))
                 except RayError as exc:
                     reason = f"Ray task failed ({type(exc).__name__}): {_last_line(str(exc)) or exc}"
                     on_result(error_result(case, reason, time.perf_counter() - start, key))

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flamia_verify.results import SweepResult
+
 __all__ = ["CaseStore", "write_case_report"]
 
 
@@ -23,22 +25,22 @@ class CaseStore:
     def path(self, key: str) -> Path:
         return self.cases / f"{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The stored result of ``key``, or None (never stored, or unreadable: then it runs again)."""
+    def get(self, key: str) -> SweepResult | None:
+        """The stored result of ``key``, or None (never stored, unreadable or malformed: then it runs again)."""
         try:
-            data = json.loads(self.path(key).read_text())
-        except (OSError, ValueError):
+            result = SweepResult.from_dict(json.loads(self.path(key).read_text()))
+        except (OSError, ValueError, TypeError):
             return None
-        return data if isinstance(data, dict) and data.get("key") == key else None
+        return result if result.key == key else None
 
-    def put(self, result: dict[str, Any]) -> Path:
+    def put(self, result: SweepResult) -> Path:
         """Store one result atomically (a full disk is an OSError naming the case's file)."""
         from flamia_verify.reports.store import atomic_write_text
 
         self.cases.mkdir(parents=True, exist_ok=True)
-        return atomic_write_text(self.path(result["key"]), json.dumps(result, separators=(",", ":")))
+        return atomic_write_text(self.path(result.key), json.dumps(result.to_dict(), separators=(",", ":")))
 
-    def all(self) -> list[dict[str, Any]]:
+    def all(self) -> list[SweepResult]:
         """Every stored result (any sweep that wrote to this directory)."""
         out = []
         for path in sorted(self.cases.glob("*.json")):

@@ -25,11 +25,12 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from flamia_verify.errors import ConfigError
+from flamia_verify.results import SweepResult
 from flamia_verify.settings import resolve_device
 from flamia_verify.sweep.matrix import Sweep, SweepCase
 
@@ -80,7 +81,7 @@ def availability(name: str, device: str) -> tuple[str | None, str]:
 class SurveyOutcome:
     out: Path
     rows: list[dict[str, Any]]
-    results: list[dict[str, Any]]
+    results: list[SweepResult]
     unavailable: list[tuple[str, str, str]] = field(default_factory=list)
     ran: int = 0
     reused: int = 0
@@ -89,7 +90,7 @@ class SurveyOutcome:
 def survey_exit_code(outcome: SurveyOutcome) -> int:
     """0 every surveyed kernel passed; 1 one failed (or did not finish); 3 none failed but one gave no
     verdict (it did not load, crashed or hung). Kernels not available here do not count."""
-    statuses = {r["status"] for r in outcome.results}
+    statuses = {r.status for r in outcome.results}
     if statuses & {"fail", "incomplete"}:
         return 1
     if "error" in statuses:
@@ -101,20 +102,20 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "kernel"
 
 
-def _write_kernel_reports(out: Path, results: Sequence[dict[str, Any]]) -> dict[str, str]:
+def _write_kernel_reports(out: Path, results: Sequence[SweepResult]) -> dict[str, str]:
     """Each result's full report under OUT/kernels/<name>/; {result key: relative path of report.html}."""
     from flamia_verify.sweep.store import write_case_report
 
     paths: dict[str, str] = {}
     used: set[str] = set()
     for r in results:
-        if not isinstance(r.get("report"), dict):
+        if r.report is None:
             continue
-        slug = _slug(str(r["case"]["kernel"]))
+        slug = _slug(r.kernel)
         while slug in used:
             slug += "_"
         used.add(slug)
-        paths[r["key"]] = write_case_report(out / "kernels" / slug, r["report"]).relative_to(out).as_posix()
+        paths[r.key] = write_case_report(out / "kernels" / slug, r.report).relative_to(out).as_posix()
     return paths
 
 
@@ -135,7 +136,7 @@ def run_survey(
     per_gpu: int = 1,
     recipe: str | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
-    on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+    on_result: Callable[[SweepResult, int, int], None] | None = None,
 ) -> SurveyOutcome:
     """Check every kernel of ``kernels`` (default :func:`default_kernels`) with one suite, then time it
     at ``speed`` (a :class:`flamia_verify.bench.SpeedShape`'s fields; None or a CPU device: no timing),
@@ -189,9 +190,9 @@ def run_survey(
     speeds: dict[str, dict[str, Any]] = {}
     if speed is not None and outcome.results:
         timed = tuple(
-            SweepCase(kernel=r["case"]["kernel"], device=device, speed=speed, speed_only=True)
+            SweepCase(kernel=r.kernel, device=device, speed=speed, speed_only=True)
             for r in outcome.results
-            if isinstance(r.get("report"), dict)
+            if r.report is not None
         )
         if on_start is not None:
             print(f"survey: timing {len(timed)} kernel(s), one at a time per GPU", file=sys.stderr, flush=True)
@@ -202,10 +203,8 @@ def run_survey(
             on_result=on_result,
             **common,
         )
-        speeds = {r["case"]["kernel"]: r.get("speed") or {"error": r.get("error")} for r in timing.results}
-    results = [
-        {**r, "speed": speeds[r["case"]["kernel"]]} if r["case"]["kernel"] in speeds else r for r in outcome.results
-    ]
+        speeds = {r.kernel: r.speed or {"error": r.error} for r in timing.results}
+    results = [replace(r, speed=speeds[r.kernel]) if r.kernel in speeds else r for r in outcome.results]
     settings = {"suite": suite, "device": device, "dtype": dtype, "seed": seed, "only": list(only), "speed": speed}
     rows = write_survey(out, results, unavailable, settings, notes)
     return SurveyOutcome(out, rows, results, unavailable, ran=outcome.ran, reused=outcome.reused)
@@ -213,7 +212,7 @@ def run_survey(
 
 def write_survey(
     out: Path,
-    results: Sequence[dict[str, Any]],
+    results: Sequence[SweepResult],
     unavailable: Sequence[tuple[str, str, str]],
     settings: dict[str, Any],
     notes: Sequence[str] = (),
@@ -235,10 +234,10 @@ def write_survey(
     return rows
 
 
-def _environment_note(results: Sequence[dict[str, Any]]) -> str:
+def _environment_note(results: Sequence[SweepResult]) -> str:
     """The device and the library versions the reports name (from the first report)."""
     for r in results:
-        env = (r.get("report") or {}).get("environment")
+        env = (r.report or {}).get("environment")
         if isinstance(env, dict):
             parts = [str(env.get("device_name") or env.get("device") or "")]
             parts += [f"{k} {env[k]}" for k in ("torch", "triton", "cuda", "python") if env.get(k)]

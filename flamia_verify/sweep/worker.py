@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flamia_verify.results import SweepResult
 from flamia_verify.sweep.matrix import SweepCase, case_key
 
 __all__ = ["RECIPE_MARK", "RESULT_MARK", "run_case", "error_result", "main"]
@@ -47,20 +48,20 @@ def _result(
     device: str | None = None,
     speed: dict[str, Any] | None = None,
     recipe: str | None = None,
-) -> dict[str, Any]:
-    """A result object (the module docstring has its fields); ``speed`` only when the case was timed."""
-    return {
-        "key": key or case_key(case),
-        "case": case.to_dict(),
-        "status": status,
-        "report": report,
-        "recipe": (report or {}).get("recipe") or recipe or case.recipe or _claimed_recipe(case.kernel),
-        "error": error,
-        "elapsed_s": round(elapsed_s, 3),
-        "host": socket.gethostname(),
-        "device": device,
-        **({"speed": speed} if speed is not None else {}),
-    }
+) -> SweepResult:
+    """A result (the module docstring has its fields); ``speed`` only when the case was timed."""
+    return SweepResult(
+        key=key or case_key(case),
+        case=case.to_dict(),
+        status=status,
+        report=report,
+        recipe=(report or {}).get("recipe") or recipe or case.recipe or _claimed_recipe(case.kernel),
+        error=error,
+        elapsed_s=round(elapsed_s, 3),
+        host=socket.gethostname(),
+        device=device,
+        speed=speed,
+    )
 
 
 def _claimed_recipe(spec: str) -> str | None:
@@ -76,7 +77,7 @@ def _claimed_recipe(spec: str) -> str | None:
 
 def error_result(
     case: SweepCase, reason: str, elapsed_s: float = 0.0, key: str | None = None, recipe: str | None = None
-) -> dict[str, Any]:
+) -> SweepResult:
     """The result of a case that produced no verdict, with the reason in one line; ``recipe``: the one
     its worker announced (default: the case's, or the one its built-in kernel or adapter claims)."""
     return _result(case, key, elapsed_s, "error", error=" ".join(str(reason).split())[:2000], recipe=recipe)
@@ -84,7 +85,7 @@ def error_result(
 
 def run_case(
     case_data: dict[str, Any], key: str | None = None, on_recipe: Callable[[str], None] | None = None
-) -> dict[str, Any]:
+) -> SweepResult:
     """Run one case in this process and return its result object (never raises for a kernel's fault).
     ``on_recipe`` receives the recipe of the checks once the kernel has loaded, before its first call."""
     from flamia_verify.api import check
@@ -115,7 +116,7 @@ def run_case(
     return _result(case, key, elapsed, data["summary"]["status"], report=data, device=device, speed=speed)
 
 
-def _speed_result(case: SweepCase, key: str | None, start: float) -> dict[str, Any]:
+def _speed_result(case: SweepCase, key: str | None, start: float) -> SweepResult:
     """The result of a speed-only case: status ``measured``, or ``error`` with the reason."""
     import torch
 
@@ -175,9 +176,9 @@ def main() -> int:
             continue
         request = json.loads(line)
         result = run_case(request["case"], request.get("key"), on_recipe=_announce)
-        if request.get("reports") and isinstance(result.get("report"), dict):
-            _write_report(Path(request["reports"]) / result["key"], result["report"])
-        sys.stdout.write("\n" + RESULT_MARK + json.dumps(result, separators=(",", ":")) + "\n")
+        if request.get("reports") and result.report is not None:
+            _write_report(Path(request["reports"]) / result.key, result.report)
+        sys.stdout.write("\n" + RESULT_MARK + json.dumps(result.to_dict(), separators=(",", ":")) + "\n")
         sys.stdout.flush()
     return 0
 
