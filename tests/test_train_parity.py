@@ -238,3 +238,13 @@ def test_next_token_leak_shows_each_query_its_next_position_and_nothing_across_d
             if not torch.equal(next_token_leak(q, k, v2, cu, cu, 5, 5, softmax_scale=0.2, causal=True)[i], base[i])
         }
         assert moved == {i for i in sees if i >= pos - 1}, (pos, moved)
+
+
+def test_the_preset_help_names_every_preset(capsys):
+    from flamia_verify.cli import main
+    from flamia_verify.training.parity import PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["train-parity", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text.split("--preset PRESET", 1)[1].split("--steps")[0] for name in PRESETS), text

@@ -52,7 +52,10 @@ def add_parser(sub: Any) -> None:
         help="kernels to train with (built-in name, module:function, file.py:function); bf16 is the "
         "baseline and always runs",
     )
-    t.add_argument("--preset", help="model and run size: tiny or small (default: small on CUDA, tiny on the CPU)")
+    t.add_argument(
+        "--preset",
+        help="model and run size: tiny, small or resolution (default: small on CUDA, tiny on the CPU)",
+    )
     t.add_argument("--steps", type=int, help="optimizer steps per run (default: the preset's)")
     t.add_argument("--tokens", type=int, help="tokens per step, one packed batch (default: the preset's)")
     t.add_argument(
