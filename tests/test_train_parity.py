@@ -247,4 +247,4 @@ def test_the_preset_help_names_every_preset(capsys):
     with pytest.raises(SystemExit):
         main(["train-parity", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert all(name in text.split("--preset PRESET", 1)[1].split("--steps")[0] for name in PRESETS), text
+    assert all(name in text.rsplit("--preset PRESET", 1)[1].split("--steps")[0] for name in PRESETS), text
