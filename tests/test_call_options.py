@@ -17,7 +17,8 @@ from flamia_verify.properties.call_options import (
     option,
 )
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.checks.convention import _argument_jobs, argument_cases
+from flamia_verify.properties.checks.common.cases import argument_cases
+from flamia_verify.properties.checks.interface.arguments import _argument_jobs
 from flamia_verify.properties.coverage import MODEL, features
 
 

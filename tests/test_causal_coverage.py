@@ -18,9 +18,9 @@ from zoo.correct import sdpa_bf16
 
 from flamia_verify import settings as S
 from flamia_verify.properties import run_checks
-from flamia_verify.properties.checks import causal as causal_checks
-from flamia_verify.properties.checks.causal import _causal_cases, _diagonal_rows, _positions
-from flamia_verify.properties.helpers import doc_bounds as _doc_bounds
+from flamia_verify.properties.checks.causal import masking as causal_checks
+from flamia_verify.properties.checks.causal.masking import _causal_cases, _diagonal_rows, _positions
+from flamia_verify.properties.perturb import doc_bounds as _doc_bounds
 
 CAUSAL = ["causal.forward", "causal.dq", "causal.dk_dv", "causal.nan", "causal.diagonal"]
 

@@ -20,7 +20,7 @@ from flamia_verify.cli import main
 from flamia_verify.errors import CaptureError
 from flamia_verify.properties import run_checks
 from flamia_verify.properties.cases import captured_cases, make_inputs
-from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
+from flamia_verify.properties.checks.common.captured import CAPTURED_CHECKS
 
 CAPTURE = Path(__file__).resolve().parent / "data" / "capture_tiny"
 

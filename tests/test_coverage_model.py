@@ -18,7 +18,7 @@ from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import make_kernel
 from flamia_verify.properties import list_checks, run_checks
 from flamia_verify.properties.cases import Case, make_inputs
-from flamia_verify.properties.checks.convention import FP16_RANGE
+from flamia_verify.properties.checks.interface.arguments import FP16_RANGE
 from flamia_verify.properties.coverage import INVARIANCES, MODEL, features, observe
 from flamia_verify.properties.harness import KernelHarness
 

@@ -35,8 +35,8 @@ from flamia_verify.properties.cases import (
     long_document,
     make_inputs,
 )
-from flamia_verify.properties.checks import error as error_checks
-from flamia_verify.properties.checks import homogeneity as H
+from flamia_verify.properties.checks.consistency import homogeneity as H
+from flamia_verify.properties.checks.error import tensors as error_checks
 from flamia_verify.properties.coverage import features
 from flamia_verify.properties.harness import KernelHarness
 from flamia_verify.properties.strategies import HEADDIMS

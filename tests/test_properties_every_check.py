@@ -49,7 +49,7 @@ def test_every_check_has_a_planted_bug_that_must_fail_it():
     assert every <= covered, f"checks that no planted bug is asserted to fail: {sorted(every - covered)}"
     # the checks of a run on a capture belong to no suite; test_check_inputs.py fails each on its bug
     from flamia_verify.properties.catalog import all_specs
-    from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
+    from flamia_verify.properties.checks.common.captured import CAPTURED_CHECKS
 
     assert {s.name for s in all_specs()} - every == {n for n in CAPTURED_CHECKS if n.endswith(".captured")}
 

@@ -13,7 +13,7 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, mx_fake_quantize
 from flamia_verify.kernels import builtin_kernels
 from flamia_verify.properties.cases import DISTRIBUTIONS, Case, e4m3_grid, make_inputs
-from flamia_verify.properties.checks.consistency import constant_value_inputs, one_hot_inputs
+from flamia_verify.properties.checks.consistency.identities import constant_value_inputs, one_hot_inputs
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError, KernelHarness
 from flamia_verify.recipes.bounds import OperandModel, attention_bounds
@@ -85,7 +85,7 @@ def test_one_hot_key_case_has_integer_log2_scores_and_one_key_per_dq_channel():
     queries, softmax_scale ln 2 (scores q.k * ln 2 * log2(e) are the integers q.k)."""
     from types import SimpleNamespace
 
-    from flamia_verify.properties.checks.bound import LN2, one_hot_keys_case
+    from flamia_verify.properties.checks.bound.tensors import LN2, one_hot_keys_case
 
     ctx = SimpleNamespace(
         settings=SimpleNamespace(headdim=64),

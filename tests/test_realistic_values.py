@@ -34,9 +34,9 @@ from flamia_verify.properties.cases import (
     dimension_cases,
     make_tensors,
 )
-from flamia_verify.properties.checks import bound as bound_checks
-from flamia_verify.properties.checks import error as error_checks
-from flamia_verify.properties.checks import homogeneity as homogeneity_checks
+from flamia_verify.properties.checks.bound import tensors as bound_checks
+from flamia_verify.properties.checks.consistency import homogeneity as homogeneity_checks
+from flamia_verify.properties.checks.error import tensors as error_checks
 from flamia_verify.properties.coverage import MODEL
 from flamia_verify.properties.strategies import value_distributions
 

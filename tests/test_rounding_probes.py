@@ -17,7 +17,7 @@ from flamia_verify.mutation.build import mutant_kernel
 from flamia_verify.mutation.table import CORRECT, by_name
 from flamia_verify.properties import run_checks
 from flamia_verify.properties.cases import Case, make_tensors
-from flamia_verify.properties.checks.rounding import mx_sites
+from flamia_verify.properties.checks.bound.rounding import mx_sites
 from flamia_verify.properties.mx_probes import PROBES, parse_probe, probe_tensors
 from flamia_verify.recipes import RECIPES
 

@@ -29,7 +29,7 @@ from flamia_verify.kernels.state import (
 )
 from flamia_verify.properties import run_checks
 from flamia_verify.properties.cases import Case, make_inputs
-from flamia_verify.properties.checks.state import DRIFT, LAYER_OFFSETS, training_schedule
+from flamia_verify.properties.checks.state.sequences import DRIFT, LAYER_OFFSETS, training_schedule
 from flamia_verify.properties.harness import KernelHarness, StatePin
 from flamia_verify.reports.wording import run_line
 

@@ -272,7 +272,7 @@ class PartialReports:
 def run(args: argparse.Namespace) -> int:
     from flamia_verify.kernels import load_kernel
     from flamia_verify.properties import list_checks, run_checks
-    from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
+    from flamia_verify.properties.checks.common.captured import CAPTURED_CHECKS
     from flamia_verify.properties.harness import exit_when_stuck, on_stuck_watchdog
     from flamia_verify.reports import write_reports
 

@@ -16,10 +16,11 @@ Check names are ``family.check``; ``list_checks(suite)`` lists them with their d
 
 The modules form layers (pyproject.toml's import-linter contract "properties layers"; no module
 imports one above it, at module level or inside a function): ``fuzz`` and ``coverage`` over
-``engine``, over ``thresholds``, over ``catalog`` (the one importer of the check modules), over
-``checks`` (one module per family, independent of each other), over ``search`` (the fuzzer's
-hypothesis search), over ``helpers`` (what the check modules share, the verdict of a check among
-it), ``context`` (what a running check sees) and ``strategies``, over ``harness``, over ``registry``
+``engine``, over ``thresholds``, over ``catalog`` (which imports the check families, registering
+them), over ``checks`` (one package per family, independent of each other, and ``checks.common``,
+what several families share, the verdict of a check among it), over ``search`` (the fuzzer's
+hypothesis search), over ``perturb`` and ``bounds`` (what the checks share with the search),
+``context`` (what a running check sees) and ``strategies``, over ``harness``, over ``registry``
 (``register``, ``CheckSpec``), ``tolerances``, ``metrics`` and ``compare``, over ``cases``.
 """
 

@@ -4,7 +4,7 @@ Checks ask the context for cases, inputs, kernel runs, the float64 reference and
 baseline; each is computed once per case and shared (error, bound, bias and the gradient/forward
 ratio all read the same base runs). ``ctx.progress(f)`` reports how far the current check is.
 ``ctx.result`` and ``ctx.skip`` build the check's result; a pass/fail verdict from its metrics,
-thresholds and findings is :func:`flamia_verify.properties.helpers.verdict`.
+thresholds and findings is :func:`flamia_verify.properties.checks.common.verdict.verdict`.
 """
 
 from __future__ import annotations

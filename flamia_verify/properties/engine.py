@@ -43,8 +43,8 @@ from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.state import can_snapshot, declared_state, is_factory, snapshot_state
 from flamia_verify.properties.cases import Case, capture_environment, captured_cases, make_inputs
 from flamia_verify.properties.catalog import all_specs, get_spec
-from flamia_verify.properties.checks.captured import CAPTURED_CHECKS
-from flamia_verify.properties.checks.interface import (
+from flamia_verify.properties.checks.common.captured import CAPTURED_CHECKS
+from flamia_verify.properties.checks.interface.contract import (
     INPUTS_UNMODIFIED,
     PROCESS_STATE,
     judge_modifications,
@@ -364,7 +364,7 @@ def run_checks(
     threads: torch's intra-op CPU threads during the run (restored after it; None leaves torch's
     setting); the report's environment records the count that ran (``torch_threads``).
     inputs: a capture directory (:mod:`flamia_verify.capture`): the checks run on its recorded calls
-    instead of the suite's cases, and only the checks of ``checks.captured.CAPTURED_CHECKS`` (error,
+    instead of the suite's cases, and only the checks of ``checks.common.captured.CAPTURED_CHECKS`` (error,
     bound, consistency, causal and isolation on every call; ``only`` selects among them); a bad
     capture raises CaptureError before the kernel is called.
     on_start receives the report (no checks yet, marked incomplete) and the selected checks in running

@@ -52,10 +52,11 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
+from flamia_verify.properties.bounds import bounds_of
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.compare import compare_bitwise, compare_within
 from flamia_verify.properties.harness import KernelCallError, KernelHungError, KernelOutputs, _NoBackward
-from flamia_verify.properties.helpers import bounds_of, doc_bounds, future_inputs, perturb_rows
+from flamia_verify.properties.perturb import doc_bounds, future_inputs, perturb_rows, replace_others
 from flamia_verify.properties.strategies import attention_cases
 from flamia_verify.settings import dtype_name
 
@@ -67,7 +68,6 @@ __all__ = [
     "Search",
     "evaluate_example",
     "fuzz_sizes",
-    "replace_others",
     "search",
     "traceback_of",
 ]
@@ -127,26 +127,6 @@ ATTRIBUTABLE_TO = ("causal", "isolation")
 #: documents tested for a leak behind a finite or bound failure: the example's target and the first
 #: ones holding a violating row (each costs up to three kernel calls, spent only on failing examples)
 ATTRIBUTION_DOCUMENTS = 3
-
-
-def replace_others(inp: Inputs, b: int, kind: str, seed: int) -> Inputs:
-    """Every document but b replaced by huge / tiny random values or NaN."""
-    case = inp.case
-    q0, q1, k0, k1 = doc_bounds(case, b)
-    g = torch.Generator().manual_seed(seed)
-    new = {}
-    for name in ("q", "k", "v", "do"):
-        x = getattr(inp, name).clone()
-        lo, hi = (q0, q1) if name in ("q", "do") else (k0, k1)
-        mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-        mask[lo:hi] = False
-        if kind == "nan":
-            fill = torch.full(x.shape, float("nan"))
-        else:
-            fill = torch.randn(x.shape, generator=g) * (1e4 if kind == "huge" else 1e-4)
-        x[mask] = fill.to(x.dtype).to(x.device)[mask]
-        new[name] = x
-    return inp.replace(**new)
 
 
 def _call(ctx, inp: Inputs) -> tuple[KernelOutputs, bool]:

@@ -42,7 +42,7 @@ def quiet_for_recipe(report, check) -> bool:
         return True
     if check.name == "interface.lse" and check.status == "skip":
         return "returns no log-sum-exp" in check.message
-    from flamia_verify.properties.checks.rounding import mx_sites
+    from flamia_verify.properties.checks.bound.rounding import mx_sites
     from flamia_verify.recipes import get_recipe
     from flamia_verify.settings import DTYPES
 

@@ -1,7 +1,11 @@
-"""The checks, one module per family; importing this package registers them all, in this order.
+"""The checks, one package per family; importing this package registers them all.
 
-Only :mod:`flamia_verify.properties.catalog` imports it. The check modules never import each other:
-what several of them share is in :mod:`flamia_verify.properties.helpers`.
+Each family's package imports its modules in the order its checks run (the catalog sorts the checks
+by family, then by registration). The packages never import each other (the import-linter contract
+"check families independent"): what several families share is in :mod:`.common`. Only the catalog
+imports this package to register the checks; the engine and the command line read
+:data:`~flamia_verify.properties.checks.common.captured.CAPTURED_CHECKS` and the run-wide interface
+checks from it.
 """
 
 from flamia_verify.properties.checks import (
@@ -13,38 +17,19 @@ from flamia_verify.properties.checks import (
     error,
     interface,
     isolation,
-    rounding,
     special,
     state,
 )
 
-# isort: split
-# the checks of the calling convention and of attention's invariances after each family's first checks
-from flamia_verify.properties.checks import convention, layout, nonfinite
-
-# isort: split
-# fuzzpass last: its check runs after its family's fixed checks
-from flamia_verify.properties.checks import fuzzpass
-
-# isort: split
-# the checks of a run on a capture (--inputs), in no suite
-from flamia_verify.properties.checks import captured
-
 __all__ = [
     "bias",
     "bound",
-    "captured",
     "causal",
     "consistency",
-    "convention",
     "determinism",
     "error",
-    "fuzzpass",
     "interface",
     "isolation",
-    "layout",
-    "nonfinite",
-    "rounding",
     "special",
     "state",
 ]

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, ACC_SCALE
 from flamia_verify.properties.acc_probe import SITES as ACC_SITES
+from flamia_verify.properties.bounds import bounds_of
+from flamia_verify.properties.checks.common.error_model import bound_ratio
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.compare import compare_within
-from flamia_verify.properties.helpers import bound_ratio, bounds_of, case_record, verdict
 from flamia_verify.properties.mx_probes import (
     PROBE_DIM,
     PROBE_LEN,

@@ -11,7 +11,7 @@ MX-exact E4M3 grid: with exact scores the bound is tight on the rounding of V, P
 A recipe that admits a second format for some operands (the BF16 recipe: P and P^T in FP16, whose
 underflow floor BF16 does not have) is judged under the model that covers both; the elements that
 only the admission accepts are counted against the nominal model and named in the report
-(``admitted_elements``, :func:`~flamia_verify.properties.helpers.admission_summary`; docs/checks.md,
+(``admitted_elements``, :func:`~flamia_verify.properties.checks.common.error_model.admission_summary`; docs/checks.md,
 "FP16 probabilities in a BF16 recipe").
 """
 
@@ -22,8 +22,10 @@ import math
 import torch
 
 from flamia_verify.properties.cases import Case, dimension_cases, long_document
+from flamia_verify.properties.checks.common.cases import bias_cases
+from flamia_verify.properties.checks.common.error_model import bound_report, normalized_error
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.harness import KernelCallError
-from flamia_verify.properties.helpers import bias_cases, bound_report, case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import error_stats
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR

@@ -29,7 +29,7 @@ by property in the message and worst case.
 
 from __future__ import annotations
 
-from flamia_verify.properties.helpers import verdict
+from flamia_verify.properties.checks.common.verdict import verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.search import PROPERTIES, fuzz_sizes, search
 

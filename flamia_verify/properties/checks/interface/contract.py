@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.harness import KernelCallError
-from flamia_verify.properties.helpers import case_record, verdict
 from flamia_verify.properties.registry import register
 
 __all__ = ["INPUTS_UNMODIFIED", "PROCESS_STATE", "judge_modifications", "judge_process_state"]

@@ -43,7 +43,8 @@ import math
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, e4m3_grid, make_tensors
-from flamia_verify.properties.helpers import case_record, normalized_error, verdict
+from flamia_verify.properties.checks.common.error_model import normalized_error
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, conservation_tolerance

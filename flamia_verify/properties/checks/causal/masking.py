@@ -45,16 +45,10 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens, long_document
+from flamia_verify.properties.checks.common.noise import run_noise
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.compare import compare_beyond_noise, compare_within, last_unit
-from flamia_verify.properties.helpers import (
-    ADVERSARIAL,
-    case_record,
-    doc_bounds,
-    future_inputs,
-    perturb_rows,
-    run_noise,
-    verdict,
-)
+from flamia_verify.properties.perturb import ADVERSARIAL, doc_bounds, future_inputs, perturb_rows
 from flamia_verify.properties.registry import register
 
 __all__: list[str] = []

@@ -24,8 +24,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from flamia_verify.properties.checks.common.pack import LAYOUT_HEADS, layout_base_run, layout_docs, pack_docs
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.compare import compare_bitwise
-from flamia_verify.properties.helpers import LAYOUT_HEADS, case_record, layout_base_run, layout_docs, pack_docs, verdict
 from flamia_verify.properties.registry import register
 
 __all__ = ["long_cases"]

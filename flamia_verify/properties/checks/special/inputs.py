@@ -34,7 +34,9 @@ import math
 import torch
 
 from flamia_verify.properties.cases import Case, long_document
-from flamia_verify.properties.helpers import GRID_QK, bound_report, case_record, verdict
+from flamia_verify.properties.checks.common.cases import GRID_QK
+from flamia_verify.properties.checks.common.error_model import bound_report
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 

@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from flamia_verify.properties.helpers import bias_cases, case_record, verdict
+from flamia_verify.properties.checks.common.cases import bias_cases
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import BIAS_Z
 from flamia_verify.recipes import Recipe

@@ -68,8 +68,10 @@ from dataclasses import dataclass
 import torch
 
 from flamia_verify.properties.cases import Case, dimension_cases
+from flamia_verify.properties.checks.common.error_model import bound_report, normalized_error
+from flamia_verify.properties.checks.common.noise import run_noise
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.compare import compare_within, noise_tolerance
-from flamia_verify.properties.helpers import bound_report, case_record, normalized_error, run_noise, verdict
 from flamia_verify.properties.metrics import error_stats
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR

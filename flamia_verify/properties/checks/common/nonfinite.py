@@ -1,9 +1,10 @@
-"""special.nonfinite and isolation.nonfinite: a NaN or Inf reaches exactly what depends on it.
+"""The poisoned runs of special.nonfinite and isolation.nonfinite: a NaN or Inf reaches exactly what
+depends on it.
 
 special.nonfinite (robustness: a NaN already in q is an input no healthy training step produces, so a
 kernel that hides it is reported, gating only when robustness is required) asks the first question
 below; isolation.nonfinite (gating: a value in one document or head reaching another is an information
-flow) the second. Both read the same poisoned runs.
+flow) the second. Both read the same poisoned runs (:func:`nonfinite_findings`, made once per run).
 
 One element of q, k, v or dO is made NaN (q, k, dO) or +-Inf (v) at a position that some query sees.
 What depends on that element is read off the float64 reference: the elements of out, dQ, dK, dV
@@ -33,10 +34,9 @@ from typing import Any
 import torch
 
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.helpers import case_record, verdict
-from flamia_verify.properties.registry import register
+from flamia_verify.properties.checks.common.verdict import case_record
 
-__all__ = ["poisons", "dependent"]
+__all__ = ["dependent", "nonfinite_cases", "nonfinite_findings", "poisons"]
 
 _SIDE = {"out": "q", "dq": "q", "dk": "k", "dv": "k"}
 
@@ -82,7 +82,7 @@ def dependent(ctx, case: Case, tensor: str, where: tuple[int, int, int]) -> dict
     return {t: getattr(a, t) != getattr(b, t) for t in ("out", "dq", "dk", "dv")}
 
 
-def _nonfinite_findings(ctx) -> dict:
+def nonfinite_findings(ctx) -> dict:
     """Every poisoned run, once for both halves: the dependent elements left finite (hidden) and the
     independent elements of other documents or heads made non-finite (spread)."""
 
@@ -134,44 +134,6 @@ def _nonfinite_findings(ctx) -> dict:
         return found
 
     return ctx.memo(("nonfinite-findings",), compute)
-
-
-@register(
-    "special.nonfinite",
-    "a NaN (q, k, dO) or Inf (v) in one element reaches every output and gradient element that depends "
-    "on it in the float64 reference (non-finite there: not hidden); inputs no training run produces",
-    defaults=lambda recipe, dtype: {"hidden_elements": 0},
-    cost=0.8,
-    verdict="robustness",
-)
-def nonfinite(ctx):
-    f = _nonfinite_findings(ctx)
-    return verdict(
-        ctx,
-        {"hidden_elements": f["hidden"], "spread_in_document": f["in_doc"], "poisoned_runs": f["runs"]},
-        ok_message=(
-            f"NaN and Inf reach every element that depends on them ({f['runs']} poisoned runs; {f['in_doc']} "
-            "non-dependent elements of their own document and head became non-finite)"
-        ),
-        first=f["first_hidden"],
-    )
-
-
-@register(
-    "isolation.nonfinite",
-    "a NaN (q, k, dO) or Inf (v) in one element of a document and head makes no element of another "
-    "document or head non-finite (a NaN that crosses there went through a shared scale or a wrong index)",
-    defaults=lambda recipe, dtype: {"spread_elements": 0},
-    cost=0.1,
-)
-def nonfinite_spread(ctx):
-    f = _nonfinite_findings(ctx)
-    return verdict(
-        ctx,
-        {"spread_elements": f["spread"], "poisoned_runs": f["runs"]},
-        ok_message=f"NaN and Inf stay in their own document and head ({f['runs']} poisoned runs)",
-        first=f["first_spread"],
-    )
 
 
 def _own_document_and_head(case: Case, tensor: str, where: tuple[int, int, int], out_name: str) -> torch.Tensor:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 
 from flamia_verify.properties.cases import Case, Inputs, cu_from_lens
+from flamia_verify.properties.checks.common.noise import run_noise
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.compare import compare_beyond_noise, compare_bitwise
-from flamia_verify.properties.helpers import case_record, run_noise, verdict
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR, predicted_rel_rmse
 
@@ -121,7 +122,7 @@ def _compare_target(
     ctx, target_case, alone_or_base, packed, before: int, what: str, *, alone: bool = False, noise=None
 ):
     """Bitwise comparison of the target slice of every tensor; returns list of (name, Mismatch).
-    ``noise``: the run-to-run noise of the base (:func:`~flamia_verify.properties.helpers.run_noise`),
+    ``noise``: the run-to-run noise of the base (:func:`~flamia_verify.properties.checks.common.noise.run_noise`),
     for an information-flow comparison that a kernel without bitwise repeatability can pass."""
     out = []
     before_k = _k_layout(target_case, before, 0)[0]

@@ -21,15 +21,20 @@ number people quote.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from typing import Any
 
-from flamia_verify.properties.cases import dimension_cases
-from flamia_verify.properties.helpers import case_record, normalized_error, predicted, verdict, worst_element
+import torch
+
+from flamia_verify.properties.cases import Case, dimension_cases
+from flamia_verify.properties.checks.common.error_model import normalized_error, predicted
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.metrics import error_stats, log_histogram, per_position_error
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
+from flamia_verify.results import json_number
 
-__all__ = []
+__all__ = ["worst_element"]
 
 _LABEL = {"out": "O", "dq": "dQ", "dk": "dK", "dv": "dV"}
 
@@ -45,6 +50,41 @@ def _cases(ctx):
     """The base cases and the dimension cases (one seed each)."""
     wide = dimension_cases(ctx.settings.name, seed=ctx.seed, dtype=ctx.dtype_str, device=ctx.device)
     return ctx.base_cases() + wide
+
+
+def worst_element(
+    x: torch.Tensor, ref: torch.Tensor, case: Case, tensor: str, *, baseline: torch.Tensor | None = None
+) -> dict:
+    """Location of the largest absolute error with the kernel's and the reference's values."""
+    x64, r64 = x.detach().double().to(ref.device), ref.detach().double()
+    if r64.numel() == 0:
+        return {}
+    err = (x64 - r64).abs()
+    err = torch.nan_to_num(err, nan=float("inf"))
+    flat = int(torch.argmax(err.reshape(-1)))
+    shape = tuple(r64.shape)
+    idx = []
+    rem = flat
+    for size in reversed(shape):
+        idx.append(rem % size)
+        rem //= size
+    idx.reverse()
+    cu = [0, *accumulate(case.lens_q if tensor in ("out", "dq") else case.lens_k)]
+    doc = next((b for b in range(len(cu) - 1) if cu[b] <= idx[0] < cu[b + 1]), None)
+    rec = {
+        "tensor": tensor,
+        "token": idx[0],
+        "head": idx[1],
+        "channel": idx[2],
+        "document": doc,
+        "position": idx[0] - cu[doc] if doc is not None else None,
+        "kernel": json_number(x64.reshape(-1)[flat]),
+        "reference": json_number(r64.reshape(-1)[flat]),
+        "abs_error": json_number(err.reshape(-1)[flat]),
+    }
+    if baseline is not None:
+        rec["bf16"] = json_number(baseline.detach().double().reshape(-1)[flat])
+    return rec
 
 
 def _error_check(ctx, tensor: str):

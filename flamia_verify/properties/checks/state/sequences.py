@@ -58,8 +58,9 @@ from flamia_verify.kernels.state import (
     snapshot_state,
 )
 from flamia_verify.properties.cases import Case, Inputs
+from flamia_verify.properties.checks.common.error_model import bound_ratio, bounds_for, normalized_error
+from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.compare import compare_bitwise, compare_within
-from flamia_verify.properties.helpers import bound_ratio, bounds_for, case_record, normalized_error, verdict
 from flamia_verify.properties.metrics import rel_rmse
 from flamia_verify.properties.registry import register
 from flamia_verify.properties.tolerances import ERROR_MODEL_FACTOR
