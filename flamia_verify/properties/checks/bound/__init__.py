@@ -1,4 +1,5 @@
-"""The bound family: every element within the recipe's rigorous a-priori bound; the MX roundings and the accumulation in closed form.
+"""The bound family: every element within the recipe's rigorous a-priori bound; the MX roundings and
+the accumulation in closed form.
 
 Importing this package registers its checks, in this order (the order they run in):
 

@@ -82,9 +82,9 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False, nominal: 
 def exact_weight_model(model):
     """The recipe's model with P's relative rounding removed (u_P = 0; its underflow terms kept).
 
-    Sound on inputs whose weights are exact: rows whose scores are all equal (the uniform key and query cases
-    of :mod:`flamia_verify.properties.checks.bound.tensors`) have weights 1/n however P's elements are rounded, because every
-    element of the row is rounded alike and the normalizer sums the rounded elements (to within fp32
+    Sound on inputs whose weights are exact: rows whose scores are all equal (the uniform key and query
+    cases of :mod:`flamia_verify.properties.checks.bound.tensors`) have weights 1/n however P's elements
+    are rounded, because every element of the row is rounded alike and the normalizer sums the rounded elements (to within fp32
     rounding, inside the bound's REL32 slack), and however the scores are rounded, because equal
     scores stay equal. Without the u_P |dS| slack that the bound otherwise must leave, the dQ (dK)
     bound of the uniform key (query) case is the rounding of the dS (dS^T) operand itself plus the

@@ -1,4 +1,5 @@
-"""The error family: how far O, dQ, dK, dV are from the float64 reference, over the recipe's rounding model.
+"""The error family: how far O, dQ, dK, dV are from the float64 reference, over the recipe's rounding
+model.
 
 Importing this package registers its checks, in this order (the order they run in):
 

@@ -1,4 +1,5 @@
-"""The interface family: the calling convention: what the kernel returns and leaves behind, the other ways it may be called, the log-sum-exp it returns.
+"""The interface family, the calling convention: what the kernel returns and leaves behind, the other
+ways it may be called, the log-sum-exp it returns.
 
 Importing this package registers its checks, in this order (the order they run in):
 

@@ -1,4 +1,5 @@
-"""The special family: the inputs where low-precision kernels break in practice, and those no training run produces.
+"""The special family: the inputs where low-precision kernels break in practice, and those no training
+run produces.
 
 Importing this package registers its checks, in this order (the order they run in):
 

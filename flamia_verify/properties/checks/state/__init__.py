@@ -1,4 +1,5 @@
-"""The state family: does a kernel that keeps state between calls stay within its recipe when called as training calls it?
+"""The state family: does a kernel that keeps state between calls stay within its recipe when called
+as training calls it?
 
 Importing this package registers its checks, in this order (the order they run in):
 
