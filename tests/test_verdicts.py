@@ -250,9 +250,10 @@ def _tests_dir():
 
 def test_survey_rows_put_findings_in_verdict_columns_not_in_families():
     from flamia_verify.reports.survey import render_survey_markdown, survey_rows
+    from flamia_verify.results import SweepResult
 
     report = _report(*FINDINGS, ("isolation.layout_bitwise", "fail", "reproducibility"))
-    result = {"case": {"kernel": "k"}, "status": report.status, "report": report.to_dict()}
+    result = SweepResult(key="k", case={"kernel": "k"}, status=report.status, report=report.to_dict())
     row = survey_rows([result], label=lambda case: case["kernel"])[0]
     assert set(row["families"]) == {"error"}  # the failed checks' families hold no gating check
     assert row["verdicts"]["reproducibility"]["verdict"] == "finding"
@@ -262,7 +263,9 @@ def test_survey_rows_put_findings_in_verdict_columns_not_in_families():
     assert "| kernel | recipe | verdict | error | reproducibility | robustness |" in md
     assert "| k | bf16 | **PASS** | pass | finding | finding |" in md
     required = _report(*FINDINGS, require=["reproducibility"])
-    row = survey_rows([{"case": {"kernel": "k"}, "status": required.status, "report": required.to_dict()}])[0]
+    row = survey_rows([SweepResult(key="k", case={"kernel": "k"}, status=required.status, report=required.to_dict())])[
+        0
+    ]
     assert row["verdicts"]["reproducibility"]["verdict"] == "fail" and row["status"] == "fail"
 
 
