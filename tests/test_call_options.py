@@ -30,6 +30,9 @@ def test_every_option_has_a_default_first_and_distinct_coverage_rows():
         covered = [v.coverage for v in opt.values]
         assert len(set(covered)) == len(covered), opt.key
         for v in opt.values:  # each value is a row of the coverage model, under the option's dimension
+            if not opt.in_coverage:
+                assert not any(r.dimension == opt.dimension for r in MODEL), opt.key
+                continue
             assert any(r.dimension == opt.dimension and r.value == v.coverage for r in MODEL), (opt.key, v)
 
 
@@ -64,7 +67,8 @@ def test_a_case_reads_its_options_and_features_name_them():
     from flamia_verify.properties.cases import make_inputs
 
     got = features(make_inputs(case, "cpu"))
-    assert {"layout=transposed", "max_seqlen=above", "autocast=on", "requires_grad=all", "loss=out"} <= got
+    assert {"layout=transposed", "max_seqlen=above", "autocast=on", "requires_grad=all"} <= got
+    assert not any(f.startswith("loss=") for f in got)  # not in the coverage model
 
 
 def test_interface_arguments_calls_every_probe_value_of_every_option_on_its_share_of_packings():

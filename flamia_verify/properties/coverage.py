@@ -56,6 +56,7 @@ MODEL: tuple[Row, ...] = (
     *(
         Row(opt.dimension, v.coverage, v.doc, v.checks or (_BASE if n == 0 else (_ARG,)))
         for opt in OPTIONS
+        if opt.in_coverage
         for n, v in enumerate(opt.values)
     ),
     Row("softmax_scale", "other", "a scale other than the default", ("error.out", "bound.out", "bound.grad")),
@@ -392,7 +393,11 @@ def features(inputs: Inputs) -> set[str]:
     """The ``dimension=value`` features of one call (the rows of :data:`MODEL` it exercises)."""
     c = inputs.case
     lq, lk = c.lens_q, c.lens_k
-    out = {f"{o.dimension}={o.coverage_value(c.call_option(o.key))}" for o in OPTIONS if o.key != "scale_arg"}
+    out = {
+        f"{o.dimension}={o.coverage_value(c.call_option(o.key))}"
+        for o in OPTIONS
+        if o.in_coverage and o.key != "scale_arg"
+    }
     out |= {
         f"softmax_scale={_scale_value(inputs)}",
         f"dtype={c.dtype}",
