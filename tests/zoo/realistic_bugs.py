@@ -37,8 +37,8 @@ import torch
 from flamia_verify.kernels import emulation as E
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass
+from flamia_verify.known_bad.table import VARIANT_KIND_EDITS
 from flamia_verify.mutation import Edit, Mutant, mutant_kernel
-from flamia_verify.mutation.table import VARIANT_KIND_EDITS
 from flamia_verify.recipes.operands import Operand
 
 __all__ = ["REALISTIC"]

@@ -1,4 +1,4 @@
-"""The mutant table: systematic one-line bugs of the FLAMIA MXFP8 emulation, and correct alternatives.
+"""The source-edit family: systematic one-line bugs of the FLAMIA MXFP8 emulation, and correct alternatives.
 
 Every entry is generated from a small list of *sites* (the places in
 :mod:`flamia_verify.kernels.emulation` where an index, a boundary, a layout, a format or an order is
@@ -27,16 +27,30 @@ decided) crossed with the ways each is commonly got wrong:
 rounding, D = rowsum(P * dP), more of the diagonal in input precision, another fixed summation
 order, fp32 sums where the recipe allows the E4M3 tensor cores' narrower ones): the checks must
 pass on them (false alarms).
+
+Every entry is registered in the known-bad registry (:data:`flamia_verify.known_bad.KNOWN_BAD`) under
+its name, tagged ``mutant`` and ``source-edit``; ``flamia-verify mutate`` reads it there.
 """
 
 from __future__ import annotations
 
 from flamia_verify.kernels.designs import FP8_MMA
 from flamia_verify.kernels.quant_spec import Quant
-from flamia_verify.mutation.build import Edit, Mutant
+from flamia_verify.known_bad.edits import Edit, Mutant, SourceEdit
+from flamia_verify.known_bad.record import KNOWN_BAD, KnownBad
 from flamia_verify.recipes.operands import Operand, describe_operands
 
-__all__ = ["MUTANTS", "BUGS", "CORRECT", "FAMILIES", "VARIANT_KIND_EDITS", "by_name", "ci_sample"]
+__all__ = [
+    "MUTANTS",
+    "BUGS",
+    "CORRECT",
+    "FAMILIES",
+    "RECORDS",
+    "VARIANT_KIND_EDITS",
+    "by_name",
+    "ci_sample",
+    "record_of",
+]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -553,6 +567,27 @@ BUGS = tuple(m for m in MUTANTS if not m.correct)
 CORRECT = tuple(m for m in MUTANTS if m.correct)
 FAMILIES = tuple(dict.fromkeys(m.family for m in MUTANTS))
 _BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def _record(m: Mutant) -> KnownBad:
+    return KnownBad(
+        m.name,
+        m.family,
+        m.why,
+        SourceEdit(m),
+        base=m.base,
+        tags=("mutant", "source-edit"),
+        correct=m.correct,
+    )
+
+
+#: the table's entries as known-bad records, in table order (registered in KNOWN_BAD)
+RECORDS: tuple[KnownBad, ...] = KNOWN_BAD.register(*(_record(m) for m in MUTANTS), origin=__name__)
+
+
+def record_of(mutant: Mutant) -> KnownBad:
+    """The registered record of a table entry."""
+    return KNOWN_BAD.get(mutant.name)
 
 
 def by_name(name: str) -> Mutant:
