@@ -148,7 +148,8 @@ class _Patched(torch.autograd.Function):
         q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
         if ctx.dout_map is not None:
             dout = ctx.dout_map(dout)
-        with ctx.bwd(ctx.info) if ctx.bwd else contextlib.nullcontext():
+        info = PassInfo(cu_q, cu_k, ctx.info.shape)  # the offsets the backward pass is handed
+        with ctx.bwd(info) if ctx.bwd else contextlib.nullcontext():
             dq, dk, dv = backward_pass(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
