@@ -18,6 +18,7 @@ fails or errors; its kill rate is measured, survivors included), a rung by train
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,6 +140,8 @@ class Registry:
         self._origins: dict[str, str] = {}
 
     def register(self, *records: KnownBad, origin: str = "") -> tuple[KnownBad, ...]:
+        if origin.endswith(".py"):  # a module's file, however it was reached (imported, or loaded by path)
+            origin = os.path.realpath(origin)
         for r in records:
             if not isinstance(r, KnownBad):
                 raise TypeError(f"not a KnownBad record: {r!r}")

@@ -45,7 +45,7 @@ __all__ = ["CAUSAL_BUGS", "RECORDS"]
 _records: list[KnownBad] = []
 
 
-def _tag(build, catches: tuple[str, ...], where: str, doc: str, *, name: str, **kw) -> None:
+def _bug(build, catches: tuple[str, ...], where: str, doc: str, *, name: str, **kw) -> None:
     _records.append(KnownBad(name, "causal", doc, build, catches=catches, where=where, tags=("zoo", "causal"), **kw))
 
 
@@ -107,7 +107,7 @@ _WHERE = {"v": "t + offset = 32n - {s}", "k": "t + offset = 32n - {s}", "do": "t
 
 for _p in PATHS:
     for _s in (1, 2):
-        _tag(
+        _bug(
             _fallback_off(_p, _s),
             _CATCH[_p],
             _WHERE[_p].format(s=_s),
@@ -132,14 +132,14 @@ def _top_left_when(longer: str):
     return _within(lambda: E.overriding(visible=visible))
 
 
-_tag(
+_bug(
     _top_left_when("q"),
     ("causal.forward", "causal.diagonal"),
     "Lq > Lk",
     "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq > Lk: queries see future keys",
     name="top_left_if_lq_gt_lk",
 )
-_tag(
+_bug(
     _top_left_when("k"),
     ("causal.diagonal",),
     "Lq < Lk",
@@ -164,7 +164,7 @@ def _no_fallback_hd128(base):
     return around(base, body, name="no_fallback_hd128")
 
 
-_tag(
+_bug(
     _no_fallback_hd128,
     ("causal.forward", "causal.dq", "causal.dk_dv"),
     "head_dim 128",
@@ -196,7 +196,7 @@ def _offset_from_max_seqlens(base):
 
 
 _SDPA = "zoo.correct:sdpa_bf16"
-_tag(
+_bug(
     _offset_from_max_seqlens,
     ("causal.forward", "causal.dq", "causal.dk_dv", "causal.diagonal"),
     "documents whose Lk - Lq is not max_seqlen_k - max_seqlen_q",

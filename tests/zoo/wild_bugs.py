@@ -271,7 +271,7 @@ def _as_if_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided(x.shape, strides, x.storage_offset())
 
 
-def _tag(recipe: str, description: str, source: str = "", dimension: str = ""):
+def _describe(recipe: str, description: str, source: str = "", dimension: str = ""):
     def mark(fn):
         fn.recipe = recipe
         fn.description = description
@@ -1348,7 +1348,7 @@ def _correct(name, recipe, description):
             with torch.autocast(device_type=q.device.type, enabled=False):
                 return fn(q, *args, **kwargs)
 
-        _tag(recipe, description)(guarded)
+        _describe(recipe, description)(guarded)
         guarded.__name__ = name
         CORRECT_WILD[name] = guarded
         return guarded
