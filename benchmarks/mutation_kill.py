@@ -3,8 +3,8 @@
     python benchmarks/mutation_kill.py --suite standard --jobs 16 --json out.json --md out.md
 
 The same measurement as ``flamia-verify mutate`` without the command line, so that it also runs
-against an older checkout of the package (PYTHONPATH=that/checkout, with flamia_verify/mutation
-copied in) to measure a suite before a change.
+against an older checkout of the package (PYTHONPATH=that/checkout, with flamia_verify/known_bad
+and flamia_verify/mutation copied in) to measure a suite before a change.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     import flamia_verify
+    from flamia_verify.known_bad.table import MUTANTS
     from flamia_verify.mutation.report import render_markdown
     from flamia_verify.mutation.runner import run_mutants, summarize
-    from flamia_verify.mutation.table import MUTANTS
 
     start = time.perf_counter()
     n = [0]

@@ -137,7 +137,7 @@ def test_fp16_range_feature_reads_the_values():
 @pytest.mark.parametrize("name", sorted(CONVENTION_BUGS))
 def test_each_new_check_fails_on_a_kernel_with_its_bug(name):
     kernel = CONVENTION_BUGS[name]
-    report = run_checks(kernel, suite="quick", only=[kernel.catches])
+    report = run_checks(kernel, suite="quick", only=list(kernel.catches))
     (res,) = report.checks
     assert res.status == "fail", f"{name}: {res.name} {res.status}: {res.message}"
 

@@ -14,8 +14,8 @@ import torch
 
 from flamia_verify.cli import main
 from flamia_verify.kernels.loader import load_kernel
-from flamia_verify.mutation import BUGS, CORRECT, MUTANTS, Edit, Mutant, MutationError, ci_sample, mutant_kernel
-from flamia_verify.mutation.build import apply_edits, mutated_module
+from flamia_verify.known_bad.edits import Edit, Mutant, MutationError, apply_edits, mutant_kernel, mutated_module
+from flamia_verify.known_bad.table import BUGS, CORRECT, MUTANTS, ci_sample
 from flamia_verify.mutation.report import verdict
 from flamia_verify.mutation.runner import MutantResult, distinguishes, run_mutant, summarize
 from flamia_verify.properties.cases import Case, make_inputs

@@ -1,4 +1,4 @@
-"""The wrapper mutant family (flamia_verify.mutation.wrapper): bugs of the calling convention around a
+"""The wrapper mutant family (flamia_verify.known_bad.wrapper): bugs of the calling convention around a
 correct kernel. Every bug is observable on the family's own probe calls; the ones that touch only
 their own dimension leave the correct kernel's numbers bitwise alone on a plain call; the command
 runs the family end to end and reports it beside the arithmetic table."""
@@ -12,19 +12,19 @@ import pytest
 import torch
 
 from flamia_verify.cli import main
-from flamia_verify.mutation.runner import MutantResult, distinguishes, summarize
-from flamia_verify.mutation.table import MUTANTS
-from flamia_verify.mutation.wrapper import (
+from flamia_verify.known_bad import base_kernel
+from flamia_verify.known_bad.table import MUTANTS
+from flamia_verify.known_bad.wrapper import (
     PLAIN,
     PROBES,
     WRAPPER_BUGS,
     WRAPPER_CORRECT,
     WRAPPER_MUTANTS,
-    base_kernel,
-    kind_of,
     plain_matches,
     probe_call,
 )
+from flamia_verify.mutation.report import kind_of
+from flamia_verify.mutation.runner import MutantResult, distinguishes, summarize
 
 
 def test_names_are_unique_and_carry_their_family():
@@ -62,7 +62,7 @@ def test_every_wrapper_bug_is_observable(mutant):
     assert distinguishes(mutant) is not None, f"{mutant.name} never differs from the correct kernel"
 
 
-@pytest.mark.parametrize("mutant", [m for m in WRAPPER_MUTANTS if m.plain], ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", [m for m in WRAPPER_MUTANTS if m.has("plain")], ids=lambda m: m.name)
 def test_a_plain_call_goes_straight_through(mutant):
     """Contiguous bf16, scale passed, two equal documents, GQA 2:1, head_dim 64: the correct kernel's bits."""
     assert plain_matches(mutant)

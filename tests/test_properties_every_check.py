@@ -41,7 +41,7 @@ def test_every_check_has_a_planted_bug_that_must_fail_it():
     # the state family's checks, asserted in test_state_family.py
     covered |= {c for k in SB.STATE_BUGS.values() for c in k.catches}
     # the convention and invariance checks, asserted in test_coverage_model.py
-    covered |= {k.catches for k in CONVENTION_BUGS.values()}
+    covered |= {c for k in CONVENTION_BUGS.values() for c in k.catches}
     covered |= set(FB.STANDARD)  # standard-suite-only checks, asserted in test_fuzz_coverage.py
     # the checks of the new input dimensions (consistency.homogeneity), asserted in test_new_dimensions.py
     covered |= {c for k in DIMENSION_BUGS.values() for c in k.catches}

@@ -12,9 +12,9 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, ScaleRule, mx_fake_quantize
 from flamia_verify.kernels.emulation import Quant
-from flamia_verify.mutation import operators as OPS
-from flamia_verify.mutation.build import mutant_kernel
-from flamia_verify.mutation.table import CORRECT, by_name
+from flamia_verify.known_bad import operators as OPS
+from flamia_verify.known_bad.edits import mutant_kernel
+from flamia_verify.known_bad.table import CORRECT, by_name
 from flamia_verify.properties import run_checks
 from flamia_verify.properties.cases import Case, make_tensors
 from flamia_verify.properties.checks.bound.rounding import mx_sites

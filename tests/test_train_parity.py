@@ -103,8 +103,8 @@ def test_the_gate_is_the_paired_interval():
 
 def test_a_run_reports_paired_gaps_floors_resolution_and_the_ladder(corpus, tmp_path):
     """Schema v2 end to end on a minimal CPU run: every field the gate and its resolution need."""
+    from flamia_verify.known_bad.demos import ladder
     from flamia_verify.reference import reference_attention
-    from flamia_verify.training.demo_kernels import ladder
     from flamia_verify.training.parity import PRESETS, run_parity
     from flamia_verify.training.report import write_parity_reports
 
@@ -223,7 +223,7 @@ def test_a_kernel_whose_training_diverges_fails_its_row_and_the_others_still_run
 
 
 def test_next_token_leak_shows_each_query_its_next_position_and_nothing_across_documents():
-    from flamia_verify.training.demo_kernels import next_token_leak
+    from flamia_verify.known_bad.demos import next_token_leak
 
     g = torch.Generator().manual_seed(1)
     cu = torch.tensor([0, 5, 9], dtype=torch.int32)

@@ -1,8 +1,9 @@
 """``flamia-verify mutate``: the kill rate of a suite over the mutant tables, and its false alarms.
 
-Two families of mutants, reported side by side: ``arithmetic`` (the emulation's own steps edited,
-:mod:`flamia_verify.mutation.table`) and ``wrapper`` (bugs of the code around a correct kernel in the
-varlen calling convention, :mod:`flamia_verify.mutation.wrapper`). ``--family`` takes either name, or
+The mutants are the known-bad registry's records tagged ``mutant`` (:mod:`flamia_verify.known_bad`),
+of two families reported side by side: ``arithmetic`` (the emulation's own steps edited,
+:mod:`flamia_verify.known_bad.table`) and ``wrapper`` (bugs of the code around a correct kernel in the
+varlen calling convention, :mod:`flamia_verify.known_bad.wrapper`). ``--family`` takes either name, or
 the name of a narrower family (``mask``, ``wrapper.gqa``, ...).
 
     flamia-verify mutate [--suite quick|standard|full] [--family F ...] [--mutant NAME ...]
@@ -88,31 +89,31 @@ def add_parser(sub: Any) -> None:
 
 
 def _select(args: argparse.Namespace) -> list[Any]:
-    from flamia_verify.mutation.report import KINDS
-    from flamia_verify.mutation.table import BUGS, CORRECT, FAMILIES, MUTANTS, by_name, ci_sample
-    from flamia_verify.mutation.wrapper import (
-        WRAPPER_BUGS,
-        WRAPPER_CORRECT,
-        WRAPPER_FAMILIES,
-        WRAPPER_MUTANTS,
-        kind_of,
-    )
+    from flamia_verify.errors import ConfigError
+    from flamia_verify.known_bad import KNOWN_BAD, mutants
+    from flamia_verify.known_bad.table import ci_sample
+    from flamia_verify.mutation.report import KINDS, kind_of
 
-    wrappers = {m.name: m for m in WRAPPER_MUTANTS}
-    table: list = list(MUTANTS) + list(WRAPPER_MUTANTS)
+    table = list(mutants())  # the source-edit family, then the wrapper family, in registration order
+    by_name = {m.name: m for m in table}
     if args.mutant:
-        chosen = [wrappers[n] if n in wrappers else by_name(n) for n in args.mutant]
+        unknown = [n for n in args.mutant if n not in by_name]
+        if unknown:
+            raise ConfigError(f"unknown mutant {unknown[0]!r}; `flamia-verify mutate --list` shows them")
+        chosen = [by_name[n] for n in args.mutant]
     else:
         if args.sample < 0:
             raise UsageError(f"--sample must be >= 0, got {args.sample}")
-        bugs: list = list(BUGS) + list(WRAPPER_BUGS)
+        bugs = [m for m in table if not m.correct]
         if args.sample:
-            step = max(1, len(WRAPPER_BUGS) // args.sample)
-            bugs = list(ci_sample(args.sample)) + list(WRAPPER_BUGS[::step][: args.sample])
-        chosen = bugs + ([] if args.no_correct else list(CORRECT) + list(WRAPPER_CORRECT))
-        chosen = [m for m in table if m in chosen]  # table order
+            wrapper_bugs = [m for m in bugs if m.has("wrapper")]
+            step = max(1, len(wrapper_bugs) // args.sample)
+            bugs = [KNOWN_BAD.get(m.name) for m in ci_sample(args.sample)] + wrapper_bugs[::step][: args.sample]
+        correct = [] if args.no_correct else [m for m in table if m.correct]
+        wanted = {m.name for m in bugs + correct}
+        chosen = [m for m in table if m.name in wanted]  # table order
     if args.family:
-        known = KINDS + FAMILIES + WRAPPER_FAMILIES
+        known = KINDS + tuple(dict.fromkeys(m.family for m in table))
         unknown = sorted(set(args.family) - set(known))
         if unknown:
             raise UsageError(f"unknown mutant family {', '.join(unknown)}; families: {', '.join(known)}")

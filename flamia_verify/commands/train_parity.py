@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from flamia_verify.kernels import load_kernel
+    from flamia_verify.known_bad.demos import ladder
     from flamia_verify.reference import reference_attention
     from flamia_verify.settings import resolve_device, train_parity_limit
-    from flamia_verify.training.demo_kernels import ladder
     from flamia_verify.training.parity import PRESETS, run_parity, with_overrides
     from flamia_verify.training.report import PARITY_FILES, write_parity_reports
 

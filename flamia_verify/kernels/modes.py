@@ -3,7 +3,7 @@
 String enums: a member equals its value (``QuantKind.MX == "mx"``), so a design written with the
 strings reads the same, and the values are what descriptions and reprs show. The emulation, the
 designs and the fused configs compare members. This module lives outside the emulation so that a
-mutant of the emulation (:mod:`flamia_verify.mutation.build`, which compiles the emulation's source
+mutant of the emulation (:mod:`flamia_verify.known_bad.edits`, which compiles the emulation's source
 into a module of its own) shares these classes with the built-in designs.
 """
 

@@ -1,15 +1,21 @@
 """The outcome of a mutation run as mutation.md, and its gate (:func:`verdict`).
 
 Two families of mutants are reported side by side (:data:`KINDS`): ``arithmetic`` (the emulation's
-own steps edited, :mod:`flamia_verify.mutation.table`) and ``wrapper`` (bugs of the code around a
-correct kernel in the varlen calling convention, :mod:`flamia_verify.mutation.wrapper`).
+own steps edited, :mod:`flamia_verify.known_bad.table`) and ``wrapper`` (bugs of the code around a
+correct kernel in the varlen calling convention, :mod:`flamia_verify.known_bad.wrapper`).
 """
 
 from __future__ import annotations
 
-__all__ = ["KINDS", "render_markdown", "verdict"]
+__all__ = ["KINDS", "kind_of", "render_markdown", "verdict"]
 
 KINDS = ("arithmetic", "wrapper")
+
+
+def kind_of(family: str) -> str:
+    """``wrapper`` for a wrapper mutant's family (``wrapper.<dimension>``), ``arithmetic`` for any other."""
+    return "wrapper" if family == "wrapper" or family.startswith("wrapper.") else "arithmetic"
+
 
 _KIND_TITLES = {
     "arithmetic": "Arithmetic mutants (the emulation's own steps)",
@@ -18,8 +24,6 @@ _KIND_TITLES = {
 
 
 def render_markdown(summary: dict, results: list[dict], *, suite: str) -> str:
-    from flamia_verify.mutation.wrapper import kind_of
-
     lines = [f"# Mutation testing: suite `{suite}`", ""]
     lines.append(
         f"**{summary['killed']} of {summary['mutants']} bugs killed ({100 * summary['kill_rate']:.1f} %)**; "

@@ -8,9 +8,11 @@ Every mutant in the table is shown to be observable (:func:`distinguishes`): on 
 calls its outputs, gradients or inputs differ from the original's, or two of its runs differ. So a
 survivor is a bug the suite does not see, never a mutant that changes nothing.
 
-Two kinds of mutants run here alike: the arithmetic table's (:class:`Mutant`, edits of the emulation)
-and the wrapper family's (:class:`~flamia_verify.mutation.wrapper.WrapperMutant`, bugs of the code
-around a correct kernel); :func:`summarize` reports the kill rate of each kind apart.
+Every mutant is a known-bad record (:class:`~flamia_verify.known_bad.KnownBad`, tag ``mutant``) of one
+of two families, which run here alike: the source-edit table's (edits of the emulation's arithmetic)
+and the wrapper family's (bugs of the code around a correct kernel); :func:`summarize` reports the
+kill rate of each kind apart. A table entry (:class:`~flamia_verify.known_bad.edits.Mutant`) is taken
+as its record.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from flamia_verify.mutation.build import Mutant, mutant_kernel
-from flamia_verify.mutation.wrapper import WrapperMutant, kind_of
+from flamia_verify.known_bad import KnownBad, base_kernel
+from flamia_verify.known_bad.edits import Mutant
+from flamia_verify.known_bad.table import record_of
+from flamia_verify.mutation.report import kind_of
 from flamia_verify.properties.cases import Case, make_inputs
 from flamia_verify.properties.harness import same_bits
 
@@ -40,13 +44,17 @@ __all__ = [
     "summarize",
 ]
 
-#: a row of either family: an edit of the emulation's arithmetic, or a bug of the wrapper around it
-AnyMutant = Mutant | WrapperMutant
+#: a known-bad record, or an entry of the source-edit table (taken as its record)
+AnyMutant = KnownBad | Mutant
+
+
+def _record(mutant: AnyMutant) -> KnownBad:
+    return record_of(mutant) if isinstance(mutant, Mutant) else mutant
 
 
 def kernel_of(mutant: AnyMutant):
-    """The mutant as a kernel in the varlen calling convention."""
-    return mutant.kernel() if isinstance(mutant, WrapperMutant) else mutant_kernel(mutant)
+    """The mutant as a kernel in the varlen calling convention, built on its base."""
+    return _record(mutant).kernel()
 
 
 #: the probe calls: off-grid packed documents, Lq != Lk both ways, GQA 4:2 and 6:2 at head_dim 64
@@ -107,16 +115,15 @@ def _call(kernel, inp, *, backward: bool = True):
 
 def distinguishes(mutant: AnyMutant, device: str = "cpu") -> str | None:
     """How the mutant shows on the probe calls (a one-line description), or None if it never does.
-    A wrapper mutant is probed on the wrapper family's own calls (:mod:`flamia_verify.mutation.wrapper`)."""
-    from flamia_verify.kernels.loader import load_kernel
+    A wrapper mutant is probed on the wrapper family's own calls (:mod:`flamia_verify.known_bad.wrapper`)."""
+    record = _record(mutant)
+    if record.has("wrapper"):
+        from flamia_verify.known_bad.wrapper import distinguishes as wrapper_distinguishes
 
-    if isinstance(mutant, WrapperMutant):
-        from flamia_verify.mutation.wrapper import distinguishes as wrapper_distinguishes
+        return wrapper_distinguishes(record, device)
 
-        return wrapper_distinguishes(mutant, device)
-
-    original = load_kernel(mutant.base).fn
-    kernel = mutant_kernel(mutant)
+    original = base_kernel(record.base)
+    kernel = record.kernel(base_kernel(record.base))
     names = ("out", "dq", "dk", "dv")
     for case in PROBES:
         for how, inp in _probe_inputs(case, device):
@@ -156,6 +163,7 @@ def run_mutant(
     from flamia_verify.properties import run_checks
 
     start = time.perf_counter()
+    mutant = _record(mutant)
     kernel = kernel_of(mutant)
     groups = [list(FAMILY_ORDER)] if (mutant.correct or not first_kill) else [[f] for f in FAMILY_ORDER]
     failing: list[str] = []

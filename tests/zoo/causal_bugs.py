@@ -1,8 +1,9 @@
 """Planted causal bugs of block-scaled kernels: each one leaks (or hides) a single position class
 that a check probing a few fixed positions of one square document misses.
 
-Each kernel follows the calling convention, is the FLAMIA MXFP8 emulation with one change, and
-carries ``recipe``, ``catches`` (the causal checks that must report ``fail`` on it, quick suite) and
+Each kernel follows the calling convention, is the FLAMIA MXFP8 emulation with one change (a record
+of the known-bad registry, tags ``zoo``, ``causal``, built from its base), and carries ``recipe``,
+``catches`` (the causal checks that must report ``fail`` on it, quick suite) and
 ``where`` (the position class its bug lives in).
 
     fallback_{v,k,do,q}_off{1,2}   the causal-safe split (diagonal fallback) of one sequence-blocked
@@ -18,10 +19,10 @@ carries ``recipe``, ``catches`` (the causal checks that must report ``fail`` on 
                                    (it sees too little; no future leaks)
     no_fallback_hd128              no diagonal fallback on the head_dim-128 code path only
     backward_mask_plus1            the backward's causal mask one position too far (j <= i + offset + 1),
-                                   the forward's right
+                                   the forward's right (the source-edit table's ``mask.backward+1``)
     offset_from_max_seqlens        torch SDPA per document with one offset for the batch,
                                    max_seqlen_k - max_seqlen_q, instead of each document's Lk - Lq
-                                   (bf16)
+                                   (bf16; the wild zoo's causal_offset_from_max_seqlen is this record)
 
 The fallback bugs leak only at rows whose diagonal sits 1 or 2 positions from a 32-block boundary
 (t + offset = 32n - 2 or 32n - 1 for V and K; t = 32n + 1 or 32n + 2 for dO and Q).
@@ -29,28 +30,28 @@ The fallback bugs leak only at rows whose diagonal sits 1 or 2 positions from a 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import torch
 
 from flamia_verify.kernels import emulation as E
-from flamia_verify.kernels.designs import FLAMIA_MXFP8
 from flamia_verify.kernels.emulation import Quant, make_kernel
-from flamia_verify.mutation import by_name, mutant_kernel
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad, around, patched_emulation
 from flamia_verify.recipes.operands import Operand
-from zoo.correct import sdpa_documents
-from zoo.kernels import _flamia, _split_kernel
+from zoo.correct import sdpa_bf16, sdpa_documents
 
-__all__ = ["CAUSAL_BUGS"]
+__all__ = ["CAUSAL_BUGS", "RECORDS"]
+
+_records: list[KnownBad] = []
 
 
-def _tag(fn, catches: tuple[str, ...], where: str, doc: str, recipe: str = "mxfp8"):
-    fn.recipe = recipe
-    fn.catches = catches
-    fn.where = where
-    fn.__doc__ = doc
-    return fn
+def _bug(build, catches: tuple[str, ...], where: str, doc: str, *, name: str, **kw) -> None:
+    _records.append(KnownBad(name, "causal", doc, build, catches=catches, where=where, tags=("zoo", "causal"), **kw))
+
+
+def _within(context):
+    """A build: the base's design, both passes inside ``context()`` (a change planted in the emulation)."""
+    return lambda base: patched_emulation(base.design, forward=lambda info: context(), backward=lambda info: context())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +82,6 @@ def _distinct_paths(design):
 
 
 def _fallback_off(path: str, slack: int):
-    design = _distinct_paths(FLAMIA_MXFP8)
     op = PATHS[path]
     original = E.fallback_mask
 
@@ -91,23 +91,29 @@ def _fallback_off(path: str, slack: int):
             return full
         return _slack_block_mask(vis, quant.block, slack)
 
-    within = functools.partial(E.overriding, fallback_mask=fallback)
-    return _split_kernel(design, design, within=within)
+    def within(info):
+        return E.overriding(fallback_mask=fallback)
+
+    def build(base):
+        design = _distinct_paths(base.design)
+        return patched_emulation(design, forward=within, backward=within)
+
+    return build
 
 
 _GEMM = {"v": "V in O = P V", "k": "K in dQ = dS K", "do": "dO in dV = P^T dO", "q": "Q in dK = dS^T Q"}
 _CATCH = {"v": ("causal.forward",), "k": ("causal.dq",), "do": ("causal.dk_dv",), "q": ("causal.dk_dv",)}
 _WHERE = {"v": "t + offset = 32n - {s}", "k": "t + offset = 32n - {s}", "do": "t = 32n + {s}", "q": "t = 32n + {s}"}
 
-CAUSAL_BUGS: dict = {}
 for _p in PATHS:
     for _s in (1, 2):
-        CAUSAL_BUGS[f"fallback_{_p}_off{_s}"] = _tag(
+        _bug(
             _fallback_off(_p, _s),
             _CATCH[_p],
             _WHERE[_p].format(s=_s),
             f"FLAMIA MXFP8 whose diagonal fallback for {_GEMM[_p]} counts a 32-block as whole while the "
             f"row still misses {_s} of its positions",
+            name=f"fallback_{_p}_off{_s}",
         )
 
 # ---------------------------------------------------------------------------------------------
@@ -123,43 +129,47 @@ def _top_left_when(longer: str):
             return torch.arange(lk, device=device)[None, :] <= torch.arange(lq, device=device)[:, None]
         return _VISIBLE(lq, lk, causal, device)
 
-    return _split_kernel(FLAMIA_MXFP8, FLAMIA_MXFP8, within=functools.partial(E.overriding, visible=visible))
+    return _within(lambda: E.overriding(visible=visible))
 
 
-top_left_if_lq_gt_lk = _tag(
+_bug(
     _top_left_when("q"),
     ("causal.forward", "causal.diagonal"),
     "Lq > Lk",
     "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq > Lk: queries see future keys",
+    name="top_left_if_lq_gt_lk",
 )
-top_left_if_lq_lt_lk = _tag(
+_bug(
     _top_left_when("k"),
     ("causal.diagonal",),
     "Lq < Lk",
     "FLAMIA MXFP8 with the causal mask aligned top-left (j <= i) when Lq < Lk: queries miss their last Lk - Lq keys",
+    name="top_left_if_lq_lt_lk",
 )
 
 # ---------------------------------------------------------------------------------------------
 # one head_dim's code path without the fallback
 # ---------------------------------------------------------------------------------------------
 
-_NO_FALLBACK = make_kernel(replace(FLAMIA_MXFP8, name="no-fallback", diagonal_fallback=False))
+
+def _no_fallback_hd128(base):
+    """A build: a dispatch by head_dim around the base, its head_dim-128 path the base's design without
+    the diagonal fallback."""
+    no_fallback = make_kernel(replace(base.design, name="no-fallback", diagonal_fallback=False))
+
+    def body(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+        path = no_fallback if q.shape[-1] == 128 else fn
+        return path(q, k, v, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
+
+    return around(base, body, name="no_fallback_hd128")
 
 
-def _no_fallback_hd128(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    fn = _NO_FALLBACK if q.shape[-1] == 128 else _flamia
-    return fn(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-    )
-
-
-no_fallback_hd128 = _tag(
+_bug(
     _no_fallback_hd128,
     ("causal.forward", "causal.dq", "causal.dk_dv"),
     "head_dim 128",
     "FLAMIA MXFP8 whose head_dim-128 code path has no diagonal fallback (every other head_dim has it)",
+    name="no_fallback_hd128",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -167,42 +177,41 @@ no_fallback_hd128 = _tag(
 # ---------------------------------------------------------------------------------------------
 
 
-# the mutation table's `mask.backward+1`: the emulation's backward with its visibility test edited
-backward_mask_plus1 = _tag(
-    mutant_kernel(by_name("mask.backward+1")),
-    ("causal.dq", "causal.dk_dv", "causal.diagonal"),
-    "backward only",
-    "FLAMIA MXFP8 whose backward masks with j <= i + offset + 1 (one key too many); the forward is right",
-)
+# the source-edit table's `mask.backward+1` (the emulation's backward with its visibility test edited:
+# j <= i + offset + 1, one key too many; the forward is right): its claims are on that record
 
 # ---------------------------------------------------------------------------------------------
 # one causal offset per batch
 # ---------------------------------------------------------------------------------------------
 
 
-def offset_from_max_seqlens(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    return sdpa_documents(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, offset=max_seqlen_k - max_seqlen_q
-    )
+def _offset_from_max_seqlens(base):
+    """A build: the base, torch SDPA per document (zoo/correct.py), given one causal offset for the batch."""
+
+    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+        offset = max_seqlen_k - max_seqlen_q
+        return sdpa_documents(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, offset=offset)
+
+    return kernel
 
 
-offset_from_max_seqlens = _tag(
-    offset_from_max_seqlens,
+_SDPA = "zoo.correct:sdpa_bf16"
+_bug(
+    _offset_from_max_seqlens,
     ("causal.forward", "causal.dq", "causal.dk_dv", "causal.diagonal"),
     "documents whose Lk - Lq is not max_seqlen_k - max_seqlen_q",
     "torch SDPA per document whose bottom-right offset is max_seqlen_k - max_seqlen_q for every document "
     "(a wrapper that assumes one key length per batch) instead of each document's Lk - Lq",
+    name="offset_from_max_seqlens",
+    base=_SDPA,
     recipe="bf16",
+    source="Varlen wrapper reports where batch-level max sequence lengths were used in place of per-sequence "
+    "lengths for the causal diagonal.",
 )
 
-CAUSAL_BUGS.update(
-    {
-        "offset_from_max_seqlens": offset_from_max_seqlens,
-        "top_left_if_lq_gt_lk": top_left_if_lq_gt_lk,
-        "top_left_if_lq_lt_lk": top_left_if_lq_lt_lk,
-        "no_fallback_hd128": no_fallback_hd128,
-        "backward_mask_plus1": backward_mask_plus1,
-    }
-)
+RECORDS = KNOWN_BAD.register(*_records, origin=__file__)
+
+#: every planted kernel of this file (and the table's mask.backward+1), by name
+CAUSAL_BUGS: dict = {r.name: r.kernel(sdpa_bf16 if r.base == _SDPA else None) for r in RECORDS}
+CAUSAL_BUGS["backward_mask_plus1"] = KNOWN_BAD.kernel("mask.backward+1")
+globals().update(CAUSAL_BUGS)  # each kernel also by its name

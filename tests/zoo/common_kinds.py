@@ -11,17 +11,23 @@ differs from the plain call in the same way.
 
 ``fp8_p_past_1024``: the same kernel whose long-row path (max_seqlen_k past 1024) rounds P to E4M3
 instead of the input dtype: a real precision bug that only a structural change reaches. It must fail
-the gating verdict (interface.arguments), not only the reproducibility one.
+the gating verdict (interface.arguments), not only the reproducibility one (a record of the known-bad
+registry, tags ``zoo``, ``common-kinds``).
 
-``nan_to_zero``: torch SDPA per document whose output goes through ``torch.nan_to_num``: correct on
-every input a training step produces, but it hides a NaN already in q (a robustness finding).
+``nan_to_zero``: a correct kernel whose output goes through ``torch.nan_to_num``: correct on every
+input a training step produces, but it hides a NaN already in q (a robustness finding). The wrapper
+family's ``wrapper.nan.out-to-num`` (the BF16 emulation inside).
 
 ``refuses_degenerate``: torch SDPA per document that raises ValueError on softmax_scale <= 0 and on a
 pack without queries: refusing an input no training run produces is allowed.
 
-``zero_scale_is_default``: torch SDPA per document that reads ``softmax_scale or headdim**-0.5``, so
+``zero_scale_is_default``: a correct kernel called with ``softmax_scale or headdim**-0.5``, so
 softmax_scale = 0 gives the default scale: a wrong answer on an input no training run produces (a
-robustness finding, a failure only when robustness is required).
+robustness finding, a failure only when robustness is required). The record of
+``zoo/convention_bugs.py`` (the emulated flamia-mxfp8 inside).
+
+The correct kinds (``online_tiles_by_max_seqlen``, ``refuses_degenerate``, ``pads_to_max_seqlen``) are
+test fixtures, not known-bad records.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import math
 
 import torch
 
+import zoo.convention_bugs  # noqa: F401  (registers zero_scale_is_default)
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad
 from zoo.correct import sdpa_bf16
 
 __all__ = [
@@ -97,14 +105,33 @@ def _tiled_kernel(long_p_dtype: torch.dtype | None, name: str):
 
 
 online_tiles_by_max_seqlen = _tiled_kernel(None, "online_tiles_by_max_seqlen")
-fp8_p_past_1024 = _tiled_kernel(torch.float8_e4m3fn, "fp8_p_past_1024")
 
 
-def nan_to_zero(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-    out = sdpa_bf16(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-    )
-    return torch.nan_to_num(out, nan=0.0)
+class _LongRowsInFp8:
+    """A build: the base's tiled kernel (this file's) with P of its long-row path rounded to E4M3."""
+
+    def __call__(self, base):
+        return _tiled_kernel(torch.float8_e4m3fn, "fp8_p_past_1024")
+
+
+RECORDS = KNOWN_BAD.register(
+    KnownBad(
+        "fp8_p_past_1024",
+        "dispatch",
+        "online_tiles_by_max_seqlen whose long-row path (max_seqlen_k past 1024) rounds P to E4M3 instead of "
+        "the input dtype",
+        _LongRowsInFp8(),
+        base="zoo.common_kinds:online_tiles_by_max_seqlen",
+        recipe="bf16",
+        catches=("isolation.layout",),
+        where="max_seqlen_k above 1024",
+        tags=("zoo", "common-kinds"),
+    ),
+    origin=__file__,
+)
+fp8_p_past_1024 = RECORDS[0].kernel(online_tiles_by_max_seqlen)
+nan_to_zero = KNOWN_BAD.kernel("wrapper.nan.out-to-num")
+zero_scale_is_default = KNOWN_BAD.kernel("zero_scale_is_default")
 
 
 def refuses_degenerate(
@@ -119,17 +146,7 @@ def refuses_degenerate(
     )
 
 
-def zero_scale_is_default(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    scale = softmax_scale or q.shape[-1] ** -0.5  # the bug: 0.0 is falsy
-    return sdpa_bf16(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal
-    )
-
-
-for _fn in (nan_to_zero, refuses_degenerate, zero_scale_is_default):
-    _fn.recipe = "bf16"  # type: ignore[attr-defined]
+refuses_degenerate.recipe = "bf16"  # type: ignore[attr-defined]
 
 
 def pads_to_max_seqlen(

@@ -6,8 +6,9 @@ bitwise the correct kernel on the inputs where its bug does not apply (``tests/t
 holds them to that on the base cases of the quick suite before these dimensions were added, where a
 bug could hide).
 
-Each kernel carries ``recipe``, ``catches`` (the checks of the quick or standard suite, named in
-``suite``, that must report ``fail`` on it) and ``quiet`` (checks its bug cannot reach).
+Each is a record of the known-bad registry (tags ``zoo``, ``dimension``), and its kernel carries
+``recipe``, ``catches`` (the checks of the quick or standard suite, named in ``suite``, that must
+report ``fail`` on it) and ``quiet`` (checks its bug cannot reach).
 
     tiny_do_flushed        the backward flushes |dO| < 2^-30 to zero (a cast through an unscaled format)
     do_scale_clamped       the backward quantizes dO to MXFP8 (head_dim blocks) with its E8M0 scale
@@ -44,9 +45,8 @@ import torch
 from flamia_verify.formats import E4M3, ScaleRule, mx_quantize, round_to_format
 from flamia_verify.formats.blocks import mx_scale_exponent
 from flamia_verify.kernels import emulation as E
-from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import backward_pass, forward_pass
 from flamia_verify.kernels.modes import QuantKind
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad, patched_emulation
 from flamia_verify.recipes.operands import Operand
 
 __all__ = ["DIMENSION_BUGS"]
@@ -55,13 +55,15 @@ __all__ = ["DIMENSION_BUGS"]
 _E8M0_MIN, _E8M0_MAX = -127, 127
 
 
-def _tag(fn, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str, suite: str = "quick"):
-    fn.recipe = "mxfp8"
-    fn.catches = catches
-    fn.quiet = quiet
-    fn.suite = suite
-    fn.__doc__ = doc
-    return fn
+#: the tags of this file's records
+ZOO = ("zoo", "dimension")
+_records: list[KnownBad] = []
+
+
+def _bug(name: str, build, catches: tuple[str, ...], quiet: tuple[str, ...], why: str, suite: str = "quick") -> None:
+    _records.append(
+        KnownBad(name, "dimension", why, build, recipe="mxfp8", catches=catches, quiet=quiet, suite=suite, tags=ZOO)
+    )
 
 
 @contextlib.contextmanager
@@ -78,36 +80,15 @@ def _patching(**names):
             setattr(E, n, f)
 
 
-class _Patched(torch.autograd.Function):
-    """FLAMIA MXFP8's forward and backward, each inside its own patch (None, or a context factory
-    called with the call's (total_q, total_k, head_dim)), the upstream gradient first passed through
-    ``do_map`` (or not)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, fwd, bwd, do_map):
-        shape = (q.shape[0], k.shape[0], q.shape[-1])
-        with fwd(shape) if fwd else contextlib.nullcontext():
-            out, lse2 = forward_pass(FLAMIA_MXFP8, q, k, v, cu_q, cu_k, scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
-        ctx.scale, ctx.causal, ctx.bwd, ctx.do_map, ctx.shape = scale, causal, bwd, do_map, shape
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        if ctx.do_map is not None:
-            dout = ctx.do_map(dout)
-        with ctx.bwd(ctx.shape) if ctx.bwd else contextlib.nullcontext():
-            dq, dk, dv = backward_pass(FLAMIA_MXFP8, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None, None, None, None
-
-
 def _kernel(fwd=None, bwd=None, do_map=None):
-    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        return _Patched.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), fwd, bwd, do_map)
+    """A build: the base's design forward and backward, each inside its own patch (None, or a context
+    factory called with the call's (total_q, total_k, head_dim)), the upstream gradient first passed
+    through ``do_map`` (or not)."""
 
-    return kernel
+    def per_pass(patch):
+        return None if patch is None else (lambda info: patch(info.shape))
+
+    return lambda base: patched_emulation(base.design, forward=per_pass(fwd), backward=per_pass(bwd), dout=do_map)
 
 
 def _mx(x: torch.Tensor, axis: int, cu: torch.Tensor | None, exponents) -> torch.Tensor:
@@ -141,7 +122,8 @@ def _is_mx(quant) -> bool:
 TINY = 2.0**-30
 
 
-tiny_do_flushed = _tag(
+_bug(
+    "tiny_do_flushed",
     _kernel(do_map=lambda d: torch.where(d.abs() < TINY, torch.zeros_like(d), d)),
     ("consistency.homogeneity",),
     ("error", "bound.out", "causal.dq"),
@@ -161,7 +143,8 @@ def _clamped_do(d: torch.Tensor) -> torch.Tensor:
     return torch.where(flag, clamped, d.float()).to(d.dtype)
 
 
-do_scale_clamped = _tag(
+_bug(
+    "do_scale_clamped",
     _kernel(do_map=_clamped_do),
     ("consistency.homogeneity",),
     ("error", "bound.out", "causal.dq"),
@@ -186,7 +169,8 @@ def _patched_seq(exponents):
     return E.overriding(seq_quantize=call)
 
 
-v_scale_eps = _tag(
+_bug(
+    "v_scale_eps",
     _kernel(fwd=lambda shape: _patched_seq(lambda amax, _: _rceil(amax + EPS))),
     ("consistency.homogeneity",),
     ("error", "causal.forward"),
@@ -208,7 +192,8 @@ def _scores_full_chunks(q_hd, k_hd, groups, vis, qk_scale, design):
     return _SCORES(q_hd[..., :keep], k_hd[..., :keep], groups, vis, qk_scale, design)
 
 
-headdim_tail_dropped = _tag(
+_bug(
+    "headdim_tail_dropped",
     _kernel(
         fwd=lambda shape: _patching(_scores=_scores_full_chunks),
         bwd=lambda shape: _patching(_scores=_scores_full_chunks),
@@ -245,7 +230,8 @@ def _tail_patch(shape):
     return _patching(quantize_operand=quantize)
 
 
-headdim_tail_scale = _tag(
+_bug(
+    "headdim_tail_scale",
     _kernel(fwd=_tail_patch, bwd=_tail_patch),
     ("error.out", "bound.grad"),
     ("causal.forward", "consistency.homogeneity"),
@@ -292,7 +278,8 @@ def _lazy_rescale_probabilities(s2, vis, design, start_k, dtype):
     return p_used, (p_used * weight).sum(-1), m
 
 
-lazy_rescale_stale_l = _tag(
+_bug(
+    "lazy_rescale_stale_l",
     _kernel(fwd=lambda shape: E.overriding(probabilities=_lazy_rescale_probabilities)),
     ("error.out", "bound.out"),
     ("causal.forward", "consistency.homogeneity"),
@@ -322,7 +309,8 @@ def _split_k_probabilities(s2, vis, design, start_k, dtype):
     return p_bug, p_bug.sum(-1), m
 
 
-split_k_drops_tail = _tag(
+_bug(
+    "split_k_drops_tail",
     _kernel(fwd=lambda shape: E.overriding(probabilities=_split_k_probabilities)),
     ("error.dq",),
     ("causal.forward", "causal.dq", "consistency.homogeneity"),
@@ -338,7 +326,8 @@ def _no_fallback_on_long(design, quant, vis, causal):
     return _FALLBACK_MASK(design, quant, vis, causal)
 
 
-long_rows_no_fallback = _tag(
+_bug(
+    "long_rows_no_fallback",
     _kernel(fwd=lambda shape: E.overriding(fallback_mask=_no_fallback_on_long)),
     ("causal.forward", "causal.dq"),
     ("error", "consistency.homogeneity"),
@@ -360,14 +349,16 @@ def _all_heads(amax: torch.Tensor, _x) -> torch.Tensor:
     return _rceil(amax.amax(dim=1, keepdim=True).expand_as(amax).contiguous())
 
 
-v_scale_head0 = _tag(
+_bug(
+    "v_scale_head0",
     _kernel(fwd=lambda shape: _patched_seq(_head0)),
     ("error.out", "bound.out", "consistency.homogeneity"),
     ("causal.forward",),
     "FLAMIA MXFP8 whose forward takes every kv head's V block scales from kv head 0's block amax",
 )
 
-v_scale_across_heads = _tag(
+_bug(
+    "v_scale_across_heads",
     _kernel(fwd=lambda shape: _patched_seq(_all_heads)),
     ("consistency.homogeneity",),
     ("error", "bound.out", "causal.forward"),
@@ -401,7 +392,8 @@ def _flat_heads_patch(shape):
     return _patching(quantize_operand=quantize)
 
 
-mx_blocks_straddle_heads = _tag(
+_bug(
+    "mx_blocks_straddle_heads",
     _kernel(fwd=_flat_heads_patch, bwd=_flat_heads_patch),
     ("isolation.heads",),
     ("error.out", "causal.forward"),
@@ -410,20 +402,7 @@ mx_blocks_straddle_heads = _tag(
     "flushes its neighbour's small elements",
 )
 
+RECORDS = KNOWN_BAD.register(*_records, origin=__file__)
+
 #: every planted kernel of this file, by name
-DIMENSION_BUGS = {
-    name: globals()[name]
-    for name in (
-        "tiny_do_flushed",
-        "do_scale_clamped",
-        "v_scale_eps",
-        "headdim_tail_dropped",
-        "headdim_tail_scale",
-        "lazy_rescale_stale_l",
-        "split_k_drops_tail",
-        "long_rows_no_fallback",
-        "v_scale_head0",
-        "v_scale_across_heads",
-        "mx_blocks_straddle_heads",
-    )
-}
+DIMENSION_BUGS = {r.name: r.kernel() for r in RECORDS}

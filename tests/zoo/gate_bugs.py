@@ -1,8 +1,9 @@
 """Planted bugs for the gate itself: kernels whose failure a CI job must not read as PASS.
 
-Each kernel is the FLAMIA MXFP8 emulation with one change, follows the calling convention and
-carries ``recipe``, ``catches`` (the checks that must not pass on it) and a docstring. They double
-as command-line specs: ``flamia-verify check --kernel tests/zoo/gate_bugs.py:backward_raises``.
+Each kernel is the FLAMIA MXFP8 emulation with one change around it (a record of the known-bad
+registry, tags ``zoo``, ``gate``, run around its base by the forwarding wrapper), follows the calling
+convention and carries ``recipe``, ``catches`` (the checks that must not pass on it) and a docstring.
+They double as command-line specs: ``flamia-verify check --kernel tests/zoo/gate_bugs.py:backward_raises``.
 
     backward_raises         the forward is right; the backward raises "CUDA error: misaligned
                             address" (a backward that cannot run is not a forward-only kernel)
@@ -20,10 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import make_kernel
-
-_flamia = make_kernel(FLAMIA_MXFP8)
+from flamia_verify.known_bad import KNOWN_BAD, Forwarding, KnownBad
 
 __all__ = [
     "GATE_BUGS",
@@ -35,11 +33,12 @@ __all__ = [
 ]
 
 
-def _tag(fn, catches: tuple[str, ...], doc: str):
-    fn.recipe = "mxfp8"
-    fn.catches = catches
-    fn.__doc__ = doc
-    return fn
+_records: list[KnownBad] = []
+
+
+def _bug(body, catches: tuple[str, ...], doc: str) -> None:
+    name = body.__name__.lstrip("_")
+    _records.append(KnownBad(name, "interface", doc, Forwarding(body, name), catches=catches, tags=("zoo", "gate")))
 
 
 class _RaisingBackward(torch.autograd.Function):
@@ -52,51 +51,45 @@ class _RaisingBackward(torch.autograd.Function):
         raise RuntimeError("CUDA error: misaligned address")
 
 
-def _backward_raises(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    out = _flamia(
+def _backward_raises(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+    out = fn(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
     )
     return _RaisingBackward.apply(out)
 
 
-backward_raises = _tag(
+_bug(
     _backward_raises,
     ("interface.backward", "error.dq", "error.dk", "error.dv", "bound.grad"),
     "FLAMIA MXFP8 whose backward raises 'CUDA error: misaligned address'",
 )
 
 
-def _smooth_k_inplace(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
+def _smooth_k_inplace(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
     # no torch.no_grad(): the write is part of the graph, as in a kernel that smooths K for its own use
     k.sub_(k.float().mean(dim=0, keepdim=True).to(k.dtype))
-    return _flamia(
+    return fn(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
     )
 
 
-smooth_k_inplace = _tag(
+_bug(
     _smooth_k_inplace,
     ("interface.inputs_unmodified", "interface.backward"),
     "FLAMIA MXFP8 that subtracts K's mean from k in place (SageAttention's smoothing)",
 )
 
 
-def _noncausal_q_inplace(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
+def _noncausal_q_inplace(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not causal:
         with torch.no_grad():
             q.mul_(2.0)  # exact in any binary format: the output is unchanged
         scale = scale / 2.0
-    return _flamia(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal)
+    return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale, causal=causal)
 
 
-noncausal_q_inplace = _tag(
+_bug(
     _noncausal_q_inplace,
     ("interface.inputs_unmodified",),
     "FLAMIA MXFP8 that pre-scales q in place on non-causal calls only",
@@ -117,10 +110,8 @@ class _ScribbleInBackward(torch.autograd.Function):
         return g
 
 
-def _backward_q_inplace(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    return _flamia(
+def _backward_q_inplace(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+    return fn(
         _ScribbleInBackward.apply(q),
         k,
         v,
@@ -133,30 +124,29 @@ def _backward_q_inplace(
     )
 
 
-backward_q_inplace = _tag(
-    _backward_q_inplace, ("interface.inputs_unmodified",), "FLAMIA MXFP8 whose backward halves q in place"
-)
+_bug(_backward_q_inplace, ("interface.inputs_unmodified",), "FLAMIA MXFP8 whose backward halves q in place")
 
 
-def _long_v_inplace(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
+def _long_v_inplace(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
     v_used = v.clone()  # the kernel works on its own copy (gradients flow back through the clone)...
     if q.shape[0] > 64 and v.numel():
         with torch.no_grad():  # ...and uses the caller's buffer as scratch space
             v.view(-1)[0] += 1.0
-    return _flamia(
+    return fn(
         q, k, v_used, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
     )
 
 
-long_v_inplace = _tag(
+_bug(
     _long_v_inplace,
     ("interface.inputs_unmodified",),
     "FLAMIA MXFP8 that writes into v in place on calls of more than 64 tokens",
 )
 
-GATE_BUGS = {
-    name: globals()[name]
-    for name in ("backward_raises", "smooth_k_inplace", "noncausal_q_inplace", "backward_q_inplace", "long_v_inplace")
-}
+RECORDS = KNOWN_BAD.register(*_records, origin=__file__)
+GATE_BUGS = {r.name: r.kernel() for r in RECORDS}
+backward_raises = GATE_BUGS["backward_raises"]
+smooth_k_inplace = GATE_BUGS["smooth_k_inplace"]
+noncausal_q_inplace = GATE_BUGS["noncausal_q_inplace"]
+backward_q_inplace = GATE_BUGS["backward_q_inplace"]
+long_v_inplace = GATE_BUGS["long_v_inplace"]

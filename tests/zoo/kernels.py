@@ -1,7 +1,9 @@
 """The zoo: kernels with one planted bug each, built as small variations of the FLAMIA emulation.
 
-Each kernel follows the calling convention and carries ``recipe`` (what it claims) and ``catches``
-(the checks that must catch it). The buggy quantizers of ``truncating``, ``scale_off_by_one`` and
+Each is a record of the known-bad registry (``flamia_verify.known_bad``, tag ``zoo``): its ``build``
+makes it from the correct kernel it names as its base (the FLAMIA MXFP8 emulation), and the kernel
+built from it carries ``recipe`` (what it claims) and ``catches`` (the checks that must catch it).
+The buggy quantizers of ``truncating``, ``scale_off_by_one`` and
 ``zero_block_nan`` run in front of the FLAMIA kernel along the sequence without its diagonal
 fallback, so they also leak causally (a second finding, not the one they are for). They double as command-line specs:
 ``flamia-verify check --kernel tests/zoo/kernels.py:v_scale_leak``.
@@ -18,21 +20,22 @@ fallback, so they also leak causally (a second finding, not the one they are for
     zero_block_nan      V's block scale computed as 2^ceil(log2(amax / 448)) with no zero guard
     one_token_wrong     documents of length 1 output 0 (treated as empty)
 
-Engine and interface specimens: ``inplace_scale`` (scales q in place), ``forward_only``,
-``nondeterministic`` (atomics-like noise in dK), ``raises_on_gqa``, ``hangs_on_long``,
-``always_crashes``, ``wrong_shape``.
+Interface specimens: ``inplace_scale`` (scales q in place), ``forward_only``, ``nondeterministic``
+(atomics-like noise in dK), ``wrong_shape``. Engine fixtures (not known-bad records: kernels the
+engine's own tests call): ``raises_on_gqa``, ``hangs_on_long``, ``always_crashes``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import replace
 
 import torch
 
 from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass, make_kernel
+from flamia_verify.kernels.emulation import Quant, make_kernel
+from flamia_verify.known_bad import KNOWN_BAD, Forwarding, KnownBad, patched_emulation
+from flamia_verify.known_bad.forwarding import STE, EditGrad
 from flamia_verify.recipes.operands import Operand
 
 E4M3_MAX = 448.0
@@ -40,12 +43,8 @@ MX_BLOCK = 32
 
 _flamia = make_kernel(FLAMIA_MXFP8)
 
-
-def _tag(fn, recipe: str, catches: tuple[str, ...], doc: str):
-    fn.recipe = recipe
-    fn.catches = catches
-    fn.__doc__ = doc
-    return fn
+#: the tags of this file's records
+ZOO = ("zoo", "kernels")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,75 +52,74 @@ def _tag(fn, recipe: str, catches: tuple[str, ...], doc: str):
 # ---------------------------------------------------------------------------------------------
 
 
-class _Split(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, fwd_design, bwd_design, within):
-        with within():
-            out, lse2 = forward_pass(fwd_design, q, k, v, cu_q, cu_k, scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
-        ctx.scale, ctx.causal, ctx.bwd, ctx.within = scale, causal, bwd_design, within
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        with ctx.within():
-            dq, dk, dv = backward_pass(ctx.bwd, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None, None, None, None
+def _no_fallback(design):
+    return replace(design, name="no-fallback", diagonal_fallback=False)
 
 
-def _split_kernel(fwd_design, bwd_design, within=contextlib.nullcontext):
-    """The emulation with one design for the forward and another for the backward, both run inside
-    ``within()`` (a context that plants a change in the emulation itself, e.g. another mask)."""
-
-    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        return _Split.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), fwd_design, bwd_design, within)
-
-    return kernel
+def _bf16_recompute(design):
+    """The design whose backward rebuilds P from BF16 scores (Q, K and P in the input dtype)."""
+    return design.with_quants(
+        dict.fromkeys((Operand.Q_HD, Operand.K_HD, Operand.P), Quant("input")), name="bf16-recompute", p_mode="fa"
+    )
 
 
-_NO_FALLBACK = replace(FLAMIA_MXFP8, name="no-fallback", diagonal_fallback=False)
+def _split(fwd, bwd):
+    """A build: the emulation with ``fwd(design)`` forward and ``bwd(design)`` backward (design: the base's)."""
+    return lambda base: patched_emulation(fwd(base.design), bwd(base.design))
 
-v_scale_leak = _tag(
-    _split_kernel(_NO_FALLBACK, FLAMIA_MXFP8),
-    "mxfp8",
-    ("causal.forward",),
-    "FLAMIA MXFP8 whose forward multiplies P V with V blocks that straddle the causal diagonal",
-)
 
-backward_leak = _tag(
-    _split_kernel(FLAMIA_MXFP8, _NO_FALLBACK),
-    "mxfp8",
-    ("causal.dq", "causal.dk_dv"),
-    "FLAMIA MXFP8 with a clean forward and backward GEMMs whose sequence blocks straddle the diagonal",
-)
+def _same(design):
+    return design
 
-document_leak = _tag(
-    make_kernel(replace(FLAMIA_MXFP8, name="document-leak", seq_blocks="packed")),
-    "mxfp8",
-    ("isolation.neighbours", "isolation.nan", "isolation.offset_bitwise", "isolation.nonfinite"),
-    "FLAMIA MXFP8 with sequence blocks at packed positions (a block spans two documents)",
-)
 
-_BF16_RECOMPUTE = FLAMIA_MXFP8.with_quants(
-    dict.fromkeys((Operand.Q_HD, Operand.K_HD, Operand.P), Quant("input")), name="bf16-recompute", p_mode="fa"
-)
-
-fwd_bwd_mismatch = _tag(
-    _split_kernel(FLAMIA_MXFP8, _BF16_RECOMPUTE),
-    "mxfp8",
-    ("consistency.weights", "consistency.grad_forward_ratio"),
-    "FLAMIA MXFP8 forward; the backward rebuilds P from BF16 scores and the forward's log-sum-exp",
-)
-
-mass_underflow = _tag(
-    make_kernel(
-        FLAMIA_MXFP8.with_quants({Operand.P: Quant("e4m3")}, name="mass-underflow", p_mode="fa", normalize="fp32")
+_SPLIT_RECORDS = (
+    KnownBad(
+        "v_scale_leak",
+        "causal",
+        "FLAMIA MXFP8 whose forward multiplies P V with V blocks that straddle the causal diagonal",
+        _split(_no_fallback, _same),
+        catches=("causal.forward",),
+        tags=ZOO,
     ),
-    "mxfp8",
-    ("consistency.conservation_forward", "consistency.shift_invariance", "special.attention_sink", "bound.out"),
-    "MXFP8 operands, but P = exp(S - m) cast to E4M3 without a scale and normalized by the fp32 sum",
+    KnownBad(
+        "backward_leak",
+        "causal",
+        "FLAMIA MXFP8 with a clean forward and backward GEMMs whose sequence blocks straddle the diagonal",
+        _split(_same, _no_fallback),
+        catches=("causal.dq", "causal.dk_dv"),
+        tags=ZOO,
+    ),
+    KnownBad(
+        "document_leak",
+        "isolation",
+        "FLAMIA MXFP8 with sequence blocks at packed positions (a block spans two documents)",
+        lambda base: make_kernel(replace(base.design, name="document-leak", seq_blocks="packed")),
+        catches=("isolation.neighbours", "isolation.nan", "isolation.offset_bitwise", "isolation.nonfinite"),
+        tags=ZOO,
+    ),
+    KnownBad(
+        "fwd_bwd_mismatch",
+        "consistency",
+        "FLAMIA MXFP8 forward; the backward rebuilds P from BF16 scores and the forward's log-sum-exp",
+        _split(_same, _bf16_recompute),
+        catches=("consistency.weights", "consistency.grad_forward_ratio"),
+        tags=ZOO,
+    ),
+    KnownBad(
+        "mass_underflow",
+        "normalisation",
+        "MXFP8 operands, but P = exp(S - m) cast to E4M3 without a scale and normalized by the fp32 sum",
+        lambda base: make_kernel(
+            base.design.with_quants({Operand.P: Quant("e4m3")}, name="mass-underflow", p_mode="fa", normalize="fp32")
+        ),
+        catches=(
+            "consistency.conservation_forward",
+            "consistency.shift_invariance",
+            "special.attention_sink",
+            "bound.out",
+        ),
+        tags=ZOO,
+    ),
 )
 
 
@@ -177,128 +175,48 @@ def _mx_no_zero_guard(block: torch.Tensor, axis: int) -> torch.Tensor:
     return _e4m3_rne(block / scale) * scale
 
 
-class _STE(torch.autograd.Function):
-    """Forward: a buggy quantizer; backward: identity (the gradient reaches the original input)."""
-
-    @staticmethod
-    def forward(ctx, x, fn):
-        return fn(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
+_STE = STE  # forward: a buggy quantizer; backward: the identity (the gradient reaches the original input)
+_GradQuant = EditGrad  # forward: the identity; backward: the incoming gradient through a buggy quantizer
 
 
-class _GradQuant(torch.autograd.Function):
-    """Forward: identity; backward: the incoming gradient goes through a buggy quantizer."""
-
-    @staticmethod
-    def forward(ctx, x, fn):
-        ctx.fn = fn
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return ctx.fn(g), None
-
-
-def _truncating(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+def _truncating(fn, q, k, v, cq, ck, mq, mk, scale, causal):
     along_hd = lambda x: _blockwise(x, None, 2, _mx_truncate)  # noqa: E731
-    along_seq_k = lambda x: _blockwise(x, cu_seqlens_k, 0, _mx_truncate)  # noqa: E731
+    along_seq_k = lambda x: _blockwise(x, ck, 0, _mx_truncate)  # noqa: E731
     qt, kt, vt = _STE.apply(q, along_hd), _STE.apply(k, along_hd), _STE.apply(v, along_seq_k)
-    out = _flamia(
-        qt, kt, vt, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-    )
+    out = fn(qt, kt, vt, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
     return _GradQuant.apply(out, lambda g: _blockwise(g, None, 2, _mx_truncate))
 
 
-truncating = _tag(
-    _truncating,
-    "mxfp8",
-    ("bias.gain", "bias.mean"),
-    "MXFP8 whose E4M3 conversions of q, k, v and dO truncate toward zero instead of rounding to nearest",
-)
+def _v_quant(quantize):
+    """A body that runs the base on V blocked along the keys by ``quantize`` (a front quantizer)."""
+
+    def body(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+        vq = _STE.apply(v, lambda x: _blockwise(x, ck, 0, quantize))
+        return fn(q, k, vq, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
+
+    return body
 
 
-def _v_quant_kernel(quantize):
-    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        vq = _STE.apply(v, lambda x: _blockwise(x, cu_seqlens_k, 0, quantize))
-        return _flamia(
-            q, k, vq, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-        )
-
-    return kernel
-
-
-scale_off_by_one = _tag(
-    _v_quant_kernel(_mx_off_by_one),
-    "mxfp8",
-    ("bound.out", "error.out", "bias.gain"),
-    "MXFP8 whose V block scale exponent is one too small: every element above half the block max saturates",
-)
-
-zero_block_nan = _tag(
-    _v_quant_kernel(_mx_no_zero_guard),
-    "mxfp8",
-    ("special.zero_blocks",),
-    "MXFP8 whose V block scale has no zero guard: an all-zero block of 32 tokens becomes 0/0 = NaN",
-)
-
-
-def _one_token_wrong(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    out = _flamia(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-    )
-    lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+def _one_token_wrong(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+    out = fn(q, k, v, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
+    lens = (cq[1:] - cq[:-1]).tolist()
     keep = torch.ones(out.shape[0], 1, 1, dtype=out.dtype, device=out.device)
     for b, n in enumerate(lens):
         if n == 1:
-            keep[int(cu_seqlens_q[b])] = 0
+            keep[int(cq[b])] = 0
     return out * keep
 
 
-one_token_wrong = _tag(
-    _one_token_wrong,
-    "mxfp8",
-    ("special.short_documents", "bound.out", "error.out"),
-    "FLAMIA MXFP8 that treats documents of length 1 as empty (outputs 0 for them)",
-)
-
-
-# ---------------------------------------------------------------------------------------------
-# engine and interface specimens
-# ---------------------------------------------------------------------------------------------
-
-
-def _inplace_scale(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+def _inplace_scale(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     with torch.no_grad():
         q.mul_(2.0)  # writes into the caller's tensor
-    return _flamia(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale / 2.0, causal=causal
-    )
+    return fn(q, k, v, cq, ck, mq, mk, softmax_scale=scale / 2.0, causal=causal)
 
 
-inplace_scale = _tag(
-    _inplace_scale,
-    "mxfp8",
-    ("interface.inputs_unmodified",),
-    "FLAMIA MXFP8 that pre-scales q in place (the caller's tensor changes)",
-)
-
-
-def _forward_only(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
+def _forward_only(fn, q, k, v, cq, ck, mq, mk, scale, causal):
     with torch.no_grad():
-        return _flamia(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-        )
-
-
-forward_only = _tag(_forward_only, "mxfp8", ("interface.backward",), "FLAMIA MXFP8 forward without a backward")
+        return fn(q, k, v, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
 
 
 class _Jitter(torch.autograd.Function):
@@ -313,67 +231,121 @@ class _Jitter(torch.autograd.Function):
         return g + noise
 
 
-def _nondeterministic(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
-):
-    return _flamia(
-        q,
-        _Jitter.apply(k),
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        softmax_scale=softmax_scale,
-        causal=causal,
-    )
+def _nondeterministic(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+    return fn(q, _Jitter.apply(k), v, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
 
 
-nondeterministic = _tag(
-    _nondeterministic,
-    "mxfp8",
-    ("determinism.repeat",),
-    "FLAMIA MXFP8 whose dK changes in the last bits from run to run (atomics)",
+def _wrong_shape(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+    out = fn(q, k, v, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
+    return (out[:, :, : max(1, out.shape[2] // 2)], None)
+
+
+def _zoo(name: str, family: str, why: str, body, catches: tuple[str, ...]) -> KnownBad:
+    """A bug of this file written around the base kernel (the forwarding wrapper)."""
+    return KnownBad(name, family, why, Forwarding(body, name), catches=catches, tags=ZOO)
+
+
+RECORDS = KNOWN_BAD.register(
+    *_SPLIT_RECORDS,
+    _zoo(
+        "truncating",
+        "rounding",
+        "MXFP8 whose E4M3 conversions of q, k, v and dO truncate toward zero instead of rounding to nearest",
+        _truncating,
+        ("bias.gain", "bias.mean"),
+    ),
+    _zoo(
+        "scale_off_by_one",
+        "rounding",
+        "MXFP8 whose V block scale exponent is one too small: every element above half the block max saturates",
+        _v_quant(_mx_off_by_one),
+        ("bound.out", "error.out", "bias.gain"),
+    ),
+    _zoo(
+        "zero_block_nan",
+        "special",
+        "MXFP8 whose V block scale has no zero guard: an all-zero block of 32 tokens becomes 0/0 = NaN",
+        _v_quant(_mx_no_zero_guard),
+        ("special.zero_blocks",),
+    ),
+    _zoo(
+        "one_token_wrong",
+        "special",
+        "FLAMIA MXFP8 that treats documents of length 1 as empty (outputs 0 for them)",
+        _one_token_wrong,
+        ("special.short_documents", "bound.out", "error.out"),
+    ),
+    _zoo(
+        "inplace_scale",
+        "interface",
+        "FLAMIA MXFP8 that pre-scales q in place (the caller's tensor changes)",
+        _inplace_scale,
+        ("interface.inputs_unmodified",),
+    ),
+    _zoo(
+        "forward_only", "interface", "FLAMIA MXFP8 forward without a backward", _forward_only, ("interface.backward",)
+    ),
+    _zoo(
+        "nondeterministic",
+        "determinism",
+        "FLAMIA MXFP8 whose dK changes in the last bits from run to run (atomics)",
+        _nondeterministic,
+        ("determinism.repeat",),
+    ),
+    _zoo("wrong_shape", "interface", "returns (out[..., :headdim/2], None)", _wrong_shape, ("interface.output",)),
+    origin=__file__,
 )
 
+_built = {r.name: r.kernel() for r in RECORDS}
+v_scale_leak = _built["v_scale_leak"]
+backward_leak = _built["backward_leak"]
+document_leak = _built["document_leak"]
+fwd_bwd_mismatch = _built["fwd_bwd_mismatch"]
+mass_underflow = _built["mass_underflow"]
+truncating = _built["truncating"]
+scale_off_by_one = _built["scale_off_by_one"]
+zero_block_nan = _built["zero_block_nan"]
+one_token_wrong = _built["one_token_wrong"]
+inplace_scale = _built["inplace_scale"]
+forward_only = _built["forward_only"]
+nondeterministic = _built["nondeterministic"]
+wrong_shape = _built["wrong_shape"]
 
-def _raises_on_gqa(q, k, v, *args, **kwargs):
+
+# ---------------------------------------------------------------------------------------------
+# engine fixtures: not bugs of the numbers, kernels the engine's tests call
+# ---------------------------------------------------------------------------------------------
+
+
+def raises_on_gqa(q, k, v, *args, **kwargs):
+    """FLAMIA MXFP8 that raises on GQA inputs"""
     if q.shape[1] != k.shape[1]:
         raise NotImplementedError(f"GQA is not supported ({q.shape[1]} query heads, {k.shape[1]} kv heads)")
     return _flamia(q, k, v, *args, **kwargs)
 
 
-raises_on_gqa = _tag(_raises_on_gqa, "mxfp8", (), "FLAMIA MXFP8 that raises on GQA inputs")
-
 _HANG = threading.Event()
 
 
-def _hangs_on_long(q, k, v, *args, **kwargs):
+def hangs_on_long(q, k, v, *args, **kwargs):
+    """FLAMIA MXFP8 that hangs on more than 200 query tokens"""
     if q.shape[0] > 200:
         _HANG.wait(30.0)  # far longer than the tests' case timeout
     return _flamia(q, k, v, *args, **kwargs)
 
 
-hangs_on_long = _tag(_hangs_on_long, "mxfp8", (), "FLAMIA MXFP8 that hangs on more than 200 query tokens")
-
-
-def _always_crashes(q, *args, **kwargs):
+def always_crashes(q, *args, **kwargs):
+    """a kernel that always raises"""
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
-always_crashes = _tag(_always_crashes, "mxfp8", (), "a kernel that always raises")
-
-
-def _wrong_shape(q, k, v, *args, **kwargs):
-    out = _flamia(q, k, v, *args, **kwargs)
-    return (out[:, :, : max(1, out.shape[2] // 2)], None)
-
-
-wrong_shape = _tag(_wrong_shape, "mxfp8", ("interface.output",), "returns (out[..., :headdim/2], None)")
+for _fixture in (raises_on_gqa, hangs_on_long, always_crashes):
+    _fixture.recipe = "mxfp8"  # type: ignore[attr-defined]
+    _fixture.catches = ()  # type: ignore[attr-defined]
 
 #: every planted-bug kernel and the checks that must catch it
 BUGS = {
-    name: globals()[name]
+    name: _built[name]
     for name in (
         "v_scale_leak",
         "backward_leak",
@@ -391,4 +363,4 @@ BUGS = {
 }
 
 #: the planted bugs and the engine specimens (forward-only, raising, hanging, crashing kernels)
-__all__ = ["BUGS", *BUGS, "forward_only", "raises_on_gqa", "hangs_on_long", "always_crashes"]
+__all__ = ["BUGS", "RECORDS", *BUGS, "forward_only", "raises_on_gqa", "hangs_on_long", "always_crashes"]

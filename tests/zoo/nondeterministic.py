@@ -5,6 +5,10 @@
 elements by one unit in the last place, from a generator seeded by the clock: an fp32 sum taken in
 another order and rounded to bf16 the other way. The information-flow checks must pass the correct
 one (its differences are reported under reproducibility) and still fail the leaking ones.
+
+Test fixtures, not known-bad records: the noise is a correct kernel's, and the leaking base is the
+built-in known-bad design ``mxfp8-naive`` itself. The noise goes around the base through the known-bad
+registry's forwarding wrapper.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import make_kernel
+from flamia_verify.known_bad import around
 
 __all__ = ["NONDETERMINISTIC", "with_atomics_noise"]
 
@@ -43,16 +48,13 @@ class _NoisyGrad(torch.autograd.Function):
         return _flip(grad, torch.Generator().manual_seed(time.time_ns() & 0x7FFFFFFF))
 
 
-def with_atomics_noise(kernel, name: str):
-    def noisy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        q, k, v = (_NoisyGrad.apply(x) if x.requires_grad else x for x in (q, k, v))
-        return kernel(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale, causal=causal
-        )
+def _noisy(fn, q, k, v, cq, ck, mq, mk, scale, causal):
+    q, k, v = (_NoisyGrad.apply(x) if x.requires_grad else x for x in (q, k, v))
+    return fn(q, k, v, cq, ck, mq, mk, softmax_scale=scale, causal=causal)
 
-    noisy.__name__ = name
-    noisy.recipe = getattr(kernel, "recipe", None)
-    return noisy
+
+def with_atomics_noise(kernel, name: str):
+    return around(kernel, _noisy, name=name)
 
 
 #: name -> (kernel, the gating checks it must fail: none for the correct one)

@@ -2,11 +2,13 @@
 with 1 < heads_k < heads, rows of more than 256 keys, several key tiles, and a dS format one bit
 coarser than the recipe claims. Each is the FLAMIA MXFP8 emulation with one change: one function
 patched while it runs (forward and backward), in the style of ``zoo/targeted.py``, or, where the
-mutation table's operators already express it, a mutant (``flamia_verify.mutation``: source edits
-in a module of its own).
+source-edit table's operators already express it, a mutant (``flamia_verify.known_bad.edits``: source
+edits in a module of its own).
 
-Each kernel carries ``recipe``, ``catches`` (the checks of the quick suite that must report
-``fail`` on it) and ``quiet`` (checks its bug cannot reach, which must pass).
+Each is a record of the known-bad registry (tags ``zoo``, ``realistic``), and its kernel carries
+``recipe``, ``catches`` (the checks of the quick suite that must report ``fail`` on it) and ``quiet``
+(checks its bug cannot reach, which must pass). ``dst_e5m2`` is the source-edit table's
+``format.dst_quant-e5m2`` (the same edits and operand rounding), held here to the checks it names.
 
     kv_blocks_at_cu_q       K and V sequence blocks laid out at cu_seqlens_q instead of
                             cu_seqlens_k (the key-side block starts read from the wrong array)
@@ -29,66 +31,44 @@ Each kernel carries ``recipe``, ``catches`` (the checks of the quick suite that 
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 from flamia_verify.kernels import emulation as E
-from flamia_verify.kernels.designs import FLAMIA_MXFP8
-from flamia_verify.kernels.emulation import Quant, backward_pass, forward_pass
-from flamia_verify.mutation import Edit, Mutant, mutant_kernel
-from flamia_verify.mutation.table import VARIANT_KIND_EDITS
+from flamia_verify.kernels.emulation import Quant
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad, patched_emulation
+from flamia_verify.known_bad.edits import Edit, Mutant, SourceEdit
+from flamia_verify.known_bad.table import VARIANT_KIND_EDITS
 from flamia_verify.recipes.operands import Operand
 
 __all__ = ["REALISTIC"]
 
 
-def _tag(fn, recipe: str, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):
-    fn.recipe = recipe
-    fn.catches = catches
-    fn.quiet = quiet
-    fn.__doc__ = doc
-    return fn
+#: the tags of this file's records
+ZOO = ("zoo", "realistic")
+_records: list[KnownBad] = []
 
 
-class _Patched(torch.autograd.Function):
-    """``design``'s forward and backward, each run inside ``patch(cu_q, cu_k)`` (a context that plants
-    a change in the emulation; ``None`` for that pass: unchanged)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal, design, fwd_patch, bwd_patch):
-        with (fwd_patch or _nothing)(cu_q, cu_k):
-            out, lse2 = forward_pass(design, q, k, v, cu_q, cu_k, scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k)
-        ctx.scale, ctx.causal, ctx.design, ctx.bwd_patch = scale, causal, design, bwd_patch
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse2, cu_q, cu_k = ctx.saved_tensors
-        with (ctx.bwd_patch or _nothing)(cu_q, cu_k):
-            dq, dk, dv = backward_pass(ctx.design, q, k, v, out, lse2, dout, cu_q, cu_k, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None, None, None, None
+def _bug(name: str, build, recipe: str, catches, quiet, why: str, family: str = "realistic") -> None:
+    _records.append(KnownBad(name, family, why, build, recipe=recipe, catches=catches, quiet=quiet, tags=ZOO))
 
 
-def _mutant(name: str, why: str, *edits: Edit, quants: dict | None = None, **design) -> object:
-    """The emulation with source edits, operand roundings (``quants``) and other design changes
-    (flamia_verify.mutation): no patching."""
+def _mutant(name: str, why: str, *edits: Edit, quants: dict | None = None, **design):
+    """A build: the emulation with source edits, operand roundings (``quants``) and other design changes
+    (flamia_verify.known_bad.edits): no patching."""
     changes = tuple((quants or {}).items()) + tuple(design.items())
-    return mutant_kernel(Mutant(f"zoo.{name}", "zoo", why, tuple(edits), changes))
+    return SourceEdit(Mutant(f"zoo.{name}", "zoo", why, tuple(edits), changes))
 
 
-def _nothing(cu_q, cu_k):
-    return contextlib.nullcontext()
+def _per_pass(patch):
+    return None if patch is None else (lambda info: patch(info.cu_q, info.cu_k))
 
 
-def _patched_kernel(fwd_patch=None, bwd_patch=None, design=FLAMIA_MXFP8):
-    def kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False):
-        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-        return _Patched.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), design, fwd_patch, bwd_patch)
-
-    return kernel
+def _patched_kernel(fwd_patch=None, bwd_patch=None):
+    """A build: the base's design forward and backward, each run inside ``patch(cu_q, cu_k)`` (a context
+    that plants a change in the emulation; ``None`` for that pass: unchanged)."""
+    return lambda base: patched_emulation(base.design, forward=_per_pass(fwd_patch), backward=_per_pass(bwd_patch))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +101,8 @@ def _swap_offsets(replace_k: bool):
     return patch
 
 
-kv_blocks_at_cu_q = _tag(
+_bug(
+    "kv_blocks_at_cu_q",
     _patched_kernel(_swap_offsets(True), _swap_offsets(True)),
     "mxfp8",
     ("isolation.neighbours", "isolation.offset_bitwise"),
@@ -129,7 +110,8 @@ kv_blocks_at_cu_q = _tag(
     "FLAMIA MXFP8 whose K and V sequence blocks restart at cu_seqlens_q instead of cu_seqlens_k",
 )
 
-do_blocks_at_cu_k = _tag(
+_bug(
+    "do_blocks_at_cu_k",
     _patched_kernel(None, _swap_offsets(False)),
     "mxfp8",
     ("isolation.neighbours", "isolation.offset_bitwise"),
@@ -142,7 +124,8 @@ do_blocks_at_cu_k = _tag(
 # ---------------------------------------------------------------------------------------------
 
 
-gqa_repeat = _tag(
+_bug(
+    "gqa_repeat",
     _mutant(
         "gqa_repeat",
         "kv heads tiled with repeat in every GEMM",
@@ -165,7 +148,8 @@ LONG_ROW = 256
 TILE = 64
 _SHUFFLED = f"tile={TILE}, min_len={LONG_ROW}"
 
-long_row_tile_order = _tag(
+_bug(
+    "long_row_tile_order",
     _mutant(
         "long_row_tile_order",
         "sequence GEMMs over > 256 positions sum 64-wide tiles in a random order",
@@ -222,7 +206,8 @@ def _tile_normalized(tile: int):
     return patch
 
 
-bwd_tile_normalized = _tag(
+_bug(
+    "bwd_tile_normalized",
     _patched_kernel(None, _tile_normalized(128)),
     "mxfp8",
     ("consistency.weights",),
@@ -230,7 +215,8 @@ bwd_tile_normalized = _tag(
     "FLAMIA MXFP8 whose backward rebuilds P per 128-key tile against the tile's own maximum and sum",
 )
 
-bwd_tile_normalized_64 = _tag(
+_bug(
+    "bwd_tile_normalized_64",
     _patched_kernel(None, _tile_normalized(64)),
     "mxfp8",
     ("consistency.weights",),
@@ -278,7 +264,8 @@ def _stale_rescale_patch(cu_q, cu_k):
     return E.overriding(probabilities=_stale_rescale_probabilities)
 
 
-skip_rescale_after_256 = _tag(
+_bug(
+    "skip_rescale_after_256",
     _patched_kernel(_stale_rescale_patch, None),
     "mxfp8",
     ("bound.out", "bound.grad", "bias.gain"),
@@ -296,7 +283,8 @@ skip_rescale_after_256 = _tag(
 
 _E5M2 = Quant("mx-e5m2", 32)
 
-ds_e5m2 = _tag(
+_bug(
+    "ds_e5m2",
     _mutant("ds_e5m2", "dS and dS^T in E5M2", *VARIANT_KIND_EDITS, quants={Operand.DS: _E5M2, Operand.DST: _E5M2}),
     "mxfp8",
     ("bound.grad",),
@@ -304,17 +292,16 @@ ds_e5m2 = _tag(
     "claims MXFP8 but rounds dS (dQ = dS K) and dS^T (dK = dS^T Q) to E5M2 elements with E8M0 block scales",
 )
 
-dst_e5m2 = _tag(
-    _mutant("dst_e5m2", "dS^T in E5M2", *VARIANT_KIND_EDITS, quants={Operand.DST: _E5M2}),
-    "mxfp8",
-    ("bound.grad",),
-    ("causal", "isolation", "determinism", "error.out", "bound.out", "consistency.conservation_forward"),
-    "claims MXFP8 but rounds dS^T (dK = dS^T Q) to E5M2 elements with E8M0 block scales",
-)
+# dst_e5m2 (dS^T only, in E5M2) is the source-edit table's format.dst_quant-e5m2: its claims are on
+# that record (flamia_verify/known_bad/table.py)
+
+RECORDS = KNOWN_BAD.register(*_records, origin=__file__)
+_built = {r.name: r.kernel() for r in RECORDS}
+_built["dst_e5m2"] = KNOWN_BAD.kernel("format.dst_quant-e5m2")
 
 #: every planted kernel of this file, by name
 REALISTIC = {
-    name: globals()[name]
+    name: _built[name]
     for name in (
         "kv_blocks_at_cu_q",
         "do_blocks_at_cu_k",
@@ -327,3 +314,4 @@ REALISTIC = {
         "dst_e5m2",
     )
 }
+globals().update(REALISTIC)  # each kernel also by its name

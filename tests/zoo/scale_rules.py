@@ -17,14 +17,15 @@ With ``amax = m 2^E``, m in [1, 2), the recipes' rules are RCEIL ``E - 8 + (m > 
     quotient_ftz      RCEIL from the fp32 quotient amax / 448, flushed to 0 (scale byte 0) where the
                       quotient is subnormal (amax < 448 2^-126): one exponent too small there
 
-``WRONG`` maps a kernel name to the kernel; each carries ``recipe``, ``rule`` (the wrong rule's name)
-and ``base`` (the correct built-in it is a variation of). These are test kernels: the patch changes
+``WRONG`` maps a kernel name to the kernel; each is a record of the known-bad registry
+(``wrong_rule.<base>.<rule>``, tags ``zoo``, ``scale-rule``: it must fail ``bound.rounding``) built
+on the correct built-in it is a variation of, and carries ``recipe``, ``rule`` (the wrong rule's
+name) and ``base`` (that built-in). These are test kernels: the patch changes
 ``flamia_verify.formats.blocks`` for every caller while a kernel runs (single-threaded tests only).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from unittest import mock
@@ -33,9 +34,9 @@ import torch
 
 from flamia_verify.formats import blocks
 from flamia_verify.kernels.designs import DESIGNS
-from zoo.kernels import _split_kernel
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad, patched_emulation
 
-__all__ = ["EXPONENT_RULES", "WRONG_FOR", "WRONG", "wrong_rule_kernel"]
+__all__ = ["EXPONENT_RULES", "WRONG_FOR", "WRONG", "RECORDS", "wrong_rule_kernel"]
 
 _SQRT2 = math.sqrt(2.0)
 
@@ -96,20 +97,47 @@ WRONG_FOR: dict[str, tuple[str, ...]] = {
 }
 
 
-def wrong_rule_kernel(base: str, rule: str):
-    """The emulated built-in ``base`` with every MX block scale exponent by the wrong ``rule``."""
-    design = DESIGNS[base]
-    within = functools.partial(mock.patch.object, blocks, "mx_scale_exponent", EXPONENT_RULES[rule])
-    kernel = _split_kernel(design, design, within=within)
-    kernel.recipe = design.recipe.name  # type: ignore[attr-defined]
-    kernel.rule = rule  # type: ignore[attr-defined]
-    kernel.base = base  # type: ignore[attr-defined]
-    kernel.__name__ = f"{base}_{rule}".replace("-", "_")
-    kernel.__doc__ = f"{base} (emulation) with the MX scale exponent by the wrong rule {rule}"
-    return kernel
+class _WrongRule:
+    """A build: the base's design with every MX block scale exponent by the wrong ``rule`` (the block
+    quantizer's exponent function patched while each pass runs)."""
+
+    def __init__(self, rule: str):
+        self.rule = rule
+
+    def __call__(self, base):
+        def within(info):
+            return mock.patch.object(blocks, "mx_scale_exponent", EXPONENT_RULES[self.rule])
+
+        kernel = patched_emulation(base.design, forward=within, backward=within)
+        kernel.__name__ = f"{base.design.name}_{self.rule}".replace("-", "_")
+        return kernel
+
+
+def _record(base: str, rule: str) -> KnownBad:
+    return KnownBad(
+        f"wrong_rule.{base}.{rule}",
+        "rounding",
+        f"{base} (emulation) with the MX scale exponent by the wrong rule {rule}",
+        _WrongRule(rule),
+        base=base,
+        recipe=DESIGNS[base].recipe.name,
+        catches=("bound.rounding",),
+        tags=("zoo", "scale-rule"),
+        attrs=(("rule", rule), ("base", base)),
+    )
 
 
 _BASES = {"flamia-mxfp8": "rceil", "flamia-mxfp8-floor": "floor", "flamia-nvfp4": "rceil"}
+
+RECORDS = KNOWN_BAD.register(
+    *(_record(base, rule) for base, own in _BASES.items() for rule in WRONG_FOR[own]), origin=__file__
+)
+
+
+def wrong_rule_kernel(base: str, rule: str):
+    """The emulated built-in ``base`` with every MX block scale exponent by the wrong ``rule``."""
+    return KNOWN_BAD.kernel(f"wrong_rule.{base}.{rule}")
+
 
 WRONG: dict[str, Callable] = {
     f"{base}:{rule}": wrong_rule_kernel(base, rule) for base, own in _BASES.items() for rule in WRONG_FOR[own]

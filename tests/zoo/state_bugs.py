@@ -21,8 +21,9 @@ state family, which calls the kernel as training does, can fail it.
                              and the kernel describes no state: only the gradients' bits can show that a
                              spike is never forgotten (a backward history left behind by a reallocation)
 
-Each carries ``recipe`` (fp8), ``catches`` (the checks that must fail) and ``quiet`` (checks its bug
-cannot reach at the pinned state, which must pass). Command-line specs:
+Each is a record of the known-bad registry (tags ``zoo``, ``state``) built from the ``fp8-delayed``
+kernel (a variation of its class), and carries ``recipe`` (fp8), ``catches`` (the checks that must
+fail) and ``quiet`` (checks its bug cannot reach at the pinned state, which must pass). Command-line specs:
 ``flamia-verify check --kernel tests/zoo/state_bugs.py:frozen_shared --only state``.
 """
 
@@ -35,9 +36,11 @@ import torch
 from flamia_verify.kernels.cudnn_fp8.scaling import ROLE_INDEX, ScalingState, pow2_scale
 from flamia_verify.kernels.delayed import DelayedScalingAttention, _amax
 from flamia_verify.kernels.state import StateKind, StatePolicy, StateSharing
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad
 
 __all__ = [
     "STATE_BUGS",
+    "RECORDS",
     "fresh",
     "do_never_decays_hidden",
     "do_scale_previous_step",
@@ -47,13 +50,6 @@ __all__ = [
     "scale_cache_by_address",
     "shared_history",
 ]
-
-
-def _tag(fn, catches: tuple[str, ...], quiet: tuple[str, ...], doc: str):
-    fn.catches = catches
-    fn.quiet = quiet
-    fn.__doc__ = doc
-    return fn
 
 
 class _FrozenShared(DelayedScalingAttention):
@@ -172,59 +168,79 @@ _STATE = ("state.training",)
 #: checks that judge one call at the state the run pins (after the probe): a stateful bug passes them
 _PURE = ("causal.forward", "causal.dq", "error.out")
 
-#: name -> (builder, catches, quiet, description); ``fresh(name)`` builds a new kernel with a new state
-_SPECS = {
-    "frozen_shared": (
+
+class _Make:
+    """A build: a kernel of the base's kind (``fp8-delayed``'s class, or a variation of it) with a state of
+    its own, made by ``make()``."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __call__(self, base):
+        return self.make()
+
+
+def _bug(name: str, make, catches, why: str) -> KnownBad:
+    return KnownBad(
+        name, "state", why, _Make(make), base="fp8-delayed", catches=catches, quiet=_PURE, tags=("zoo", "state")
+    )
+
+
+RECORDS = KNOWN_BAD.register(
+    _bug(
+        "frozen_shared",
         lambda: _FrozenShared(history_len=1024, margin=0, freeze_after_calibration=True, name="frozen-shared"),
         _STATE,
-        _PURE,
         "delayed scaling calibrated on the first call, then frozen; one state for every layer "
         "(cudnn-fp8's former default)",
     ),
-    "frozen_per_layer": (
+    _bug(
+        "frozen_per_layer",
         lambda: DelayedScalingAttention(freeze_after_calibration=True, name="frozen-per-layer"),
         _STATE,
-        _PURE,
         "delayed scaling calibrated on each instance's first call, then frozen (one instance per layer)",
     ),
-    "shared_history": (
+    _bug(
+        "shared_history",
         lambda: _SharedHistory(name="shared-history"),
         _STATE,
-        _PURE,
         "TransformerEngine's recipe (history 16, margin 1) with one history shared by every layer's instance",
     ),
-    "never_decays": (
+    _bug(
+        "never_decays",
         lambda: _NeverDecays(name="never-decays"),
         ("state.history",),
-        _PURE,
         "TransformerEngine's recipe per instance, but the history keeps the largest amax ever seen",
     ),
-    "do_scale_previous_step": (
+    _bug(
+        "do_scale_previous_step",
         lambda: _DoFromPreviousStep(name="do-scale-previous-step"),
         _STATE,
-        _PURE,
         "TransformerEngine's recipe per instance, but dO scaled by the previous backward's amax alone, margin 0",
     ),
-    "scale_cache_by_address": (
+    _bug(
+        "scale_cache_by_address",
         lambda: _ScaleCacheByAddress(name="scale-cache-by-address"),
         _STATE,
-        _PURE,
         "TransformerEngine's recipe per instance, but the scales of q, k and v cached by the tensor's address",
     ),
-    "do_never_decays_hidden": (
+    _bug(
+        "do_never_decays_hidden",
         lambda: _DoNeverDecaysHidden(name="do-never-decays-hidden"),
         ("state.history",),
-        _PURE,
         "TransformerEngine's recipe per instance, but dO's history keeps its largest amax for ever, and the "
         "kernel describes no state",
     ),
-}
+    origin=__file__,
+)
+
+#: the correct kernel every record is a variation of (its recipe is what they claim)
+_BASE = DelayedScalingAttention()
 
 
 def fresh(name: str):
     """A new kernel of the planted bug ``name`` (its own state), tagged with catches and quiet."""
-    make, catches, quiet, doc = _SPECS[name]
-    return _tag(make(), catches, quiet, doc)
+    return KNOWN_BAD.kernel(name, base=_BASE)
 
 
 frozen_shared = fresh("frozen_shared")
@@ -235,4 +251,4 @@ do_scale_previous_step = fresh("do_scale_previous_step")
 scale_cache_by_address = fresh("scale_cache_by_address")
 do_never_decays_hidden = fresh("do_never_decays_hidden")
 
-STATE_BUGS = {name: globals()[name] for name in _SPECS}
+STATE_BUGS = {r.name: globals()[r.name] for r in RECORDS}

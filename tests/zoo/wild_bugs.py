@@ -10,6 +10,16 @@ most ordinary inputs (contiguous bf16, scale passed, equal-length short document
 64) and wrong only in its own part of the input space or of the contract. Each carries ``recipe``,
 ``description``, ``source`` and ``dimension`` attributes.
 
+Each is a record of the known-bad registry (tags ``zoo``, ``wild``; judged by the quick suite's gate,
+``tests/test_wild_zoo.py``) built on this file's fp32 attention (``fp32_attention``), or one of the
+registry's records that had been written twice: ``gqa_repeat_not_interleave`` is ``wrapper.gqa.modulo``,
+``assumes_contiguous_layout`` ``wrapper.stride.storage-as-contiguous``, ``fp16_computed_in_bf16``
+``wrapper.dtype.fp16-via-bf16``, ``nan_to_num_output`` ``wrapper.nan.out-to-num`` and
+``scale_zero_means_default`` the convention zoo's ``zero_scale_is_default``, each built on
+``fp32_attention`` as they were written here; ``causal_top_left`` is the targeted zoo's
+``top_left_causal`` (the emulated flamia-mxfp8) and ``causal_offset_from_max_seqlen`` the causal zoo's
+``offset_from_max_seqlens`` (torch SDPA per document).
+
 ``CORRECT_WILD`` maps a name to a correct kernel of varied implementation that a verifier must not flag.
 
 ``demonstrate(name)`` builds one concrete CPU input on which bug ``name`` differs from a float64 reference
@@ -29,6 +39,7 @@ import torch.nn.functional as F
 from flamia_verify.formats import E4M3, ScaleRule, fp8_row_quantize, fp8_tensor_quantize, mx_fake_quantize
 from flamia_verify.kernels.designs import DESIGNS
 from flamia_verify.kernels.emulation import Quant, emulated_forward_with_lse, make_kernel
+from flamia_verify.known_bad import KNOWN_BAD, KnownBad
 from flamia_verify.recipes.operands import Operand
 
 __all__ = ["CORRECT_WILD", "WILD", "demonstrate", "reference", "ordinary_case", "make_case", "run_case"]
@@ -234,6 +245,15 @@ def _base_lse(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=Fals
     return out.to(q.dtype), lse.float()
 
 
+def fp32_attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    """This file's correct kernel: fp32 attention per document (the base its bugs are built on)."""
+    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+
+
+fp32_attention.recipe = "bf16"  # type: ignore[attr-defined]
+_FP32 = "zoo.wild_bugs:fp32_attention"
+
+
 def reference(q, k, v, cu_q, cu_k, softmax_scale=None, causal=False):
     """float64 (out, lse) of the convention, differentiable (q, k, v may be float64 leaves)."""
     q64, k64, v64 = q.double(), k.double(), v.double()
@@ -251,7 +271,7 @@ def _as_if_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided(x.shape, strides, x.storage_offset())
 
 
-def _tag(recipe: str, description: str, source: str = "", dimension: str = ""):
+def _describe(recipe: str, description: str, source: str = "", dimension: str = ""):
     def mark(fn):
         fn.recipe = recipe
         fn.description = description
@@ -409,13 +429,36 @@ class _DoutAsContiguous(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 WILD: dict[str, Callable] = {}
+_records: list[KnownBad] = []
+
+
+class _Hooked:
+    """A build: the kernel ``fn`` (the base, this file's fp32 attention, run with one of its hooks set)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, base):
+        return self.fn
 
 
 def _bug(name, recipe, description, source, dimension):
     def register(fn):
-        _tag(recipe, description, source, dimension)(fn)
         fn.__name__ = name
-        WILD[name] = fn
+        _records.append(
+            KnownBad(
+                name,
+                "wild",
+                description,
+                _Hooked(fn),
+                base=_FP32,
+                recipe=recipe,
+                where=dimension,
+                source=source,
+                tags=("zoo", "wild"),
+                attrs=(("description", description), ("dimension", dimension)),
+            )
+        )
         return fn
 
     return register
@@ -448,36 +491,6 @@ def _bwd_scale_none_is_one(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None
     bwd_scale = 1.0 if softmax_scale is None else softmax_scale
     graph = _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=bwd_scale, causal=causal)
     return _fwd_of(fwd, graph)
-
-
-@_bug(
-    "causal_top_left",
-    "bf16",
-    "The causal mask is aligned to the top-left corner (key j visible iff j <= i) instead of the bottom "
-    "right, which only matters when a document's query and key lengths differ.",
-    "Causal-mask alignment reports for FMHA kernels and SDPA ports when seqlen_q != seqlen_k.",
-    "causal with seqlen_q != seqlen_k",
-)
-def _causal_top_left(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    return _base(
-        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, offset_fn=lambda lq, lk: 0
-    )
-
-
-@_bug(
-    "causal_offset_from_max_seqlen",
-    "bf16",
-    "The bottom-right causal offset is computed once from max_seqlen_k - max_seqlen_q for the whole batch "
-    "instead of per document from its own lengths.",
-    "Varlen wrapper reports where batch-level max sequence lengths were used in place of per-sequence "
-    "lengths for the causal diagonal.",
-    "causal with per-document length differences or padded max_seqlen",
-)
-def _causal_offset_from_max_seqlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    off = int(max_k) - int(max_q)
-    return _base(
-        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal, offset_fn=lambda lq, lk: off
-    )
 
 
 @_bug(
@@ -581,20 +594,6 @@ def _lse_padded_layout(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, ca
 
 
 @_bug(
-    "assumes_contiguous_layout",
-    "bf16",
-    "q, k and v are read from their storage offset with contiguous (T, H, D) strides, as raw pointer "
-    "arithmetic does, ignoring the tensors' real strides.",
-    "Reports of flash-attention ports returning wrong output for non-contiguous q/k/v sliced from a fused "
-    "projection or transposed.",
-    "non-contiguous inputs (fused qkv slices, transposed storage)",
-)
-def _assumes_contiguous_layout(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    q, k, v = _as_if_contiguous(q), _as_if_contiguous(k), _as_if_contiguous(v)
-    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
-
-
-@_bug(
     "v_head_stride_assumed",
     "bf16",
     "V is read honoring its row stride but assuming a head stride of head_dim, which holds for row-major "
@@ -623,29 +622,6 @@ def _v_head_stride_assumed(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None
 def _bwd_dout_stride_check(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
     out = _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
     return _DoutAsContiguous.apply(out)
-
-
-@_bug(
-    "gqa_repeat_not_interleave",
-    "bf16",
-    "kv heads are expanded with repeat (tiling) instead of repeat_interleave, so query head h uses kv head "
-    "h % nheads_k instead of h // (nheads // nheads_k).",
-    "GQA expansion reports where repeat and repeat_interleave were confused.",
-    "GQA with nheads_k > 1 and group > 1",
-)
-def _gqa_repeat_not_interleave(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    return _base(
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        max_q,
-        max_k,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        kv_map=lambda h, hk: torch.arange(h) % hk,
-    )
 
 
 @_bug(
@@ -953,34 +929,6 @@ def _fp16_unscaled_scores(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None,
 
 
 @_bug(
-    "fp16_computed_in_bf16",
-    "bf16",
-    "fp16 inputs are cast to bf16 for a bf16-only kernel and the output cast back to fp16, losing three "
-    "mantissa bits on every operand.",
-    "Wrapper reports where an fp16 call was silently routed through a bf16-only kernel.",
-    "fp16 inputs (dtype handling)",
-)
-def _fp16_computed_in_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    if q.dtype != torch.float16:
-        return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
-    qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
-    return _base(qb, kb, vb, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal).to(q.dtype)
-
-
-@_bug(
-    "nan_to_num_output",
-    "bf16",
-    "The output is passed through torch.nan_to_num to hide NaNs from empty rows, which also hides NaN and "
-    "inf that should propagate from the inputs.",
-    "Reports of wrappers masking NaNs after attention and hiding upstream divergence.",
-    "NaN/inf inputs (non-finite propagation)",
-)
-def _nan_to_num_output(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    out = _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
-    return torch.nan_to_num(out, nan=0.0)
-
-
-@_bug(
     "softmax_without_max",
     "bf16",
     "The softmax exponentiates the scaled scores without subtracting the row max, clamping them at 80 to "
@@ -1190,19 +1138,6 @@ def _lse_zero_for_rows_without_keys(q, k, v, cu_q, cu_k, max_q, max_k, softmax_s
 
 
 @_bug(
-    "scale_zero_means_default",
-    "bf16",
-    "The default scale is chosen by truthiness (softmax_scale or D^-0.5), so softmax_scale=0.0 (uniform "
-    "weights) runs with D^-0.5.",
-    "Wrappers that test an optional float with `or` instead of `is None`.",
-    "softmax_scale=0.0",
-)
-def _scale_zero_means_default(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    scale = softmax_scale or q.shape[-1] ** -0.5
-    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
-
-
-@_bug(
     "cu_seqlens_raw_pointer",
     "bf16",
     "cu_seqlens_q and cu_seqlens_k are handed to the kernel as raw pointers without .contiguous(): a view "
@@ -1371,6 +1306,30 @@ def _fp16_decode_read_as_bf16(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=N
     return out.contiguous().view(torch.float16)
 
 
+RECORDS = KNOWN_BAD.register(*_records, origin=__file__)
+WILD.update({r.name: r.kernel(fp32_attention) for r in RECORDS})
+
+# the bugs of this zoo that another catalog had written too: one record each, built on the base this
+# zoo wrote it on (this file's fp32 attention), or on the record's own where the bug lives in it
+import zoo.causal_bugs  # noqa: E402  (registers offset_from_max_seqlens)
+import zoo.convention_bugs  # noqa: E402  (registers zero_scale_is_default)
+import zoo.targeted  # noqa: E402  (registers top_left_causal)
+
+_TWINS = {
+    "gqa_repeat_not_interleave": ("wrapper.gqa.modulo", fp32_attention),
+    "assumes_contiguous_layout": ("wrapper.stride.storage-as-contiguous", fp32_attention),
+    "fp16_computed_in_bf16": ("wrapper.dtype.fp16-via-bf16", fp32_attention),
+    "nan_to_num_output": ("wrapper.nan.out-to-num", fp32_attention),
+    "scale_zero_means_default": ("zero_scale_is_default", fp32_attention),
+    "causal_top_left": ("top_left_causal", None),
+    "causal_offset_from_max_seqlen": ("offset_from_max_seqlens", zoo.correct.sdpa_bf16),
+}
+for _name, (_record, _base_fn) in _TWINS.items():
+    _twin = KNOWN_BAD.get(_record)
+    _fn = _twin.kernel(_base_fn)
+    _fn.description, _fn.dimension = _twin.why, _twin.where
+    WILD[_name] = _fn
+
 # ----------------------------------------------------------------------------------------------
 # correct kernels
 # ----------------------------------------------------------------------------------------------
@@ -1389,7 +1348,7 @@ def _correct(name, recipe, description):
             with torch.autocast(device_type=q.device.type, enabled=False):
                 return fn(q, *args, **kwargs)
 
-        _tag(recipe, description)(guarded)
+        _describe(recipe, description)(guarded)
         guarded.__name__ = name
         CORRECT_WILD[name] = guarded
         return guarded
@@ -1716,8 +1675,7 @@ def _check_precision(fn, base, case, factor=2.0):
     return f"mean output error vs float64 {e_bug:.3g} = {e_bug / e_good:.1f}x the correct kernel's {e_good:.3g}"
 
 
-def _correct_base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
-    return _base(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal)
+_correct_base = fp32_attention
 
 
 def _demo_nondeterministic(fn):

@@ -3,7 +3,7 @@
 Each function is the faulty twin of one step of :mod:`flamia_verify.kernels.emulation`: a mask off by
 k positions, a block boundary in the wrong place, K/V heads expanded in the wrong order, an operand
 rounded in another format, a reduction summed in a random order, an input written in place. They
-are plain, obviously-written functions; the mutant table (:mod:`flamia_verify.mutation.table`) says
+are plain, obviously-written functions; the source-edit table (:mod:`flamia_verify.known_bad.table`) says
 where each one is spliced in.
 """
 

@@ -1,4 +1,5 @@
-"""Turning a mutant (edits of the emulation's source, changes of a design) into a kernel.
+"""The source-edit family's mutants (edits of the emulation's source, changes of a design) and how
+one is turned into a kernel.
 
 The emulation (:mod:`flamia_verify.kernels.emulation`) is the executable specification of every
 built-in kernel. A mutant is that specification with one realistic bug planted: its source text
@@ -19,13 +20,22 @@ import inspect
 import re
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flamia_verify.errors import FlamiaVerifyError
 from flamia_verify.recipes.operands import Operand
 
-__all__ = ["Edit", "Mutant", "MutationError", "mutated_module", "mutant_kernel", "EMULATION"]
+__all__ = [
+    "Edit",
+    "Mutant",
+    "MutationError",
+    "SourceEdit",
+    "apply_edits",
+    "mutated_module",
+    "mutant_kernel",
+    "EMULATION",
+]
 
 EMULATION = "flamia_verify.kernels.emulation"
 
@@ -52,7 +62,8 @@ class Mutant:
     design, each an operand's rounding (``(Operand.DS, Quant("nvfp4", 16))``) or another field
     (``("mma", frozenset())``). correct: True for an alternative *correct*
     design (a false-alarm probe: every check must pass on it), False for a bug every suite should
-    catch. why: one line a reader of the kill table needs.
+    catch. why: one line a reader of the kill table needs. Each entry of the table is registered as
+    a known-bad record (:mod:`flamia_verify.known_bad.table`) whose ``build`` is :class:`SourceEdit`.
     """
 
     name: str
@@ -62,7 +73,6 @@ class Mutant:
     design: tuple[tuple[Operand | str, Any], ...] = ()
     base: str = "flamia-mxfp8"
     correct: bool = False
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _scope_span(source: str, tree: ast.Module, scope: str) -> tuple[int, int]:
@@ -101,10 +111,10 @@ def mutated_module(mutant: Mutant) -> types.ModuleType:
         return _MODULES[key]
     original = importlib.import_module(EMULATION)
     source = apply_edits(inspect.getsource(original), mutant.edits, name=mutant.name)
-    modname = f"flamia_verify.mutation._mutant_{re.sub(r'[^0-9A-Za-z]+', '_', mutant.name)}_{len(_MODULES)}"
+    modname = f"flamia_verify.known_bad._mutant_{re.sub(r'[^0-9A-Za-z]+', '_', mutant.name)}_{len(_MODULES)}"
     module = types.ModuleType(modname, original.__doc__)
     module.__file__ = f"<mutant {mutant.name} of {EMULATION}>"
-    from flamia_verify.mutation import operators
+    from flamia_verify.known_bad import operators
 
     module.__dict__["_mut"] = operators
     sys.modules[modname] = module  # dataclasses resolve annotations through sys.modules
@@ -117,13 +127,15 @@ def mutated_module(mutant: Mutant) -> types.ModuleType:
     return module
 
 
-def mutant_design(mutant: Mutant):
-    """The base design with the mutant's field changes."""
+def mutant_design(mutant: Mutant, base=None):
+    """The base design (default: the mutant's ``base``) with the mutant's field changes."""
     from flamia_verify.kernels.designs import DESIGNS
 
-    if mutant.base not in DESIGNS:
-        raise MutationError(f"mutant {mutant.name}: unknown base design {mutant.base!r}; known: {', '.join(DESIGNS)}")
-    base = DESIGNS[mutant.base]
+    if base is None:
+        if mutant.base not in DESIGNS:
+            names = ", ".join(DESIGNS)
+            raise MutationError(f"mutant {mutant.name}: unknown base design {mutant.base!r}; known: {names}")
+        base = DESIGNS[mutant.base]
     quants = {key: value for key, value in mutant.design if isinstance(key, Operand)}
     switches = {key: value for key, value in mutant.design if not isinstance(key, Operand)}
     known = {f.name for f in dataclasses.fields(base)} - {"quants"}
@@ -133,10 +145,27 @@ def mutant_design(mutant: Mutant):
     return base.with_quants(quants, name=f"mutant:{mutant.name}", **switches)
 
 
-def mutant_kernel(mutant: Mutant):
-    """A kernel in the varlen calling convention that runs the mutated emulation (any device)."""
+def mutant_kernel(mutant: Mutant, design=None):
+    """A kernel in the varlen calling convention that runs the mutated emulation (any device) of
+    ``design`` (default: the mutant's base design)."""
     module = mutated_module(mutant)
-    kernel = module.make_kernel(mutant_design(mutant))
+    kernel = module.make_kernel(mutant_design(mutant, design))
     kernel.__name__ = "mutant_" + re.sub(r"[^0-9A-Za-z]+", "_", mutant.name)
     kernel.__doc__ = f"mutant {mutant.name} of {mutant.base}: {mutant.why}"
     return kernel
+
+
+@dataclass(frozen=True)
+class SourceEdit:
+    """A known-bad record's ``build`` for a source-edit mutant: ``SourceEdit(mutant)(base)`` is the
+    mutated emulation of the design the base kernel runs (an emulated built-in: its ``design``)."""
+
+    mutant: Mutant
+
+    def __call__(self, base):
+        from flamia_verify.kernels.metadata import kernel_design
+
+        design = kernel_design(base)
+        if design is None:
+            raise MutationError(f"mutant {self.mutant.name} edits the emulation: its base must be an emulated built-in")
+        return mutant_kernel(self.mutant, design)
