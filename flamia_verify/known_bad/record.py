@@ -9,10 +9,11 @@ gives the result the attributes the tool and the tests read (``recipe``, ``catch
 ``why``, ``known_bad``: the record).
 
 What a record promises (``catches``: the checks or families that must report ``fail``; ``quiet``:
-the ones its bug cannot reach, which must pass) is asserted by the tests that read it. A record
-tagged ``mutant`` (the families ``flamia-verify mutate`` runs) or ``ladder`` (train-parity's rungs
-of known size) names no single check: a mutant is judged by the kill rule (some check of the suite
-fails or errors; its kill rate is measured, survivors included), a rung by train-parity's gate.
+the ones its bug cannot reach, which must pass; ``suite``: where) is asserted by the tests that read
+it. A record tagged ``mutant`` (the families ``flamia-verify mutate`` runs) or ``ladder``
+(train-parity's rungs of known size) need not name a check: a mutant is judged by the kill rule (some
+check of the suite fails or errors; its kill rate is measured, survivors included), a rung by
+train-parity's gate. A mutant that the test suite also holds to named checks carries them.
 """
 
 from __future__ import annotations
