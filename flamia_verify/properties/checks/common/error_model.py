@@ -39,12 +39,15 @@ __all__ = [
 def predicted(ctx, case) -> dict[str, float]:
     """The rounding model's relative RMSE of every tensor on this case (cached)."""
 
-    model = ctx.bound_model
+    def shared():  # on the run's first request: the model is built here, not on every lookup
+        model = ctx.bound_model
+        return ctx.across_runs(
+            ("predicted", case),
+            lambda: predicted_errors(ctx.inputs(case), ctx.reference(case), model, seed=case.seed),
+            model=model,
+        )
 
-    def compute():
-        return predicted_errors(ctx.inputs(case), ctx.reference(case), model, seed=case.seed)
-
-    return ctx.memo(("predicted", case), lambda: ctx.across_runs(("predicted", case), compute, model=model))
+    return ctx.memo(("predicted", case), shared)
 
 
 def normalized_error(ctx, case, tensor: str, rel: float) -> float:
@@ -65,18 +68,22 @@ def bounds_for(ctx, case, *, grads: bool, exact_weights: bool = False, nominal: 
     ``exact_weights``: under :func:`exact_weight_model` (only for cases whose weights are exact, such as uniform rows);
     ``nominal``: under the recipe's nominal model, without its admissions (what they add is reported, never judged)."""
 
-    model = ctx.bound_model
-    if nominal:
-        model = model.nominal()
-    if exact_weights:
-        model = exact_weight_model(model)
-
-    def compute():
-        return bounds_of(ctx.inputs(case), ctx.reference(case), scale=case.scale, causal=case.causal, model=model)
-
     # how the tensors are passed (``case.call``) does not change the bound
     key = ("bound", replace(case, call=()))
-    return ctx.memo(key + (exact_weights, nominal), lambda: ctx.across_runs(key, compute, model=model))
+
+    def shared():  # on the run's first request: the model is built here, not on every lookup
+        model = ctx.bound_model
+        if nominal:
+            model = model.nominal()
+        if exact_weights:
+            model = exact_weight_model(model)
+        return ctx.across_runs(
+            key,
+            lambda: bounds_of(ctx.inputs(case), ctx.reference(case), scale=case.scale, causal=case.causal, model=model),
+            model=model,
+        )
+
+    return ctx.memo(key + (exact_weights, nominal), shared)
 
 
 def exact_weight_model(model):
