@@ -22,7 +22,6 @@ the coverage model and the case validation read it from here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -126,12 +125,12 @@ class CallOption:
     def probe_values(self) -> tuple[Any, ...]:
         return self.probe if self.probe is not None else self.names[1:]
 
-    def mismatch_words(self, value: Any) -> str:
-        return self.words.format(value=value)
+    def value_words(self, value: Any) -> str:
+        """A value as the reports write it."""
+        return str(value)
 
-    def with_words(self, words: str) -> CallOption:
-        """The same option with other words for a mismatch (``{value}`` alone: the value as written)."""
-        return dataclasses.replace(self, words=words)
+    def mismatch_words(self, value: Any) -> str:
+        return self.words.format(value=self.value_words(value))
 
 
 class _MaxSeqlenPad(CallOption):
@@ -147,8 +146,8 @@ class _MaxSeqlenPad(CallOption):
     def coverage_value(self, value: Any) -> str:
         return "above" if value else "exact"
 
-    def mismatch_words(self, value: Any) -> str:
-        return self.words.format(value=f"{value[0]}/{value[1]}" if isinstance(value, tuple) else value)
+    def value_words(self, value: Any) -> str:
+        return f"{value[0]}/{value[1]}" if isinstance(value, tuple) else str(value)
 
 
 @contextlib.contextmanager

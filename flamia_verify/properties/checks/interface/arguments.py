@@ -54,7 +54,7 @@ __all__ = ["LAYOUTS", "MAX_SEQLEN_PADS", "FP16_RANGE"]
 
 #: the strided layouts of interface.arguments (the ``layout`` call option's other values)
 LAYOUTS = option("layout").probe_values()
-_PADS = option("max_seqlen_pad").with_words("{value}")
+_PADS = option("max_seqlen_pad")
 
 
 #: fp16 at the top of its range: near-uniform weights (q x 2^-9) over values of about 2^11 +- 2^8, so
@@ -326,7 +326,7 @@ def arguments(ctx):
     other = f["other"]
     ok = (
         f"{f['calls']} calls (fused/transposed/offset views, softmax_scale=None, max_seqlen + "
-        f"{' and '.join(_PADS.mismatch_words(p) for p in MAX_SEQLEN_PADS)}, strided cu_seqlens, autocast, the default dtype, "
+        f"{' and '.join(_PADS.value_words(p) for p in MAX_SEQLEN_PADS)}, strided cu_seqlens, autocast, the default dtype, "
         f"{_BACKWARD_CALLS if ctx.has_backward else ''}"
         f"no_grad and inference_mode forwards, {other}"
         f"{', fp16 near its range' if f['fp16'] else ''}) within the bound, and within the error model where "
