@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flamia_verify.results import partial_report
 from flamia_verify.settings import DEFAULT_THREADS, resolve_device, resolve_dtype
 
 __all__ = ["check", "fuzz"]
@@ -78,7 +79,7 @@ def check(
             inputs=inputs,
         )
     except BaseException as exc:
-        partial = getattr(exc, "partial_report", None)
+        partial = partial_report(exc)
         if out is not None and partial is not None and not isinstance(exc, OSError):
             write_reports(partial, Path(out))
         raise

@@ -44,11 +44,11 @@ from flamia_verify.commands.common import (
     EXIT_FAIL,
     EXIT_KERNEL,
     EXIT_USAGE,
+    Interrupted,
     device_arg,
     device_metavar,
     fail,
-    interrupted,
-    mark_interrupted,
+    must_exit,
     print_tracebacks,
     remove_unused_out,
     write_problem,
@@ -122,13 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         if supervised is not None:
             return supervised
     try:
-        code = _main(argv)
+        code, stopped = _main(argv)
     except KeyboardInterrupt:  # before the command ran (Ctrl-C while torch imports): as any interruption
-        mark_interrupted()
-        code = fail("interrupted", EXIT_FAIL)
+        code, stopped = fail("interrupted", EXIT_FAIL), True
     finally:
         remove_unused_out()
-    if argv is None and interrupted():
+    if argv is None and must_exit(stopped):
         sys.stdout.flush()
         sys.stderr.flush()
         child_done(code)
@@ -152,34 +151,36 @@ def child_main() -> int:
     return code
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None) -> tuple[int, bool]:
+    """The command's exit code, and whether it was interrupted mid-run."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, False
     try:
-        return _commands()[args.command].run(args)
+        return _commands()[args.command].run(args), False
+    except Interrupted as exc:  # it wrote what it could and said so
+        return exc.code, True
+    except KeyboardInterrupt:  # an interrupted run: one line, exit 1 (the documented contract)
+        return fail("interrupted", EXIT_FAIL), True
     except KernelLoadError as exc:
-        return fail(str(exc), EXIT_KERNEL)
+        return fail(str(exc), EXIT_KERNEL), False
     except KernelCrashError as exc:
         print_tracebacks(args, crash=exc)
-        return fail(f"kernel crashed: {exc}", EXIT_KERNEL)
+        return fail(f"kernel crashed: {exc}", EXIT_KERNEL), False
     except FlamiaVerifyError as exc:
-        return fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:  # an interrupted run: one line, exit 1 (the documented contract)
-        mark_interrupted()
-        return fail("interrupted", EXIT_FAIL)
+        return fail(str(exc), exc.exit_code), False
     except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as a shell tool does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout must not raise again
-        return EXIT_BROKEN_PIPE
+        return EXIT_BROKEN_PIPE, False
     except OSError as exc:  # a file the command reads or writes (reports, --out): not the kernel's failure
         if exc.errno in _DISK_FULL:  # the run could not be recorded: incomplete, as check says
             out = getattr(args, "out", None) or "the output directory"
-            return fail(write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
+            return fail(write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL), False
         where = f" {exc.filename!r}" if exc.filename else ""
-        return fail(f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE)
+        return fail(f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE), False
 
 
 #: errno values of a write that ran out of room: the run is incomplete (exit 1), the paths were right

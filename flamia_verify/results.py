@@ -87,6 +87,8 @@ __all__ = [
     "run_notes",
     "NOT_RUN",
     "incomplete_note",
+    "attach_partial",
+    "partial_report",
     "threshold_verdict",
 ]
 
@@ -375,6 +377,21 @@ def incomplete_note(report: Report) -> str:
     if any(c.status == "skip" and c.message.startswith(NOT_RUN) for c in report.checks):
         return "The checks marked 'not run' did not run; this is no verdict on the kernel."
     return "Only the checks listed ran; this is no verdict on the kernel."
+
+
+def attach_partial(exc: BaseException, report: Report) -> None:
+    """Hand the report of a run's finished checks (marked incomplete) to whoever catches ``exc``, the
+    exception that stopped it, as its ``partial_report`` attribute (the documented API)."""
+    try:
+        exc.partial_report = report  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type that takes no attributes: nothing to hand on
+        pass
+
+
+def partial_report(exc: BaseException) -> Report | None:
+    """The finished checks of the run that ``exc`` stopped (:func:`attach_partial`), or None."""
+    report = getattr(exc, "partial_report", None)
+    return report if isinstance(report, Report) else None
 
 
 def run_notes(report: Report) -> list[str]:

@@ -17,6 +17,7 @@ from flamia_verify.commands.common import (
     EXIT_KERNEL,
     EXIT_PASS,
     TRACEBACK_HELP,
+    Interrupted,
     add_threads_argument,
     console,
     created_out,
@@ -25,7 +26,6 @@ from flamia_verify.commands.common import (
     fail,
     kernel_choices,
     load_config,
-    mark_interrupted,
     plain,
     prepare_out,
     print_tracebacks,
@@ -36,6 +36,7 @@ from flamia_verify.commands.common import (
 )
 from flamia_verify.commands.supervise import channel as supervisor_channel
 from flamia_verify.errors import KernelCrashError, UsageError
+from flamia_verify.results import partial_report
 
 __all__ = ["add_parser", "run", "CheckReporter", "PartialReports"]
 
@@ -360,23 +361,25 @@ def run(args: argparse.Namespace) -> int:
             chan.send(phase="finish")
         paths = write_reports(report, out)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
-        mark_interrupted()
-        partial = getattr(exc, "partial_report", None)
+        partial = partial_report(exc)
         what = f"interrupted ({str(exc) or 'SIGINT'})"
         problem = partial_reports.write(partial)
         if problem:
-            return fail(f"{what}; {problem}", EXIT_FAIL)
+            raise Interrupted(fail(f"{what}; {problem}", EXIT_FAIL)) from None
         if partial is None:
-            return fail(
-                f"{what} before any check finished; the run is incomplete and no reports were written", EXIT_FAIL
-            )
+            raise Interrupted(
+                fail(f"{what} before any check finished; the run is incomplete and no reports were written", EXIT_FAIL)
+            ) from None
         reporter.show(partial)
-        return fail(
-            f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say INCOMPLETE",
-            EXIT_FAIL,
-        )
+        raise Interrupted(
+            fail(
+                f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say "
+                "INCOMPLETE",
+                EXIT_FAIL,
+            )
+        ) from None
     except KernelCrashError as exc:
-        partial = getattr(exc, "partial_report", None)
+        partial = partial_report(exc)
         problem = partial_reports.write(partial)
         where = (
             f" ({problem})"
@@ -390,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
         return fail(write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
     except BaseException as exc:
-        partial_reports.write(getattr(exc, "partial_report", None))
+        partial_reports.write(partial_report(exc))
         raise
     finally:
         _install_sigterm(previous_term)

@@ -35,8 +35,8 @@ __all__ = [
     "console",
     "plain",
     "fail",
-    "mark_interrupted",
-    "interrupted",
+    "Interrupted",
+    "must_exit",
     "prepare_out",
     "remove_unused_out",
     "created_out",
@@ -118,21 +118,22 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-#: set when a run was interrupted mid-kernel (SIGINT/SIGTERM): main() then ends the process with os._exit
-_INTERRUPTED = [False]
+class Interrupted(Exception):
+    """A command interrupted mid-run (SIGINT, SIGTERM) that has written what it could and said so on
+    stderr: ``code`` is its exit code. main() ends the process with os._exit (see :func:`must_exit`)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
-def mark_interrupted() -> None:
-    _INTERRUPTED[0] = True
-
-
-def interrupted() -> bool:
+def must_exit(interrupted: bool) -> bool:
     """Whether main() must end the process with os._exit (its exit code, stdout and stderr flushed)
-    instead of returning: a run interrupted mid-kernel, or kernel calls still running after their time
-    limit (case_timeout_s), whose threads Python can neither kill nor safely shut down beside (said in
-    one line on stderr). Asked once, when the command has ended and its reports are written."""
+    instead of returning: a run ``interrupted`` mid-kernel, or kernel calls still running after their
+    time limit (case_timeout_s), whose threads Python can neither kill nor safely shut down beside (said
+    in one line on stderr). Asked once, when the command has ended and its reports are written."""
     left = _calls_left_running()
-    return _INTERRUPTED[0] or left > 0
+    return interrupted or left > 0
 
 
 def _calls_left_running() -> int:

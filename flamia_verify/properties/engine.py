@@ -55,7 +55,7 @@ from flamia_verify.properties.harness import KernelCallError, KernelHarness, Ker
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import override_records, resolve_thresholds
 from flamia_verify.recipes import RECIPES, Recipe, get_recipe
-from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS, CheckResult, Report
+from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS, CheckResult, Report, attach_partial
 from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings, torch_threads
 
 __all__ = [
@@ -469,10 +469,7 @@ def _run(
         report.incomplete_reason = (
             f"the run stopped after {len(report.checks)} of {len(specs)} checks: {_stop_reason(exc)}"
         )
-        try:
-            exc.partial_report = report  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
+        attach_partial(exc, report)
         raise
     report.complete = True
     report.incomplete_reason = None

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flamia_verify.results import SweepResult
+from flamia_verify.results import SweepResult, partial_report
 from flamia_verify.sweep.matrix import SweepCase, case_key
 
 __all__ = ["RECIPE_MARK", "RESULT_MARK", "run_case", "error_result", "main"]
@@ -104,7 +104,7 @@ def run_case(
     except FlamiaVerifyError as exc:  # a kernel that does not load, a configuration the checks refuse
         return error_result(case, f"{type(exc).__name__}: {exc}", time.perf_counter() - start, key)
     except Exception as exc:  # a crash mid-run keeps the finished checks, like `check` does
-        partial = getattr(exc, "partial_report", None)
+        partial = partial_report(exc)
         if partial is None:
             return error_result(case, f"{type(exc).__name__}: {exc}", time.perf_counter() - start, key)
         report = partial
