@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flamia_verify.results import partial_report
-from flamia_verify.settings import DEFAULT_THREADS, resolve_device, resolve_dtype
+from flamia_verify.settings import DEFAULT_THREADS
 
 __all__ = ["check", "fuzz"]
 
@@ -67,8 +67,8 @@ def check(
             kernel,
             recipe=recipe,
             suite=suite,
-            device=resolve_device(device),
-            dtype=resolve_dtype(dtype),
+            device=device,
+            dtype=dtype,
             seed=seed,
             only=only,
             thresholds=thresholds,
@@ -111,8 +111,8 @@ def fuzz(
         recipe=recipe,
         examples=examples,
         seed=seed,
-        device=resolve_device(device),
-        dtype=resolve_dtype(dtype),
+        device=device,
+        dtype=dtype,
         forward_only=forward_only,
         case_timeout_s=case_timeout_s,
         threads=threads,

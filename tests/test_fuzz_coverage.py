@@ -19,7 +19,7 @@ from zoo.correct import sdpa_bf16
 from flamia_verify.cli import main
 from flamia_verify.properties import fuzz, list_checks, replay_case, run_checks
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.engine import build_context, resolve_kernel
+from flamia_verify.properties.engine import RunSpec, build_context
 from flamia_verify.properties.search import evaluate_example
 from flamia_verify.properties.strategies import LONG_MAX_HEADS, attention_cases
 
@@ -53,12 +53,8 @@ def test_cases_reach_headdim_128_long_documents_mid_gqa_and_unequal_kv():
 
 
 def _ctx(kernel):
-    import torch
 
-    loaded, recipe = resolve_kernel(kernel, None)
-    return build_context(
-        loaded, recipe, suite="quick", device="cpu", dtype=torch.bfloat16, seed=0, thresholds=None, case_timeout_s=None
-    )
+    return build_context(RunSpec.resolve(kernel))
 
 
 def test_fuzz_checks_dk_dv_causality():

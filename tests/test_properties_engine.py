@@ -28,6 +28,8 @@ from flamia_verify.results import FAMILIES, Report
 def test_public_api_names():
     assert set(P.__all__) == {
         "run_checks",
+        "run_spec",
+        "RunSpec",
         "list_checks",
         "fuzz",
         "replay_case",

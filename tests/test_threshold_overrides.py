@@ -24,7 +24,7 @@ from flamia_verify.commands.common import load_config
 from flamia_verify.errors import ConfigError
 from flamia_verify.properties.cases import captured_cases
 from flamia_verify.properties.catalog import all_specs
-from flamia_verify.properties.engine import build_context, resolve_kernel, run_one
+from flamia_verify.properties.engine import RunSpec, build_context, run_one
 from flamia_verify.properties.thresholds import fixed_keys, resolve_thresholds
 from flamia_verify.recipes import RECIPES
 from flamia_verify.reports import load_report, render_markdown
@@ -60,17 +60,7 @@ def _load(tmp_path, check: str, entries: dict) -> dict:
 
 
 def _context(kernel, recipe=None, suite=None):
-    loaded, recipe = resolve_kernel(kernel, recipe)
-    return build_context(
-        loaded,
-        recipe,
-        suite="quick",
-        device="cpu",
-        dtype=torch.bfloat16,
-        seed=0,
-        thresholds={"suite": suite or SMALL},
-        case_timeout_s=None,
-    )
+    return build_context(RunSpec.resolve(kernel, recipe=recipe, thresholds={"suite": suite or SMALL}))
 
 
 def _judge(ctx, spec, overrides: dict):

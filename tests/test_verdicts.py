@@ -293,16 +293,12 @@ def test_a_pad_to_max_design_out_of_memory_at_a_huge_max_seqlen_is_a_reproducibi
 def test_the_fuzzer_lets_a_kernel_refuse_a_pack_without_queries_but_not_a_valid_one():
     """isolation.fuzz draws packs whose documents all have no query; a kernel that refuses those with
     an exception is judged by special.degenerate (robustness), not failed as a crash."""
-    import torch
 
     from flamia_verify.properties.cases import Case
-    from flamia_verify.properties.engine import build_context, resolve_kernel
+    from flamia_verify.properties.engine import RunSpec, build_context
     from flamia_verify.properties.search import evaluate_example
 
-    loaded, recipe = resolve_kernel(K.refuses_degenerate, "bf16")
-    ctx = build_context(
-        loaded, recipe, suite="quick", device="cpu", dtype=torch.bfloat16, seed=0, thresholds=None, case_timeout_s=None
-    )
+    ctx = build_context(RunSpec.resolve(K.refuses_degenerate, recipe="bf16"))
     empty = Case((0,), (7,), heads=2, heads_k=1, causal=False, seed=3)
     assert evaluate_example(ctx, empty, document=0, t=0, perturbation="huge") is None
     valid = Case((5, 9), heads=2, heads_k=1, causal=True, seed=3, softmax_scale=-0.125)  # refused: not empty

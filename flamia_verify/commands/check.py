@@ -271,9 +271,7 @@ class PartialReports:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flamia_verify.kernels import load_kernel
-    from flamia_verify.properties import list_checks, run_checks
-    from flamia_verify.properties.checks.common.captured import CAPTURED_CHECKS
+    from flamia_verify.properties import RunSpec, run_spec
     from flamia_verify.properties.harness import exit_when_stuck, on_stuck_watchdog
     from flamia_verify.reports import write_reports
 
@@ -285,42 +283,51 @@ def run(args: argparse.Namespace) -> int:
             f"example {DEFAULT_KERNEL}",
             file=sys.stderr,
         )
-    suite = args.suite or cfg.suite
     recipe, device, dtype, seed, forward_only, out_dir = run_options(args, cfg)
-    only = args.only or cfg.only
     inputs = getattr(args, "inputs", None)
+    captured = None
     if inputs is not None:  # a bad capture is one line and exit 2, before the kernel or --out is touched
         from flamia_verify.properties.cases import captured_cases
 
-        captured_cases(inputs)
+        captured = captured_cases(inputs)
     chan = supervisor_channel()  # a supervised child: tell the supervisor what runs (a crash is reported)
     if chan is not None:
         chan.send(phase="load", kernel=spec)
-    kernel = load_kernel(spec)
+    plan = RunSpec.resolve(
+        spec,
+        recipe=recipe,
+        suite=args.suite or cfg.suite,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        only=args.only or cfg.only,
+        thresholds=cfg.thresholds or None,
+        threshold_source=cfg.source,
+        case_timeout_s=cfg.case_timeout_s,
+        forward_only=forward_only,
+        require=args.require if args.require is not None else cfg.require,
+        threads=args.threads,
+        inputs=inputs,
+        captured=captured,
+    )
     out = prepare_out(out_dir)
-
-    total_checks = None
-    try:
-        total_checks = len(CAPTURED_CHECKS) if inputs is not None else len(list_checks(suite))
-    except Exception:  # the list is only used for the progress bar
-        total_checks = None
     reporter = CheckReporter(
         console(),
-        kernel=kernel.name,
-        recipe=recipe or kernel.recipe or "?",
-        suite=suite,
-        seed=seed,
-        device=device,
-        total_checks=total_checks,
+        kernel=plan.kernel.name,
+        recipe=plan.recipe.name,
+        suite=plan.suite,
+        seed=plan.seed,
+        device=plan.device,
+        total_checks=len(plan.checks),
     )
-    reporter.require = list(args.require if args.require is not None else cfg.require)
+    reporter.require = list(plan.require)
     partial_reports = PartialReports(out)
     remove_stale(out, report_names())  # an earlier run's reports must not stand in for this one, even if killed
     on_progress, on_result, on_start = reporter.on_progress, reporter.on_result, None
     if chan is not None:
         chan.send(
             phase="probe",
-            kernel=kernel.name,
+            kernel=plan.kernel.name,
             out=os.path.abspath(out),
             out_shown=str(out),
             created=created_out(),
@@ -337,25 +344,12 @@ def run(args: argparse.Namespace) -> int:
     previous_listener = on_stuck_watchdog(chan.on_watchdog) if chan is not None else None
     try:
         with reporter.live():
-            report = run_checks(
-                kernel,
-                recipe=recipe,
-                suite=suite,
-                device=device,
-                dtype=dtype,
-                seed=seed,
-                only=only,
-                thresholds=cfg.thresholds or None,
-                threshold_source=cfg.source,
+            report = run_spec(
+                plan,
                 on_progress=on_progress,
                 on_result=on_result,
                 on_report=partial_reports.on_report,
                 on_start=on_start,
-                case_timeout_s=cfg.case_timeout_s,
-                forward_only=forward_only,
-                require=args.require if args.require is not None else cfg.require,
-                threads=args.threads,
-                inputs=inputs,
             )
         if chan is not None:
             chan.send(phase="finish")
@@ -389,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
             else f" (the {len(partial.checks)} finished checks written to {out}, marked INCOMPLETE)"
         )
         print_tracebacks(args, partial.checks if partial is not None else (), crash=exc)
-        return fail(f"kernel {kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
+        return fail(f"kernel {plan.kernel.name!r} crashed: {exc}{where}", EXIT_KERNEL)
     except OSError as exc:  # a report file could not be written (a full disk): the run is incomplete
         return fail(write_problem(exc, out) + "; the run is incomplete", EXIT_FAIL)
     except BaseException as exc:

@@ -272,7 +272,8 @@ def _check_preset(value: str, where: str) -> None:
 
 
 class RunOptions(NamedTuple):
-    """What check and fuzz both take from a flag, or else from the config file."""
+    """What check and fuzz both take from a flag, or else from the config file, as written there: the
+    run resolves them once (:class:`flamia_verify.properties.run_spec.RunSpec`)."""
 
     recipe: str | None
     device: str
@@ -283,12 +284,10 @@ class RunOptions(NamedTuple):
 
 
 def run_options(args: argparse.Namespace, cfg: Config) -> RunOptions:
-    from flamia_verify.settings import resolve_device, resolve_dtype
-
     return RunOptions(
         recipe=args.recipe or cfg.recipe,
-        device=resolve_device(args.device or cfg.device),
-        dtype=resolve_dtype(args.dtype or cfg.dtype),
+        device=args.device or cfg.device,
+        dtype=args.dtype or cfg.dtype,
         seed=args.seed if args.seed is not None else cfg.seed,
         forward_only=bool(args.forward_only or cfg.forward_only),
         out=cfg.out if args.out is None else args.out,

@@ -8,6 +8,7 @@ the calling convention honoured. A check tests its property on inputs chosen to 
 that break it, and a failure names the reason and a worst case that reproduces it.
 
     report = run_checks("flamia-mxfp8", suite="quick")          # -> flamia_verify.reports.Report
+    report = run_spec(RunSpec.resolve("flamia-mxfp8", device="auto"))  # the same, resolved first
     result = fuzz("my_pkg.attn:flash_varlen", recipe="mxfp8")   # -> FuzzResult (reproducer on failure)
     check  = replay_case("my_pkg.attn:flash_varlen", result.reproducer, recipe="mxfp8")
 
@@ -26,7 +27,7 @@ hypothesis search), over ``perturb`` and ``bounds`` (what the checks share with 
 
 from __future__ import annotations
 
-from flamia_verify.properties.engine import ProgressEvent, list_checks, run_checks
+from flamia_verify.properties.engine import ProgressEvent, RunSpec, list_checks, run_checks, run_spec
 from flamia_verify.properties.fuzz import FuzzResult, fuzz, replay_case
 from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import default_thresholds
@@ -36,10 +37,12 @@ __all__ = [
     "CheckSpec",
     "FuzzResult",
     "ProgressEvent",
+    "RunSpec",
     "SUITES",
     "default_thresholds",
     "fuzz",
     "list_checks",
     "replay_case",
     "run_checks",
+    "run_spec",
 ]

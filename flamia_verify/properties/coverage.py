@@ -19,7 +19,7 @@ import torch
 
 from flamia_verify.properties.call_options import OPTIONS
 from flamia_verify.properties.cases import Case, Inputs
-from flamia_verify.properties.engine import build_context, list_checks, resolve_kernel, run_one
+from flamia_verify.properties.engine import RunSpec, build_context, list_checks, run_one
 from flamia_verify.recipes import Recipe
 
 __all__ = ["Row", "MODEL", "INVARIANCES", "features", "observe", "BIG_PACK_TOKENS"]
@@ -478,10 +478,7 @@ def observe(
     judges: the calls it made, the cached runs of cases another check ran first (bound.out judges the
     runs error.out made of the same cases) and the runs behind a shared value (``ctx.memo``: the
     perturbed runs causal.forward makes and causal.dq reads)."""
-    loaded, chosen = resolve_kernel(kernel, recipe)
-    ctx = build_context(
-        loaded, chosen, suite=suite, device="cpu", dtype=torch.bfloat16, seed=seed, thresholds=None, case_timeout_s=None
-    )
+    ctx = build_context(RunSpec.resolve(kernel, recipe=recipe, suite=suite, seed=seed))
     seen: dict[str, set[str]] = {}
     open_buckets: list[set[str]] = []  # the current check's, then one per shared value being computed
     behind: dict = {}  # memo key -> the features of the runs made to compute it

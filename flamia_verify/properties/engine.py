@@ -38,12 +38,10 @@ import torch
 
 from flamia_verify._version import __version__
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
-from flamia_verify.kernels.loader import LoadedKernel, load_kernel
 from flamia_verify.kernels.metadata import kernel_paths
 from flamia_verify.kernels.state import can_snapshot, declared_state, is_factory, snapshot_state
-from flamia_verify.properties.cases import Case, capture_environment, captured_cases, make_inputs
-from flamia_verify.properties.catalog import all_specs, get_spec
-from flamia_verify.properties.checks.common.captured import CAPTURED_CHECKS
+from flamia_verify.properties.cases import Case, capture_environment, make_inputs
+from flamia_verify.properties.catalog import get_spec
 from flamia_verify.properties.checks.interface.contract import (
     INPUTS_UNMODIFIED,
     PROCESS_STATE,
@@ -53,10 +51,11 @@ from flamia_verify.properties.checks.interface.contract import (
 from flamia_verify.properties.context import CheckContext
 from flamia_verify.properties.harness import KernelCallError, KernelHarness, KernelHungError, StatePin
 from flamia_verify.properties.registry import CheckSpec
-from flamia_verify.properties.thresholds import override_records, resolve_thresholds
-from flamia_verify.recipes import RECIPES, Recipe, get_recipe
-from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS, CheckResult, Report, attach_partial
-from flamia_verify.settings import SUITES, dtype_name, resolve_device, resolve_dtype, suite_settings, torch_threads
+from flamia_verify.properties.run_spec import RunSpec, list_checks, resolve_kernel, resolve_require, select_checks
+from flamia_verify.properties.thresholds import override_records
+from flamia_verify.recipes import Recipe
+from flamia_verify.results import CheckResult, Report, attach_partial
+from flamia_verify.settings import dtype_name, torch_threads
 
 __all__ = [
     "run_checks",
@@ -67,6 +66,9 @@ __all__ = [
     "resolve_kernel",
     "select_checks",
     "resolve_require",
+    "run_spec",
+    "RunSpec",
+    "build_context",
 ]
 
 
@@ -87,56 +89,6 @@ class ProgressEvent:
     elapsed_s: float
     estimated_s: float | None
     overall: float
-
-
-def resolve_require(require) -> tuple[str, ...]:
-    """The required verdicts, validated: each one of ``results.OPTIONAL_VERDICTS`` (``gating`` always
-    gates and may be named too); a ConfigError names a bad one and the choices."""
-    if isinstance(require, str):
-        require = [require]
-    out: list[str] = []
-    for name in require or ():
-        if name == "gating":
-            continue
-        if name not in OPTIONAL_VERDICTS:
-            raise ConfigError(
-                f"require: unknown verdict {name!r}; choose from {', '.join(OPTIONAL_VERDICTS)} (gating always gates)"
-            )
-        if name not in out:
-            out.append(name)
-    return tuple(out)
-
-
-def list_checks(suite: str = "quick") -> list[CheckSpec]:
-    """The checks the suite runs, in running order."""
-    if suite not in SUITES:
-        raise ConfigError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
-    return [s for s in all_specs() if suite in s.suites]
-
-
-def select_checks(specs: list[CheckSpec], only: list[str] | None) -> list[CheckSpec]:
-    if not only:
-        return specs
-    every = {s.name for s in all_specs()}
-    chosen: list[CheckSpec] = []
-    for item in only:
-        if item in FAMILIES:
-            chosen.extend(s for s in specs if s.family == item)
-        elif item in every:
-            chosen.extend(s for s in specs if s.name == item)
-            if not any(s.name == item for s in specs):
-                raise ConfigError(f"check {item!r} is not part of this suite; see `flamia-verify list`")
-        else:
-            raise ConfigError(
-                f"unknown check or family {item!r}; families: {', '.join(FAMILIES)}; checks: {', '.join(sorted(every))}"
-            )
-    seen, out = set(), []
-    for s in chosen:
-        if s.name not in seen:
-            seen.add(s.name)
-            out.append(s)
-    order = {s.name: i for i, s in enumerate(specs)}
-    return sorted(out, key=lambda s: order[s.name])
 
 
 def _version(dist: str) -> str | None:
@@ -170,56 +122,32 @@ def environment(device: str, kernel_fn=None) -> dict:
     return env
 
 
-def resolve_kernel(kernel, recipe: str | Recipe | None) -> tuple[LoadedKernel, Recipe]:
-    """The kernel, and its recipe resolved once: ``recipe`` (a name or a Recipe), else the one the
-    kernel declares. Everything below takes the :class:`Recipe`; the report writes its name."""
-    loaded = load_kernel(kernel)
-    chosen = recipe or loaded.recipe
-    if chosen is None:
-        raise ConfigError(f"kernel {loaded.name!r} declares no recipe; name one of: {', '.join(RECIPES)} (--recipe)")
-    if recipe or isinstance(chosen, Recipe):
-        return loaded, get_recipe(chosen)
-    try:
-        return loaded, get_recipe(chosen)
-    except ConfigError as exc:  # the kernel's own attribute named it: say so, and how to override it
-        raise ConfigError(
-            f"kernel {loaded.name!r} declares recipe {chosen!r} (its `recipe` attribute), which is not a recipe: "
-            f"{exc}; fix the attribute or give --recipe"
-        ) from None
-
-
-def build_context(
-    loaded: LoadedKernel,
-    recipe: Recipe,
-    *,
-    suite: str,
-    device: str,
-    dtype,
-    seed: int,
-    thresholds: dict | None,
-    case_timeout_s: float | None,
-    forward_only: bool = False,
-) -> CheckContext:
-    dtype = resolve_dtype(dtype)
-    # inf is not "no limit" (None is): the timed wait overflows the platform's time_t
-    if case_timeout_s is not None and not 0 < case_timeout_s < float("inf"):
-        raise ConfigError(
-            f"case_timeout_s must be a positive finite number of seconds (or None), got {case_timeout_s!r}"
-        )
-    th, opts, suite_over = resolve_thresholds(recipe, dtype, thresholds)
-    settings = suite_settings(suite, suite_over)
-    harness = KernelHarness(loaded.fn, timeout_s=case_timeout_s)
+def build_context(spec: RunSpec) -> CheckContext:
+    """The context the checks of ``spec`` run in: the kernel's harness, probed on the smallest case."""
+    loaded, settings, dtype, device = spec.kernel, spec.settings, spec.dtype, spec.device
+    harness = KernelHarness(loaded.fn, timeout_s=spec.case_timeout_s)
     smallest = Case(
-        (16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=seed, dtype=dtype_name(dtype)
+        (16,), heads=2, heads_k=2, headdim=settings.headdim, causal=True, seed=spec.seed, dtype=dtype_name(dtype)
     )
     # a stateful kernel whose state can be put back: its state before any call, from which every later
     # call runs at the state one call on its own case leaves (harness.StatePin), so that each check
     # judges one pure function; the state family judges how the state moves (properties.checks.state)
     fresh = snapshot_state(loaded.fn) if can_snapshot(loaded.fn) else None
-    _, support = harness.probe(make_inputs(smallest, device), forward_only=forward_only)
+    _, support = harness.probe(make_inputs(smallest, device), forward_only=spec.forward_only)
     if can_snapshot(loaded.fn):
         harness.pin = StatePin(loaded.fn, fresh, backward=support.available)
-    return CheckContext(loaded.name, recipe, harness, settings, seed, device, dtype, support, th, opts)
+    return CheckContext(
+        loaded.name,
+        spec.recipe,
+        harness,
+        settings,
+        spec.seed,
+        device,
+        dtype,
+        support,
+        {name: dict(values) for name, values in spec.thresholds.items()},
+        {name: dict(values) for name, values in spec.options.items()},
+    )
 
 
 def kernel_state(fn) -> dict:
@@ -370,58 +298,66 @@ def run_checks(
     on_start receives the report (no checks yet, marked incomplete) and the selected checks in running
     order once the kernel has passed its probe, before the first check runs.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    with torch_threads(threads):
-        return _run(
-            kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-            forward_only, on_report, threshold_source, require, inputs, on_start,
-        )  # fmt: skip
-
-
-def _run(
-    kernel, recipe, suite, device, dtype, seed, only, thresholds, on_progress, on_result, case_timeout_s,
-    forward_only, on_report, threshold_source, require, inputs, on_start,
-) -> Report:  # fmt: skip
-    """The body of :func:`run_checks`, under its thread count."""
-    required = resolve_require(require)
-    captured = captured_cases(inputs) if inputs is not None else []  # a bad capture stops here
-    loaded, chosen = resolve_kernel(kernel, recipe)
-    # a kernel may declare itself forward-only (``fn.forward_only = True``, as the sage adapter does)
-    forward_only = forward_only or getattr(loaded.fn, "forward_only", False) is True
-    paths_before = dict(kernel_paths(loaded.fn) or {})
-    state_env = kernel_state(loaded.fn)  # before any call: a malformed declaration is a usage error
-    if inputs is not None:
-        specs = select_checks([s for s in all_specs() if s.name in CAPTURED_CHECKS], only)
-    else:
-        specs = select_checks(list_checks(suite), only)
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype)
-    ctx = build_context(
-        loaded,
-        chosen,
+    spec = RunSpec.resolve(
+        kernel,
+        recipe=recipe,
         suite=suite,
         device=device,
         dtype=dtype,
         seed=seed,
+        only=only,
         thresholds=thresholds,
+        threshold_source=threshold_source,
         case_timeout_s=case_timeout_s,
         forward_only=forward_only,
+        require=require,
+        threads=threads,
+        inputs=inputs,
     )
-    ctx.captured = tuple(captured)
+    return run_spec(spec, on_progress=on_progress, on_result=on_result, on_report=on_report, on_start=on_start)
+
+
+def run_spec(
+    spec: RunSpec,
+    *,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+    on_report: Callable[[Report], None] | None = None,
+    on_start: Callable[[Report, list[CheckSpec]], None] | None = None,
+) -> Report:
+    """Run the checks of a resolved :class:`RunSpec` (:func:`run_checks` resolves one, then runs it);
+    the callbacks as for :func:`run_checks`."""
+    with torch_threads(spec.threads):
+        return _run(spec, on_progress, on_result, on_report, on_start)
+
+
+def _run(spec: RunSpec, on_progress, on_result, on_report, on_start) -> Report:
+    """The body of :func:`run_checks`, under its thread count."""
+    loaded, dtype, device = spec.kernel, spec.dtype, spec.device
+    paths_before = dict(kernel_paths(loaded.fn) or {})
+    state_env = kernel_state(loaded.fn)  # before any call: a malformed declaration is a usage error
+    specs = list(spec.checks)
+    ctx = build_context(spec)
+    ctx.captured = spec.captured
     report = Report(
-        kernel=loaded.name, recipe=chosen.name, suite=suite, seed=seed, environment=environment(device, loaded.fn)
+        kernel=loaded.name,
+        recipe=spec.recipe.name,
+        suite=spec.suite,
+        seed=spec.seed,
+        environment=environment(device, loaded.fn),
     )
-    if inputs is not None:
-        report.environment.update(capture_environment(inputs))
-    report.require = list(required)
-    report.threshold_overrides = override_records(chosen, dtype, suite, thresholds, threshold_source or API_SOURCE)
+    if spec.inputs is not None:
+        report.environment.update(capture_environment(spec.inputs))
+    report.require = list(spec.require)
+    report.threshold_overrides = override_records(
+        spec.recipe, dtype, spec.suite, None if spec.overrides is None else dict(spec.overrides), spec.threshold_source
+    )
     report.environment.update(
         dtype=dtype_name(dtype),
         backward=ctx.has_backward,
         backward_reason=ctx.backward.reason,
         forward_only=ctx.backward.declared,
-        case_timeout_s=case_timeout_s,
+        case_timeout_s=spec.case_timeout_s,
         kernel_source=loaded.source,
         kernel_state=state_env,
     )
@@ -444,12 +380,12 @@ def _run(
     if on_start is not None:
         on_start(report, specs)
     try:
-        for i, spec in enumerate(specs):
+        for i, check in enumerate(specs):
             ctx.on_fraction = lambda f, i=i: emit(i, f)
             emit(i, 0.0)
-            result = run_one(ctx, spec)
-            if spec.name in RUN_WIDE:
-                audited_at[spec.name] = ctx.harness.calls
+            result = run_one(ctx, check)
+            if check.name in RUN_WIDE:
+                audited_at[check.name] = ctx.harness.calls
             report.checks.append(result)
             report.incomplete_reason = (
                 f"the run had not finished when this report was written: {i + 1} of {len(specs)} checks done"

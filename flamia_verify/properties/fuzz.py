@@ -25,7 +25,7 @@ import torch
 
 from flamia_verify.errors import ConfigError, FlamiaVerifyError
 from flamia_verify.properties.cases import Case
-from flamia_verify.properties.engine import ProgressEvent, build_context, environment, resolve_kernel
+from flamia_verify.properties.engine import ProgressEvent, RunSpec, build_context, environment
 from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.search import (
     PROPERTIES,
@@ -38,7 +38,7 @@ from flamia_verify.properties.search import (
 )
 from flamia_verify.recipes import Recipe
 from flamia_verify.results import CheckResult, Report
-from flamia_verify.settings import DTYPES, dtype_name, resolve_device, resolve_dtype, torch_threads
+from flamia_verify.settings import dtype_name, torch_threads
 
 __all__ = ["FuzzResult", "fuzz", "fuzz_sizes", "replay_case", "search", "Search", "PROPERTIES"]
 
@@ -110,47 +110,29 @@ def fuzz(
     CPU, 1024 and 8192 on a GPU). ``case_timeout_s`` bounds each kernel call as in ``check``: the
     example whose call runs past it is a crash finding, and the kernel is not called again. ``threads``
     as for :func:`~flamia_verify.properties.engine.run_checks`."""
-    with torch_threads(threads):
-        return _fuzz(
-            kernel,
-            recipe,
-            examples,
-            seed,
-            device,
-            dtype,
-            on_progress,
-            max_tokens,
-            long_tokens,
-            forward_only,
-            case_timeout_s,
-        )
-
-
-def _fuzz(
-    kernel, recipe, examples, seed, device, dtype, on_progress, max_tokens, long_tokens, forward_only, case_timeout_s
-) -> FuzzResult:
-    """The body of :func:`fuzz`, under its thread count."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ConfigError(f"examples must be a positive integer, got {examples!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    loaded, chosen = resolve_kernel(kernel, recipe)
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype)
-    default_max, default_long = fuzz_sizes(device)
-    max_tokens = default_max if max_tokens is None else max_tokens
-    long_tokens = default_long if long_tokens is None else long_tokens
-    ctx = build_context(
-        loaded,
-        chosen,
-        suite="quick",
+    spec = RunSpec.resolve(
+        kernel,
+        recipe=recipe,
         device=device,
         dtype=dtype,
         seed=seed,
-        thresholds=None,
         case_timeout_s=case_timeout_s,
         forward_only=forward_only,
+        threads=threads,
     )
+    with torch_threads(spec.threads):
+        return _fuzz(spec, examples, on_progress, max_tokens, long_tokens)
+
+
+def _fuzz(spec: RunSpec, examples: int, on_progress, max_tokens: int | None, long_tokens: int | None) -> FuzzResult:
+    """The body of :func:`fuzz`, under its thread count."""
+    loaded, device, dtype, seed = spec.kernel, spec.device, spec.dtype, spec.seed
+    default_max, default_long = fuzz_sizes(device)
+    max_tokens = default_max if max_tokens is None else max_tokens
+    long_tokens = default_long if long_tokens is None else long_tokens
+    ctx = build_context(spec)
     start = time.perf_counter()
 
     def on_example(n: int) -> None:
@@ -167,7 +149,7 @@ def _fuzz(
         raise
     found, reproducer, n, counts = res.finding, res.reproducer, res.examples, res.counts
     report = Report(
-        kernel=loaded.name, recipe=chosen.name, suite="fuzz", seed=seed, environment=environment(device, loaded.fn)
+        kernel=loaded.name, recipe=spec.recipe.name, suite="fuzz", seed=seed, environment=environment(device, loaded.fn)
     )
     report.environment.update(
         dtype=dtype_name(dtype), backward=ctx.has_backward, examples_requested=examples, examples_drawn=n
@@ -287,12 +269,11 @@ def replay_case(kernel, case: dict, *, recipe: str | Recipe | None = None, devic
         raise ConfigError(f"unknown property {prop!r} in the reproducer; known: {', '.join(PROPERTIES)}")
     fields = {k: v for k, v in case.items() if k in _CASE_FIELDS}
     c = Case.from_dict(fields)
-    loaded, chosen = resolve_kernel(kernel, recipe or case.get("recipe"))
-    device = resolve_device(device)
-    dt = DTYPES[c.dtype]
-    ctx = build_context(
-        loaded, chosen, suite="quick", device=device, dtype=dt, seed=c.seed, thresholds=None, case_timeout_s=None
-    )
+    if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
+        raise ConfigError(f"the reproducer's seed must be a non-negative integer, got {c.seed!r}")
+    spec = RunSpec.resolve(kernel, recipe=recipe or case.get("recipe"), device=device, dtype=c.dtype, seed=c.seed)
+    loaded, chosen = spec.kernel, spec.recipe
+    ctx = build_context(spec)
     name = PROPERTIES[prop]
     t0 = time.perf_counter()
     document = int(case.get("document", 0))
