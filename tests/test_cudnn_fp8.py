@@ -752,7 +752,7 @@ def test_the_former_default_fails_the_state_family_naming_the_call_and_the_stale
     fn = K.make_kernel(
         history_len=1024, margin=0, freeze_after_calibration=True, factory=False, engine=EmulatedEngine(arch=10)
     )
-    report = run_checks(fn, recipe="fp8", suite="quick", only=["state.training"])
+    report = run_checks(fn, recipe="fp8", suite="quick", only=["state.training"], device=DEVICE)
     res = report.check("state.training")
     assert res.status == "fail" and res.verdict == "gating"
     assert "call 1 of 39 (step 0, layer 0" in res.message, res.message
@@ -765,7 +765,11 @@ def test_the_default_passes_the_state_family_one_instance_per_layer():
     from flamia_verify.properties import run_checks
 
     report = run_checks(
-        K.make_kernel(engine=EmulatedEngine(arch=10)), recipe="fp8", suite="quick", only=["state.training"]
+        K.make_kernel(engine=EmulatedEngine(arch=10)),
+        recipe="fp8",
+        suite="quick",
+        only=["state.training"],
+        device=DEVICE,
     )
     res = report.check("state.training")
     assert res.status == "pass", res.message
@@ -775,6 +779,7 @@ def test_the_default_passes_the_state_family_one_instance_per_layer():
         recipe="fp8",
         suite="quick",
         only=["state.history"],
+        device=DEVICE,
     )
     hist = short.check("state.history")
     assert hist.status == "pass", hist.message
