@@ -97,12 +97,13 @@ def _attn_bwd_dkdv_tile(
     q_base, do_base, l_base, stride_qt, stride_dot,  # its offsets and strides
     start_m, offs_n, lq, lk, off, qk_scale, k_sc, Qsc,  # positions; scale; MMA8 row scales
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    CAUSAL: tl.constexpr, MASKED: tl.constexpr, AMAX_PASS: tl.constexpr,
+    CAUSAL: tl.constexpr, AMAX_PASS: tl.constexpr,
     QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr, DP_KIND: tl.constexpr,
     PT_KIND: tl.constexpr, PT_BLOCK: tl.constexpr, DO_KIND: tl.constexpr, DO_BLOCK: tl.constexpr,
     DST_KIND: tl.constexpr, DST_BLOCK: tl.constexpr, Q_KIND: tl.constexpr, Q_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr, RCEIL: tl.constexpr, PART: tl.constexpr, MMA8: tl.constexpr,
     IS_FP16: tl.constexpr, INTERPRET: tl.constexpr,
+    MASKED: tl.constexpr,  # the tile crosses the causal diagonal or the document's end: mask it
 ):  # fmt: skip
     """One query tile of the dK, dV sweep, in the transposed orientation (keys along rows).
     Q, DO: input values; Qh, DOh: rounded along head_dim (S, dP); Qs, DOs: along queries (dK, dV).
@@ -193,9 +194,9 @@ def _attn_bwd_dkdv_sweep(
             Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta,
             q_base, do_base, l_base, stride_qt, stride_dot,
             start_m, offs_n, lq, lk, off, qk_scale, k_sc, Qsc,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND,
             PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, MMA8,
-            IS_FP16, INTERPRET,
+            IS_FP16, INTERPRET, MASKED=True,
         )  # fmt: skip
     for start_m in range(m_diag_end, m_full_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
@@ -204,9 +205,9 @@ def _attn_bwd_dkdv_sweep(
             Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta,
             q_base, do_base, l_base, stride_qt, stride_dot,
             start_m, offs_n, lq, lk, off, qk_scale, k_sc, Qsc,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND,
             PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, MMA8,
-            IS_FP16, INTERPRET,
+            IS_FP16, INTERPRET, MASKED=False,
         )  # fmt: skip
     for start_m in range(m_full_end, lq_end, BLOCK_M):
         dk, dv, amax_pt, amax_dst = _attn_bwd_dkdv_tile(
@@ -215,9 +216,9 @@ def _attn_bwd_dkdv_sweep(
             Q, Qh, Qs, DO, DOh, DOs, Lse2, Delta,
             q_base, do_base, l_base, stride_qt, stride_dot,
             start_m, offs_n, lq, lk, off, qk_scale, k_sc, Qsc,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK, DP_KIND,
             PT_KIND, PT_BLOCK, DO_KIND, DO_BLOCK, DST_KIND, DST_BLOCK, Q_KIND, Q_BLOCK, FALLBACK, RCEIL, PART, MMA8,
-            IS_FP16, INTERPRET,
+            IS_FP16, INTERPRET, MASKED=True,
         )  # fmt: skip
     return dk, dv, amax_pt, amax_dst
 
@@ -322,10 +323,11 @@ def _attn_bwd_dq_tile(
     K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,  # keys, values
     start_n, offs_m, lk, off, qk_scale, q_sc, Ksc, ks_base,  # positions; scale; MMA8 scales
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    CAUSAL: tl.constexpr, MASKED: tl.constexpr, AMAX_PASS: tl.constexpr,
+    CAUSAL: tl.constexpr, AMAX_PASS: tl.constexpr,
     QK_KIND: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
     DS_KIND: tl.constexpr, DS_BLOCK: tl.constexpr, K_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr, RCEIL: tl.constexpr, MMA8: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr,
+    MASKED: tl.constexpr,  # the tile crosses the causal diagonal or the document's end: mask it
 ):  # fmt: skip
     """One key tile of the dQ sweep. K: input keys; Kh, Vh: rounded along head_dim (S, dP); Ks:
     keys rounded along the sequence (dQ = dS K)."""
@@ -381,8 +383,8 @@ def _attn_bwd_dq_sweep(
             q_op, do_op, lse, delta,
             K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,
             start_n, offs_m, lk, off, qk_scale, q_sc, Ksc, ks_base,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK,
-            DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, MMA8, IS_FP16, INTERPRET,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK,
+            DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, MMA8, IS_FP16, INTERPRET, MASKED=False,
         )  # fmt: skip
     for start_n in range(full_end, hi, BLOCK_N):
         dq, amax_ds = _attn_bwd_dq_tile(
@@ -390,8 +392,8 @@ def _attn_bwd_dq_sweep(
             q_op, do_op, lse, delta,
             K, Kh, Ks, Vh, k_base, v_base, stride_kt, stride_vt,
             start_n, offs_m, lk, off, qk_scale, q_sc, Ksc, ks_base,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK,
-            DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, MMA8, IS_FP16, INTERPRET,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, AMAX_PASS, QK_KIND, P_POW2, P_BLOCK,
+            DS_KIND, DS_BLOCK, K_KIND, K_BLOCK, FALLBACK, RCEIL, MMA8, IS_FP16, INTERPRET, MASKED=True,
         )  # fmt: skip
     return dq, amax_ds
 

@@ -31,9 +31,10 @@ def _attn_fwd_tile(
     q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,  # the query tile; keys, values
     start_n, offs_m, lk, off, qk_scale,  # this key tile, the query rows, the causal offset; scale
     q_sc, Kc, Ksc, ks_base, VcT, vt_base, stride_vtd, Vsc, vs_base,  # MMA8: codes, scales
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     V_KIND: tl.constexpr, V_BLOCK: tl.constexpr, P_POW2: tl.constexpr, P_BLOCK: tl.constexpr,
     FALLBACK: tl.constexpr, MMA8: tl.constexpr, IS_FP16: tl.constexpr, INTERPRET: tl.constexpr,
+    MASKED: tl.constexpr,  # the tile crosses the causal diagonal or the document's end: mask it
 ):  # fmt: skip
     """One key tile of the online softmax: returns the updated (acc, l_i, m_i). K holds the
     head_dim-rounded keys, Vop the sequence-rounded values (V itself when they are in the input
@@ -175,8 +176,8 @@ def _attn_fwd(
             q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
             start_n, offs_m, lk, off, qk_scale,
             q_sc, Kc, Ksc, ks_base, VcT, vt_base, stride_vtd, Vsc, vs_base,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, False, V_KIND, V_BLOCK, P_POW2, P_BLOCK,
-            FALLBACK, MMA8, IS_FP16, INTERPRET,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, V_KIND, V_BLOCK, P_POW2, P_BLOCK,
+            FALLBACK, MMA8, IS_FP16, INTERPRET, MASKED=False,
         )  # fmt: skip
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
@@ -184,8 +185,8 @@ def _attn_fwd(
             q_op, K, V, Vop, k_base, v_base, stride_kt, stride_vt,
             start_n, offs_m, lk, off, qk_scale,
             q_sc, Kc, Ksc, ks_base, VcT, vt_base, stride_vtd, Vsc, vs_base,
-            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, True, V_KIND, V_BLOCK, P_POW2, P_BLOCK,
-            FALLBACK, MMA8, IS_FP16, INTERPRET,
+            BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, V_KIND, V_BLOCK, P_POW2, P_BLOCK,
+            FALLBACK, MMA8, IS_FP16, INTERPRET, MASKED=True,
         )  # fmt: skip
     ok = l_i != 0  # rows that saw no key output 0 (lse -inf); a NaN row sum (NaN scores) stays NaN
     l_s = tl.where(ok, l_i, 1.0)
