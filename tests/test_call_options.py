@@ -11,6 +11,7 @@ from flamia_verify.errors import ConfigError
 from flamia_verify.properties.call_options import (
     OPTIONS,
     Judged,
+    Stage,
     check_call,
     cu_laid_out,
     laid_out_like,
@@ -99,3 +100,21 @@ def test_the_layouts_hand_over_the_same_values():
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
     strided = cu_laid_out(cu, "strided")
     assert torch.equal(strided, cu) and strided.stride() == (2,) and strided.storage_offset() == 1
+
+
+def test_a_misspelt_option_value_is_refused_not_read_as_another_call():
+    """Case.calls validates the value it asks about: "nnoe" is no value of scale_arg, and a check
+    asking whether a call passes no scale with it would otherwise silently read "no"."""
+    case = Case((16,), heads=2, heads_k=2, causal=True, seed=0, call=(("scale_arg", "none"),))
+    assert case.calls("scale_arg", "none") and not case.calls("scale_arg", "value")
+    with pytest.raises(ConfigError, match="call option scale_arg must be one of"):
+        case.calls("scale_arg", "nnoe")
+    with pytest.raises(ConfigError, match="unknown call option 'scale_argument'"):
+        case.calls("scale_argument", "none")
+
+
+def test_a_stage_is_no_string():
+    """Stage is a plain enum: its members equal no string (mypy's strict equality flags the comparison),
+    and they print as the words the reports write."""
+    assert Stage.BACKWARD != "backward" and str(Stage.BACKWARD) == "backward"
+    assert {str(s) for s in Stage} == {"forward", "backward", "call"}

@@ -45,6 +45,7 @@ class Inputs(Protocol):  # properties.cases.Inputs
 
 __all__ = [
     "CallOption",
+    "Stage",
     "GRADS_OF",
     "Judged",
     "MAX_SEQLEN_PADS",
@@ -66,6 +67,19 @@ class Judged(enum.Enum):
     BOUND = "bound"  # like any call: the recipe's bound, and the error rule where the bits differ
     BITWISE = "bitwise"  # the plain call's numbers handed over: its bits (reproducibility, reported)
     FLOW = "flow"  # bits that move are another call's values reaching this one (gating)
+
+
+class Stage(enum.Enum):
+    """How far a kernel call got: its forward, its backward, or a call a check made itself (the state
+    family's sequences). A plain enum: a string is no stage, and comparing one with a string is a type
+    error (mypy's strict equality). ``str()`` is the word the reports write."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    CALL = "call"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -183,7 +197,7 @@ def _second_backward_refused(err: Any) -> bool:
     """The kernel (or autograd) refused a second backward through one graph in words that say so
     (saved state freed after the first): a loud limit. Any other exception there is a failure."""
     text = str(err.exc).lower()
-    return err.stage == "backward" and any(w in text for w in ("second time", "retain_graph", "already been freed"))
+    return err.stage is Stage.BACKWARD and any(w in text for w in ("second time", "retain_graph", "already been freed"))
 
 
 def _any_refusal(err: Any) -> bool:
@@ -541,10 +555,10 @@ def cu_laid_out(cu: torch.Tensor, cu_layout: str) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def around(case: Case, q: torch.Tensor, part: str) -> Iterator[None]:
-    """Every option's context around the ``part`` ("forward" or "backward") of a call of ``case``."""
+def around(case: Case, q: torch.Tensor, part: Stage) -> Iterator[None]:
+    """Every option's context around the ``part`` (its forward or its backward) of a call of ``case``."""
     with contextlib.ExitStack() as stack:
         for opt in OPTIONS:
-            hook = opt.around_forward if part == "forward" else opt.around_backward
+            hook = opt.around_forward if part is Stage.FORWARD else opt.around_backward
             stack.enter_context(hook(case.call_option(opt.key), q))
         yield

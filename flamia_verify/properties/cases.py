@@ -60,7 +60,7 @@ import torch
 from flamia_verify.errors import ConfigError
 from flamia_verify.formats import E4M3, round_to_format
 from flamia_verify.properties.acc_probe import ACC_DIM, ACC_LEN, accumulation_probe
-from flamia_verify.properties.call_options import GRADS_OF, check_call, max_seqlen_pads, option_value
+from flamia_verify.properties.call_options import GRADS_OF, check_call, max_seqlen_pads, option, option_value
 from flamia_verify.properties.mx_probes import PROBE_DIM, PROBE_LEN, probe_tensors
 from flamia_verify.settings import DTYPES
 
@@ -199,9 +199,9 @@ class Case:
             object.__setattr__(self, "softmax_scale", self.headdim**-0.5)
         else:
             object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
-        if self.call_option("upstream") == "broadcast" and ("const_do", True) not in self.overrides:
+        if self.calls("upstream", "broadcast") and ("const_do", True) not in self.overrides:
             raise ConfigError("call option upstream=broadcast needs equal rows of dO: add the override const_do")
-        if self.call_option("scale_arg") == "none" and self.softmax_scale != self.headdim**-0.5:
+        if self.calls("scale_arg", "none") and self.softmax_scale != self.headdim**-0.5:
             raise ConfigError(
                 f"call option scale_arg=none passes softmax_scale=None, which means headdim^-0.5; the case's "
                 f"softmax_scale is {self.softmax_scale:g}"
@@ -262,6 +262,12 @@ class Case:
     def call_option(self, key: str) -> Any:
         """The value of the call option ``key`` (call_options.OPTIONS) in this case: its own, or the default."""
         return option_value(self.call, key)
+
+    def calls(self, key: str, value: Any) -> bool:
+        """Whether this case's call hands its inputs over with ``value`` of option ``key``. A value the
+        option does not have is a ConfigError: a misspelt value must not read as "not this call"."""
+        option(key).validate(value)
+        return option_value(self.call, key) == value
 
 
 def _frozen(v):

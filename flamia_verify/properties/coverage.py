@@ -368,7 +368,7 @@ INVARIANCES: tuple[Row, ...] = (
 
 def _scale_value(inputs: Inputs) -> str:
     c = inputs.case
-    if c.call_option("scale_arg") == "none":
+    if c.calls("scale_arg", "none"):
         return "none"
     if c.softmax_scale == 0:
         return "zero"

@@ -178,10 +178,10 @@ def run_one(ctx: CheckContext, spec: CheckSpec) -> CheckResult:
         result = ctx.result(
             "error",
             {},
-            message=f"the kernel failed ({err.stage}): {err.summary}",
+            message=f"the kernel failed ({err.where}): {err.summary}",
             worst_case={
                 "case": err.case.to_dict(),
-                "stage": err.stage,
+                "stage": err.where,
                 "exception": err.summary,
                 "traceback": err.traceback,
             },

@@ -52,7 +52,7 @@ import torch
 
 from flamia_verify.errors import KernelCrashError, KernelTimeoutError
 from flamia_verify.kernels.state import restore_state, snapshot_state
-from flamia_verify.properties.call_options import around, cu_laid_out, laid_out_like, lay_out
+from flamia_verify.properties.call_options import Stage, around, cu_laid_out, laid_out_like, lay_out
 from flamia_verify.properties.cases import Case, Inputs, make_inputs
 from flamia_verify.properties.compare import Mismatch, _bits, compare_bitwise
 from flamia_verify.properties.process_state import StateChange, StateProbe
@@ -126,16 +126,18 @@ def kernel_traceback(exc: BaseException) -> str:
 class KernelCallError(Exception):
     """The kernel raised (or hung) on one case; the check that called it reports ``error``.
 
-    summary: the exception's type and first line; traceback: its full traceback text."""
+    stage: how far the call got; where: the same in words (a check's own calls say which step and
+    layer). summary: the exception's type and first line; traceback: its full traceback text."""
 
-    def __init__(self, case: Case, exc: BaseException, stage: str):
+    def __init__(self, case: Case, exc: BaseException, stage: Stage, where: str | None = None):
         self.case = case
         self.exc = exc
         self.stage = stage
+        self.where = str(stage) if where is None else where
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         self.summary = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         self.traceback = kernel_traceback(exc)
-        super().__init__(f"kernel {stage} failed on {case.describe()}: {self.summary}")
+        super().__init__(f"kernel {self.where} failed on {case.describe()}: {self.summary}")
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class Modification:
     """One input tensor the kernel changed: on which case, in which stage, and how."""
 
     case: Case
-    stage: str  # "forward" or "backward"
+    stage: Stage  # forward or backward
     tensor: str
     mismatch: Mismatch
     backward_call: bool  # the call ran (or tried) the backward too
@@ -174,7 +176,7 @@ class StateRecord:
     """One process setting a call left changed (:mod:`flamia_verify.properties.process_state`)."""
 
     case: Case
-    stage: str  # how far the call got: "forward" or "backward"
+    stage: Stage  # how far the call got: forward or backward
     change: StateChange
     call: int  # the harness's call number (0-based)
 
@@ -368,7 +370,7 @@ class KernelHarness:
         """This is the thread of a call abandoned after its time limit, finishing late: it records nothing."""
         return threading.current_thread() in self._abandoned
 
-    def _audit(self, case: Case, stage: str, pairs: dict, flagged: set, backward: bool) -> None:
+    def _audit(self, case: Case, stage: Stage, pairs: dict, flagged: set, backward: bool) -> None:
         """Compare the tensors handed to the kernel with the originals; record each new change."""
         if self._late():
             return
@@ -394,7 +396,7 @@ class KernelHarness:
                     )
                 )
 
-    def _record_state(self, case: Case, stage: str, changes: list[StateChange]) -> None:
+    def _record_state(self, case: Case, stage: Stage, changes: list[StateChange]) -> None:
         self.state_changes += [StateRecord(case, stage, change, self.calls) for change in changes]
 
     # -- the call itself ------------------------------------------------------------------
@@ -404,12 +406,11 @@ class KernelHarness:
         layouts, every option's context around the forward and around the backward, the kernel's
         writes into its inputs audited after each, and the process state it must leave as it found."""
         case = inputs.case
-        grad_mode = case.call_option("grad_mode")
-        backward = backward and grad_mode == "enabled"  # the other modes are forwards only
+        backward = backward and case.calls("grad_mode", "enabled")  # the other modes are forwards only
         q, k, v, grads_of = lay_out(inputs, backward)
         cu_q, cu_k = (cu_laid_out(cu, case.call_option("cu_layout")) for cu in (inputs.cu_q, inputs.cu_k))
         original_do = inputs.do if do is None else do
-        if case.call_option("upstream") == "broadcast":  # one row of dO expanded: stride 0 over tokens
+        if case.calls("upstream", "broadcast"):  # one row of dO expanded: stride 0 over tokens
             upstream = original_do.detach()[:1].clone().expand(original_do.shape)
         else:
             upstream = laid_out_like(original_do.detach(), case.call_option("layout"))
@@ -421,26 +422,26 @@ class KernelHarness:
             "cu_seqlens_k": (cu_k, inputs.cu_k),
         }
         flagged: set = set()
-        stage = "forward"
+        stage = Stage.FORWARD
         try:
             mode: contextlib.AbstractContextManager = (
                 torch.enable_grad()
                 if backward
                 else torch.inference_mode()
-                if grad_mode == "inference"
+                if case.calls("grad_mode", "inference")
                 else torch.no_grad()
             )
             with mode:
                 probe = StateProbe(q.device)  # the process state the call must leave as it found it
                 try:
-                    scale = None if case.call_option("scale_arg") == "none" else case.scale
-                    with around(case, q, "forward"):
+                    scale = None if case.calls("scale_arg", "none") else case.scale
+                    with around(case, q, Stage.FORWARD):
                         self._pinned(inputs)
                         result = self.fn(
                             q, k, v, cu_q, cu_k, inputs.max_q, inputs.max_k, softmax_scale=scale, causal=case.causal
                         )
                     if backward:  # a forward-only call is audited once, below
-                        self._audit(case, "forward", pairs, flagged, backward)
+                        self._audit(case, Stage.FORWARD, pairs, flagged, backward)
                     tuple_output = isinstance(result, (tuple, list))
                     out = result[0] if tuple_output and len(result) else result
                     if not isinstance(out, torch.Tensor):
@@ -449,7 +450,7 @@ class KernelHarness:
                         )
                     back = _Backward()
                     if backward:
-                        stage = "backward"
+                        stage = Stage.BACKWARD
                         pairs["do"] = (upstream, original_do)
                         back = self._backward(inputs, result, out, (q, k, v), upstream, original_do, grads_of)
                 finally:
@@ -490,9 +491,9 @@ class KernelHarness:
         case = inputs.case
         q = qkv[0]
         back = _Backward()
-        if case.call_option("out_edit") == "add" and out.requires_grad:
+        if case.calls("out_edit", "add") and out.requires_grad:
             out.add_(1.0)  # the caller's in-place edit of the result before its backward
-        if case.call_option("loss") == "lse":  # the backward from the log-sum-exp
+        if case.calls("loss", "lse"):  # the backward from the log-sum-exp
             lse_t = result[1] if isinstance(result, (tuple, list)) and len(result) > 1 else None
             back.lse_differentiable = (
                 isinstance(lse_t, torch.Tensor)
@@ -512,13 +513,13 @@ class KernelHarness:
             back.grads = tuple(torch.zeros_like(x) if x.requires_grad else None for x in qkv)  # type: ignore[assignment]
             return back
         up = upstream.to(out.dtype) if upstream.dtype != out.dtype else upstream
-        create_graph = case.call_option("create_graph") == "yes"
+        create_graph = case.calls("create_graph", "yes")
         if create_graph:  # a penalty's upstream gradient depends on the graph itself
             up = up.detach().clone().requires_grad_()
-        with around(case, q, "backward"):
-            if case.call_option("interleave") == "other_call":
+        with around(case, q, Stage.BACKWARD):
+            if case.calls("interleave", "other_call"):
                 self._other_call(inputs)
-            if case.call_option("backward") == "twice":  # the same graph's backward again
+            if case.calls("backward", "twice"):  # the same graph's backward again
                 self._pinned(inputs)
                 out.backward(up, retain_graph=True)
                 for x in qkv:  # leaves: the layout is contiguous
@@ -548,7 +549,7 @@ class KernelHarness:
         try:
             res = self._dispatch(inputs, backward, do)
         except KernelCallError as err:
-            if backward and err.stage == "forward" and is_leaf_inplace_error(err.exc):
+            if backward and err.stage is Stage.FORWARD and is_leaf_inplace_error(err.exc):
                 self._retry_detached(inputs, do)
             raise
         res.seconds = time.perf_counter() - t0
@@ -568,16 +569,17 @@ class KernelHarness:
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):  # SIGINT, or SIGTERM turned into one: not the kernel's
                 raise
-            raise KernelCallError(inputs.case, exc, getattr(exc, "__flamia_stage__", "call")) from exc
+            raise KernelCallError(inputs.case, exc, getattr(exc, "__flamia_stage__", Stage.CALL)) from exc
         finally:
             self.calls += 1
         return res
 
-    def call_guarded(self, case: Case, thunk: Callable[[], Any], stage: str) -> Any:
+    def call_guarded(self, case: Case, thunk: Callable[[], Any], stage: Stage, where: str) -> Any:
         """Run ``thunk``, kernel calls a check makes itself (the state family: several instances of a
         kernel, inputs written into the same buffers call after call), under the harness's rules: within
         ``timeout_s`` (a hung call is abandoned and the kernel not called again), an exception of the
-        kernel a :class:`KernelCallError` naming ``case`` and ``stage``. Counted as one call."""
+        kernel a :class:`KernelCallError` naming ``case``, ``stage`` and ``where`` (the call in words).
+        Counted as one call."""
         if self.hung is not None:
             raise KernelHungError(
                 f"not run: the kernel hung on an earlier call ({self.hung}) past the {self.timeout_s:g} s limit "
@@ -603,7 +605,7 @@ class KernelHarness:
             if worker.is_alive():
                 self._abandoned.add(worker)
                 _ABANDONED.append(worker)
-                self.hung = f"{case.describe()}, {stage}"
+                self.hung = f"{case.describe()}, {where}"
                 put_back()
                 raise KernelTimeoutError(
                     f"the kernel did not return within {self.timeout_s:g} s, the time limit of one kernel call "
@@ -615,7 +617,7 @@ class KernelHarness:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            raise KernelCallError(case, exc, stage) from exc
+            raise KernelCallError(case, exc, stage, where) from exc
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - t0
@@ -675,7 +677,7 @@ class KernelHarness:
                 f"the kernel did not return within {self.timeout_s:g} s, the time limit of one kernel call "
                 "(case_timeout_s); its thread was left running (a hung thread cannot be killed in-process)"
             )
-            raise KernelCallError(inputs.case, exc, "call")
+            raise KernelCallError(inputs.case, exc, Stage.CALL)
         if "error" in box:
             raise box["error"]
         return box["result"]
@@ -711,7 +713,7 @@ class KernelHarness:
         except _NoBackward as nb:
             return fwd, BackwardSupport(False, str(nb), cause="no_grad_fn", case=case)
         except KernelCallError as err:
-            if err.stage == "backward":
+            if err.stage is Stage.BACKWARD:
                 return fwd, BackwardSupport(
                     False, f"the backward raised {err.summary}", cause="raised", case=case, traceback=err.traceback
                 )

@@ -160,7 +160,7 @@ def evaluate_example(
         return Finding(
             "crash",
             f"the kernel raised on a valid case: {err.summary}",
-            {"exception": err.summary, "stage": err.stage, "traceback": err.traceback},
+            {"exception": err.summary, "stage": err.where, "traceback": err.traceback},
         )
 
 

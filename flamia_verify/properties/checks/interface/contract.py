@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from flamia_verify.properties.call_options import Stage
 from flamia_verify.properties.checks.common.verdict import case_record, verdict
 from flamia_verify.properties.harness import KernelCallError
 from flamia_verify.properties.registry import register
@@ -122,9 +123,9 @@ def judge_process_state(ctx):
         )
     case, stage, first = changes[0].case, changes[0].stage, changes[0].change
     summary = f"{first.what}: {first.before} before the call, {first.after} after it ({stage})"
-    worst = case_record(case, stage=stage, summary=summary)
+    worst = case_record(case, stage=str(stage), summary=summary)
     worst["changes"] = [
-        {"setting": r.change.what, "before": r.change.before, "after": r.change.after, "stage": r.stage}
+        {"setting": r.change.what, "before": r.change.before, "after": r.change.after, "stage": str(r.stage)}
         for r in changes[:_LISTED]
     ]
     return verdict(
@@ -158,11 +159,13 @@ def judge_modifications(ctx):
     worst = case_record(
         first.case,
         tensor=first.tensor,
-        stage=first.stage,
+        stage=str(first.stage),
         mismatch=first.mismatch.to_dict(),
         summary=first.mismatch.summary(),
     )
-    worst["modifications"] = [{"tensor": m.tensor, "stage": m.stage, "case": m.case.describe()} for m in mods[:_LISTED]]
+    worst["modifications"] = [
+        {"tensor": m.tensor, "stage": str(m.stage), "case": m.case.describe()} for m in mods[:_LISTED]
+    ]
     where = "; ".join(sorted({f"{m.tensor} in the {m.stage}" for m in mods}))
     return verdict(
         ctx,
@@ -209,7 +212,7 @@ def backward(ctx):
         except KernelCallError as err:
             # autograd checks what a backward returns before it reaches q, k, v: a gradient it cannot
             # take (GQA: dK, dV left per query head) is raised here
-            if err.stage == "backward" and _AUTOGRAD_REJECTS in str(err.exc):
+            if err.stage is Stage.BACKWARD and _AUTOGRAD_REJECTS in str(err.exc):
                 what = "shape" if "expected shape compatible" in str(err.exc) else "shape, device or layout"
                 problems.append(
                     case_record(case, problem=f"the backward returned a gradient of the wrong {what} ({err.summary})")

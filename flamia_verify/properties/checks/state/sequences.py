@@ -57,6 +57,7 @@ from flamia_verify.kernels.state import (
     restore_state,
     snapshot_state,
 )
+from flamia_verify.properties.call_options import Stage
 from flamia_verify.properties.cases import Case, Inputs
 from flamia_verify.properties.checks.common.error_model import bound_ratio, bounds_for, normalized_error
 from flamia_verify.properties.checks.common.verdict import case_record, verdict
@@ -236,7 +237,7 @@ def _forward(ctx, fn, bufs: _Buffers, inp: Inputs, call: _Call):
         )
         return out
 
-    return ctx.harness.call_guarded(case, go, f"forward (step {call.step}, layer {call.layer})")
+    return ctx.harness.call_guarded(case, go, Stage.FORWARD, f"forward (step {call.step}, layer {call.layer})")
 
 
 def _backward(ctx, out: torch.Tensor, inp: Inputs, call: _Call) -> None:
@@ -245,7 +246,7 @@ def _backward(ctx, out: torch.Tensor, inp: Inputs, call: _Call) -> None:
             raise RuntimeError("the output has no grad_fn (a kernel without a backward must be declared forward-only)")
         out.backward(inp.do.to(out.dtype))
 
-    ctx.harness.call_guarded(inp.case, go, f"backward (step {call.step}, layer {call.layer})")
+    ctx.harness.call_guarded(inp.case, go, Stage.BACKWARD, f"backward (step {call.step}, layer {call.layer})")
 
 
 def _run_sequence(ctx) -> tuple[list[_Call], str]:
