@@ -98,7 +98,8 @@ class SweepCase:
         return case_label(self.to_dict())
 
     def check_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`flamia_verify.api.check` for this case."""
+        """The keyword arguments of :func:`flamia_verify.api.check` (and of
+        :meth:`~flamia_verify.properties.run_spec.RunSpec.resolve`) for this case."""
         thresholds = {k: dict(v) if isinstance(v, dict) else v for k, v in self.thresholds.items()}
         if self.settings:
             thresholds["suite"] = {**thresholds.get("suite", {}), **self.settings}

@@ -88,19 +88,19 @@ def run_case(
 ) -> SweepResult:
     """Run one case in this process and return its result object (never raises for a kernel's fault).
     ``on_recipe`` receives the recipe of the checks once the kernel has loaded, before its first call."""
-    from flamia_verify.api import check
     from flamia_verify.errors import FlamiaVerifyError
-    from flamia_verify.properties.engine import resolve_kernel
+    from flamia_verify.properties import RunSpec, run_spec
+    from flamia_verify.settings import DEFAULT_THREADS
 
     case = SweepCase.from_dict(case_data)
     start = time.perf_counter()
     if case.speed_only:
         return _speed_result(case, key, start)
     try:
-        loaded, recipe = resolve_kernel(case.kernel, case.recipe)
+        spec = RunSpec.resolve(case.kernel, threads=DEFAULT_THREADS, **case.check_kwargs())  # resolved once
         if on_recipe is not None:
-            on_recipe(recipe.name)
-        report = check(loaded, **case.check_kwargs())
+            on_recipe(spec.recipe.name)
+        report = run_spec(spec)
     except FlamiaVerifyError as exc:  # a kernel that does not load, a configuration the checks refuse
         return error_result(case, f"{type(exc).__name__}: {exc}", time.perf_counter() - start, key)
     except Exception as exc:  # a crash mid-run keeps the finished checks, like `check` does
