@@ -11,7 +11,10 @@
 #                                                   #   FLAMIA designs and a leaking kernel
 #
 # cudnn-fp8 needs nvidia-cudnn-frontend (a wheel in the carried .whl folder). Every step writes
-# OUTDIR/<step>.log; OUTDIR.tar.gz holds everything at the end.
+# OUTDIR/<step>.log; OUTDIR.tar.gz holds everything at the end. The train-parity steps resume: a
+# journal (OUTDIR/<step>/train-parity-runs.jsonl) of an earlier call copied into OUTDIR/<step>/ first
+# (carried in a git-ignored folder) spares the trainings it holds, so that a run longer than one
+# device call finishes over several.
 set -u
 out=${1:?usage: state_gpu.sh OUTDIR checks|train|resolution}
 mode=${2:?usage: state_gpu.sh OUTDIR checks|train|resolution}
@@ -39,12 +42,12 @@ checks)
     ;;
 train)
     step train_cudnn 560 "${cli[@]}" train-parity --kernel cudnn-fp8 cudnn-fp8-frozen cudnn-fp8-current --preset small \
-        --seeds 2 --no-floors --device cuda --out "$out/train_cudnn"
+        --seeds 2 --no-floors --device cuda --out "$out/train_cudnn" --resume
     ;;
 resolution)
     step train_resolution 570 "${cli[@]}" train-parity --kernel flamia-mxfp8 flamia-nvfp4 fp8 \
         flamia_verify.training.demo_kernels:next_token_leak --preset resolution --ladder --device cuda \
-        --out "$out/train_resolution"
+        --out "$out/train_resolution" --resume
     ;;
 esac
 cat "$out/summary.log"

@@ -3,6 +3,7 @@ verdict on a tiny configuration (a correct MXFP8 kernel within BF16's noise, a f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -248,3 +249,48 @@ def test_the_preset_help_names_every_preset(capsys):
         main(["train-parity", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(name in text.rsplit("--preset PRESET", 1)[1].split("--steps")[0] for name in PRESETS), text
+
+
+def test_a_run_continues_from_the_trainings_an_earlier_one_finished(corpus):
+    """run_parity(finished=...): a record of the same fingerprint, name and seed stands for its training
+    (marked resumed); the document equals the uninterrupted run's; another configuration reuses nothing."""
+    from flamia_verify.reference import reference_attention
+    from flamia_verify.training.parity import PRESETS, run_parity
+
+    bf16, other = load_kernel("bf16").fn, load_kernel("sdpa-math").fn
+    cfg = replace(PRESETS["tiny"], steps=2, tokens=256, max_len=64, eval_every=2, val_batches=1, seeds=2, floors=False)
+
+    def go(config, finished=()):
+        seen = []
+        doc = run_parity(
+            {"sdpa-math": other},
+            config,
+            baseline=bf16,
+            exact=reference_attention,
+            corpus=corpus,
+            on_run=seen.append,
+            finished=finished,
+        )
+        return doc, seen
+
+    whole, runs = go(cfg)
+    assert len(runs) == 4 and len({r.fingerprint for r in runs}) == 1 and runs[0].fingerprint
+    journal = [dataclasses.asdict(r) for r in runs[:3]]  # the run stopped during its fourth training
+    again, seen = go(cfg, journal)
+    assert [r.resumed for r in seen] == [True, True, True, False]
+
+    def strip(rows):  # what a resumed run must reproduce: everything but the time it took
+        return [{k: v for k, v in r.items() if k not in ("seconds", "resumed")} for r in rows]
+
+    assert strip(again["runs"]) == strip(whole["runs"]) and strip(again["kernels"]) == strip(whole["kernels"])
+    _, fresh = go(replace(cfg, lr=cfg.lr / 2), journal)  # another configuration: nothing of the journal fits
+    assert not any(r.resumed for r in fresh)
+
+
+def test_the_journal_skips_a_line_cut_short(tmp_path):
+    from flamia_verify.commands.train_parity import read_journal
+
+    path = tmp_path / "train-parity-runs.jsonl"
+    assert read_journal(path) == []
+    path.write_text('{"kernel": "bf16", "seed": 0}\n[1, 2]\n{"kernel": "bf16", "se')
+    assert read_journal(path) == [{"kernel": "bf16", "seed": 0}]

@@ -14,14 +14,39 @@ is flagged; 1 otherwise; 2 bad usage; 3 a kernel could not be loaded or crashed 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from flamia_verify.commands.common import device_arg, device_metavar, load_config, prepare_out, remove_stale
 from flamia_verify.errors import ConfigError, KernelCrashError, UsageError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "JOURNAL", "read_journal"]
+
+#: one JSON line per finished training of a run (``--resume`` continues from it), beside the reports
+JOURNAL = "train-parity-runs.jsonl"
+
+
+def read_journal(path: Path) -> list[dict]:
+    """The finished trainings a journal holds; a line cut short (a run killed while writing it) or not
+    a JSON object is skipped: that training runs again."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
 
 DESCRIPTION = """\
 Train one small decoder-only transformer per kernel and seed (byte-level, RoPE, packed
@@ -92,6 +117,13 @@ def add_parser(sub: Any) -> None:
         default="auto",
         help="where the model trains: cuda:N is GPU N (default auto: cuda when a GPU is present)",
     )
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"continue an interrupted run in the same --out: the trainings its journal ({JOURNAL}) holds "
+        "for the same configuration, corpus, device and versions are taken as they are, the rest are trained "
+        "(without it the journal starts empty)",
+    )
     t.add_argument("--out", default="flamia-report", help="directory for train-parity.json/.md/.html")
     t.add_argument("--config", help="TOML file whose [tool.flamia-verify.train_parity] table sets the defaults")
 
@@ -129,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = with_overrides(cfg, **{k: getattr(args, k) for k in keys})
     out = prepare_out(args.out)
     remove_stale(out, PARITY_FILES)
+    journal = out / JOURNAL
+    finished = read_journal(journal) if args.resume else []
+    if not args.resume:
+        remove_stale(out, (JOURNAL,))
     kernels = {}
     for spec in dict.fromkeys(specs):
         kernels[spec] = load_kernel(spec).fn
@@ -153,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name}: step {step + 1}/{cfg.steps} loss {loss:.3f}  ({now - t0:.0f} s)", flush=True)
 
     def on_run(r: Any) -> None:
+        if not r.resumed:  # every finished training, as it finishes: an interrupted run keeps it
+            with open(journal, "a", encoding="utf-8") as f:
+                f.write(json.dumps(dataclasses.asdict(r)) + "\n")
         if r.diverged_at is not None:
             print(
                 f"{r.kernel} (seed {r.seed}): DIVERGED at step {r.diverged_at} (loss or gradient not finite)",
@@ -161,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             return
         print(
             f"{r.kernel} (seed {r.seed}): val loss {r.final_val:.4f}, exact eval {r.final_val_exact:.4f}, "
-            f"{r.seconds:.1f} s",
+            f"{r.seconds:.1f} s{' (from the journal)' if r.resumed else ''}",
             flush=True,
         )
 
@@ -176,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
             ladder=rungs,
             on_step=on_step,
             on_run=on_run,
+            finished=finished,
         )
     except (RuntimeError, FloatingPointError, TypeError, ValueError) as exc:
         raise KernelCrashError(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc

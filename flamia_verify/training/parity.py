@@ -25,16 +25,24 @@ A kernel that is a factory of stateful instances (``new_instance()``: ``cudnn-fp
 gets one instance per attention layer at every seed, as a model builds them
 (:func:`~flamia_verify.kernels.state.layer_kernels`), used for training and for its own evaluation;
 any other kernel is the one function in every layer. Each kernel's row says which (``state``).
+
+A run can be continued: every finished training carries the fingerprint of what it depends on
+(:func:`run_fingerprint`: the configuration, the corpus, the device, torch and this package), and
+``finished`` hands :func:`run_parity` the records of an earlier, interrupted run (``asdict`` of
+its :class:`TrainResult` records); a record whose fingerprint, name and seed match is taken as it is instead of
+training again. ``flamia-verify train-parity --resume`` keeps them in a journal beside the reports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +61,7 @@ __all__ = [
     "train_one",
     "run_parity",
     "judge_rung",
+    "run_fingerprint",
     "SCHEMA",
 ]
 
@@ -134,6 +143,14 @@ class TrainResult:
     diverged_at: int | None = None  # the step whose loss or gradient norm was not finite
     val_token_sd: float = float("nan")  # the spread of the per-token losses at the last evaluation
     val_tokens: int = 0
+    fingerprint: str = ""  # what the run depends on (run_fingerprint); "" for a run outside run_parity
+    resumed: bool = False  # taken from an earlier run's journal, not trained in this one
+
+    @classmethod
+    def from_dict(cls, record: dict) -> TrainResult:
+        """A result from ``asdict`` of one (a journal line); unknown keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
 
     @property
     def final_val(self) -> float:
@@ -262,6 +279,22 @@ def train_one(
     return res
 
 
+def run_fingerprint(cfg: ParityConfig, corpus: Corpus, device: str) -> str:
+    """What a trained run depends on besides its kernel, name and seed, as a short hash: the
+    configuration, the corpus, the device (its GPU model on CUDA), torch's version and this package's.
+    A journal's run is reused only under the same fingerprint."""
+    from flamia_verify._version import __version__
+
+    where = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+    text = json.dumps(
+        {"config": cfg.to_dict(), "corpus": corpus.fingerprint, "device": where, "torch": torch.__version__,
+         "flamia_verify": __version__},
+        sort_keys=True,
+        default=str,
+    )  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def run_parity(
     kernels: dict[str, Callable],
     cfg: ParityConfig,
@@ -274,10 +307,13 @@ def run_parity(
     ladder: dict[str, Callable] | None = None,
     on_step: Callable[[str, int, float], None] | None = None,
     on_run: Callable[[TrainResult], None] | None = None,
+    finished: Iterable[dict] = (),
 ) -> dict:
     """Train BF16 (``baseline``) and every kernel of ``kernels`` (name -> callable) at each of
     ``cfg.seeds`` seeds, the floors (BF16 again; ``floor_kernel``) when ``cfg.floors``, and the rungs
-    of ``ladder`` (name -> callable) when given; return the result document (schema ``SCHEMA``)."""
+    of ``ladder`` (name -> callable) when given; return the result document (schema ``SCHEMA``).
+    ``finished``: records of runs made earlier (a journal); one with this run's fingerprint, name and
+    seed stands for that training, marked ``resumed``. on_run receives every run, resumed ones too."""
     if cfg.seeds < 2:
         raise ConfigError(f"a paired interval needs at least 2 seeds, got {cfg.seeds}")
     if cfg.steps < 1 or cfg.eval_every < 1:
@@ -286,15 +322,18 @@ def run_parity(
         raise ConfigError("floors need the floor kernel (an equivalent BF16 kernel that rounds differently)")
     with _deterministic(device) as determinism:
         return _run_parity(
-            kernels, cfg, device, baseline, exact, corpus, floor_kernel, ladder, on_step, on_run, determinism
-        )
+            kernels, cfg, device, baseline, exact, corpus, floor_kernel, ladder, on_step, on_run, determinism,
+            finished,
+        )  # fmt: skip
 
 
 def _run_parity(
-    kernels, cfg, device, baseline, exact, corpus, floor_kernel, ladder, on_step, on_run, determinism
+    kernels, cfg, device, baseline, exact, corpus, floor_kernel, ladder, on_step, on_run, determinism, finished
 ) -> dict:
     """The body of :func:`run_parity`, under torch's deterministic settings."""
     corpus = corpus or build_corpus(max_bytes=cfg.corpus_max_bytes)
+    fingerprint = run_fingerprint(cfg, corpus, device)
+    earlier = {(rec.get("kernel"), rec.get("seed")): rec for rec in finished if rec.get("fingerprint") == fingerprint}
     # one held-out token set for every run and seed: a paired difference sees no sampling noise of its own
     val = [
         b.to(device)
@@ -303,7 +342,11 @@ def _run_parity(
     runs: list[TrainResult] = []
 
     def go(fn, name, seed):
-        r = train_one(fn, name, cfg, corpus, seed=seed, device=device, exact=exact, val=val, on_step=on_step)
+        if (name, seed) in earlier:
+            r = replace(TrainResult.from_dict(earlier[(name, seed)]), resumed=True)
+        else:
+            r = train_one(fn, name, cfg, corpus, seed=seed, device=device, exact=exact, val=val, on_step=on_step)
+            r = replace(r, fingerprint=fingerprint)
         runs.append(r)
         if on_run is not None:
             on_run(r)
