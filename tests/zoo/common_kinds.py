@@ -26,8 +26,15 @@ softmax_scale = 0 gives the default scale: a wrong answer on an input no trainin
 robustness finding, a failure only when robustness is required). The record of
 ``zoo/convention_bugs.py`` (the emulated flamia-mxfp8 inside).
 
-The correct kinds (``online_tiles_by_max_seqlen``, ``refuses_degenerate``, ``pads_to_max_seqlen``) are
-test fixtures, not known-bad records.
+``fp8_row_scaled``: FP8 attention with current scaling per row (one token of one head): Q, K and V
+rounded to E4M3 under an fp32 scale amax/448 of their own row (the fp8 recipe admits fp32 scales of any
+granularity), P rounded to E4M3 under the fixed scale 2^8 and normalized by the sum of the rounded P,
+fp32 accumulation; the backward by autograd through the dequantized values (straight-through). A V whose
+channels differ in magnitude is not on the E4M3 grid under such a scale: a check that feeds a constant
+V must not read its rounding as lost probability.
+
+The correct kinds (``online_tiles_by_max_seqlen``, ``refuses_degenerate``, ``pads_to_max_seqlen``,
+``fp8_row_scaled``) are test fixtures, not known-bad records.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from zoo.correct import sdpa_bf16
 
 __all__ = [
     "fp8_p_past_1024",
+    "fp8_row_scaled",
     "pads_to_max_seqlen",
     "nan_to_zero",
     "online_tiles_by_max_seqlen",
@@ -164,3 +172,52 @@ def pads_to_max_seqlen(
 
 
 pads_to_max_seqlen.recipe = "bf16"  # type: ignore[attr-defined]
+
+
+def _e4m3_rows(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to E4M3 under an fp32 scale amax/448 per row (the last axis), straight-through."""
+    amax = x.detach().abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    rounded = (x.detach() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+    return x + (rounded - x.detach())
+
+
+def _e4m3_p(p: torch.Tensor) -> torch.Tensor:
+    """Probabilities rounded to E4M3 under the fixed scale 2^8 (1 maps to 256), straight-through."""
+    rounded = (p.detach() * 256.0).to(torch.float8_e4m3fn).float() / 256.0
+    return p + (rounded - p.detach())
+
+
+def fp8_row_scaled(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
+):
+    heads, heads_k, dim = q.shape[1], k.shape[1], q.shape[2]
+    scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    qf, kf, vf = (_e4m3_rows(t.float()) for t in (q, k, v))
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    pieces = []
+    for b in range(cu_seqlens_q.numel() - 1):
+        q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        qd = qf[q0:q1].transpose(0, 1)  # (H, Lq, D)
+        kd = kf[k0:k1].repeat_interleave(heads // heads_k, dim=1).transpose(0, 1)
+        vd = vf[k0:k1].repeat_interleave(heads // heads_k, dim=1).transpose(0, 1)
+        s = qd @ kd.transpose(1, 2) * scale
+        if causal:  # bottom-right: query i sees key j when j <= i + (Lk - Lq)
+            lq, lk = q1 - q0, k1 - k0
+            seen = torch.arange(lk, device=q.device)[None, :] <= torch.arange(lq, device=q.device)[:, None] + lk - lq
+            s = s.masked_fill(~seen, float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = _e4m3_p(torch.exp(s - m))
+        total = p.sum(-1, keepdim=True)
+        o = (p @ vd) / torch.where(total > 0, total, torch.ones_like(total))
+        pieces.append((q0, q1, o.transpose(0, 1)))
+    for q0, q1, o in pieces:
+        out = out.index_copy(0, torch.arange(q0, q1, device=q.device), o)
+    return out.to(q.dtype)
+
+
+fp8_row_scaled.recipe = "fp8"  # type: ignore[attr-defined]

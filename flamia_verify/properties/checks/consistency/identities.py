@@ -6,8 +6,9 @@ MXFP8 kernel and 0.046 for a mismatched one cannot be told apart. The checks bel
 make a consistent kernel's residual vanish (or be bounded rigorously) while a mismatch stays
 first-order (docs/checks.md "consistency" derives each):
 
-    consistency.conservation_forward   V = c in every row (c on the E4M3 grid, exact under every
-        recipe): O_i = sum_j A~_ij c = sigma_i c, so O = c iff the forward's weights sum to one.
+    consistency.conservation_forward   V = c in every row (c = +-a, one magnitude on the E4M3 grid:
+        exact under every scale any recipe admits): O_i = sum_j A~_ij c = sigma_i c, so O = c iff the
+        forward's weights sum to one.
         A kernel that normalizes rounded P by the unrounded sum has sigma_i != 1 by up to u_P.
         Keys: one background key shared by all but the first key (a sink), so every background
         probability of a row rounds the same way and the errors add up instead of cancelling.
@@ -59,15 +60,26 @@ KAPPA = 2.0  # both constants (E4M3-exact)
 
 
 def constant_value_inputs(case: Case, *, sink: bool, device) -> Inputs:
-    """V = c (per head and channel, E4M3 grid, |c| in [1/2, 2]), dO on the grid with c's signs;
-    with ``sink``: every key of a document but the first equals one background key."""
+    """V = c (per head and channel: one magnitude a on the E4M3 grid, a in [1/2, 2], random signs), dO
+    = b 2^k_i with c's signs (b on the grid, k_i in {-1, 0, 1} per token); with ``sink``: every key of a
+    document but the first equals one background key.
+
+    One magnitude is what makes V and dO exact under every scale a recipe admits: any amax-based scale,
+    fp32 (amax/448) or a power of two, per tensor, row, channel, head or block, maps +-a to +-448 times a
+    power of two (the fp32 scale's own rounding aside, 2^-24), on the E4M3 and E2M1 grids alike. With
+    magnitudes that differ from channel to channel, an fp32 scale of the whole tensor or row rounds V
+    by up to E4M3's half step (1/16), which the fp8 recipe allows and a conservation check must not
+    read as lost probability."""
     q, k, v, do = (t.float() for t in make_tensors(case))
     g = torch.Generator().manual_seed(case.seed * 7919 + 17)
     H, Hk, D = case.heads, case.heads_k, case.headdim
-    c = e4m3_grid((torch.rand(Hk, D, generator=g) * 1.5 + 0.5) * torch.sign(torch.randn(Hk, D, generator=g)))
+    a = e4m3_grid(torch.rand((), generator=g) * 1.5 + 0.5)
+    c = a * torch.where(torch.randn(Hk, D, generator=g) < 0, -1.0, 1.0)
     v = c.expand(case.total_k, Hk, D).clone()
     c_q = c.repeat_interleave(H // Hk, dim=0)  # (H, D), the value each query head reads
-    do = e4m3_grid(torch.rand(case.total_q, H, D, generator=g) + 0.25) * torch.sign(c_q)
+    b = e4m3_grid(torch.rand((), generator=g) * 1.5 + 0.5)
+    powers = 2.0 ** torch.randint(-1, 2, (case.total_q, 1, 1), generator=g).float()
+    do = b * powers * torch.sign(c_q)
     q = q * 2.0
     if sink:
         start = 0
