@@ -28,9 +28,10 @@ any other kernel is the one function in every layer. Each kernel's row says whic
 
 A run can be continued: every finished training carries the fingerprint of what it depends on
 (:func:`run_fingerprint`: the configuration, the corpus, the device, torch and this package), and
-``finished`` hands :func:`run_parity` the records of an earlier, interrupted run (``asdict`` of
-its :class:`TrainResult` records); a record whose fingerprint, name and seed match is taken as it is instead of
-training again. ``flamia-verify train-parity --resume`` keeps them in a journal beside the reports.
+``finished`` hands :func:`run_parity` the records of an earlier, interrupted run (``asdict`` of its
+:class:`TrainResult` records); a record whose fingerprint, name and seed match is taken as it is
+instead of training again. ``flamia-verify train-parity --resume`` keeps them in a journal beside
+the reports.
 """
 
 from __future__ import annotations
