@@ -682,7 +682,18 @@ _records.append(
         "rounded to bf16 and added to a bf16 accumulator)",
         _within_matmul(_bf16_accumulating_matmul),
         ("bound.out", "bound.grad"),
-        ("error", "consistency", "causal", "isolation", "interface"),
+        # not the two identities that read O - c with V constant: a bf16 running sum of P V rounds O off
+        # c by its own rounding, which sits at their threshold (shift_invariance 0.0079 against 0.0078)
+        (
+            "error",
+            "consistency.conservation_backward",
+            "consistency.weights",
+            "consistency.grad_forward_ratio",
+            "consistency.homogeneity",
+            "causal",
+            "isolation",
+            "interface",
+        ),
     )
 )
 
