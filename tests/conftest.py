@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# every value the process-wide case cache shares is fingerprinted when kept and checked on every hit:
+# a test (or a check) that writes into a shared tensor fails where it happens (properties/case_cache.py)
+os.environ.setdefault("FLAMIA_VERIFY_CASE_CACHE_VERIFY", "1")
 
 #: the slow tier, measured seconds by node id (tests/slow_tests.txt; tests/slow_tier.py writes it)
 _SLOW: dict[str, float] = {}

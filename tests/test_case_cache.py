@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from flamia_verify.properties import run_checks
@@ -73,3 +74,25 @@ def test_a_run_that_reads_the_cache_gives_the_verdicts_of_one_that_computes_ever
         CASE_CACHE.clear()
         CASE_CACHE.max_bytes = saved
     assert _verdicts(cold) == _verdicts(first) == _verdicts(warm)
+
+
+def test_a_shared_value_written_into_after_it_was_kept_raises_on_its_next_hit():
+    """With verification on (the test suite's setting), a value whose tensors changed in place since it
+    was kept is no cache hit but an error naming the key: a kernel or check that wrote into shared
+    inputs would otherwise hand every later run of the process the edited tensors."""
+    from flamia_verify.properties.case_cache import CaseCache
+
+    cache = CaseCache(2**20, verify=True)
+    kept = cache.get(("inputs", "case-a"), lambda: {"q": torch.ones(4, 2, dtype=torch.bfloat16)})
+    assert cache.get(("inputs", "case-a"), lambda: None) is kept  # unchanged: a hit
+    kept["q"][1, 0] = 2.0
+    with pytest.raises(RuntimeError, match=r"changed after it was kept.*FLAMIA_VERIFY_CASE_CACHE_VERIFY"):
+        cache.get(("inputs", "case-a"), lambda: None)
+    quiet = CaseCache(2**20)  # off: the caller's contract, not checked
+    value = quiet.get("k", lambda: torch.zeros(3))
+    value += 1
+    assert quiet.get("k", lambda: None) is value
+
+
+def test_the_suite_runs_with_the_case_cache_verified():
+    assert CASE_CACHE.verify, "tests/conftest.py sets FLAMIA_VERIFY_CASE_CACHE_VERIFY before the package is imported"

@@ -10,12 +10,15 @@ context's memo already shares them between checks; this cache shares them betwee
 The cache holds at most ``FLAMIA_VERIFY_CASE_CACHE_MB`` MiB of tensors (1024 by default; 0 turns it
 off), least recently used first out. A captured case is never kept (its tensors come from files that
 may change between runs). The values are the same objects a run's memo would hold: nothing may write
-into them (the harness hands the kernel copies of the inputs).
+into them (the harness hands the kernel copies of the inputs). ``FLAMIA_VERIFY_CASE_CACHE_VERIFY=1``
+holds that to account: every value is fingerprinted when kept (a hash of its tensors' bytes) and again
+on every hit, and a value that changed raises, naming its key (the test suite turns it on).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import threading
 import warnings
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CaseCache", "CASE_CACHE", "nbytes"]
+__all__ = ["CaseCache", "CASE_CACHE", "fingerprint", "nbytes"]
 
 _DEFAULT_MB = 1024
 
@@ -51,12 +54,42 @@ def nbytes(value: Any) -> int:
     return walk(value)
 
 
-class CaseCache:
-    """A least-recently-used map of case-keyed values, bounded by the bytes of their tensors."""
+def fingerprint(value: Any) -> str:
+    """A hash of the bytes of every tensor reachable from ``value``, in the order :func:`nbytes` walks."""
+    h = hashlib.blake2b(digest_size=16)
+    seen: set[int] = set()
 
-    def __init__(self, max_bytes: int) -> None:
+    def walk(x: Any) -> None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            h.update(str((t.dtype, tuple(t.shape))).encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
+
+    walk(value)
+    return h.hexdigest()
+
+
+class CaseCache:
+    """A least-recently-used map of case-keyed values, bounded by the bytes of their tensors; with
+    ``verify``, a value whose tensors changed since it was kept raises on its next hit."""
+
+    def __init__(self, max_bytes: int, *, verify: bool = False) -> None:
         self.max_bytes = max_bytes
+        self.verify = verify
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._prints: dict[Hashable, str] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -70,7 +103,13 @@ class CaseCache:
             if key in self._items:
                 self._items.move_to_end(key)
                 self.hits += 1
-                return self._items[key][0]
+                kept = self._items[key][0]
+                if self.verify and fingerprint(kept) != self._prints.get(key):
+                    raise RuntimeError(
+                        f"the case cache's value for {key!r} changed after it was kept: something wrote into "
+                        "tensors the cache shares (FLAMIA_VERIFY_CASE_CACHE_VERIFY)"
+                    )
+                return kept
         value = compute()
         size = nbytes(value)
         with self._lock:
@@ -78,15 +117,19 @@ class CaseCache:
             if size > self.max_bytes or key in self._items:
                 return value
             self._items[key] = (value, size)
+            if self.verify:
+                self._prints[key] = fingerprint(value)
             self._bytes += size
             while self._bytes > self.max_bytes:
-                _, (_, old) = self._items.popitem(last=False)
+                gone, (_, old) = self._items.popitem(last=False)
+                self._prints.pop(gone, None)
                 self._bytes -= old
         return value
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._prints.clear()
             self._bytes = 0
 
     def __len__(self) -> int:
@@ -111,5 +154,5 @@ def _budget() -> int:
     return int(max(0.0, mb) * 2**20)
 
 
-#: the process's cache (budget read once, at import)
-CASE_CACHE = CaseCache(_budget())
+#: the process's cache (budget and verification read once, at import)
+CASE_CACHE = CaseCache(_budget(), verify=os.environ.get("FLAMIA_VERIFY_CASE_CACHE_VERIFY", "") == "1")
