@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -33,51 +33,41 @@ __all__ = ["CaseCache", "CASE_CACHE", "fingerprint", "nbytes"]
 _DEFAULT_MB = 1024
 
 
-def nbytes(value: Any) -> int:
-    """The bytes of every tensor reachable from ``value`` (tensors, mappings, sequences, dataclasses)."""
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from ``value`` (tensors, mappings, sequences, dataclasses), each once."""
     seen: set[int] = set()
 
-    def walk(x: Any) -> int:
-        if id(x) in seen:
-            return 0
-        seen.add(id(x))
-        if isinstance(x, torch.Tensor):
-            return x.numel() * x.element_size()
-        if isinstance(x, dict):
-            return sum(walk(v) for v in x.values())
-        if isinstance(x, (list, tuple)):
-            return sum(walk(v) for v in x)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return sum(walk(getattr(x, f.name)) for f in dataclasses.fields(x))
-        return 0
-
-    return walk(value)
-
-
-def fingerprint(value: Any) -> str:
-    """A hash of the bytes of every tensor reachable from ``value``, in the order :func:`nbytes` walks."""
-    h = hashlib.blake2b(digest_size=16)
-    seen: set[int] = set()
-
-    def walk(x: Any) -> None:
+    def walk(x: Any) -> Iterator[torch.Tensor]:
         if id(x) in seen:
             return
         seen.add(id(x))
         if isinstance(x, torch.Tensor):
-            t = x.detach().to("cpu").contiguous()
-            h.update(str((t.dtype, tuple(t.shape))).encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            yield x
         elif isinstance(x, dict):
             for v in x.values():
-                walk(v)
+                yield from walk(v)
         elif isinstance(x, (list, tuple)):
             for v in x:
-                walk(v)
+                yield from walk(v)
         elif dataclasses.is_dataclass(x) and not isinstance(x, type):
             for f in dataclasses.fields(x):
-                walk(getattr(x, f.name))
+                yield from walk(getattr(x, f.name))
 
-    walk(value)
+    return walk(value)
+
+
+def nbytes(value: Any) -> int:
+    """The bytes of every tensor reachable from ``value``."""
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+def fingerprint(value: Any) -> str:
+    """A hash of the dtype, shape and bytes of every tensor reachable from ``value``."""
+    h = hashlib.blake2b(digest_size=16)
+    for x in _tensors(value):
+        t = x.detach().to("cpu").contiguous()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 
