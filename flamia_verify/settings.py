@@ -46,6 +46,7 @@ from flamia_verify.errors import ConfigError
 __all__ = [
     "DEFAULT_THREADS",
     "torch_threads",
+    "check_threads",
     "read_toml",
     "SUITES",
     "SuiteSettings",
@@ -129,12 +130,18 @@ def resolve_device(text: Any) -> str:
 DEFAULT_THREADS = 1
 
 
+def check_threads(threads: int | None) -> int | None:
+    """``threads`` when it is a positive integer or None (torch's own setting); else a ConfigError."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    return threads
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
     """torch's intra-op CPU threads set to ``threads`` inside the block, restored after it (None: left
     as they are)."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    check_threads(threads)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

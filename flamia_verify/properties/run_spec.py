@@ -30,7 +30,7 @@ from flamia_verify.properties.registry import CheckSpec
 from flamia_verify.properties.thresholds import resolve_thresholds
 from flamia_verify.recipes import RECIPES, Recipe, get_recipe
 from flamia_verify.results import API_SOURCE, FAMILIES, OPTIONAL_VERDICTS
-from flamia_verify.settings import SUITES, SuiteSettings, resolve_device, resolve_dtype, suite_settings
+from flamia_verify.settings import SUITES, SuiteSettings, check_threads, resolve_device, resolve_dtype, suite_settings
 
 __all__ = ["RunSpec", "list_checks", "resolve_kernel", "resolve_require", "select_checks"]
 
@@ -104,8 +104,7 @@ class RunSpec:
             raise ConfigError(
                 f"case_timeout_s must be a positive finite number of seconds (or None), got {case_timeout_s!r}"
             )
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ConfigError(f"threads must be a positive integer (or None), got {threads!r}")
+        threads = check_threads(threads)
         required = resolve_require(require)
         resolved_device, resolved_dtype = resolve_device(device), resolve_dtype(dtype)
         path = None if inputs is None else Path(inputs)
