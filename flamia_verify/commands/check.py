@@ -359,19 +359,15 @@ def run(args: argparse.Namespace) -> int:
         what = f"interrupted ({str(exc) or 'SIGINT'})"
         problem = partial_reports.write(partial)
         if problem:
-            raise Interrupted(fail(f"{what}; {problem}", EXIT_FAIL)) from None
-        if partial is None:
-            raise Interrupted(
-                fail(f"{what} before any check finished; the run is incomplete and no reports were written", EXIT_FAIL)
-            ) from None
-        reporter.show(partial)
-        raise Interrupted(
-            fail(
-                f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say "
-                "INCOMPLETE",
-                EXIT_FAIL,
+            said = f"{what}; {problem}"
+        elif partial is None:
+            said = f"{what} before any check finished; the run is incomplete and no reports were written"
+        else:
+            reporter.show(partial)
+            said = (
+                f"{what} after {len(partial.checks)} checks; the run is incomplete: the reports in {out} say INCOMPLETE"
             )
-        ) from None
+        raise Interrupted(fail(said, EXIT_FAIL)) from None
     except KernelCrashError as exc:
         partial = partial_report(exc)
         problem = partial_reports.write(partial)

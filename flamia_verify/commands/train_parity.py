@@ -162,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out(args.out)
     remove_stale(out, PARITY_FILES)
     journal = out / JOURNAL
-    finished = read_journal(journal) if args.resume else []
-    if not args.resume:
+    if args.resume:
+        finished = read_journal(journal)
+    else:
+        finished = []
         remove_stale(out, (JOURNAL,))
     kernels = {}
     for spec in dict.fromkeys(specs):
