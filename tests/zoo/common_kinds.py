@@ -45,7 +45,7 @@ import torch
 
 import zoo.convention_bugs  # noqa: F401  (registers zero_scale_is_default)
 from flamia_verify.known_bad import KNOWN_BAD, KnownBad
-from zoo.correct import sdpa_bf16
+from zoo.correct import _doc_scores, _documents, sdpa_bf16
 
 __all__ = [
     "fp8_p_past_1024",
@@ -191,32 +191,19 @@ def _e4m3_p(p: torch.Tensor) -> torch.Tensor:
 def fp8_row_scaled(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False
 ):
-    heads, heads_k, dim = q.shape[1], k.shape[1], q.shape[2]
-    scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
-    qf, kf, vf = (_e4m3_rows(t.float()) for t in (q, k, v))
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    pieces = []
-    for b in range(cu_seqlens_q.numel() - 1):
-        q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
-        k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
-        if q1 == q0 or k1 == k0:
-            continue
-        qd = qf[q0:q1].transpose(0, 1)  # (H, Lq, D)
-        kd = kf[k0:k1].repeat_interleave(heads // heads_k, dim=1).transpose(0, 1)
-        vd = vf[k0:k1].repeat_interleave(heads // heads_k, dim=1).transpose(0, 1)
-        s = qd @ kd.transpose(1, 2) * scale
-        if causal:  # bottom-right: query i sees key j when j <= i + (Lk - Lq)
-            lq, lk = q1 - q0, k1 - k0
-            seen = torch.arange(lk, device=q.device)[None, :] <= torch.arange(lq, device=q.device)[:, None] + lk - lq
-            s = s.masked_fill(~seen, float("-inf"))
-        m = s.amax(-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = _e4m3_p(torch.exp(s - m))
-        total = p.sum(-1, keepdim=True)
-        o = (p @ vd) / torch.where(total > 0, total, torch.ones_like(total))
-        pieces.append((q0, q1, o.transpose(0, 1)))
-    for q0, q1, o in pieces:
-        out = out.index_copy(0, torch.arange(q0, q1, device=q.device), o)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    group = q.shape[1] // k.shape[1]
+    with torch.autocast(device_type=q.device.type, enabled=False):  # its fp32 arithmetic stays fp32
+        qf, kf, vf = (_e4m3_rows(t.float()) for t in (q, k, v))
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for q0, q1, k0, k1 in _documents(cu_seqlens_q, cu_seqlens_k):
+            S, _, _, vis = _doc_scores(qf, kf, q0, q1, k0, k1, scale, causal)
+            V = vf[k0:k1].transpose(0, 1).repeat_interleave(group, 0)
+            m = S.amax(-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            p = _e4m3_p(torch.where(vis, torch.exp(S - m), torch.zeros((), device=q.device)))
+            total = p.sum(-1, keepdim=True)  # the sum of the rounded P that multiplies V
+            out[q0:q1] = ((p @ V) / torch.where(total > 0, total, torch.ones_like(total))).transpose(0, 1)
     return out.to(q.dtype)
 
 
