@@ -14,8 +14,8 @@ first-order (docs/checks.md "consistency" derives each):
         probability of a row rounds the same way and the errors add up instead of cancelling.
         threshold |O - c| / |c| <= 2 u_in + u_in^2 (the BF16 baseline's worst case: P rounded to
         the input dtype, fp32 row sum, |sigma - 1| <= u_in, then O rounded)
-    consistency.shift_invariance       same inputs, dO on the E4M3 grid with the signs of c, plus a
-        constant key channel kappa where every query is 0 (a shift of all keys that leaves S
+    consistency.shift_invariance       same inputs, dO = +-b 2^k_i with the signs of c (exact as V is),
+        plus a constant key channel kappa where every query is 0 (a shift of all keys that leaves S
         unchanged) and a constant query channel where every key is 0. Then the exact
         dS_ij = A_ij dO_i . (c - O_i) vanishes for a consistent kernel, and
             dQ_i[d0]      = s kappa (sum_j A_ij) dO_i . (c - O_i)  reads each row's residual
